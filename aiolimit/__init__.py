@@ -1,0 +1,35 @@
+"""aiolimit: an asyncio-native, Redis-backed distributed rate limiter with permit acquisition.
+
+>>> from aiolimit import RateLimiter, RateType, RedisBackend
+>>> limiter = RateLimiter("partner-api", RedisBackend(Redis.from_url("redis://localhost")))
+>>> await limiter.try_set_rate(RateType.OVERALL, 100, timedelta(hours=1))
+>>> async with limiter:
+...     await call_partner()
+"""
+
+from ._limiter import RateLimiter
+from ._types import Duration, RateLimiterConfig, RateType
+from .backends import Backend, MemoryBackend, RedisBackend
+from .errors import (
+    BackendError,
+    InvalidArgumentError,
+    LimiterError,
+    NotConfiguredError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Duration",
+    "InvalidArgumentError",
+    "LimiterError",
+    "MemoryBackend",
+    "NotConfiguredError",
+    "RateLimiter",
+    "RateLimiterConfig",
+    "RateType",
+    "RedisBackend",
+    "__version__",
+]

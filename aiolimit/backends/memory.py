@@ -1,0 +1,263 @@
+"""The in-process backend: the Lua scripts' algorithm, step for step, in Python."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .._types import RateLimiterConfig, RateType
+from ..errors import InvalidArgumentError, NotConfiguredError
+from .base import Attempt, Backend, SetMode
+
+__all__ = ["MemoryBackend"]
+
+_FOREVER = float("inf")
+
+
+@dataclass
+class _Config:
+    config: RateLimiterConfig
+    expires_at: float = _FOREVER
+
+
+@dataclass
+class _Budget:
+    """The value key and permits ZSET of one budget (both share one TTL)."""
+
+    left: int
+    grants: list[tuple[int, str, int]] = field(default_factory=list)  # (time, id, permits)
+    expires_at: float = _FOREVER
+
+
+@dataclass
+class _Limiter:
+    config: _Config | None = None
+    budgets: dict[str | None, _Budget] = field(default_factory=dict)  # None: OVERALL
+    registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
+    registry_expires_at: float = _FOREVER
+
+
+def _loop_clock() -> float:
+    return asyncio.get_running_loop().time()
+
+
+class MemoryBackend(Backend):
+    """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
+
+    >>> backend = MemoryBackend()
+    >>> limiter = RateLimiter("emails", backend)
+
+    ``clock`` returns seconds; by default the running event loop's clock, so grants and
+    local timeouts share one monotonic clock (and tests can control it).
+    """
+
+    __slots__ = ("_clock", "_limiters")
+
+    def __init__(
+        self, *, client_id: str | None = None, clock: Callable[[], float] = _loop_clock
+    ) -> None:
+        super().__init__(client_id)
+        self._clock = clock
+        self._limiters: dict[str, _Limiter] = {}
+
+    def with_client(self, client_id: str) -> MemoryBackend:
+        other = MemoryBackend(client_id=client_id, clock=self._clock)
+        other._limiters = self._limiters
+        return other
+
+    # -- keys and TTLs ----------------------------------------------------------------------
+
+    def _now(self) -> int:
+        return round(self._clock() * 1_000_000)
+
+    def _limiter(self, name: str, now: int) -> _Limiter:
+        """The limiter's keys as they stand at ``now``: expired ones are gone."""
+        limiter = self._limiters.setdefault(name, _Limiter())
+        if limiter.config is not None and limiter.config.expires_at <= now:
+            limiter.config = None
+        for client in [c for c, b in limiter.budgets.items() if b.expires_at <= now]:
+            del limiter.budgets[client]
+        if limiter.registry_expires_at <= now:
+            limiter.registry.clear()
+            limiter.registry_expires_at = _FOREVER
+        return limiter
+
+    def _budget_key(self, config: RateLimiterConfig) -> str | None:
+        return self.client_id if config.rate_type is RateType.PER_CLIENT else None
+
+    # -- the algorithm (mirrors lua/lib.lua) ---------------------------------------------------
+
+    @staticmethod
+    def _reclaim(budget: _Budget | None, rate: int, window_start: int, write: bool) -> int:
+        if budget is None:
+            return rate
+        expired = bisect.bisect_right(budget.grants, (window_start, "\U0010ffff", 0))
+        left = budget.left + sum(p for _, _, p in budget.grants[:expired])
+        if write and expired:
+            del budget.grants[:expired]
+            budget.left = left
+        if left != rate and len(budget.grants) == expired:
+            left = rate
+        return left
+
+    @staticmethod
+    def _wait_for(budget: _Budget, need: int, interval: int, now: int) -> int:
+        freed = 0
+        for time, _, permits in budget.grants:
+            freed += permits
+            if freed >= need:
+                return max(time + interval - now, 1)
+        return interval
+
+    @staticmethod
+    def _next_expiry(budget: _Budget, interval: int, now: int) -> int:
+        if not budget.grants:
+            return 0
+        return max(budget.grants[0][0] + interval - now, 1)
+
+    @staticmethod
+    def _log_grant(budget: _Budget, permits: int, now: int) -> str:
+        taken = {gid for t, gid, _ in budget.grants if t == now}
+        gid, n = str(now), 1
+        while gid in taken:
+            gid, n = f"{now}.{n}", n + 1
+        bisect.insort(budget.grants, (now, gid, permits))
+        return f"{permits}:{gid}"
+
+    @staticmethod
+    def _recompute(
+        budgets: dict[str | None, _Budget], key: str | None, config: RateLimiterConfig, now: int
+    ) -> None:
+        budget = budgets.get(key)
+        if budget is None:
+            return
+        interval = config.interval_us
+        budget.grants = [g for g in budget.grants if g[0] > now - interval]
+        if not budget.grants:
+            del budgets[key]
+            return
+        budget.left = config.rate - sum(p for _, _, p in budget.grants)
+        budget.expires_at = now + interval
+
+    # -- operations (one per script) -----------------------------------------------------------
+
+    def _configured(self, name: str, now: int) -> tuple[_Limiter, RateLimiterConfig]:
+        limiter = self._limiter(name, now)
+        if limiter.config is None:
+            raise NotConfiguredError(name)
+        return limiter, limiter.config.config
+
+    async def set_rate(
+        self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
+    ) -> bool:
+        now = self._now()
+        limiter = self._limiter(name, now)
+        old = limiter.config
+        if (mode == "try" and old is not None) or (mode == "update" and old is None):
+            return False
+        limiter.config = _Config(
+            config, now + config.keep_alive_us if config.keep_alive_us else _FOREVER
+        )
+        if keep_state and (old is None or old.config.rate_type is config.rate_type):
+            for key in list(limiter.budgets):
+                self._recompute(limiter.budgets, key, config, now)
+        else:
+            limiter.budgets.clear()
+            limiter.registry.clear()
+        return True
+
+    async def get_config(self, name: str) -> RateLimiterConfig | None:
+        stored = self._limiter(name, self._now()).config
+        return None if stored is None else stored.config
+
+    async def try_acquire(self, name: str, permits: int) -> Attempt:
+        now = self._now()
+        limiter, config = self._configured(name, now)
+        if permits > config.rate:
+            raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({config.rate})")
+        interval = config.interval_us
+        key = self._budget_key(config)
+        budget = limiter.budgets.get(key)
+        left = self._reclaim(budget, config.rate, now - interval, True)
+        if left < permits:
+            assert budget is not None
+            return Attempt(
+                False, self._wait_for(budget, permits - left, interval, now), left, 0, now
+            )
+        if budget is None:
+            budget = limiter.budgets[key] = _Budget(left)
+        grant = self._log_grant(budget, permits, now)
+        budget.left = left = left - permits
+        budget.expires_at = now + interval
+        if key is not None:
+            limiter.registry[key] = now
+            for client in [c for c, t in limiter.registry.items() if t <= now - 2 * interval]:
+                del limiter.registry[client]
+            limiter.registry_expires_at = now + 2 * interval
+        if config.keep_alive_us:
+            assert limiter.config is not None
+            limiter.config.expires_at = now + config.keep_alive_us
+        next_free = self._next_expiry(budget, interval, now) if left <= 0 else 0
+        return Attempt(True, 0, left, next_free, now, grant)
+
+    async def available_permits(self, name: str) -> int:
+        now = self._now()
+        limiter, config = self._configured(name, now)
+        budget = limiter.budgets.get(self._budget_key(config))
+        return self._reclaim(budget, config.rate, now - config.interval_us, False)
+
+    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
+        now = self._now()
+        limiter, config = self._configured(name, now)
+        budget = limiter.budgets.get(self._budget_key(config))
+        left = self._reclaim(budget, config.rate, now - config.interval_us, True)
+        if budget is None:
+            return 0
+        released = 0
+        if grant is not None:
+            taken, _, gid = grant.partition(":")
+            for i, (_, entry_id, entry_permits) in enumerate(budget.grants):
+                if entry_id == gid and entry_permits == int(taken):
+                    del budget.grants[i]
+                    released = entry_permits
+                    break
+        else:
+            while released < permits and budget.grants:
+                time, gid, entry_permits = budget.grants.pop()
+                take = min(entry_permits, permits - released)
+                if take < entry_permits:
+                    budget.grants.append((time, gid, entry_permits - take))
+                released += take
+        if released:
+            budget.left = left + released
+            budget.expires_at = now + config.interval_us
+        return released
+
+    async def delete(self, name: str) -> bool:
+        limiter = self._limiter(name, self._now())
+        existed = limiter.config is not None or bool(limiter.budgets) or bool(limiter.registry)
+        del self._limiters[name]
+        return existed
+
+    async def expire(self, name: str, ttl_us: int) -> bool:
+        now = self._now()
+        limiter = self._limiter(name, now)
+        if limiter.config is None:
+            return False
+        ttl_ms = -(-ttl_us // 1000)
+        at = now + ttl_ms * 1000
+        limiter.config.expires_at = at
+        for budget in limiter.budgets.values():
+            budget.expires_at = min(budget.expires_at, at)
+        if limiter.registry:
+            limiter.registry_expires_at = min(limiter.registry_expires_at, at)
+        return True
+
+    async def clear_expire(self, name: str) -> bool:
+        limiter = self._limiter(name, self._now())
+        if limiter.config is None or limiter.config.expires_at == _FOREVER:
+            return False
+        limiter.config.expires_at = _FOREVER
+        return True

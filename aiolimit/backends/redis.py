@@ -1,0 +1,292 @@
+"""The Redis backend: key layout, script loading and error mapping. The algorithm is in lua/."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from importlib import resources
+from typing import Any, Literal
+
+from redis import exceptions as redis_errors
+
+from .._types import RateLimiterConfig, RateType
+from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
+from .base import Attempt, Backend, SetMode
+
+__all__ = ["RedisBackend"]
+
+Clock = Literal["server", "client"] | Callable[[], float]
+
+_RETRIES = 8  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
+
+
+class _Script:
+    """One operation's Lua (lib.lua + the operation), run with EVALSHA, EVAL on NOSCRIPT."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        lua = resources.files("aiolimit") / "lua"
+        self.name = name
+        self.source = (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+
+_SCRIPTS = {
+    name: _Script(name)
+    for name in ("acquire", "available", "release", "set_rate", "delete", "expire")
+}
+
+
+_ACQUIRE = _SCRIPTS["acquire"]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _escape_tag(name: str) -> str:
+    # Braces would end or nest the hash tag; '%' is escaped so the mapping stays one-to-one.
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class _Keys:
+    """Every key of one limiter; all share the hash tag ``{<name>}``, hence one cluster slot."""
+
+    __slots__ = ("config", "permits", "registry", "tag", "value")
+
+    def __init__(self, prefix: str, name: str) -> None:
+        self.tag = f"{prefix}{{{_escape_tag(name)}}}"
+        self.config = f"{self.tag}:config"
+        self.value = f"{self.tag}:value"
+        self.permits = f"{self.tag}:permits"
+        self.registry = f"{self.tag}:clients"
+
+    def client_value(self, client_id: str) -> str:
+        return f"{self.value}:{client_id}"
+
+    def client_permits(self, client_id: str) -> str:
+        return f"{self.permits}:{client_id}"
+
+    def budget(self, rate_type: RateType, client_id: str, registry: bool = False) -> list[str]:
+        if rate_type is RateType.PER_CLIENT:
+            keys = [self.config, self.client_value(client_id), self.client_permits(client_id)]
+            return [*keys, self.registry] if registry else keys
+        return [self.config, self.value, self.permits]
+
+    def everything(self, clients: Sequence[str]) -> list[str]:
+        keys = [self.config, self.value, self.permits, self.registry]
+        for client in clients:
+            keys += [self.client_value(client), self.client_permits(client)]
+        return keys
+
+
+class RedisBackend(Backend):
+    """Limiter state in Redis (or Valkey), shared by every process that uses the same server.
+
+    >>> from redis.asyncio import Redis
+    >>> backend = RedisBackend(Redis.from_url("redis://localhost:6379"))
+    >>> limiter = RateLimiter("partner-api", backend)
+
+    ``client_id`` names this client's budget for ``PER_CLIENT`` limiters (default: random per
+    backend). ``clock="server"`` (default) stamps grants with the server's ``TIME``, so skewed
+    client clocks cannot over-admit; ``clock="client"`` sends this host's wall clock instead,
+    for deployments that refuse ``TIME`` in scripts (a callable returning seconds also works).
+    ``prefix`` is put in front of every key (no braces: the hash tag follows it).
+    """
+
+    __slots__ = ("_clock", "_keys", "_prefix", "_redis", "_types")
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        client_id: str | None = None,
+        clock: Clock = "server",
+        prefix: str = "aiolimit:",
+    ) -> None:
+        super().__init__(client_id)
+        if "{" in prefix or "}" in prefix:
+            raise InvalidArgumentError(f"prefix must not contain braces, got {prefix!r}")
+        if clock == "client":
+            clock = time.time
+        elif clock != "server" and not callable(clock):
+            raise InvalidArgumentError(
+                f"clock must be 'server', 'client' or a callable, not {clock!r}"
+            )
+        self._redis = redis
+        self._clock: Callable[[], float] | None = None if clock == "server" else clock
+        self._prefix = prefix
+        self._keys: dict[str, _Keys] = {}
+        # The rate type each limiter had when last seen, to pass only the keys a call touches.
+        self._types: dict[str, RateType] = {}
+
+    def with_client(self, client_id: str) -> RedisBackend:
+        other = RedisBackend(self._redis, client_id=client_id, prefix=self._prefix)
+        other._clock = self._clock
+        return other
+
+    @property
+    def redis(self) -> Any:
+        """The Redis client this backend runs on."""
+        return self._redis
+
+    def keys(self, name: str) -> _Keys:
+        keys = self._keys.get(name)
+        if keys is None:
+            if len(self._keys) > 10_000:
+                self._keys.clear()
+            keys = self._keys[name] = _Keys(self._prefix, name)
+        return keys
+
+    def _now_arg(self) -> str:
+        return "" if self._clock is None else str(round(self._clock() * 1_000_000))
+
+    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            try:
+                return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+            except redis_errors.NoScriptError:
+                # The script cache was flushed (or this node never saw it): EVAL caches it again.
+                return await self._redis.eval(script.source, len(keys), *keys, *args)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            raise BackendError(f"Redis is unreachable or timed out: {exc}") from exc
+        except redis_errors.ResponseError as exc:
+            message = str(exc)
+            if self._clock is None and _rejects_time(message):
+                raise BackendError(
+                    f"the Redis server refused the TIME command in the {script.name} script "
+                    f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
+                    "this host's clock instead"
+                ) from exc
+            raise BackendError(f"Redis refused the {script.name} script: {message}") from exc
+        except redis_errors.RedisError as exc:
+            raise BackendError(f"Redis error in the {script.name} script: {exc}") from exc
+
+    async def _command(self, *args: Any) -> Any:
+        try:
+            return await self._redis.execute_command(*args)
+        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+            raise BackendError(f"Redis is unreachable or timed out: {exc}") from exc
+        except redis_errors.RedisError as exc:
+            raise BackendError(f"Redis refused {args[0]}: {exc}") from exc
+
+    async def _budget_call(
+        self, name: str, script: _Script, args: Callable[[RateType], list[Any]]
+    ) -> list[Any]:
+        """Runs a script on this client's budget, learning the limiter's rate type as needed."""
+        keys = self.keys(name)
+        rate_type = self._types.get(name, RateType.OVERALL)
+        for _ in range(2):
+            budget = keys.budget(rate_type, self.client_id, script is _ACQUIRE)
+            reply = await self._run(script, budget, args(rate_type))
+            code = int(reply[0])
+            if code == -1:
+                raise NotConfiguredError(name)
+            if code != -3:
+                self._types[name] = rate_type
+                return list(reply)
+            rate_type = RateType(_text(reply[1]))
+        raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def try_acquire(self, name: str, permits: int) -> Attempt:
+        reply = await self._budget_call(
+            name,
+            _ACQUIRE,
+            lambda rate_type: (
+                [permits, self._now_arg(), rate_type.value, self.client_id]
+                if rate_type is RateType.PER_CLIENT
+                else [permits, self._now_arg(), rate_type.value]
+            ),
+        )
+        code = int(reply[0])
+        if code == 0:
+            return Attempt(True, 0, int(reply[1]), int(reply[2]), int(reply[3]), _text(reply[4]))
+        if code == 1:
+            return Attempt(False, int(reply[1]), int(reply[2]), 0, int(reply[3]))
+        raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({int(reply[1])})")
+
+    async def available_permits(self, name: str) -> int:
+        reply = await self._budget_call(
+            name, _SCRIPTS["available"], lambda rate_type: [self._now_arg(), rate_type.value]
+        )
+        return max(int(reply[1]), 0)
+
+    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
+        reply = await self._budget_call(
+            name,
+            _SCRIPTS["release"],
+            lambda rate_type: [permits, self._now_arg(), rate_type.value, grant or ""],
+        )
+        return int(reply[1])
+
+    async def _clients(self, keys: _Keys) -> list[str]:
+        return [_text(c) for c in await self._command("ZRANGE", keys.registry, 0, -1)]
+
+    async def _everything(self, name: str, script: _Script, args: Sequence[Any]) -> int:
+        """Runs a script over every key of the limiter, all clients included."""
+        keys = self.keys(name)
+        for _ in range(_RETRIES):
+            clients = await self._clients(keys)
+            result = int(await self._run(script, keys.everything(clients), [*args, *clients]))
+            if result != -1:
+                return result
+        raise BackendError(f"PER_CLIENT clients of {name!r} kept changing; try again")
+
+    async def set_rate(
+        self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
+    ) -> bool:
+        written = await self._everything(
+            name,
+            _SCRIPTS["set_rate"],
+            [
+                mode,
+                config.rate_type.value,
+                config.rate,
+                config.interval_us,
+                config.keep_alive_us,
+                "1" if keep_state else "0",
+                self._now_arg(),
+            ],
+        )
+        if written:
+            self._types[name] = config.rate_type
+        return written == 1
+
+    async def get_config(self, name: str) -> RateLimiterConfig | None:
+        fields = await self._command("HGETALL", self.keys(name).config)
+        if not fields:
+            return None
+        config = (
+            {_text(k): _text(v) for k, v in fields.items()}
+            if isinstance(fields, dict)
+            else {_text(fields[i]): _text(fields[i + 1]) for i in range(0, len(fields), 2)}
+        )
+        keep_alive = int(config.get("keep_alive", "0"))
+        rate_type = RateType(config["type"])
+        self._types[name] = rate_type
+        return RateLimiterConfig(
+            rate_type,
+            int(config["rate"]),
+            timedelta(microseconds=int(config["interval"])),
+            timedelta(microseconds=keep_alive) if keep_alive else None,
+        )
+
+    async def delete(self, name: str) -> bool:
+        self._types.pop(name, None)
+        return await self._everything(name, _SCRIPTS["delete"], []) > 0
+
+    async def expire(self, name: str, ttl_us: int) -> bool:
+        return await self._everything(name, _SCRIPTS["expire"], [-(-ttl_us // 1000)]) == 1
+
+    async def clear_expire(self, name: str) -> bool:
+        return bool(await self._command("PERSIST", self.keys(name).config))
+
+
+def _rejects_time(message: str) -> bool:
+    lowered = message.lower()
+    return "'time'" in lowered or "time command" in lowered or "non deterministic" in lowered

@@ -1,0 +1,20 @@
+-- available: permits a request could take right now. Read-only.
+--
+-- KEYS[1] config hash
+-- KEYS[2] value key      (the client's own for PER_CLIENT)
+-- KEYS[3] permits ZSET   (the client's own for PER_CLIENT)
+-- ARGV[1] now in microseconds, or '' to read the server's TIME
+-- ARGV[2] rate type the caller built KEYS for
+--
+-- Returns {0, left} (left may be negative after the rate was lowered), {-1} without config,
+-- {-3, type} when KEYS were built for the other rate type.
+
+local config = load_config(KEYS[1])
+if not config then
+  return { -1 }
+end
+if config.type ~= ARGV[2] then
+  return { -3, config.type }
+end
+local now = now_us(ARGV[1])
+return { 0, reclaim(KEYS[2], KEYS[3], config.rate, now - config.interval, false) }

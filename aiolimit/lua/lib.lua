@@ -1,0 +1,168 @@
+-- Shared functions, prepended to every operation script when it is loaded.
+--
+-- State of one budget (the whole limiter for OVERALL, one client for PER_CLIENT):
+--   value key    string: permits left = rate - permits granted inside the window.
+--                It may go negative after the rate was lowered with keep_state.
+--   permits key  ZSET: one member per grant, scored by grant time in microseconds.
+--                Member "<permits>:<id>", where <id> is the grant time, suffixed ".<n>" when
+--                several grants share one microsecond, so members never collide.
+-- Both keys always carry the same TTL (the interval): an idle budget simply disappears.
+-- Times are integer microseconds; window_start = now - interval, and a grant scored at or
+-- before window_start has expired.
+
+local unpack = unpack or table.unpack
+
+local function now_us(arg)
+  if arg ~= nil and arg ~= '' then
+    return tonumber(arg)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+local function ms(us)
+  return math.ceil(us / 1000)
+end
+
+local function member_permits(member)
+  return tonumber(string.match(member, '^(%d+):'))
+end
+
+local function member_id(member)
+  return string.match(member, '^%d+:(.*)$')
+end
+
+-- Reads the config hash; returns nil when the limiter has no config.
+local function load_config(config_key)
+  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive')
+  if not c[1] then
+    return nil
+  end
+  return {
+    rate = tonumber(c[1]),
+    interval = tonumber(c[2]),
+    type = c[3],
+    keep_alive = tonumber(c[4] or '0'),
+  }
+end
+
+local function sum_permits(members)
+  local total = 0
+  for _, m in ipairs(members) do
+    total = total + member_permits(m)
+  end
+  return total
+end
+
+-- Returns the permits left in the window ending at `now`. With `write`, expired grants are
+-- removed from the log and the value key is updated; without, nothing is written.
+local function reclaim(value_key, permits_key, rate, window_start, write)
+  local left = redis.call('GET', value_key)
+  if not left then
+    -- No cached value (first use, or the key was evicted): derive it from the log.
+    if write then
+      redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
+      return rate - sum_permits(redis.call('ZRANGE', permits_key, 0, -1))
+    end
+    return rate - sum_permits(redis.call('ZRANGEBYSCORE', permits_key, '(' .. fmt(window_start), '+inf'))
+  end
+  left = tonumber(left)
+  local expired = redis.call('ZRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
+  if #expired > 0 then
+    left = left + sum_permits(expired)
+    if write then
+      redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
+      redis.call('SET', value_key, fmt(left), 'KEEPTTL')
+    end
+  end
+  if left ~= rate and redis.call('EXISTS', permits_key) == 0 then
+    -- The log is empty (or was evicted while the value survived): nothing is granted.
+    left = rate
+  end
+  return left
+end
+
+-- Microseconds from `now` until `need` more permits have expired out of the window.
+local function wait_for(permits_key, need, interval, now)
+  local freed = 0
+  local batch = 64
+  local start = 0
+  while true do
+    local entries = redis.call('ZRANGE', permits_key, start, start + batch - 1, 'WITHSCORES')
+    if #entries == 0 then
+      return interval
+    end
+    for i = 1, #entries, 2 do
+      freed = freed + member_permits(entries[i])
+      if freed >= need then
+        local wait = tonumber(entries[i + 1]) + interval - now
+        if wait < 1 then
+          return 1
+        end
+        return wait
+      end
+    end
+    start = start + batch
+    batch = batch * 4
+  end
+end
+
+-- Microseconds until the oldest grant in the window expires (0 when the log is empty).
+local function next_expiry(permits_key, interval, now)
+  local oldest = redis.call('ZRANGE', permits_key, 0, 0, 'WITHSCORES')
+  if #oldest == 0 then
+    return 0
+  end
+  return math.max(tonumber(oldest[2]) + interval - now, 1)
+end
+
+-- Adds a grant scored `now` and returns its member.
+local function log_grant(permits_key, permits, now)
+  local id = fmt(now)
+  local same = redis.call('ZRANGEBYSCORE', permits_key, id, id)
+  if #same > 0 then
+    local taken = {}
+    for _, m in ipairs(same) do
+      taken[member_id(m)] = true
+    end
+    local n = 1
+    while taken[id] do
+      id = fmt(now) .. '.' .. n
+      n = n + 1
+    end
+  end
+  local member = permits .. ':' .. id
+  redis.call('ZADD', permits_key, fmt(now), member)
+  return member
+end
+
+-- Rebuilds a budget's value from its log for a new rate and interval (keep_state).
+local function recompute(value_key, permits_key, rate, interval, now)
+  redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(now - interval))
+  local members = redis.call('ZRANGE', permits_key, 0, -1)
+  if #members == 0 then
+    redis.call('DEL', value_key, permits_key)
+    return
+  end
+  redis.call('SET', value_key, fmt(rate - sum_permits(members)), 'PX', ms(interval))
+  redis.call('PEXPIRE', permits_key, ms(interval))
+end
+
+-- Checks that `ids` (ARGV from `first` on) names every client in the registry, so that a
+-- script rewriting or deleting every client's state was handed all their keys.
+local function registry_covered(registry_key, first)
+  local given = {}
+  for i = first, #ARGV do
+    given[ARGV[i]] = true
+  end
+  for _, id in ipairs(redis.call('ZRANGE', registry_key, 0, -1)) do
+    if not given[id] then
+      return false
+    end
+  end
+  return true
+end
