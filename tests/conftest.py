@@ -1,0 +1,126 @@
+"""Backends for the conformance suite: memory, fakeredis, and real redis-server and Valkey.
+
+The real servers are started on free loopback ports for the session and stopped after it.
+A missing server binary is an error, never a skip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from servers import Server, redis_server_binary, running, valkey_server_binary
+
+from aiolimit import Backend, MemoryBackend, RedisBackend
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[Server]:
+    with running(redis_server_binary()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def valkey_server() -> Iterator[Server]:
+    with running(valkey_server_binary()) as server:
+        yield server
+
+
+@dataclass
+class Store:
+    """One shared store (a server, a fakeredis instance or one memory dict) for a test."""
+
+    kind: str
+    make: Callable[..., Backend]
+    server: Server | None = None
+    clients: list[Redis] = field(default_factory=list)
+
+    def backend(self, client_id: str | None = None, **options: Any) -> Backend:
+        """A backend on the shared store; each call is another client of it."""
+        return self.make(client_id=client_id, **options)
+
+    @property
+    def is_redis(self) -> bool:
+        return self.kind != "memory"
+
+    @property
+    def real_server(self) -> bool:
+        return self.kind in ("redis", "valkey")
+
+
+def _memory_store() -> Store:
+    shared = MemoryBackend()
+
+    def make(client_id: str | None = None, **options: Any) -> Backend:
+        base = MemoryBackend(**options) if options else shared
+        if options:
+            base._limiters = shared._limiters  # same store, another clock
+        return base.with_client(client_id) if client_id else base
+
+    return Store("memory", make)
+
+
+def _redis_store(kind: str, connect: Callable[[], Redis], server: Server | None) -> Store:
+    clients: list[Redis] = []
+    shared: list[Redis] = []
+
+    def make(client_id: str | None = None, own_connection: bool = False, **options: Any) -> Backend:
+        if own_connection or not shared:
+            clients.append(connect())
+            if not shared:
+                shared.append(clients[-1])
+        redis = clients[-1] if own_connection else shared[0]
+        return RedisBackend(redis, client_id=client_id, **options)
+
+    return Store(kind, make, server=server, clients=clients)
+
+
+BACKENDS = [
+    pytest.param("memory", marks=pytest.mark.looptime),
+    "fakeredis",
+    "redis",
+    "valkey",
+]
+
+
+@pytest.fixture(params=BACKENDS)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    kind: str = request.param
+    if kind == "memory":
+        yield _memory_store()
+        return
+    if kind == "fakeredis":
+        import fakeredis
+
+        fake = fakeredis.FakeServer()
+        result = _redis_store(kind, lambda: fakeredis.FakeAsyncRedis(server=fake), None)
+    else:
+        real: Server = request.getfixturevalue(f"{kind}_server")
+        result = _redis_store(kind, lambda: Redis.from_url(real.url), real)
+    first = result.backend()
+    assert isinstance(first, RedisBackend)
+    await first.redis.flushall()
+    try:
+        yield result
+    finally:
+        for client in result.clients:
+            await client.aclose()
+
+
+@pytest.fixture
+def name() -> str:
+    """A fresh limiter name per test."""
+    return f"limiter-{next(_names)}"
+
+
+async def settle() -> None:
+    """Lets callbacks scheduled by the code under test run."""
+    for _ in range(3):
+        await asyncio.sleep(0)
