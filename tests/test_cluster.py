@@ -1,0 +1,218 @@
+"""The limiter on a real Redis Cluster (3 masters + 3 replicas) through ``RedisCluster``.
+
+Limiters with hostile names spread over every master; each keeps all its keys in one slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from cluster import Cluster
+from redis.asyncio import RedisCluster
+
+from aiolimit import RateLimiter, RateType, RedisBackend
+
+pytest_plugins = ["cluster_fixtures"]
+
+HOSTILE_NAMES = [
+    "{braces}",
+    "a}b{c",
+    "{}",
+    "with  spaces ",
+    "ünïcödé 限流 🚦",
+    "x" * 300,
+    "%7B%",
+    "key:{tag}:x",
+    "tab\tnew\nline",
+]
+
+
+def masters_holding(cluster: Cluster) -> dict[str, int]:
+    """Each key stored on a master -> that master's port (asked of the servers themselves)."""
+    where: dict[str, int] = {}
+    for port in cluster.master_ports():
+        with cluster.node(port).admin() as client:
+            for key in client.keys("*"):
+                where[key] = port
+    return where
+
+
+def test_cluster_runs_three_masters_each_with_a_replica(redis_cluster: Cluster) -> None:
+    topology = redis_cluster.topology()
+    assert len(topology.masters) == 3
+    assert sorted(topology.replicas.values()) == sorted(topology.masters.values())
+
+
+async def test_hostile_names_spread_over_every_master_each_limiter_on_one(
+    redis_cluster: Cluster, cluster_redis: RedisCluster
+) -> None:
+    backend = RedisBackend(cluster_redis, client_id="c1")
+    for name in HOSTILE_NAMES:
+        limiter = RateLimiter(name, backend)
+        await limiter.set_rate(RateType.PER_CLIENT, 5, 30)
+        assert await limiter.try_acquire(2)
+        assert await RateLimiter(name, backend.with_client("c2")).try_acquire(1)
+
+    where = masters_holding(redis_cluster)
+    masters_used = set()
+    for name in HOSTILE_NAMES:
+        tag = backend.keys(name).tag
+        ports = {port for key, port in where.items() if key.startswith(tag + ":")}
+        # config, registry and two clients' value + permits: all on one master
+        assert len([key for key in where if key.startswith(tag + ":")]) == 6, name
+        assert len(ports) == 1, name
+        slots = {
+            await cluster_redis.execute_command("CLUSTER KEYSLOT", key)
+            for key in where
+            if key.startswith(tag + ":")
+        }
+        assert len(slots) == 1, name
+        masters_used |= ports
+    assert masters_used == set(redis_cluster.master_ports())
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
+async def test_grants_refuses_releases_and_resets_on_cluster(
+    cluster_redis: RedisCluster, name: str
+) -> None:
+    backend = RedisBackend(cluster_redis)
+    limiter = RateLimiter(name, backend)
+    assert await limiter.try_set_rate(RateType.OVERALL, 3, 30)
+    assert not await limiter.try_set_rate(RateType.OVERALL, 9, 30)
+    assert [await limiter.try_acquire() for _ in range(4)] == [True, True, True, False]
+    assert await limiter.available_permits() == 0
+
+    await limiter.release(2)
+    assert await limiter.available_permits() == 2
+    assert await limiter.try_acquire(2)
+    assert not await limiter.try_acquire()
+
+    # keep_state: the 3 grants still count against a larger rate
+    await limiter.set_rate(RateType.OVERALL, 5, 30, keep_state=True)
+    assert await limiter.available_permits() == 2
+    assert await limiter.update_rate(RateType.OVERALL, 4, 30)
+    assert await limiter.available_permits() == 1
+    # without keep_state the budget restarts full
+    await limiter.set_rate(RateType.OVERALL, 4, 30)
+    assert await limiter.available_permits() == 4
+    config = await limiter.get_config()
+    assert config is not None and config.rate == 4
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES[:4], ids=range(4))
+async def test_per_client_budgets_delete_and_expire_on_cluster(
+    cluster_redis: RedisCluster, name: str
+) -> None:
+    alice = RateLimiter(name, RedisBackend(cluster_redis, client_id="alice"))
+    bob = RateLimiter(name, RedisBackend(cluster_redis, client_id="bob"))
+    await alice.set_rate(RateType.PER_CLIENT, 2, 30)
+    assert [await alice.try_acquire() for _ in range(3)] == [True, True, False]
+    assert await bob.try_acquire(2)
+    assert not await bob.try_acquire()
+
+    assert await alice.expire(30)
+    ttls = [
+        await cluster_redis.pttl(key)
+        for key in RedisBackend(cluster_redis).keys(name).everything(["alice", "bob"])
+    ]
+    existing = [ttl for ttl in ttls if ttl != -2]  # -2: no such key (the OVERALL budget)
+    assert len(existing) == 6 and all(0 < ttl <= 30_000 for ttl in existing), ttls
+    assert await alice.clear_expire()
+
+    assert await alice.delete()
+    assert await alice.get_config() is None
+    assert not await bob.delete()
+    keys = RedisBackend(cluster_redis).keys(name).everything(["alice", "bob"])
+    assert await cluster_redis.exists(*keys) == 0
+
+
+async def test_waits_exactly_until_a_permit_frees_on_every_master(
+    cluster_redis: RedisCluster,
+) -> None:
+    backend = RedisBackend(cluster_redis)
+    interval = 0.4
+    limiters = [RateLimiter(name, backend) for name in HOSTILE_NAMES]
+    for limiter in limiters:
+        await limiter.set_rate(RateType.OVERALL, 2, interval)
+        assert await limiter.try_acquire(2)
+    start = time.monotonic()
+
+    async def wait_one(limiter: RateLimiter) -> float:
+        assert await limiter.try_acquire(1, timeout=2)
+        return time.monotonic() - start
+
+    waited = await asyncio.gather(*(wait_one(limiter) for limiter in limiters))
+    # Grants were made just before `start`; each waiter gets its permit when they expire.
+    assert all(interval - 0.05 <= w <= interval + 0.25 for w in waited), waited
+    # fail fast: the wait (~interval) is longer than the timeout, so no sleeping
+    assert await limiters[0].try_acquire(2, timeout=0) is False
+    before = time.monotonic()
+    assert not await limiters[0].try_acquire(2, timeout=0.1)
+    assert time.monotonic() - before < 0.05
+
+
+async def test_concurrent_callers_on_one_client_never_exceed_the_rate_on_any_master(
+    cluster_redis: RedisCluster,
+) -> None:
+    """Many tasks on one RedisCluster client and several limiters at once, so concurrent
+    script calls to different nodes are in flight together."""
+    backend = RedisBackend(cluster_redis)
+    limiters = [RateLimiter(name, backend) for name in HOSTILE_NAMES]
+    for limiter in limiters:
+        await limiter.set_rate(RateType.OVERALL, 7, 30)
+
+    results = await asyncio.gather(
+        *(limiter.try_acquire() for limiter in limiters for _ in range(10))
+    )
+    per_limiter = [sum(results[i * 10 : (i + 1) * 10]) for i in range(len(limiters))]
+    assert per_limiter == [7] * len(limiters)
+    assert [await limiter.available_permits() for limiter in limiters] == [0] * len(limiters)
+
+
+async def flush_scripts(cluster: Cluster, ports: list[int]) -> None:
+    for port in ports:
+        cluster.node(port).command("SCRIPT", "FLUSH")
+
+
+async def test_recovers_from_script_flush_on_every_node(
+    redis_cluster: Cluster, cluster_redis: RedisCluster
+) -> None:
+    backend = RedisBackend(cluster_redis)
+    limiters = [RateLimiter(name, backend) for name in HOSTILE_NAMES]
+    for limiter in limiters:
+        await limiter.set_rate(RateType.OVERALL, 4, 30)
+        assert await limiter.try_acquire()
+
+    await flush_scripts(redis_cluster, [node.port for node in redis_cluster.nodes])
+    for port in redis_cluster.master_ports():
+        assert redis_cluster.node(port).command("SCRIPT", "EXISTS", "0" * 40) == [False]
+    # one call at a time, then many at once (they may share a round trip per node)
+    for limiter in limiters:
+        assert await limiter.try_acquire()
+    await flush_scripts(redis_cluster, redis_cluster.master_ports())
+    granted = await asyncio.gather(*(limiter.try_acquire(2) for limiter in limiters))
+    assert granted == [True] * len(limiters)
+    assert [await limiter.available_permits() for limiter in limiters] == [0] * len(limiters)
+
+    # every operation reloads its own script
+    await flush_scripts(redis_cluster, redis_cluster.master_ports())
+    for limiter in limiters:
+        await limiter.release(1)
+        assert await limiter.available_permits() == 1
+        assert await limiter.expire(30)
+        assert await limiter.delete()
+
+
+async def test_recovers_when_only_one_node_lost_its_scripts(
+    redis_cluster: Cluster, cluster_redis: RedisCluster
+) -> None:
+    backend = RedisBackend(cluster_redis)
+    limiters = [RateLimiter(name, backend) for name in HOSTILE_NAMES]
+    for limiter in limiters:
+        await limiter.set_rate(RateType.OVERALL, 2, 30)
+    await flush_scripts(redis_cluster, redis_cluster.master_ports()[:1])
+    assert await asyncio.gather(*(limiter.try_acquire() for limiter in limiters)) == [True] * len(
+        limiters
+    )
