@@ -1,22 +1,15 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 from collections import deque
 from types import TracebackType
-from typing import Any
 
 from ._types import Duration, RateLimiterConfig, RateType, to_micros, to_seconds
 from .backends.base import Attempt, Backend
 from .errors import InvalidArgumentError
 
 __all__ = ["RateLimiter"]
-
-log = logging.getLogger("aiolimit")
-
-# Grants handed back after their caller was cancelled mid-call; kept so they are not collected.
-_hand_backs: set[asyncio.Task[Any]] = set()
 
 
 class _WaitQueue:
@@ -94,33 +87,13 @@ class _WaitQueue:
         self._not_before = loop.time() + attempt.next_free / 1e6 if attempt.left <= 0 else 0.0
 
     async def _attempt(self, permits: int) -> Attempt:
-        call = asyncio.ensure_future(self._backend.try_acquire(self._name, permits))
-        try:
-            return await asyncio.shield(call)
-        except asyncio.CancelledError:
-            # The script may still grant: if it does, hand that exact grant back.
-            call.add_done_callback(self._hand_back)
-            raise
-
-    def _hand_back(self, call: asyncio.Future[Attempt]) -> None:
-        if call.cancelled() or call.exception() is not None or not call.result().granted:
-            return
-        attempt = call.result()
-        permits = int(attempt.grant.partition(":")[0]) if attempt.grant else 0
-        task = asyncio.ensure_future(self._backend.release(self._name, permits, attempt.grant))
-        _hand_backs.add(task)
-        task.add_done_callback(_hand_back_done)
+        # Backends hand back a grant whose caller was cancelled while the call was in flight.
+        return await self._backend.try_acquire(self._name, permits)
 
 
 def _settle(turn: asyncio.Future[bool], value: bool) -> None:
     if not turn.done():
         turn.set_result(value)
-
-
-def _hand_back_done(task: asyncio.Task[Any]) -> None:
-    _hand_backs.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("could not hand back a cancelled grant", exc_info=task.exception())
 
 
 def _check_permits(permits: object) -> int:

@@ -62,7 +62,11 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def try_acquire(self, name: str, permits: int) -> Attempt:
-        """One attempt; raises NotConfiguredError, InvalidArgumentError (permits > rate)."""
+        """One attempt; raises NotConfiguredError, InvalidArgumentError (permits > rate).
+
+        If the caller is cancelled while the attempt is in flight and it grants, the backend
+        hands that exact grant back, so a cancelled caller never holds permits.
+        """
 
     @abc.abstractmethod
     async def available_permits(self, name: str) -> int: ...

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import hashlib
+import logging
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from importlib import resources
 from typing import Any, Literal
 
 from redis import exceptions as redis_errors
+from redis.crc import key_slot
 
 from .._types import RateLimiterConfig, RateType
 from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from .base import Attempt, Backend, SetMode
 
 __all__ = ["RedisBackend"]
+
+log = logging.getLogger("aiolimit")
 
 Clock = Literal["server", "client"] | Callable[[], float]
 
@@ -36,11 +43,12 @@ class _Script:
 
 _SCRIPTS = {
     name: _Script(name)
-    for name in ("acquire", "available", "release", "set_rate", "delete", "expire")
+    for name in ("acquire", "acquire_many", "available", "release", "set_rate", "delete", "expire")
 }
 
 
 _ACQUIRE = _SCRIPTS["acquire"]
+_ACQUIRE_MANY = _SCRIPTS["acquire_many"]
 
 
 def _text(value: Any) -> str:
@@ -83,6 +91,175 @@ class _Keys:
         return keys
 
 
+class _Request:
+    __slots__ = ("args", "future", "keys", "orphan", "script")
+
+    def __init__(
+        self,
+        script: _Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        future: asyncio.Future[Any],
+        orphan: Callable[[Any], None] | None,
+    ) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.future = future
+        self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
+
+
+class _Call:
+    """One script call in a pipeline, answering one request or (acquire_many) several."""
+
+    __slots__ = ("args", "keys", "requests", "script")
+
+    def __init__(self, script: _Script, requests: list[_Request]) -> None:
+        self.script = script
+        self.requests = requests
+        if len(requests) == 1:
+            self.keys: list[Any] = list(requests[0].keys)
+            self.args: list[Any] = list(requests[0].args)
+        else:
+            self.keys = [key for r in requests for key in r.keys]
+            self.args = [r.args[0] for r in requests]
+
+    def settle(self, reply: Any) -> None:
+        if len(self.requests) == 1 or isinstance(reply, BaseException):
+            for request in self.requests:
+                _settle(request, reply)
+        else:
+            for request, one in zip(self.requests, reply, strict=True):
+                _settle(request, one)
+
+
+class _Coalescer:
+    """Shares round trips between concurrent script calls on one Redis client.
+
+    When nothing is in flight a call goes out at once. While one round trip is in flight,
+    further calls queue, and all of them go together in the next round trip: acquire
+    requests as one ``acquire_many`` call (per cluster slot), anything else as its own
+    EVALSHA, all in one pipeline. Each caller still gets its own result or error.
+    """
+
+    __slots__ = ("__weakref__", "_busy", "_cluster", "_pump", "_queue", "_redis")
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._cluster = hasattr(redis, "get_node_from_key")
+        self._queue: list[_Request] = []
+        self._busy = False
+        self._pump: asyncio.Task[None] | None = None
+
+    async def call(
+        self,
+        script: _Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        orphan: Callable[[Any], None] | None = None,
+    ) -> Any:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(_Request(script, keys, args, future, orphan))
+        if not self._busy:
+            # The round trip runs in its own task, so a cancelled caller never cuts a reply
+            # in half; its reply goes to `orphan` instead.
+            self._busy = True
+            self._pump = loop.create_task(self._send_queued())
+        return await future
+
+    async def _send_one(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
+        except redis_errors.NoScriptError:
+            # The script cache was flushed (or this node never saw it): EVAL caches it again.
+            return await self._redis.eval(script.source, len(keys), *keys, *args)
+
+    async def _send_queued(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._send_batch(self._calls(batch))
+        except BaseException as exc:
+            for request in self._queue:
+                _settle(request, exc)
+            self._queue = []
+            raise
+        finally:
+            self._busy = False
+
+    def _calls(self, batch: list[_Request]) -> list[_Call]:
+        calls: list[_Call] = []
+        acquires: dict[Any, list[_Request]] = {}
+        for request in batch:
+            if request.script is _ACQUIRE:
+                slot = key_slot(request.keys[0].encode()) if self._cluster else None
+                acquires.setdefault(slot, []).append(request)
+            else:
+                calls.append(_Call(request.script, [request]))
+        for group in acquires.values():
+            calls.append(_Call(_ACQUIRE_MANY if len(group) > 1 else _ACQUIRE, group))
+        return calls
+
+    async def _send_batch(self, calls: list[_Call]) -> None:
+        try:
+            if len(calls) == 1:
+                call = calls[0]
+                try:
+                    replies: list[Any] = [await self._send_one(call.script, call.keys, call.args)]
+                except redis_errors.RedisError as exc:
+                    replies = [exc]
+            else:
+                replies = await self._pipeline(calls, use_sha=True)
+                retry = [
+                    i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)
+                ]
+                if retry:
+                    again = await self._pipeline([calls[i] for i in retry], use_sha=False)
+                    for i, reply in zip(retry, again, strict=True):
+                        replies[i] = reply
+        except BaseException as exc:
+            # The whole round trip failed: every caller in it gets the error.
+            for call in calls:
+                call.settle(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        for call, reply in zip(calls, replies, strict=True):
+            call.settle(reply)
+
+    async def _pipeline(self, calls: list[_Call], use_sha: bool) -> list[Any]:
+        pipe = self._redis.pipeline(transaction=False)
+        for c in calls:
+            if use_sha:
+                pipe.evalsha(c.script.sha, len(c.keys), *c.keys, *c.args)
+            else:
+                pipe.eval(c.script.source, len(c.keys), *c.keys, *c.args)
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _settle(request: _Request, reply: Any) -> None:
+    future = request.future
+    if future.done():  # the caller was cancelled
+        if request.orphan is not None and not isinstance(reply, BaseException):
+            request.orphan(reply)
+    elif isinstance(reply, BaseException):
+        future.set_exception(reply)
+    else:
+        future.set_result(reply)
+
+
+# One coalescer per Redis client object, shared by every backend on that client.
+_coalescers: weakref.WeakKeyDictionary[Any, _Coalescer] = weakref.WeakKeyDictionary()
+
+
+def _coalescer(redis: Any) -> _Coalescer:
+    pipe = _coalescers.get(redis)
+    if pipe is None:
+        pipe = _coalescers[redis] = _Coalescer(redis)
+    return pipe
+
+
 class RedisBackend(Backend):
     """Limiter state in Redis (or Valkey), shared by every process that uses the same server.
 
@@ -97,7 +274,7 @@ class RedisBackend(Backend):
     ``prefix`` is put in front of every key (no braces: the hash tag follows it).
     """
 
-    __slots__ = ("_clock", "_keys", "_prefix", "_redis", "_types")
+    __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_types")
 
     def __init__(
         self,
@@ -117,6 +294,7 @@ class RedisBackend(Backend):
                 f"clock must be 'server', 'client' or a callable, not {clock!r}"
             )
         self._redis = redis
+        self._pipe = _coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
         self._keys: dict[str, _Keys] = {}
@@ -144,26 +322,29 @@ class RedisBackend(Backend):
     def _now_arg(self) -> str:
         return "" if self._clock is None else str(round(self._clock() * 1_000_000))
 
-    async def _run(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _run(
+        self,
+        script: _Script,
+        keys: Sequence[str],
+        args: Sequence[Any],
+        orphan: Callable[[Any], None] | None = None,
+    ) -> Any:
         try:
-            try:
-                return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-            except redis_errors.NoScriptError:
-                # The script cache was flushed (or this node never saw it): EVAL caches it again.
-                return await self._redis.eval(script.source, len(keys), *keys, *args)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
-            raise BackendError(f"Redis is unreachable or timed out: {exc}") from exc
-        except redis_errors.ResponseError as exc:
-            message = str(exc)
-            if self._clock is None and _rejects_time(message):
-                raise BackendError(
-                    f"the Redis server refused the TIME command in the {script.name} script "
-                    f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
-                    "this host's clock instead"
-                ) from exc
-            raise BackendError(f"Redis refused the {script.name} script: {message}") from exc
+            return await self._pipe.call(script, keys, args, orphan)
         except redis_errors.RedisError as exc:
-            raise BackendError(f"Redis error in the {script.name} script: {exc}") from exc
+            raise self._error(script, exc) from exc
+
+    def _error(self, script: _Script, exc: BaseException) -> BackendError:
+        if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+            return BackendError(f"Redis is unreachable or timed out: {exc}")
+        message = str(exc)
+        if self._clock is None and _rejects_time(message):
+            return BackendError(
+                f"the Redis server refused the TIME command in the {script.name} script "
+                f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
+                "this host's clock instead"
+            )
+        return BackendError(f"Redis refused the {script.name} script: {message}")
 
     async def _command(self, *args: Any) -> Any:
         try:
@@ -181,7 +362,10 @@ class RedisBackend(Backend):
         rate_type = self._types.get(name, RateType.OVERALL)
         for _ in range(2):
             budget = keys.budget(rate_type, self.client_id, script is _ACQUIRE)
-            reply = await self._run(script, budget, args(rate_type))
+            orphan = functools.partial(self._hand_back, name) if script is _ACQUIRE else None
+            reply = await self._run(script, budget, args(rate_type), orphan)
+            if script is _ACQUIRE:
+                reply = reply.split()
             code = int(reply[0])
             if code == -1:
                 raise NotConfiguredError(name)
@@ -191,17 +375,27 @@ class RedisBackend(Backend):
             rate_type = RateType(_text(reply[1]))
         raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
 
+    def _hand_back(self, name: str, reply: Any) -> None:
+        """Removes the exact grant of an acquire whose caller was cancelled mid-call."""
+        fields = reply.split()
+        if fields[0] in (b"0", "0"):
+            member = _text(fields[4])
+            permits = int(member.partition(":")[0])
+            task = asyncio.ensure_future(self.release(name, permits, member))
+            _hand_backs.add(task)
+            task.add_done_callback(_hand_back_done)
+
     # -- operations ----------------------------------------------------------------------------
 
     async def try_acquire(self, name: str, permits: int) -> Attempt:
         reply = await self._budget_call(
             name,
             _ACQUIRE,
-            lambda rate_type: (
-                [permits, self._now_arg(), rate_type.value, self.client_id]
+            lambda rate_type: [
+                f"{permits} {self._now_arg() or '-'} {rate_type.value} {self.client_id}"
                 if rate_type is RateType.PER_CLIENT
-                else [permits, self._now_arg(), rate_type.value]
-            ),
+                else f"{permits} {self._now_arg() or '-'} {rate_type.value}"
+            ],
         )
         code = int(reply[0])
         if code == 0:
@@ -285,6 +479,18 @@ class RedisBackend(Backend):
 
     async def clear_expire(self, name: str) -> bool:
         return bool(await self._command("PERSIST", self.keys(name).config))
+
+
+# Hand-backs of cancelled grants in progress; kept here so they are not garbage collected.
+_hand_backs: set[asyncio.Future[Any]] = set()
+
+
+def _hand_back_done(task: asyncio.Future[Any]) -> None:
+    _hand_backs.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning(
+            "could not hand back the grant of a cancelled acquire", exc_info=task.exception()
+        )
 
 
 def _rejects_time(message: str) -> bool:

@@ -13,7 +13,7 @@
 local unpack = unpack or table.unpack
 
 local function now_us(arg)
-  if arg ~= nil and arg ~= '' then
+  if arg ~= nil and arg ~= '' and arg ~= '-' then
     return tonumber(arg)
   end
   local t = redis.call('TIME')
@@ -165,4 +165,56 @@ local function registry_covered(registry_key, first)
     end
   end
   return true
+end
+
+-- One acquire request (acquire.lua runs one, acquire_many.lua several in one call).
+-- `request` is "<permits> <now in us, or - for the server's TIME> <rate type> [<client id>]",
+-- where the rate type is the one the caller built the keys for. The reply is one string:
+--   "0 <left> <next_free> <now> <member>"  granted; next_free = us until another permit
+--                                          frees (0 while permits are left)
+--   "1 <wait> <left> <now>"                refused; wait = us until `permits` are free
+--   "-1"                                   no config
+--   "-2 <rate>"                            permits exceed the rate
+--   "-3 <type>"                            the keys were built for the other rate type
+local function acquire(config_key, value_key, permits_key, registry_key, request)
+  local permits, now_arg, rate_type, client_id = string.match(request, '^(%d+) (%S+) (%S+) ?(.*)$')
+  permits = tonumber(permits)
+  local config = load_config(config_key)
+  if not config then
+    return '-1'
+  end
+  if config.type ~= rate_type then
+    return '-3 ' .. config.type
+  end
+  if permits > config.rate then
+    return '-2 ' .. fmt(config.rate)
+  end
+
+  local now = now_us(now_arg)
+  local interval = config.interval
+  local left = reclaim(value_key, permits_key, config.rate, now - interval, true)
+
+  if left < permits then
+    local wait = wait_for(permits_key, permits - left, interval, now)
+    return '1 ' .. fmt(wait) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
+  end
+
+  local member = log_grant(permits_key, permits, now)
+  left = left - permits
+  redis.call('SET', value_key, fmt(left), 'PX', ms(interval))
+  redis.call('PEXPIRE', permits_key, ms(interval))
+  if config.type == 'PER_CLIENT' then
+    redis.call('ZADD', registry_key, fmt(now), client_id)
+    redis.call('ZREMRANGEBYSCORE', registry_key, '-inf', fmt(now - 2 * interval))
+    redis.call('PEXPIRE', registry_key, ms(2 * interval))
+  end
+  if config.keep_alive > 0 then
+    redis.call('PEXPIRE', config_key, ms(config.keep_alive))
+  end
+
+  local next_free = 0
+  if left <= 0 then
+    next_free = next_expiry(permits_key, interval, now)
+  end
+  return '0 ' .. fmt(left) .. ' ' .. fmt(next_free) .. ' ' .. fmt(now) .. ' ' .. member
 end
