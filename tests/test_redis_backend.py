@@ -1,0 +1,573 @@
+"""Claims only a real Redis (or Valkey) server can prove: key layout, TTLs, script cache,
+server clock, ACLs, and how a failing server surfaces. The behaviour every backend shares is
+in the conformance suite; these tests look at the keys and the server itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import re
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from importlib import resources
+
+import fakeredis
+import pytest
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.crc import key_slot
+from servers import Server, free_port, redis_server_binary, running, valkey_server_binary
+
+from aiolimit import (
+    BackendError,
+    MemoryBackend,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
+
+_prefixes = itertools.count()
+
+HOSTILE_NAMES = [
+    "plain",
+    "{braces}",
+    "}{",
+    "{",
+    "}",
+    "{}",
+    "a{b}c{d}",
+    "%7B",  # must not collide with "{" after escaping
+    "%",
+    "with spaces and\ttabs",
+    "ünïcødé ✓ 名前 🚦",
+    "x" * 300,
+    "{" * 150 + "}" * 150,
+]
+
+
+@pytest.fixture(params=["redis", "valkey"])
+def server(request: pytest.FixtureRequest) -> Server:
+    server: Server = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.fixture
+async def redis(server: Server) -> AsyncIterator[Redis]:
+    client = Redis.from_url(server.url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A key prefix of this test's own, so SCAN sees only this test's keys."""
+    return f"t{next(_prefixes)}-{os.getpid()}:"
+
+
+async def scan(redis: Redis, prefix: str) -> list[str]:
+    return sorted([key.decode() async for key in redis.scan_iter(match=f"{prefix}*", count=1000)])
+
+
+def fake_clock(start: float = 1_000.0) -> Callable[[], float]:
+    return lambda: start
+
+
+# -- key layout -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=lambda n: repr(n)[:24])
+async def test_every_key_of_a_limiter_is_in_one_cluster_slot(
+    redis: Redis, prefix: str, name: str
+) -> None:
+    first = RedisBackend(redis, client_id="client-{1}", prefix=prefix)
+    second = first.with_client("client } 2")
+    limiter = RateLimiter(name, first)
+    await limiter.set_rate(RateType.PER_CLIENT, 3, 60)
+    assert await limiter.try_acquire()
+    assert await RateLimiter(name, second).try_acquire(2)
+    per_client = await scan(redis, prefix)
+    await limiter.set_rate(RateType.OVERALL, 3, 60)
+    assert await limiter.try_acquire()
+    overall = await scan(redis, prefix)
+
+    keys = first.keys(name)
+    expected = {
+        keys.config,
+        keys.registry,
+        keys.client_value("client-{1}"),
+        keys.client_permits("client-{1}"),
+        keys.client_value("client } 2"),
+        keys.client_permits("client } 2"),
+    }
+    assert set(per_client) == expected
+    assert set(overall) == {keys.config, keys.value, keys.permits}
+    slots = {key_slot(key.encode()) for key in [*per_client, *overall]}
+    assert slots == {key_slot(keys.config.encode())}
+    # The slot comes from a non-empty hash tag, not from the whole key.
+    tag = re.match(r"[^{]*\{([^}]+)\}", keys.config)
+    assert tag is not None
+    assert key_slot(keys.config.encode()) == key_slot(tag.group(1).encode())
+
+
+async def test_different_names_never_share_a_key(redis: Redis, prefix: str) -> None:
+    backend = RedisBackend(redis, client_id="c", prefix=prefix)
+    seen: dict[str, str] = {}
+    for name in HOSTILE_NAMES:
+        limiter = RateLimiter(name, backend)
+        await limiter.set_rate(RateType.OVERALL, 2, 60)
+        assert await limiter.try_acquire()
+        keys = backend.keys(name)
+        for key in (keys.config, keys.value, keys.permits, keys.registry, keys.client_value("c")):
+            assert seen.setdefault(key, name) == name, f"{name!r} and {seen[key]!r} share {key!r}"
+    assert len(await scan(redis, prefix)) == 3 * len(HOSTILE_NAMES)
+    for name in HOSTILE_NAMES:  # each limiter still sees only its own grant
+        assert await RateLimiter(name, backend).available_permits() == 1
+
+
+# -- TTLs ---------------------------------------------------------------------------------------
+
+
+async def test_state_keys_carry_a_ttl_of_one_interval_and_config_none(
+    redis: Redis, prefix: str
+) -> None:
+    backend = RedisBackend(redis, client_id="c", prefix=prefix)
+    limiter = RateLimiter("ttl", backend)
+    keys = backend.keys("ttl")
+    await limiter.set_rate(RateType.OVERALL, 5, 2)
+    assert await limiter.try_acquire(2)
+    for key in (keys.value, keys.permits):
+        assert 1500 < await redis.pttl(key) <= 2000
+    assert await redis.pttl(keys.config) == -1
+
+    await limiter.release(1)
+    await limiter.update_rate(RateType.OVERALL, 5, 3)  # keep_state: TTLs follow the new interval
+    for key in (keys.value, keys.permits):
+        assert 2500 < await redis.pttl(key) <= 3000
+
+    await limiter.set_rate(RateType.PER_CLIENT, 5, 2)
+    assert await limiter.try_acquire()
+    for key in (keys.client_value("c"), keys.client_permits("c")):
+        assert 1500 < await redis.pttl(key) <= 2000
+    # The registry outlives the client keys it lists, so delete/set_rate always find them.
+    assert 3500 < await redis.pttl(keys.registry) <= 4000
+    assert await redis.pttl(keys.config) == -1
+    for key in await scan(redis, prefix):
+        assert key == keys.config or await redis.pttl(key) > 0, f"{key} has no TTL"
+
+
+async def test_keep_alive_gives_the_config_a_ttl_that_each_grant_slides(
+    redis: Redis, prefix: str
+) -> None:
+    backend = RedisBackend(redis, prefix=prefix)
+    limiter = RateLimiter("kept", backend)
+    config_key = backend.keys("kept").config
+    await limiter.set_rate(RateType.OVERALL, 5, 1, keep_alive=30)
+    assert 29_000 < await redis.pttl(config_key) <= 30_000
+    await redis.pexpire(config_key, 500)  # as if 29.5 s had passed
+    assert await limiter.try_acquire()
+    assert 29_000 < await redis.pttl(config_key) <= 30_000
+    assert await limiter.clear_expire()
+    assert await redis.pttl(config_key) == -1
+
+
+@pytest.mark.slow
+async def test_an_idle_limiter_keeps_only_its_config_after_about_one_interval(
+    redis: Redis, prefix: str
+) -> None:
+    backend = RedisBackend(redis, client_id="c", prefix=prefix)
+    overall, per_client = RateLimiter("overall", backend), RateLimiter("per-client", backend)
+    await overall.set_rate(RateType.OVERALL, 5, 0.3)
+    await per_client.set_rate(RateType.PER_CLIENT, 5, 0.3)
+    for limiter in (overall, per_client):
+        assert await limiter.try_acquire(3)
+    await per_client.release(1)
+    assert len(await scan(redis, prefix)) == 3 + 4
+
+    await asyncio.sleep(0.45)
+    keys = backend.keys("per-client")
+    left = set(await scan(redis, prefix))
+    assert left == {backend.keys("overall").config, keys.config, keys.registry}
+    await asyncio.sleep(0.3)  # the registry lives two intervals
+    assert set(await scan(redis, prefix)) == {backend.keys("overall").config, keys.config}
+    assert await overall.available_permits() == 5
+    assert await per_client.available_permits() == 5
+
+
+# -- grant log members --------------------------------------------------------------------------
+
+
+def grant_ids(members: list[bytes]) -> list[str]:
+    return [member.decode().partition(":")[2] for member in members]
+
+
+def logged_permits(members: list[bytes]) -> int:
+    return sum(int(member.decode().partition(":")[0]) for member in members)
+
+
+async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix: str) -> None:
+    backend = RedisBackend(redis, prefix=prefix, clock=fake_clock())
+    await backend.set_rate(
+        "same", RateLimiterConfig.build(RateType.OVERALL, 1000, 60), "set", False
+    )
+    permits_key = backend.keys("same").permits
+    grants = []
+    for i in range(150):
+        attempt = await backend.try_acquire("same", 1 + i % 3)
+        assert attempt.granted
+        assert attempt.time == 1_000_000_000
+        grants.append(attempt.grant)
+    members = await redis.zrange(permits_key, 0, -1)
+    assert len(set(grants)) == len(members) == 150
+    assert {m.decode() for m in members} == set(grants)
+    assert len(set(grant_ids(members))) == 150
+    assert logged_permits(members) == sum(1 + i % 3 for i in range(150))
+
+    # Release a part of a grant, a whole grant and an exact grant, then grant again.
+    assert await backend.release("same", 4) == 4
+    assert grants[10] is not None
+    assert await backend.release("same", 2, grants[10]) == int(grants[10].partition(":")[0])
+    for _ in range(20):
+        assert (await backend.try_acquire("same", 2)).granted
+    members = await redis.zrange(permits_key, 0, -1)
+    ids = grant_ids(members)
+    assert len(set(ids)) == len(ids), "two grants share an id"
+    value = int(await redis.get(backend.keys("same").value))
+    assert value == 1000 - logged_permits(members)
+    assert await backend.available_permits("same") == value
+
+
+# -- script cache -------------------------------------------------------------------------------
+
+
+async def test_every_operation_recovers_after_script_flush(redis: Redis, prefix: str) -> None:
+    backend = RedisBackend(redis, prefix=prefix)
+    limiter = RateLimiter("flushed", backend)
+    steps = [
+        lambda: limiter.try_set_rate(RateType.OVERALL, 10, 60),
+        lambda: limiter.try_acquire(2),
+        limiter.available_permits,
+        lambda: limiter.release(1),
+        lambda: limiter.update_rate(RateType.OVERALL, 8, 60),
+        lambda: limiter.expire(60),
+        limiter.clear_expire,
+        lambda: limiter.set_rate(RateType.PER_CLIENT, 10, 60),
+        lambda: limiter.try_acquire(3),
+        limiter.delete,
+    ]
+    results = []
+    for step in steps:
+        await redis.script_flush()
+        results.append(await step())
+    assert results == [True, True, 8, None, True, True, True, None, True, True]
+
+
+async def test_concurrent_calls_recover_together_after_script_flush(
+    redis: Redis, prefix: str
+) -> None:
+    backend = RedisBackend(redis, prefix=prefix)
+    limiter = RateLimiter("flushed", backend)
+    await limiter.set_rate(RateType.OVERALL, 30, 60)
+    await redis.script_flush()
+    granted = await asyncio.gather(*(backend.try_acquire("flushed", 1) for _ in range(40)))
+    assert sum(a.granted for a in granted) == 30
+    await redis.script_flush()
+    assert await asyncio.gather(*(limiter.available_permits() for _ in range(5))) == [0] * 5
+
+
+def test_scripts_do_not_use_the_lua_struct_library() -> None:
+    lua = resources.files("aiolimit") / "lua"
+    sources = {f.name: f.read_text() for f in lua.iterdir() if f.name.endswith(".lua")}
+    assert len(sources) >= 6
+    for file, source in sources.items():
+        assert not re.search(r"\bstruct\s*\.", source), f"{file} uses struct"
+        assert not re.search(r"\b(cmsgpack|cjson|bit)\s*\.", source), f"{file} uses a C library"
+
+
+async def test_every_script_runs_on_fakeredis() -> None:
+    backend = RedisBackend(fakeredis.FakeAsyncRedis(), client_id="a")
+    other = backend.with_client("b")
+    limiter = RateLimiter("fake", backend)
+    assert await limiter.try_set_rate(RateType.OVERALL, 4, 60)
+    assert not await limiter.try_set_rate(RateType.OVERALL, 4, 60)
+    assert [await limiter.try_acquire(2) for _ in range(3)] == [True, True, False]
+    await limiter.release(1)
+    assert await limiter.available_permits() == 1
+    assert await limiter.update_rate(RateType.OVERALL, 6, 60)
+    assert await limiter.available_permits() == 3
+    await limiter.set_rate(RateType.PER_CLIENT, 2, 60, keep_alive=120)
+    assert await limiter.try_acquire(2)
+    assert await RateLimiter("fake", other).try_acquire(2)
+    assert not await limiter.try_acquire()
+    assert await limiter.expire(30)
+    assert await limiter.clear_expire()
+    assert await limiter.delete()
+    assert await limiter.get_config() is None
+
+
+# -- clocks -------------------------------------------------------------------------------------
+
+
+async def test_the_server_clock_stamps_grants_so_client_clocks_do_not_matter(
+    server: Server, prefix: str
+) -> None:
+    first = RedisBackend(Redis.from_url(server.url), client_id="first", prefix=prefix)
+    second = RedisBackend(Redis.from_url(server.url), client_id="second", prefix=prefix)
+    try:
+        await RateLimiter("skew", first).set_rate(RateType.OVERALL, 3, 10)
+        before = await first.redis.time()
+        for _ in range(3):
+            assert (await first.try_acquire("skew", 1)).granted
+        refused = await second.try_acquire("skew", 1)
+        after = await second.redis.time()
+        assert not refused.granted
+        # Both clients' attempts carry the server's TIME, whatever their own clocks say.
+        server_us = (before[0] * 1_000_000 + before[1], after[0] * 1_000_000 + after[1])
+        assert server_us[0] <= refused.time <= server_us[1]
+        assert 9_000_000 < refused.wait <= 10_000_000
+    finally:
+        await first.redis.aclose()
+        await second.redis.aclose()
+
+
+@pytest.mark.parametrize("honest_clock", ["server", "client"])
+async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the_default(
+    server: Server, prefix: str, honest_clock: str
+) -> None:
+    honest = RedisBackend(Redis.from_url(server.url), prefix=prefix, clock=honest_clock)
+    ahead = RedisBackend(
+        Redis.from_url(server.url), prefix=prefix, clock=lambda: time.time() + 3600
+    )
+    try:
+        await RateLimiter("skew", honest).set_rate(RateType.OVERALL, 3, 10)
+        started = time.monotonic()
+        assert [(await honest.try_acquire("skew", 1)).granted for _ in range(4)] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+        # The client an hour ahead sees those grants as expired long ago and takes the rate
+        # again: 6 grants in one real second on a limiter of 3 per 10 s.
+        assert [(await ahead.try_acquire("skew", 1)).granted for _ in range(4)] == [
+            True,
+            True,
+            True,
+            False,
+        ]
+        assert time.monotonic() - started < 10
+        # And the honest client is now locked out for about an hour.
+        locked = await honest.try_acquire("skew", 1)
+        assert not locked.granted
+        assert locked.wait > 3_500_000_000
+    finally:
+        await honest.redis.aclose()
+        await ahead.redis.aclose()
+
+
+# -- a server that refuses TIME in scripts ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "server",
+    [
+        pytest.param(
+            "redis",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="BUG: redis-server 7.0 reports an ACL denial inside a script without the "
+                "command's name, so _rejects_time() does not recognise it (backends/redis.py)",
+            ),
+        ),
+        "valkey",
+    ],
+    indirect=True,
+)
+async def test_a_server_refusing_time_points_to_client_clock(
+    server: Server, redis: Redis, prefix: str
+) -> None:
+    user = f"no-time-{next(_prefixes)}"
+    await redis.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-time")
+    limited = Redis.from_url(server.url, username=user, password="pw")
+    try:
+        admin = RateLimiter("no-time", RedisBackend(redis, prefix=prefix, clock="client"))
+        await admin.set_rate(RateType.OVERALL, 3, 60)
+
+        limiter = RateLimiter("no-time", RedisBackend(limited, prefix=prefix))
+        for operation in (limiter.try_acquire, limiter.available_permits):
+            with pytest.raises(BackendError, match=r"clock='client'") as raised:
+                await operation()
+            assert isinstance(raised.value.__cause__, redis_errors.ResponseError)
+
+        client_clock = RateLimiter("no-time", RedisBackend(limited, prefix=prefix, clock="client"))
+        assert await client_clock.try_acquire(2)
+        assert await client_clock.available_permits() == 1
+        await client_clock.release(1)
+        assert await client_clock.update_rate(RateType.OVERALL, 4, 60)
+        assert await client_clock.available_permits() == 3
+    finally:
+        await limited.aclose()
+        await redis.execute_command("ACL", "DELUSER", user)
+
+
+# -- a server that is gone or hangs -------------------------------------------------------------
+
+
+def every_operation(limiter: RateLimiter) -> list[tuple[str, Callable[[], object]]]:
+    async def enter() -> None:
+        async with limiter:
+            pass
+
+    return [
+        ("try_set_rate", lambda: limiter.try_set_rate(RateType.OVERALL, 3, 10)),
+        ("set_rate", lambda: limiter.set_rate(RateType.OVERALL, 3, 10)),
+        ("update_rate", lambda: limiter.update_rate(RateType.OVERALL, 3, 10)),
+        ("get_config", limiter.get_config),
+        ("try_acquire", limiter.try_acquire),
+        ("try_acquire timeout", lambda: limiter.try_acquire(timeout=1)),
+        ("acquire", limiter.acquire),
+        ("async with", enter),
+        ("available_permits", limiter.available_permits),
+        ("release", lambda: limiter.release(1)),
+        ("delete", limiter.delete),
+        ("expire", lambda: limiter.expire(5)),
+        ("clear_expire", limiter.clear_expire),
+    ]
+
+
+async def test_an_unreachable_server_raises_backend_error_from_every_operation() -> None:
+    redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=1)
+    limiter = RateLimiter("gone", RedisBackend(redis))
+    try:
+        for operation, call in every_operation(limiter):
+            with pytest.raises(BackendError) as raised:
+                await asyncio.wait_for(call(), 5)
+            cause = raised.value.__cause__
+            assert isinstance(cause, redis_errors.ConnectionError), operation
+    finally:
+        await redis.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("binary", [redis_server_binary, valkey_server_binary])
+async def test_a_server_that_stops_answering_raises_backend_error_after_the_socket_timeout(
+    binary: Callable[[], str],
+) -> None:
+    with running(binary()) as own:
+        assert own.process is not None
+        redis = Redis.from_url(own.url, socket_timeout=0.3)
+        limiter = RateLimiter("hung", RedisBackend(redis))
+        await limiter.set_rate(RateType.OVERALL, 3, 10)
+        os.kill(own.process.pid, signal.SIGSTOP)
+        try:
+            for operation, call in every_operation(limiter)[3:8]:
+                started = time.monotonic()
+                with pytest.raises(BackendError) as raised:
+                    await asyncio.wait_for(call(), 5)
+                assert isinstance(raised.value.__cause__, redis_errors.TimeoutError), operation
+                assert time.monotonic() - started < 2.5, operation
+                await redis.connection_pool.disconnect()
+        finally:
+            os.kill(own.process.pid, signal.SIGCONT)
+        # Once the server answers again, so does the limiter.
+        assert await limiter.try_acquire()
+        own.stop()
+        with pytest.raises(BackendError) as raised:
+            await limiter.try_acquire()
+        assert isinstance(raised.value.__cause__, redis_errors.ConnectionError)
+        await redis.aclose()
+
+
+# -- the memory twin ----------------------------------------------------------------------------
+
+
+async def redis_state(backend: RedisBackend, name: str, clients: list[str]) -> dict[str, object]:
+    redis, keys = backend.redis, backend.keys(name)
+    state: dict[str, object] = {}
+    for client, value_key, permits_key in [
+        (None, keys.value, keys.permits),
+        *((c, keys.client_value(c), keys.client_permits(c)) for c in clients),
+    ]:
+        entries = await redis.zrange(permits_key, 0, -1, withscores=True)
+        value = await redis.get(value_key)
+        if value is not None or entries:
+            state[str(client)] = (
+                None if value is None else int(value),
+                sorted((int(score), member.decode()) for member, score in entries),
+            )
+    registry = await redis.zrange(keys.registry, 0, -1, withscores=True)
+    state["registry"] = sorted((member.decode(), int(score)) for member, score in registry)
+    return state
+
+
+def memory_state(backend: MemoryBackend, name: str) -> dict[str, object]:
+    limiter = backend._limiters[name]
+    state: dict[str, object] = {
+        str(client): (budget.left, sorted((t, f"{p}:{gid}") for t, gid, p in budget.grants))
+        for client, budget in limiter.budgets.items()
+    }
+    state["registry"] = sorted(limiter.registry.items())
+    return state
+
+
+async def twin_run(
+    redis: Redis, prefix: str, script: Callable[..., object]
+) -> tuple[dict[str, object], dict[str, object]]:
+    now = [1_000.0]
+
+    def clock() -> float:
+        return now[0]
+
+    memory = MemoryBackend(client_id="a", clock=clock)
+    remote = RedisBackend(redis, client_id="a", clock=clock, prefix=prefix)
+    for backend in (memory, remote):
+        now[0] = 1_000.0
+        await script(backend, now)
+    return memory_state(memory, "twin"), await redis_state(remote, "twin", ["a", "b"])
+
+
+async def test_lua_writes_the_same_state_as_the_memory_twin(redis: Redis, prefix: str) -> None:
+    async def script(backend, now):
+        other = backend.with_client("b")
+        await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 6, 10), "set", False)
+        for step, permits in enumerate([2, 1, 3, 1, 2, 4]):
+            now[0] += 0.75 * step
+            await backend.try_acquire("twin", permits)
+        await backend.release("twin", 2)  # part of the newest grant
+        now[0] += 3
+        await backend.try_acquire("twin", 2)
+        await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 4, 8), "update", True)
+        await backend.set_rate("twin", RateLimiterConfig.build("PER_CLIENT", 3, 5), "set", True)
+        for client, permits in [(backend, 2), (other, 1), (other, 3), (backend, 1)]:
+            now[0] += 0.5
+            await client.try_acquire("twin", permits)
+        attempt = await other.try_acquire("twin", 1)
+        await other.release("twin", 1, attempt.grant)
+        now[0] += 12  # every grant expired: reclaim and registry pruning on the next grants
+        await backend.try_acquire("twin", 1)
+        await other.try_acquire("twin", 2)
+
+    from_memory, from_lua = await twin_run(redis, prefix, script)
+    assert from_lua == from_memory
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: release of grants in one microsecond picks a different entry in Lua (member "
+    "order '<permits>:<id>') and in memory (id order), so later grant ids diverge",
+)
+async def test_lua_and_memory_twin_agree_on_releases_within_one_microsecond(
+    redis: Redis, prefix: str
+) -> None:
+    async def script(backend, now):
+        await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 10, 10), "set", False)
+        await backend.try_acquire("twin", 2)
+        await backend.try_acquire("twin", 1)
+        await backend.release("twin", 1)  # the newest grant is the 1-permit one
+        await backend.try_acquire("twin", 1)
+
+    from_memory, from_lua = await twin_run(redis, prefix, script)
+    assert from_lua == from_memory
