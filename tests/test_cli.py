@@ -1,0 +1,113 @@
+"""The `aiolimit` command line: the demo's verdict on every backend, and clean errors."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+from servers import Server, free_port
+
+from aiolimit import __main__ as cli
+from aiolimit._demo import _Run, _verdict, allowed_by_rate, busiest_window
+
+
+def aiolimit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiolimit", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_passing_verdict(result: subprocess.CompletedProcess[str], rate: int) -> None:
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("t=1 ") for line in lines), result.stdout
+    verdict = {line.split()[0]: line for line in lines if line and not line.startswith("t=")}
+    assert verdict["grants"].split()[1].isdigit()
+    busiest = int(verdict["busiest"].split()[2])
+    assert 0 < busiest <= rate
+    assert f"(rate {rate};" in verdict["busiest"]
+    utilisation = float(verdict["utilisation"].split()[1].rstrip("%"))
+    assert utilisation > 50, result.stdout
+    assert verdict["PASS:"] == f"PASS: no 1 s window held more than {rate} permits"
+
+
+@pytest.mark.slow
+def test_demo_on_the_memory_backend_passes_its_own_audit():
+    assert_passing_verdict(aiolimit("demo", "--duration", "2"), rate=20)
+
+
+@pytest.mark.slow
+def test_demo_on_a_real_redis_server_passes_its_own_audit(redis_server: Server):
+    result = aiolimit("demo", "--duration", "2", "--rate", "30", "--redis", redis_server.url)
+    assert_passing_verdict(result, rate=30)
+    assert f"Redis at {redis_server.url}" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["demo", "--rate", "0"], "argument --rate: must be at least 1"),
+        (["demo", "--duration", "soon"], "argument --duration: expected seconds"),
+        (["demo", "--interval", "-1"], "argument --interval: must be a positive number"),
+        (["demo", "--redis", "http://localhost"], "bad --redis URL"),
+        (["demo", "--name", ""], "name must be a non-empty str"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        ([], "the following arguments are required: COMMAND"),
+    ],
+)
+def test_a_bad_argument_gives_a_one_line_error_and_exit_code_2(args, message):
+    result = aiolimit(*args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_an_unreachable_redis_server_gives_a_clean_error():
+    url = f"redis://127.0.0.1:{free_port()}"
+    result = aiolimit("demo", "--redis", url)
+    assert result.returncode == 2
+    assert f"aiolimit demo: error: cannot reach Redis at {url}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_the_soak_command_is_offered_only_when_its_module_exists(monkeypatch):
+    real_find_spec = cli.importlib.util.find_spec
+
+    def without_soak(name: str, *args: object) -> object:
+        return None if name == "aiolimit._soak" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(cli.importlib.util, "find_spec", without_soak)
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert "demo" in commands.choices
+    assert "soak" not in commands.choices
+
+
+def test_the_audit_counts_the_busiest_half_open_window():
+    assert busiest_window([], 1.0) == 0
+    assert busiest_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0) == 3
+    assert busiest_window([3.0, 0.0, 1.0, 2.0], 1.0) == 1
+    assert busiest_window([0.0] * 5 + [0.999], 1.0) == 6
+
+
+def test_what_the_rate_allows_is_one_full_budget_per_started_interval():
+    assert allowed_by_rate(20, 1.0, 5.0) == 100
+    assert allowed_by_rate(20, 1.0, 2.5) == 60
+    assert allowed_by_rate(20, 1.0, 0.1) == 20
+    assert allowed_by_rate(10, 0.1, 0.3) == 30
+
+
+def test_the_verdict_fails_with_exit_code_1_on_over_admission(capsys):
+    run = _Run(rate=2, interval=1.0, stamps=[0.0, 0.1, 0.2, 1.5], per_worker=[2, 2])
+    assert _verdict(run, elapsed=2.0) == 1
+    out = capsys.readouterr().out
+    assert "busiest window  3 permits" in out
+    assert "FAIL: a 1 s window held 3 permits, over the rate of 2" in out

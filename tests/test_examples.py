@@ -1,0 +1,64 @@
+"""Every example runs to completion on the memory backend and on a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from servers import Server
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+pytestmark = pytest.mark.slow
+
+
+def run_example(name: str, *args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stderr == ""
+    return result.stdout
+
+
+def check_quickstart(out: str) -> None:
+    lines = out.splitlines()
+    calls = [line for line in lines if " item " in line]
+    assert len(calls) == 12
+    assert all(line.endswith("-> 200") for line in calls)
+    # 5 per second: the first five at once, the last two only after two full intervals.
+    assert float(calls[4].split("s")[0]) < 0.5
+    assert float(calls[-1].split("s")[0]) >= 2.0
+    assert lines[-1].startswith("12 calls in ")
+    assert ", 0 rejected by the partner (its limit: 5 per 1s)" in lines[-1]
+
+
+def check_per_client(out: str) -> None:
+    assert "alice  5 pushed, 3 in the digest" in out
+    assert "bob    2 pushed, 0 in the digest" in out
+    assert "carol  2 pushed, 0 in the digest" in out
+    assert out.splitlines()[-1] == "OK: no user got more than 3 pushes in any 1s"
+
+
+def test_quickstart_on_the_memory_backend():
+    check_quickstart(run_example("quickstart.py", env={"AIOLIMIT_REDIS_URL": ""}))
+
+
+def test_quickstart_on_redis_server(redis_server: Server):
+    check_quickstart(run_example("quickstart.py", "--redis", redis_server.url))
+
+
+def test_per_client_on_the_memory_backend():
+    check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": ""}))
+
+
+def test_per_client_on_redis_server_named_by_the_environment(redis_server: Server):
+    check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": redis_server.url}))
