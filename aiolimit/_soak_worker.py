@@ -1,0 +1,244 @@
+"""One worker process of the soak tool: T tasks hammering one limiter, recording every grant.
+
+The workload goes through the public :class:`~aiolimit.RateLimiter`. To learn the limiter's
+own grant time, the backend is a thin subclass of :class:`~aiolimit.RedisBackend` that, when an
+attempt is granted, notes its ``Attempt.time`` together with this process's wall clock just
+before and just after the script call. The note goes to the request that is running (a context
+variable), and the request keeps it only if the limiter call then returns True, so a grant a
+cancelled caller handed back is never counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+
+from ._limiter import RateLimiter
+from ._types import RateType
+from .backends.base import Attempt
+from .backends.redis import RedisBackend
+from .errors import NotConfiguredError
+
+__all__ = ["Grant", "WorkerConfig", "WorkerResult", "run_worker"]
+
+
+class Grant(NamedTuple):
+    """One granted request, as the worker saw it. Wall times are seconds (``time.time()``)."""
+
+    process: int
+    permits: int
+    kind: str
+    requested: float
+    """Wall clock when the caller asked (before ``acquire``/``try_acquire``)."""
+    sent: float
+    """Wall clock just before the script call that granted."""
+    received: float
+    """Wall clock just after that call returned: the worker's own grant stamp."""
+    limiter_time: int
+    """``Attempt.time``: microseconds of the limiter's clock (server ``TIME`` by default),
+    corrected by any skew this worker injected into a client clock."""
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    url: str
+    name: str
+    rate_type: str
+    rate: int
+    interval: float
+    tasks: int
+    mix: tuple[int, int, int]
+    """Weights of acquire(1), try_acquire(1, timeout=…), acquire(2..max_multi)."""
+    max_multi: int
+    try_timeout: float
+    clock: str
+    """'server' or 'client'."""
+    skew: float
+    """Seconds added to this worker's client clock (only with clock='client')."""
+    big: bool
+    """Task 0 repeatedly asks for the whole rate; every other task floods acquire(1)."""
+    big_timeout: float
+    client_name: str
+    client_retries: int
+    """Retries redis-py makes on a dropped connection (0: ``Redis.from_url`` default)."""
+    seed: int
+
+
+@dataclass
+class WorkerResult:
+    process: int
+    grants: list[Grant] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    error_samples: dict[str, str] = field(default_factory=dict)
+    refused: int = 0
+    big_waits: list[float] = field(default_factory=list)
+    """Seconds from asking for the whole rate to getting it."""
+    big_timeouts: int = 0
+    cancelled: int = 0
+
+
+class _Slot:
+    __slots__ = ("grant",)
+
+    def __init__(self) -> None:
+        self.grant: tuple[float, float, int] | None = None
+
+
+_REQUEST: contextvars.ContextVar[_Slot] = contextvars.ContextVar("aiolimit_soak_request")
+
+
+class _AuditedBackend(RedisBackend):
+    """Notes (sent, received, limiter time) of each granted attempt for the running request."""
+
+    skew_us = 0
+
+    async def try_acquire(self, name: str, permits: int, *args: Any, **kwargs: Any) -> Attempt:
+        sent = time.time()
+        attempt = await super().try_acquire(name, permits, *args, **kwargs)
+        if attempt.granted:
+            slot = _REQUEST.get(None)
+            if slot is not None:
+                slot.grant = (sent, time.time(), attempt.time - self.skew_us)
+        return attempt
+
+
+def run_worker(
+    config: WorkerConfig,
+    process: int,
+    counts: Any,
+    ready: Any,
+    start: Any,
+    window: Any,
+    results: Any,
+) -> None:
+    """Process entry point: waits for ``start``, runs until ``window[1]``, sends its result."""
+    result = asyncio.run(_main(config, process, counts, ready, start, window))
+    results.put(result)
+
+
+async def _main(
+    config: WorkerConfig, process: int, counts: Any, ready: Any, start: Any, window: Any
+) -> WorkerResult:
+    options: dict[str, Any] = {}
+    if config.client_retries:
+        # redis-py retries a command whose connection dropped (a lost reply may have consumed
+        # a permit; the caller still gets at most one grant per request).
+        backoff = ExponentialWithJitterBackoff(base=0.01, cap=0.5)
+        options["retry"] = Retry(backoff, config.client_retries)
+    redis = Redis.from_url(config.url, client_name=config.client_name, **options)
+    clock: str | Callable[[], float] = "server"
+    if config.clock == "client":
+        skew = config.skew
+        clock = (lambda: time.time() + skew) if skew else "client"
+    backend = _AuditedBackend(redis, client_id=f"soak-process-{process}", clock=clock)  # type: ignore[arg-type]
+    backend.skew_us = round(config.skew * 1_000_000) if config.clock == "client" else 0
+    limiter = RateLimiter(config.name, backend)
+    result = WorkerResult(process)
+    try:
+        await redis.ping()
+        ready.put(process)
+        await asyncio.to_thread(start.wait)
+        begin, end = window[0], window[1]
+        await asyncio.sleep(max(0.0, begin - time.time()))
+        rng = random.Random(config.seed * 1000 + process)
+        tasks = [
+            asyncio.ensure_future(_task(config, limiter, process, index, end, rng, counts, result))
+            for index in range(config.tasks)
+        ]
+        # Requests still waiting after the end get a few intervals to finish, then are dropped.
+        grace = max(3 * config.interval, config.big_timeout if config.big else 0.0) + 1.0
+        done, pending = await asyncio.wait(tasks, timeout=max(0.0, end - time.time()) + grace)
+        for task in pending:
+            task.cancel()
+        result.cancelled = len(pending)
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                result.errors[f"task crashed: {type(task.exception()).__name__}"] += 1
+    finally:
+        await redis.aclose()
+    return result
+
+
+def _pick(config: WorkerConfig, rng: random.Random) -> tuple[str, int]:
+    acquire_weight, try_weight, multi_weight = config.mix
+    roll = rng.random() * (acquire_weight + try_weight + multi_weight)
+    if roll < acquire_weight:
+        return "acquire", 1
+    if roll < acquire_weight + try_weight:
+        return "try", 1
+    return "multi", rng.randint(2, max(2, min(config.max_multi, config.rate)))
+
+
+async def _task(
+    config: WorkerConfig,
+    limiter: RateLimiter,
+    process: int,
+    index: int,
+    end: float,
+    rng: random.Random,
+    counts: Any,
+    result: WorkerResult,
+) -> None:
+    big = config.big and index == 0 and process == 0
+    while time.time() < end:
+        if big:
+            kind, permits = "big", config.rate
+        elif config.big:
+            kind, permits = "acquire", 1
+        else:
+            kind, permits = _pick(config, rng)
+        slot = _Slot()
+        token = _REQUEST.set(slot)
+        requested = time.time()
+        try:
+            if kind == "try":
+                granted = await limiter.try_acquire(permits, timeout=config.try_timeout)
+            elif kind == "big":
+                granted = await limiter.try_acquire(permits, timeout=config.big_timeout)
+            else:
+                await limiter.acquire(permits)
+                granted = True
+        except NotConfiguredError as exc:
+            # The server lost the config (a restart without persistence): set it again.
+            result.errors[type(exc).__name__] += 1
+            await _configure(config, limiter)
+            continue
+        except Exception as exc:
+            result.errors[type(exc).__name__] += 1
+            result.error_samples.setdefault(type(exc).__name__, str(exc)[:300])
+            await asyncio.sleep(0.02)
+            continue
+        finally:
+            _REQUEST.reset(token)
+        if big:
+            if granted:
+                result.big_waits.append(time.time() - requested)
+            else:
+                result.big_timeouts += 1
+        if not granted:
+            result.refused += 1
+            continue
+        if slot.grant is None:
+            result.errors["grant without a recorded attempt"] += 1
+            continue
+        sent, received, limiter_time = slot.grant
+        result.grants.append(Grant(process, permits, kind, requested, sent, received, limiter_time))
+        counts[process] += permits
+
+
+async def _configure(config: WorkerConfig, limiter: RateLimiter) -> None:
+    try:
+        await limiter.try_set_rate(RateType(config.rate_type), config.rate, config.interval)
+    except Exception:
+        await asyncio.sleep(0.02)
