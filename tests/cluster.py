@@ -18,8 +18,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis
+from redis.asyncio import RedisCluster
 from servers import Server, free_port, redis_server_binary
 
 SLOTS = 16384
@@ -212,3 +214,9 @@ def running_cluster(**options: int) -> Iterator[Cluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def cluster_client(cluster: Cluster, **options: Any) -> RedisCluster:
+    """An asyncio client of the cluster with short timeouts (a dead node fails fast)."""
+    settings: dict[str, Any] = {"socket_timeout": 1, "socket_connect_timeout": 1, **options}
+    return RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, **settings)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from cluster import Cluster, running_cluster
+from cluster import Cluster, cluster_client, running_cluster
 from redis.asyncio import RedisCluster
 
 
@@ -15,16 +15,6 @@ def redis_cluster() -> Iterator[Cluster]:
     """3 masters + 3 replicas on loopback, for the whole session."""
     with running_cluster() as cluster:
         yield cluster
-
-
-def cluster_client(cluster: Cluster, **options: object) -> RedisCluster:
-    return RedisCluster(
-        host="127.0.0.1",
-        port=cluster.nodes[0].port,
-        socket_timeout=1,
-        socket_connect_timeout=1,
-        **options,  # type: ignore[arg-type]
-    )
 
 
 @pytest.fixture

@@ -1,0 +1,299 @@
+"""ShardedRateLimiter: one rate split over sub-limiters on different slots / masters.
+
+Memory-backend tests run on virtual time (looptime); cluster tests on the real cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from cluster import Cluster, cluster_client
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
+from test_cluster import HOSTILE_NAMES, PIPELINED_EVALSHA_BLOCKED, masters_holding
+
+from aiolimit import (
+    BackendError,
+    MemoryBackend,
+    NotConfiguredError,
+    RateType,
+    RedisBackend,
+)
+from aiolimit._sharded import ShardedRateLimiter, shard_names, split_rate
+from aiolimit.backends.base import Attempt
+
+pytest_plugins = ["cluster_fixtures"]
+
+
+# -- splitting -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rate", "shards", "budgets"),
+    [
+        (10, 3, [4, 3, 3]),
+        (9, 3, [3, 3, 3]),
+        (3, 3, [1, 1, 1]),
+        (7, 1, [7]),
+        (101, 4, [26, 25, 25, 25]),
+    ],
+)
+def test_split_rate_sums_to_the_rate_with_the_remainder_spread(
+    rate: int, shards: int, budgets: list[int]
+) -> None:
+    assert split_rate(rate, shards) == budgets
+    assert sum(split_rate(rate, shards)) == rate
+
+
+def test_split_rate_never_exceeds_either_rate_while_a_change_is_applied_shard_by_shard() -> None:
+    for shards in (2, 3, 5):
+        for old in range(shards, 40):
+            for new in range(shards, 40):
+                pairs = zip(split_rate(old, shards), split_rate(new, shards), strict=True)
+                mixed = [max(a, b) for a, b in pairs]
+                assert sum(mixed) == max(old, new)
+
+
+async def test_a_rate_below_the_shard_count_is_refused_with_a_clear_error() -> None:
+    limiter = ShardedRateLimiter("small", MemoryBackend(), shards=3)
+    with pytest.raises(ValueError, match="cannot be split over 3 shards"):
+        await limiter.set_rate(RateType.OVERALL, 2, 1)
+    assert await limiter.get_config() is None
+
+
+@pytest.mark.parametrize("shards", [0, -1, True, 2.0, 257])
+def test_invalid_shard_counts_are_refused(shards: object) -> None:
+    with pytest.raises(ValueError, match="shards"):
+        ShardedRateLimiter("x", MemoryBackend(), shards=shards)  # type: ignore[arg-type]
+
+
+# -- shard names and slots -------------------------------------------------------------------
+
+
+class _NoServer:
+    """Stands in for a Redis client: shard names only need the key layout."""
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
+def test_shard_names_are_deterministic_and_spread_over_the_slot_space(name: str) -> None:
+    backend = RedisBackend(_NoServer())
+    for shards in (2, 3, 4, 8):
+        names = shard_names(name, shards, backend)
+        assert names == shard_names(name, shards, RedisBackend(_NoServer(), prefix="other:"))
+        assert all(n.startswith(f"{name}#shard{i}") for i, n in enumerate(names))
+        slots = [key_slot(backend.keys(n).tag.encode()) for n in names]
+        # shard i lies in the i-th of `shards` equal parts of the slot space
+        assert [slot * shards // 16384 for slot in slots] == list(range(shards)), slots
+    # three shards fall in the three ranges redis-cli gives three masters
+    slots = [key_slot(backend.keys(n).tag.encode()) for n in shard_names(name, 3, backend)]
+    assert [0 <= slots[0] <= 5460, 5461 <= slots[1] <= 10922, slots[2] >= 10923] == [True] * 3
+
+
+def test_memory_shards_are_plainly_named() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
+    assert [shard.name for shard in limiter.shards] == ["api#shard0", "api#shard1"]
+
+
+# -- behaviour on the memory backend (virtual time) ------------------------------------------
+
+looptime = pytest.mark.looptime
+
+
+@looptime
+async def test_grants_the_whole_rate_across_shards_before_refusing() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=3)
+    assert await limiter.try_set_rate(RateType.OVERALL, 10, 60)
+    assert not await limiter.try_set_rate(RateType.OVERALL, 99, 60)
+    config = await limiter.get_config()
+    assert config is not None and config.rate == 10
+    assert [(await s.get_config()).rate for s in limiter.shards] == [4, 3, 3]  # type: ignore[union-attr]
+
+    # timeout=0 falls back to the other shards: every permit is found
+    assert [await limiter.try_acquire() for _ in range(11)] == [True] * 10 + [False]
+    assert await limiter.available_permits() == 0
+    assert [await s.available_permits() for s in limiter.shards] == [0, 0, 0]
+
+
+@looptime
+async def test_a_request_is_served_by_one_shard_only() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
+    await limiter.set_rate(RateType.OVERALL, 11, 60)  # budgets 6 and 5
+    with pytest.raises(ValueError, match="exceed every shard's budget"):
+        await limiter.try_acquire(7)
+    assert await limiter.try_acquire(6)  # only the first shard can
+    assert not await limiter.try_acquire(6)
+    assert await limiter.try_acquire(3)
+    # 2 left on one shard, nothing on the other: free permits do not add up
+    assert await limiter.available_permits() == 2
+    assert not await limiter.try_acquire(3)
+    assert await limiter.try_acquire(2)
+
+
+@looptime
+async def test_waits_exactly_for_the_shard_that_frees_first() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=3)
+    await limiter.set_rate(RateType.OVERALL, 3, 10)
+    loop = asyncio.get_running_loop()
+    first = loop.time()
+    for _ in range(3):
+        assert await limiter.try_acquire()
+        await asyncio.sleep(1)
+    # the first grant frees at first + 10: later than a 5 s timeout, so refused at once
+    assert not await limiter.try_acquire(timeout=5)
+    assert loop.time() == pytest.approx(first + 3)
+    assert await limiter.try_acquire(timeout=8)
+    assert loop.time() == pytest.approx(first + 10, abs=0.01)
+    assert await limiter.try_acquire(timeout=None)
+    assert loop.time() == pytest.approx(first + 11, abs=0.01)
+
+
+@looptime
+async def test_concurrent_waiters_never_exceed_the_rate_in_any_window() -> None:
+    backend = MemoryBackend()
+    limiter = ShardedRateLimiter("api", backend, shards=3)
+    await limiter.set_rate(RateType.OVERALL, 7, 1)
+    loop = asyncio.get_running_loop()
+    grants: list[float] = []
+
+    async def worker(permits: int) -> None:
+        for _ in range(6):
+            await limiter.acquire(permits)
+            grants.append(loop.time())
+
+    # permits 1 or 2 (the smallest shard budget is 2)
+    await asyncio.wait_for(asyncio.gather(*(worker(1 + i % 2) for i in range(6))), timeout=60)
+    assert len(grants) == 36
+    assert max(count_in_window(grants, t, 1.0) for t in grants) <= 7
+
+
+def count_in_window(times: list[float], end: float, interval: float) -> int:
+    return sum(1 for t in times if end - interval < t <= end)
+
+
+@looptime
+async def test_release_update_expire_and_delete_reach_every_shard() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
+    with pytest.raises(NotConfiguredError):
+        await limiter.try_acquire()
+    assert not await limiter.update_rate(RateType.OVERALL, 4, 60)
+    await limiter.set_rate(RateType.OVERALL, 4, 60)
+    assert [await limiter.try_acquire() for _ in range(4)] == [True] * 4
+    await limiter.release(3)
+    assert await limiter.available_permits() == 3
+
+    # keep_state: the one grant still counts after raising the rate to 6 (3 per shard)
+    assert await limiter.update_rate(RateType.OVERALL, 6, 60)
+    assert await limiter.available_permits() == 5
+    await limiter.set_rate(RateType.OVERALL, 6, 60)
+    assert await limiter.available_permits() == 6
+
+    assert await limiter.expire(30)
+    assert await limiter.clear_expire()
+    assert await limiter.delete()
+    assert await limiter.get_config() is None
+    assert not await limiter.delete()
+
+
+@looptime
+async def test_per_client_budgets_are_split_too() -> None:
+    backend = MemoryBackend(client_id="a")
+    alice = ShardedRateLimiter("api", backend, shards=2)
+    bob = ShardedRateLimiter("api", backend.with_client("b"), shards=2)
+    await alice.set_rate(RateType.PER_CLIENT, 4, 60)
+    assert [await alice.try_acquire() for _ in range(5)] == [True] * 4 + [False]
+    assert [await bob.try_acquire() for _ in range(5)] == [True] * 4 + [False]
+
+
+@looptime
+async def test_a_shard_whose_backend_fails_is_skipped_until_none_answers() -> None:
+    down: set[str] = set()
+
+    class PartlyDown(MemoryBackend):
+        async def try_acquire(self, name: str, permits: int) -> Attempt:
+            if name in down:
+                raise BackendError(f"{name} is down")
+            return await super().try_acquire(name, permits)
+
+    limiter = ShardedRateLimiter("api", PartlyDown(), shards=3)
+    await limiter.set_rate(RateType.OVERALL, 6, 60)
+    down.add(limiter.shards[0].name)
+    assert [await limiter.try_acquire() for _ in range(5)] == [True] * 4 + [False]
+    down.update(shard.name for shard in limiter.shards)
+    with pytest.raises(BackendError, match="is down"):
+        await limiter.try_acquire()
+
+
+@looptime
+async def test_async_with_takes_one_permit() -> None:
+    limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
+    await limiter.set_rate(RateType.OVERALL, 2, 60)
+    async with limiter, limiter:
+        assert await limiter.available_permits() == 0
+
+
+# -- on the real cluster ---------------------------------------------------------------------
+
+
+class RecordingBackend(RedisBackend):
+    """Records the server's time of every grant, for auditing windows afterwards."""
+
+    grants: list[int]
+
+    async def try_acquire(self, name: str, permits: int) -> Attempt:
+        attempt = await super().try_acquire(name, permits)
+        if attempt.granted:
+            self.grants.append(attempt.time)
+        return attempt
+
+
+def masters_of(cluster: Cluster, backend: RedisBackend, limiter_name: str) -> set[int]:
+    tag = backend.keys(limiter_name).tag + ":"
+    return {port for key, port in masters_holding(cluster).items() if key.startswith(tag)}
+
+
+@PIPELINED_EVALSHA_BLOCKED
+@pytest.mark.parametrize("shards", [2, 3])
+async def test_shards_land_on_different_masters(
+    redis_cluster: Cluster, cluster_redis: RedisCluster, shards: int
+) -> None:
+    backend = RedisBackend(cluster_redis)
+    for name in HOSTILE_NAMES[:5]:
+        limiter = ShardedRateLimiter(name, backend, shards=shards)
+        await limiter.set_rate(RateType.OVERALL, 30, 30)
+        masters = [masters_of(redis_cluster, backend, s.name) for s in limiter.shards]
+        assert all(len(m) == 1 for m in masters), masters
+        assert len(set.union(*masters)) == shards, (name, masters)
+
+
+@PIPELINED_EVALSHA_BLOCKED
+async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cluster(
+    redis_cluster: Cluster, cluster_redis: RedisCluster
+) -> None:
+    """Three clients (own connections) share a 3-shard limiter for 1.2 s; the servers' grant
+    times never put more than the rate in one window, and the rate is used."""
+    rate, interval, seconds = 12, 0.4, 1.2
+    name = "shared {api}"
+    await ShardedRateLimiter(name, RedisBackend(cluster_redis), shards=3).set_rate(
+        RateType.OVERALL, rate, interval
+    )
+    clients = [cluster_client(redis_cluster) for _ in range(3)]
+    grants: list[int] = []
+
+    async def worker(redis: RedisCluster) -> None:
+        backend = RecordingBackend(redis)
+        backend.grants = grants
+        limiter = ShardedRateLimiter(name, backend, shards=3)
+        stop = time.monotonic() + seconds
+        while time.monotonic() < stop:
+            await limiter.try_acquire(1, timeout=0.5)
+
+    try:
+        await asyncio.wait_for(asyncio.gather(*(worker(c) for c in clients)), timeout=10)
+    finally:
+        for client in clients:
+            await client.aclose()
+    times = [t / 1e6 for t in grants]
+    assert max(count_in_window(times, t, interval) for t in times) <= rate
+    assert len(times) >= (seconds / interval - 1) * rate  # the shards' budgets all get used
