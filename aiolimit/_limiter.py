@@ -1,99 +1,30 @@
 from __future__ import annotations
 
 import asyncio
-import random
-from collections import deque
 from types import TracebackType
 
-from ._types import Duration, RateLimiterConfig, RateType, to_micros, to_seconds
+from ._types import Duration, RateLimiterConfig, RateType, to_micros
 from .backends.base import Attempt, Backend
 from .errors import InvalidArgumentError
 
 __all__ = ["RateLimiter"]
 
 
-class _WaitQueue:
-    """The tasks of this process waiting on one limiter, served first come, first served.
-
-    Only the head of the queue talks to the backend: it sleeps exactly until the wait the
-    backend returned, tries again, and on success passes its turn to the next task. The
-    other tasks wait on a future, so a request for many permits is never overtaken by a
-    stream of small ones from this process.
-    """
-
-    __slots__ = ("__weakref__", "_backend", "_name", "_not_before", "_turns")
-
-    def __init__(self, backend: Backend, name: str) -> None:
-        self._backend = backend
-        self._name = name
-        self._turns: deque[asyncio.Future[bool]] = deque()
-        # Loop time before which no permit can be free (from the last grant that left none).
-        self._not_before = 0.0
-
-    async def acquire(self, permits: int, timeout: float | None) -> bool:
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        wake = 0.0
-        if not self._turns:
-            attempt = await self._attempt(permits)
-            if attempt.granted:
-                self._note(attempt, loop)
-                return True
-            wake = loop.time() + attempt.wait / 1e6
-            if deadline is not None and wake > deadline:
-                return False
-        elif timeout == 0:
-            return False  # others are queued ahead of this request
-
-        turn: asyncio.Future[bool] = loop.create_future()
-        self._turns.append(turn)
-        try:
-            if self._turns[0] is not turn and not await self._my_turn(turn, deadline, loop):
-                return False
-            while True:
-                wake = max(wake, self._not_before)
-                if deadline is not None and wake > deadline:
-                    return False
-                delay = wake - loop.time()
-                if delay > 0:
-                    # A little jitter keeps processes woken by one expiry from arriving at once.
-                    await asyncio.sleep(delay + random.random() * min(0.001, delay * 0.05))
-                attempt = await self._attempt(permits)
-                if attempt.granted:
-                    self._note(attempt, loop)
-                    return True
-                wake = loop.time() + attempt.wait / 1e6
-        finally:
-            self._leave(turn)
-
-    async def _my_turn(
-        self, turn: asyncio.Future[bool], deadline: float | None, loop: asyncio.AbstractEventLoop
-    ) -> bool:
-        if deadline is None:
-            return await turn
-        timer = loop.call_at(deadline, _settle, turn, False)
-        try:
-            return await turn
-        finally:
-            timer.cancel()
-
-    def _leave(self, turn: asyncio.Future[bool]) -> None:
-        was_head = self._turns[0] is turn
-        self._turns.remove(turn)
-        if was_head and self._turns:
-            _settle(self._turns[0], True)
-
-    def _note(self, attempt: Attempt, loop: asyncio.AbstractEventLoop) -> None:
-        self._not_before = loop.time() + attempt.next_free / 1e6 if attempt.left <= 0 else 0.0
-
-    async def _attempt(self, permits: int) -> Attempt:
-        # Backends hand back a grant whose caller was cancelled while the call was in flight.
-        return await self._backend.try_acquire(self._name, permits)
+async def _sleep_out(backend: Backend, name: str, attempt: Attempt) -> None:
+    """Sleeps until a reserved grant starts; a cancelled sleeper hands its grant back."""
+    try:
+        await asyncio.sleep(attempt.wait / 1e6)
+    except asyncio.CancelledError:
+        assert attempt.grant is not None
+        permits = int(attempt.grant.partition(":")[0])
+        hand_back = asyncio.ensure_future(backend.release(name, permits, attempt.grant))
+        _hand_backs.add(hand_back)
+        hand_back.add_done_callback(_hand_backs.discard)
+        raise
 
 
-def _settle(turn: asyncio.Future[bool], value: bool) -> None:
-    if not turn.done():
-        turn.set_result(value)
+# Hand-backs in progress, referenced so they are not garbage collected.
+_hand_backs: set[asyncio.Future[int]] = set()
 
 
 def _check_permits(permits: object) -> int:
@@ -112,11 +43,12 @@ class RateLimiter:
     >>> if not await limiter.try_acquire(3, timeout=2.5):
     ...     raise TooBusy()
 
-    Objects are cheap; every ``RateLimiter`` with the same name on the same backend shares
-    one queue of waiting tasks, served first come, first served.
+    Waiting is exact and fair: a request that cannot be served now is given the first slot
+    in which enough permits are free, after every request that asked before it, in any
+    process, and sleeps until then. Objects are cheap; create one wherever convenient.
     """
 
-    __slots__ = ("_backend", "_name", "_queue")
+    __slots__ = ("_backend", "_name")
 
     def __init__(self, name: str, backend: Backend) -> None:
         if not isinstance(name, str) or not name:
@@ -125,10 +57,6 @@ class RateLimiter:
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self._name = name
         self._backend = backend
-        queue = backend._queues.get(name)
-        if queue is None:
-            queue = backend._queues[name] = _WaitQueue(backend, name)
-        self._queue: _WaitQueue = queue
 
     @property
     def name(self) -> str:
@@ -192,15 +120,21 @@ class RateLimiter:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
         ``timeout=0`` makes one attempt; ``None`` waits as long as it takes. When the
-        backend says the wait is longer than the time left, returns False at once.
+        permits will not be free within the timeout, returns False at once; otherwise
+        they are reserved and this sleeps until they are free, then returns True.
         """
         permits = _check_permits(permits)
-        seconds = None
+        max_wait = -1
         if timeout is not None:
-            seconds = to_seconds(timeout, "timeout")
-            if seconds < 0:
+            max_wait = to_micros(timeout, "timeout")
+            if max_wait < 0:
                 raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
-        return await self._queue.acquire(permits, seconds)
+        attempt = await self._backend.try_acquire(self._name, permits, max_wait)
+        if not attempt.granted:
+            return False
+        if attempt.wait > 0:
+            await _sleep_out(self._backend, self._name, attempt)
+        return True
 
     async def acquire(self, permits: int = 1) -> None:
         """Waits until ``permits`` are granted."""

@@ -2,9 +2,8 @@ from __future__ import annotations
 
 import abc
 import uuid
-import weakref
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from .._types import RateLimiterConfig
 
@@ -19,15 +18,14 @@ class Attempt:
 
     granted: bool
     wait: int
-    """Refused: time until enough permits for this request are free. Granted: 0."""
+    """Granted: time until the grant starts (0: now; more: a reservation to sleep out).
+    Refused: time until enough permits for this request would be free."""
     left: int
-    """Permits left in the window after the attempt (negative after a rate was lowered)."""
-    next_free: int
-    """Granted with nothing left: time until another permit frees. Otherwise 0."""
+    """Permits left after the attempt (negative while reservations are queued)."""
     time: int
-    """When the attempt was decided (grant time for a grant)."""
+    """Granted: when the grant starts (its log entry's score). Refused: when it was decided."""
     grant: str | None = None
-    """The grant's log entry, to hand back this exact grant."""
+    """The grant's log entry, to hand back exactly this grant."""
 
 
 class Backend(abc.ABC):
@@ -37,15 +35,12 @@ class Backend(abc.ABC):
     the same store for another client id (its own ``PER_CLIENT`` budget).
     """
 
-    __slots__ = ("__weakref__", "_queues", "client_id")
+    __slots__ = ("__weakref__", "client_id")
 
     def __init__(self, client_id: str | None) -> None:
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError("client_id must be a non-empty str")
         self.client_id: str = client_id or uuid.uuid4().hex
-        # Local FIFO of waiting tasks per limiter name, shared by every RateLimiter object
-        # on this backend; an entry lives as long as some limiter uses it.
-        self._queues: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -61,8 +56,11 @@ class Backend(abc.ABC):
     async def get_config(self, name: str) -> RateLimiterConfig | None: ...
 
     @abc.abstractmethod
-    async def try_acquire(self, name: str, permits: int) -> Attempt:
+    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
         """One attempt; raises NotConfiguredError, InvalidArgumentError (permits > rate).
+
+        When the permits are not free now but will be within ``max_wait`` microseconds
+        (``-1``: any wait), they are reserved: granted with ``wait`` > 0, starting then.
 
         If the caller is cancelled while the attempt is in flight and it grants, the backend
         hands that exact grant back, so a cancelled caller never holds permits.

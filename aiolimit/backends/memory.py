@@ -27,7 +27,8 @@ class _Budget:
     """The value key and permits ZSET of one budget (both share one TTL)."""
 
     left: int
-    grants: list[tuple[int, str, int]] = field(default_factory=list)  # (time, id, permits)
+    # (time, member, permits), ordered as a ZSET orders them: by score, then by member
+    grants: list[tuple[int, str, int]] = field(default_factory=list)
     expires_at: float = _FOREVER
 
 
@@ -95,11 +96,11 @@ class MemoryBackend(Backend):
             return rate
         expired = bisect.bisect_right(budget.grants, (window_start, "\U0010ffff", 0))
         left = budget.left + sum(p for _, _, p in budget.grants[:expired])
+        if left != rate and len(budget.grants) == expired:
+            left = rate  # the log is empty: nothing is granted
         if write and expired:
             del budget.grants[:expired]
             budget.left = left
-        if left != rate and len(budget.grants) == expired:
-            left = rate
         return left
 
     @staticmethod
@@ -112,19 +113,23 @@ class MemoryBackend(Backend):
         return interval
 
     @staticmethod
-    def _next_expiry(budget: _Budget, interval: int, now: int) -> int:
-        if not budget.grants:
-            return 0
-        return max(budget.grants[0][0] + interval - now, 1)
-
-    @staticmethod
     def _log_grant(budget: _Budget, permits: int, now: int) -> str:
-        taken = {gid for t, gid, _ in budget.grants if t == now}
+        taken = {member.partition(":")[2] for t, member, _ in budget.grants if t == now}
         gid, n = str(now), 1
         while gid in taken:
             gid, n = f"{now}.{n}", n + 1
-        bisect.insort(budget.grants, (now, gid, permits))
-        return f"{permits}:{gid}"
+        member = f"{permits}:{gid}"
+        bisect.insort(budget.grants, (now, member, permits))
+        return member
+
+    @staticmethod
+    def _store(budget: _Budget, left: int, interval: int, now: int) -> bool:
+        """Sets left and a TTL that outlives the newest grant; False: the budget is gone."""
+        if not budget.grants:
+            return False
+        budget.left = left
+        budget.expires_at = now + (-(-(budget.grants[-1][0] + interval - now) // 1000)) * 1000
+        return True
 
     @staticmethod
     def _recompute(
@@ -135,11 +140,9 @@ class MemoryBackend(Backend):
             return
         interval = config.interval_us
         budget.grants = [g for g in budget.grants if g[0] > now - interval]
-        if not budget.grants:
+        left = config.rate - sum(p for _, _, p in budget.grants)
+        if not MemoryBackend._store(budget, left, interval, now):
             del budgets[key]
-            return
-        budget.left = config.rate - sum(p for _, _, p in budget.grants)
-        budget.expires_at = now + interval
 
     # -- operations (one per script) -----------------------------------------------------------
 
@@ -172,7 +175,7 @@ class MemoryBackend(Backend):
         stored = self._limiter(name, self._now()).config
         return None if stored is None else stored.config
 
-    async def try_acquire(self, name: str, permits: int) -> Attempt:
+    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
         now = self._now()
         limiter, config = self._configured(name, now)
         if permits > config.rate:
@@ -181,26 +184,28 @@ class MemoryBackend(Backend):
         key = self._budget_key(config)
         budget = limiter.budgets.get(key)
         left = self._reclaim(budget, config.rate, now - interval, True)
+        delay = 0
         if left < permits:
             assert budget is not None
-            return Attempt(
-                False, self._wait_for(budget, permits - left, interval, now), left, 0, now
-            )
+            delay = self._wait_for(budget, permits - left, interval, now)
+            if 0 <= max_wait < delay:
+                return Attempt(False, delay, left, now)
         if budget is None:
             budget = limiter.budgets[key] = _Budget(left)
-        grant = self._log_grant(budget, permits, now)
-        budget.left = left = left - permits
-        budget.expires_at = now + interval
+        start = now + delay
+        grant = self._log_grant(budget, permits, start)
+        left -= permits
+        self._store(budget, left, interval, now)
         if key is not None:
-            limiter.registry[key] = now
+            limiter.registry[key] = start
             for client in [c for c, t in limiter.registry.items() if t <= now - 2 * interval]:
                 del limiter.registry[client]
-            limiter.registry_expires_at = now + 2 * interval
+            limiter.registry_expires_at = budget.expires_at + interval
         if config.keep_alive_us:
             assert limiter.config is not None
-            limiter.config.expires_at = now + config.keep_alive_us
-        next_free = self._next_expiry(budget, interval, now) if left <= 0 else 0
-        return Attempt(True, 0, left, next_free, now, grant)
+            keep_alive_ms = -(-config.keep_alive_us // 1000)
+            limiter.config.expires_at = max(now + keep_alive_ms * 1000, budget.expires_at)
+        return Attempt(True, delay, left, start, grant)
 
     async def available_permits(self, name: str) -> int:
         now = self._now()
@@ -217,22 +222,24 @@ class MemoryBackend(Backend):
             return 0
         released = 0
         if grant is not None:
-            taken, _, gid = grant.partition(":")
-            for i, (_, entry_id, entry_permits) in enumerate(budget.grants):
-                if entry_id == gid and entry_permits == int(taken):
+            for i, (_, member, entry_permits) in enumerate(budget.grants):
+                if member == grant:
                     del budget.grants[i]
                     released = entry_permits
                     break
         else:
-            while released < permits and budget.grants:
-                time, gid, entry_permits = budget.grants.pop()
+            # Reservations (grants starting in the future) belong to waiting callers.
+            started = bisect.bisect_right(budget.grants, (now, "\U0010ffff", 0))
+            while released < permits and started > 0:
+                started -= 1
+                time, member, entry_permits = budget.grants.pop(started)
                 take = min(entry_permits, permits - released)
                 if take < entry_permits:
-                    budget.grants.append((time, gid, entry_permits - take))
+                    rest = f"{entry_permits - take}:{member.partition(':')[2]}"
+                    bisect.insort(budget.grants, (time, rest, entry_permits - take))
                 released += take
-        if released:
-            budget.left = left + released
-            budget.expires_at = now + config.interval_us
+        if released and not self._store(budget, left + released, config.interval_us, now):
+            del limiter.budgets[self._budget_key(config)]
         return released
 
     async def delete(self, name: str) -> bool:

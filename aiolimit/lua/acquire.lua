@@ -4,7 +4,8 @@
 -- KEYS[2] value key         (the client's own for PER_CLIENT)
 -- KEYS[3] permits ZSET      (the client's own for PER_CLIENT)
 -- KEYS[4] clients registry  (PER_CLIENT only)
--- ARGV[1] the request: "<permits> <now in us, or -> <rate type> [<client id>]"
+-- ARGV[1] the request: "<permits> <now in us, or -> <max wait in us, -1: none> <rate type>
+--         [<client id>]"
 --
 -- Returns the reply string described at `acquire` in lib.lua.
 

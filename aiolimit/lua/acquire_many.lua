@@ -10,7 +10,7 @@
 local replies = {}
 local k = 1
 for i, request in ipairs(ARGV) do
-  if string.match(request, '^%d+ %S+ (%S+)') == 'PER_CLIENT' then
+  if string.match(request, '^%d+ %S+ %S+ (%S+)') == 'PER_CLIENT' then
     replies[i] = acquire(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], request)
     k = k + 4
   else

@@ -6,7 +6,9 @@
 --   permits key  ZSET: one member per grant, scored by grant time in microseconds.
 --                Member "<permits>:<id>", where <id> is the grant time, suffixed ".<n>" when
 --                several grants share one microsecond, so members never collide.
--- Both keys always carry the same TTL (the interval): an idle budget simply disappears.
+-- Both keys carry the same TTL, which outlives the newest grant by one interval: an idle
+-- budget simply disappears. A grant may be scored in the future: a reservation made for a
+-- caller that waits (see `acquire` below); it counts like any other grant.
 -- Times are integer microseconds; window_start = now - interval, and a grant scored at or
 -- before window_start has expired.
 
@@ -16,7 +18,11 @@ local function now_us(arg)
   if arg ~= nil and arg ~= '' and arg ~= '-' then
     return tonumber(arg)
   end
-  local t = redis.call('TIME')
+  local t = redis.pcall('TIME')
+  if t.err then
+    -- Said plainly, so the client can point to its clock='client' option.
+    error('aiolimit: the server refused TIME in a script: ' .. t.err)
+  end
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
@@ -111,16 +117,7 @@ local function wait_for(permits_key, need, interval, now)
   end
 end
 
--- Microseconds until the oldest grant in the window expires (0 when the log is empty).
-local function next_expiry(permits_key, interval, now)
-  local oldest = redis.call('ZRANGE', permits_key, 0, 0, 'WITHSCORES')
-  if #oldest == 0 then
-    return 0
-  end
-  return math.max(tonumber(oldest[2]) + interval - now, 1)
-end
-
--- Adds a grant scored `now` and returns its member.
+-- Adds a grant scored `now` (which may be in the future) and returns its member.
 local function log_grant(permits_key, permits, now)
   local id = fmt(now)
   local same = redis.call('ZRANGEBYSCORE', permits_key, id, id)
@@ -140,16 +137,25 @@ local function log_grant(permits_key, permits, now)
   return member
 end
 
+-- Writes a budget's permits left and gives both keys a TTL that outlives its newest grant
+-- (a reservation may lie in the future). With no grant left the budget is simply gone.
+-- Returns the TTL in milliseconds (0 when gone).
+local function store(value_key, permits_key, left, interval, now)
+  local newest = redis.call('ZRANGE', permits_key, -1, -1, 'WITHSCORES')
+  if #newest == 0 then
+    redis.call('DEL', value_key)
+    return 0
+  end
+  local ttl = ms(tonumber(newest[2]) + interval - now)
+  redis.call('SET', value_key, fmt(left), 'PX', ttl)
+  redis.call('PEXPIRE', permits_key, ttl)
+  return ttl
+end
+
 -- Rebuilds a budget's value from its log for a new rate and interval (keep_state).
 local function recompute(value_key, permits_key, rate, interval, now)
   redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(now - interval))
-  local members = redis.call('ZRANGE', permits_key, 0, -1)
-  if #members == 0 then
-    redis.call('DEL', value_key, permits_key)
-    return
-  end
-  redis.call('SET', value_key, fmt(rate - sum_permits(members)), 'PX', ms(interval))
-  redis.call('PEXPIRE', permits_key, ms(interval))
+  store(value_key, permits_key, rate - sum_permits(redis.call('ZRANGE', permits_key, 0, -1)), interval, now)
 end
 
 -- Checks that `ids` (ARGV from `first` on) names every client in the registry, so that a
@@ -168,17 +174,23 @@ local function registry_covered(registry_key, first)
 end
 
 -- One acquire request (acquire.lua runs one, acquire_many.lua several in one call).
--- `request` is "<permits> <now in us, or - for the server's TIME> <rate type> [<client id>]",
--- where the rate type is the one the caller built the keys for. The reply is one string:
---   "0 <left> <next_free> <now> <member>"  granted; next_free = us until another permit
---                                          frees (0 while permits are left)
---   "1 <wait> <left> <now>"                refused; wait = us until `permits` are free
---   "-1"                                   no config
---   "-2 <rate>"                            permits exceed the rate
---   "-3 <type>"                            the keys were built for the other rate type
+-- `request` is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
+-- limit> <rate type> [<client id>]", where the rate type is the one the caller built the keys
+-- for. When the permits are not free now but will be within max wait, they are reserved: the
+-- grant is logged at the future time they become free, and the caller sleeps until then, so
+-- waiters are served in the order they asked, across every process, in one round trip each.
+-- The reply is one string:
+--   "0 <left> <start> <delay> <member>"   granted at `start` (us), `delay` us from now
+--                                         (0: now; > 0: a reservation)
+--   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
+--   "-1"                                  no config
+--   "-2 <rate>"                           permits exceed the rate
+--   "-3 <type>"                           the keys were built for the other rate type
 local function acquire(config_key, value_key, permits_key, registry_key, request)
-  local permits, now_arg, rate_type, client_id = string.match(request, '^(%d+) (%S+) (%S+) ?(.*)$')
+  local permits, now_arg, max_wait, rate_type, client_id =
+    string.match(request, '^(%d+) (%S+) (%S+) (%S+) ?(.*)$')
   permits = tonumber(permits)
+  max_wait = tonumber(max_wait)
   local config = load_config(config_key)
   if not config then
     return '-1'
@@ -194,27 +206,25 @@ local function acquire(config_key, value_key, permits_key, registry_key, request
   local interval = config.interval
   local left = reclaim(value_key, permits_key, config.rate, now - interval, true)
 
+  local delay = 0
   if left < permits then
-    local wait = wait_for(permits_key, permits - left, interval, now)
-    return '1 ' .. fmt(wait) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
+    delay = wait_for(permits_key, permits - left, interval, now)
+    if max_wait >= 0 and delay > max_wait then
+      return '1 ' .. fmt(delay) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
+    end
   end
 
-  local member = log_grant(permits_key, permits, now)
+  local start = now + delay
+  local member = log_grant(permits_key, permits, start)
   left = left - permits
-  redis.call('SET', value_key, fmt(left), 'PX', ms(interval))
-  redis.call('PEXPIRE', permits_key, ms(interval))
+  local ttl = store(value_key, permits_key, left, interval, now)
   if config.type == 'PER_CLIENT' then
-    redis.call('ZADD', registry_key, fmt(now), client_id)
+    redis.call('ZADD', registry_key, fmt(start), client_id)
     redis.call('ZREMRANGEBYSCORE', registry_key, '-inf', fmt(now - 2 * interval))
-    redis.call('PEXPIRE', registry_key, ms(2 * interval))
+    redis.call('PEXPIRE', registry_key, ttl + ms(interval))
   end
   if config.keep_alive > 0 then
-    redis.call('PEXPIRE', config_key, ms(config.keep_alive))
+    redis.call('PEXPIRE', config_key, math.max(ms(config.keep_alive), ttl))
   end
-
-  local next_free = 0
-  if left <= 0 then
-    next_free = next_expiry(permits_key, interval, now)
-  end
-  return '0 ' .. fmt(left) .. ' ' .. fmt(next_free) .. ' ' .. fmt(now) .. ' ' .. member
+  return '0 ' .. fmt(left) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
 end

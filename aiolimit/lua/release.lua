@@ -6,7 +6,8 @@
 -- ARGV[1] permits to hand back
 -- ARGV[2] now in microseconds, or '' to read the server's TIME
 -- ARGV[3] rate type the caller built KEYS for
--- ARGV[4] member of one exact grant to remove, or '' to take from the most recent grants
+-- ARGV[4] member of one exact grant to remove (a cancelled caller's, even a reservation),
+--         or '' to take from the most recent grants that have started
 --
 -- The released permits are removed from their log entries, so they cannot return a second
 -- time when the entries would have expired, and left never exceeds the rate.
@@ -30,7 +31,8 @@ if ARGV[4] ~= '' then
   end
 else
   while released < wanted do
-    local newest = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    -- Reservations (grants starting in the future) belong to waiting callers: never touched.
+    local newest = redis.call('ZREVRANGEBYSCORE', KEYS[3], fmt(now), '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if #newest == 0 then
       break
     end
@@ -46,7 +48,6 @@ else
 end
 
 if released > 0 then
-  redis.call('SET', KEYS[2], fmt(left + released), 'PX', ms(config.interval))
-  redis.call('PEXPIRE', KEYS[3], ms(config.interval))
+  store(KEYS[2], KEYS[3], left + released, config.interval, now)
 end
 return { 0, released }
