@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 
 import fakeredis
@@ -22,6 +22,7 @@ from redis.crc import key_slot
 from servers import Server, free_port, redis_server_binary, running, valkey_server_binary
 
 from aiolimit import (
+    Backend,
     BackendError,
     MemoryBackend,
     RateLimiter,
@@ -485,6 +486,7 @@ async def test_a_server_that_stops_answering_raises_backend_error_after_the_sock
 
 
 async def redis_state(backend: RedisBackend, name: str, clients: list[str]) -> dict[str, object]:
+    """Each budget's permits left and logged (time, permits), and the clients registry."""
     redis, keys = backend.redis, backend.keys(name)
     state: dict[str, object] = {}
     for client, value_key, permits_key in [
@@ -496,7 +498,7 @@ async def redis_state(backend: RedisBackend, name: str, clients: list[str]) -> d
         if value is not None or entries:
             state[str(client)] = (
                 None if value is None else int(value),
-                sorted((int(score), member.decode()) for member, score in entries),
+                sorted((int(score), int(member.split(b":")[0])) for member, score in entries),
             )
     registry = await redis.zrange(keys.registry, 0, -1, withscores=True)
     state["registry"] = sorted((member.decode(), int(score)) for member, score in registry)
@@ -505,50 +507,52 @@ async def redis_state(backend: RedisBackend, name: str, clients: list[str]) -> d
 
 def memory_state(backend: MemoryBackend, name: str) -> dict[str, object]:
     limiter = backend._limiters[name]
-    state: dict[str, object] = {
-        str(client): (budget.left, sorted((t, f"{p}:{gid}") for t, gid, p in budget.grants))
+    state: dict[str, object] = {  # a grant is (time, its id or member, permits)
+        str(client): (budget.left, sorted((grant[0], grant[-1]) for grant in budget.grants))
         for client, budget in limiter.budgets.items()
     }
     state["registry"] = sorted(limiter.registry.items())
     return state
 
 
-async def twin_run(
-    redis: Redis, prefix: str, script: Callable[..., object]
-) -> tuple[dict[str, object], dict[str, object]]:
+Script = Callable[[Backend, list[float]], Awaitable[list[str | None]]]
+
+
+async def twin_run(redis: Redis, prefix: str, script: Script) -> tuple[object, object]:
+    """Runs ``script`` on a memory and a Redis backend on one fake clock; returns for each
+    the grants the script collected and the state left behind."""
     now = [1_000.0]
-
-    def clock() -> float:
-        return now[0]
-
-    memory = MemoryBackend(client_id="a", clock=clock)
-    remote = RedisBackend(redis, client_id="a", clock=clock, prefix=prefix)
-    for backend in (memory, remote):
-        now[0] = 1_000.0
-        await script(backend, now)
-    return memory_state(memory, "twin"), await redis_state(remote, "twin", ["a", "b"])
+    memory = MemoryBackend(client_id="a", clock=lambda: now[0])
+    remote = RedisBackend(redis, client_id="a", clock=lambda: now[0], prefix=prefix)
+    now[0] = 1_000.0
+    from_memory = (await script(memory, now), memory_state(memory, "twin"))
+    now[0] = 1_000.0
+    from_lua = (await script(remote, now), await redis_state(remote, "twin", ["a", "b"]))
+    return from_memory, from_lua
 
 
 async def test_lua_writes_the_same_state_as_the_memory_twin(redis: Redis, prefix: str) -> None:
-    async def script(backend, now):
+    async def script(backend: Backend, now: list[float]) -> list[str | None]:
         other = backend.with_client("b")
+        grants = []
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 6, 10), "set", False)
         for step, permits in enumerate([2, 1, 3, 1, 2, 4]):
             now[0] += 0.75 * step
-            await backend.try_acquire("twin", permits)
+            grants.append((await backend.try_acquire("twin", permits)).grant)
         await backend.release("twin", 2)  # part of the newest grant
         now[0] += 3
-        await backend.try_acquire("twin", 2)
+        grants.append((await backend.try_acquire("twin", 2)).grant)
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 4, 8), "update", True)
         await backend.set_rate("twin", RateLimiterConfig.build("PER_CLIENT", 3, 5), "set", True)
         for client, permits in [(backend, 2), (other, 1), (other, 3), (backend, 1)]:
             now[0] += 0.5
-            await client.try_acquire("twin", permits)
+            grants.append((await client.try_acquire("twin", permits)).grant)
         attempt = await other.try_acquire("twin", 1)
         await other.release("twin", 1, attempt.grant)
         now[0] += 12  # every grant expired: reclaim and registry pruning on the next grants
-        await backend.try_acquire("twin", 1)
-        await other.try_acquire("twin", 2)
+        grants.append((await backend.try_acquire("twin", 1)).grant)
+        grants.append((await other.try_acquire("twin", 2)).grant)
+        return grants
 
     from_memory, from_lua = await twin_run(redis, prefix, script)
     assert from_lua == from_memory
@@ -562,12 +566,12 @@ async def test_lua_writes_the_same_state_as_the_memory_twin(redis: Redis, prefix
 async def test_lua_and_memory_twin_agree_on_releases_within_one_microsecond(
     redis: Redis, prefix: str
 ) -> None:
-    async def script(backend, now):
+    async def script(backend: Backend, now: list[float]) -> list[str | None]:
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 10, 10), "set", False)
-        await backend.try_acquire("twin", 2)
-        await backend.try_acquire("twin", 1)
+        grants = [(await backend.try_acquire("twin", p)).grant for p in (2, 1)]
         await backend.release("twin", 1)  # the newest grant is the 1-permit one
-        await backend.try_acquire("twin", 1)
+        grants.append((await backend.try_acquire("twin", 1)).grant)
+        return grants
 
     from_memory, from_lua = await twin_run(redis, prefix, script)
     assert from_lua == from_memory
