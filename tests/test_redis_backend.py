@@ -372,21 +372,6 @@ async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the
 # -- a server that refuses TIME in scripts ------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "server",
-    [
-        pytest.param(
-            "redis",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG: redis-server 7.0 reports an ACL denial inside a script without the "
-                "command's name, so _rejects_time() does not recognise it (backends/redis.py)",
-            ),
-        ),
-        "valkey",
-    ],
-    indirect=True,
-)
 async def test_a_server_refusing_time_points_to_client_clock(
     server: Server, redis: Redis, prefix: str
 ) -> None:
@@ -558,11 +543,6 @@ async def test_lua_writes_the_same_state_as_the_memory_twin(redis: Redis, prefix
     assert from_lua == from_memory
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: release of grants in one microsecond picks a different entry in Lua (member "
-    "order '<permits>:<id>') and in memory (id order), so later grant ids diverge",
-)
 async def test_lua_and_memory_twin_agree_on_releases_within_one_microsecond(
     redis: Redis, prefix: str
 ) -> None:
