@@ -1,0 +1,360 @@
+"""Deployments beyond one plain server: Sentinel failover, TLS, an ACL user limited to the
+limiter's keys and commands, and valkey-py clients. Servers run on loopback, started here."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import pytest
+import valkey.asyncio
+import valkey.exceptions
+from cluster import wait_until
+from redis.asyncio import Redis
+from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import NoPermissionError
+from servers import Server, free_port, redis_server_binary, running
+
+from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+
+# -- Sentinel ---------------------------------------------------------------------------------
+
+
+class SentinelProcess:
+    """``redis-server sentinel.conf --sentinel`` watching one master as ``mymaster``."""
+
+    def __init__(self, master_port: int) -> None:
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="aiolimit-sentinel-")
+        config = Path(self.dir) / "sentinel.conf"
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
+            f"sentinel monitor mymaster 127.0.0.1 {master_port} 1\n"
+            "sentinel down-after-milliseconds mymaster 1000\n"
+            "sentinel failover-timeout mymaster 5000\n"
+        )
+        self.process = subprocess.Popen(
+            [redis_server_binary(), str(config), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def master_port(self) -> int:
+        import redis
+
+        with redis.Redis(port=self.port, socket_timeout=2, decode_responses=True) as client:
+            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")
+        return int(address[1])
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def sentinel_setup() -> Iterator[tuple[Server, Server, SentinelProcess]]:
+    # the replica's first sync starts at once instead of after the default 5 s delay
+    with running(redis_server_binary(), "--repl-diskless-sync-delay", "0") as master:
+        replica = Server(
+            redis_server_binary(), "--replicaof", "127.0.0.1", str(master.port)
+        ).start()
+        sentinel = SentinelProcess(master.port)
+        try:
+            wait_until(lambda: replica_linked(replica), 10, "the replica to sync")
+            wait_until(lambda: sentinel.master_port() == master.port, 10, "the sentinel")
+            yield master, replica, sentinel
+        finally:
+            sentinel.stop()
+            replica.stop()
+
+
+def replica_linked(replica: Server) -> bool:
+    import redis
+
+    with redis.Redis(port=replica.port, socket_timeout=2, decode_responses=True) as client:
+        return bool(client.info("replication").get("master_link_status") == "up")
+
+
+@pytest.mark.slow
+async def test_limiter_keeps_its_state_and_works_after_a_sentinel_failover(
+    sentinel_setup: tuple[Server, Server, SentinelProcess],
+) -> None:
+    _, replica, sentinel_process = sentinel_setup
+    sentinel = Sentinel([("127.0.0.1", sentinel_process.port)], socket_timeout=1)
+    client = sentinel.master_for("mymaster", socket_timeout=1)
+    try:
+        limiter = RateLimiter("sentinel {api}", RedisBackend(client))
+        await limiter.set_rate(RateType.OVERALL, 5, 60)
+        assert [await limiter.try_acquire() for _ in range(3)] == [True] * 3
+        await asyncio.sleep(0.1)  # replication of the last grant (asynchronous)
+
+        await sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster", once=True)
+        await asyncio.to_thread(
+            wait_until, lambda: sentinel_process.master_port() == replica.port, 15, "failover"
+        )
+        # The client finds the new master by itself; meanwhile only BackendError is raised.
+        deadline = time.monotonic() + 10
+        for _ in range(200):
+            try:
+                left = await limiter.available_permits()
+                break
+            except BackendError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+        assert left == 2  # the replica had the grants
+        granted = []
+        for _ in range(200):
+            try:
+                granted.append(await limiter.try_acquire())
+            except BackendError:  # the old master, now read-only, until the client moves
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            if len(granted) == 3:
+                break
+        assert granted == [True, True, False]
+    finally:
+        await client.aclose()
+
+
+# -- TLS --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_server() -> Iterator[tuple[int, str]]:
+    """A redis-server that only speaks TLS, with a self-signed certificate for 127.0.0.1."""
+    directory = Path(tempfile.mkdtemp(prefix="aiolimit-tls-"))
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+            "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+            "-keyout", str(key), "-out", str(cert),
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            redis_server_binary(), "--port", "0", "--tls-port", str(port),
+            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(directory),
+            "--tls-cert-file", str(cert), "--tls-key-file", str(key),
+            "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        context = ssl.create_default_context(cafile=str(cert))
+
+        def answers() -> bool:
+            assert process.poll() is None, process.stdout.read() if process.stdout else ""
+            with (
+                socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw,
+                context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
+            ):
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+
+        wait_until(answers, 10, "the TLS server")
+        yield port, str(cert)
+    finally:
+        process.terminate()
+        process.wait(5)
+
+
+async def test_limiter_works_over_tls_with_a_self_signed_certificate(
+    tls_server: tuple[int, str],
+) -> None:
+    port, ca = tls_server
+    client = Redis.from_url(f"rediss://127.0.0.1:{port}", ssl_ca_certs=ca)
+    try:
+        limiter = RateLimiter("tls", RedisBackend(client))
+        await limiter.set_rate(RateType.OVERALL, 2, 60)
+        assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
+            True,
+            True,
+            False,
+        ]
+    finally:
+        await client.aclose()
+
+
+async def test_tls_server_refuses_a_client_that_does_not_trust_its_certificate(
+    tls_server: tuple[int, str],
+) -> None:
+    port, _ = tls_server
+    client = Redis.from_url(f"rediss://127.0.0.1:{port}", socket_connect_timeout=2)
+    try:
+        with pytest.raises(BackendError, match=r"unreachable|certificate"):
+            await RateLimiter("tls", RedisBackend(client)).try_acquire()
+    finally:
+        await client.aclose()
+
+
+# -- ACL --------------------------------------------------------------------------------------
+
+# Everything the backend and its scripts run; keys limited to the default prefix.
+ACL_RULES = (
+    "on >s3cret resetkeys ~aiolimit:* resetchannels -@all "
+    "+evalsha +eval +hgetall +zrange +persist "
+    "+time +get +set +del +exists +hget +hmget +hset +pexpire +pttl "
+    "+zadd +zrangebyscore +zrevrangebyscore +zrem +zremrangebyscore"
+)
+
+
+def script_commands() -> set[str]:
+    """Every command the Lua scripts call, lower case."""
+    lua = resources.files("aiolimit") / "lua"
+    source = "".join(f.read_text() for f in lua.iterdir() if f.name.endswith(".lua"))
+    return {c.lower() for c in re.findall(r"redis\.p?call\(\s*'([A-Za-z]+)'", source)}
+
+
+def test_the_acl_line_grants_every_command_the_scripts_call() -> None:
+    granted = {rule[1:] for rule in ACL_RULES.split() if rule.startswith("+")}
+    assert script_commands() <= granted, f"add to ACL_RULES: {script_commands() - granted}"
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[Server]:
+    with running(redis_server_binary()) as server:
+        import redis
+
+        with redis.Redis(port=server.port, socket_timeout=2) as admin:
+            admin.execute_command("ACL", "SETUSER", "limiter", *ACL_RULES.split())
+        yield server
+
+
+async def test_an_acl_user_limited_to_the_limiters_keys_and_commands_can_do_everything(
+    acl_server: Server,
+) -> None:
+    client = Redis(port=acl_server.port, username="limiter", password="s3cret")
+    try:
+        alice = RateLimiter("acl {api}", RedisBackend(client, client_id="alice"))
+        bob = RateLimiter("acl {api}", RedisBackend(client, client_id="bob"))
+        await alice.set_rate(RateType.PER_CLIENT, 2, 60, keep_alive=120)
+        assert await alice.try_acquire(2) and not await alice.try_acquire()
+        assert await bob.try_acquire()
+        await alice.release(1)
+        assert await alice.available_permits() == 1
+        await alice.update_rate(RateType.PER_CLIENT, 3, 60)
+        assert await alice.get_config() is not None
+        assert await alice.expire(30) and await alice.clear_expire()
+        await alice.set_rate(RateType.OVERALL, 2, 60)
+        assert await asyncio.gather(*(bob.try_acquire() for _ in range(3))) == [
+            True,
+            True,
+            False,
+        ]
+        # NOSCRIPT recovery through EVAL, with the admin flushing the cache
+        await Redis(port=acl_server.port).script_flush()
+        assert await alice.available_permits() == 0
+        assert await alice.delete()
+    finally:
+        await client.aclose()
+
+
+async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: Server) -> None:
+    client = Redis(port=acl_server.port, username="limiter", password="s3cret")
+    try:
+        with pytest.raises(NoPermissionError, match="keys"):
+            await client.zadd("other:key", {"m": 1})  # a command it may run, on another key
+        with pytest.raises(NoPermissionError, match="command"):
+            await client.lpush("aiolimit:x", "1")  # a key it may touch, a command it may not
+        with pytest.raises(NoPermissionError, match="command"):
+            await client.flushall()
+        # and a script cannot reach other keys either
+        other = RedisBackend(client, prefix="other:")
+        with pytest.raises(BackendError, match=r"NOPERM|no permissions"):
+            await RateLimiter("x", other).set_rate(RateType.OVERALL, 1, 1)
+    finally:
+        await client.aclose()
+
+
+# -- valkey-py clients ------------------------------------------------------------------------
+
+# RedisBackend catches redis.exceptions; valkey-py raises its own classes (no common base).
+# So the first EVALSHA on a server that has not cached the script yet escapes as
+# valkey.exceptions.NoScriptError instead of falling back to EVAL.
+VALKEY_ERRORS_UNMAPPED = pytest.mark.xfail(
+    strict=True,
+    raises=valkey.exceptions.ValkeyError,
+    reason="RedisBackend catches only redis.exceptions; valkey-py has its own classes",
+)
+
+
+@pytest.fixture
+async def valkey_client(redis_server: Server) -> Iterator[valkey.asyncio.Valkey]:
+    client = valkey.asyncio.Valkey(port=redis_server.port)
+    await client.flushall()
+    try:
+        yield client  # type: ignore[misc]
+    finally:
+        await client.aclose()
+
+
+@VALKEY_ERRORS_UNMAPPED
+async def test_a_valkey_py_client_grants_refuses_and_waits(
+    valkey_client: valkey.asyncio.Valkey,
+) -> None:
+    limiter = RateLimiter("valkey-py", RedisBackend(valkey_client))
+    await valkey_client.script_flush()  # as on a fresh server
+    await limiter.set_rate(RateType.OVERALL, 2, 0.3)
+    assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
+        True,
+        True,
+        False,
+    ]
+    assert await limiter.try_acquire(timeout=1)
+    await limiter.release(1)
+    assert await limiter.available_permits() == 1
+    assert await limiter.get_config() is not None
+    assert await limiter.delete()
+
+
+async def exercise(limiter: RateLimiter) -> None:
+    """Runs every operation once."""
+    await limiter.set_rate(RateType.OVERALL, 2, 60)
+    assert await limiter.try_acquire(2)
+    await limiter.release(1)
+    assert await limiter.available_permits() == 1
+    assert await limiter.expire(60)
+    assert await limiter.delete()
+
+
+async def test_a_valkey_py_client_works_once_the_scripts_are_cached(
+    valkey_client: valkey.asyncio.Valkey, redis_server: Server
+) -> None:
+    loader = Redis.from_url(redis_server.url)  # redis-py falls back to EVAL, caching them
+    try:
+        await valkey_client.script_flush()
+        await exercise(RateLimiter("loader", RedisBackend(loader)))
+    finally:
+        await loader.aclose()
+    await exercise(RateLimiter("valkey-py", RedisBackend(valkey_client)))
+
+
+@VALKEY_ERRORS_UNMAPPED
+async def test_a_valkey_py_client_reports_an_unreachable_server_as_backend_error() -> None:
+    client = valkey.asyncio.Valkey(port=free_port(), socket_connect_timeout=1)
+    try:
+        with pytest.raises(BackendError):
+            await RateLimiter("valkey-py", RedisBackend(client)).try_acquire()
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()
