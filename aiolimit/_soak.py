@@ -39,7 +39,8 @@ Other figures:
   the first grant k that makes the sum exceed ``rate - p``, ``free(g) = t_k + interval`` (the
   moment k left the window; from then on the grants after k, all of them still before g,
   leave room for p). The request's time is mapped to
-  limiter time with the process's clock offset (median of ``t - (sent + received) / 2``).
+  limiter time with the process's clock offset (median of ``t - (sent + replied) / 2`` over
+  grants decided while their script call was in flight).
   A grant *waited* if ``free(g)`` is later than its request; its lateness is
   ``t_g - free(g)``: how long enough permits sat free before this waiter took them. p50/p99
   are over waiters only.
@@ -192,7 +193,10 @@ def clock_offsets(grants: Sequence[Grant]) -> dict[int, float]:
     """Per process: microseconds to add to its wall clock to get the limiter's clock."""
     by_process: dict[int, list[float]] = defaultdict(list)
     for g in grants:
-        by_process[g.process].append(g.limiter_time - (g.sent + g.received) / 2 * 1e6)
+        offset = g.limiter_time - (g.sent + g.replied) / 2 * 1e6
+        # Only grants stamped while the call was in flight (not a reserved future slot).
+        if g.limiter_time <= g.replied * 1e6 + abs(offset) or not by_process[g.process]:
+            by_process[g.process].append(offset)
     return {process: statistics.median(values) for process, values in by_process.items()}
 
 

@@ -43,7 +43,10 @@ class Grant(NamedTuple):
     sent: float
     """Wall clock just before the script call that granted."""
     received: float
-    """Wall clock just after that call returned: the worker's own grant stamp."""
+    """Wall clock when ``acquire``/``try_acquire`` returned: the worker's own grant stamp
+    (a waiter that was given a reserved future slot returns only once the slot is due)."""
+    replied: float
+    """Wall clock when the granting script call's reply arrived."""
     limiter_time: int
     """``Attempt.time``: microseconds of the limiter's clock (server ``TIME`` by default),
     corrected by any skew this worker injected into a client clock."""
@@ -232,8 +235,11 @@ async def _task(
         if slot.grant is None:
             result.errors["grant without a recorded attempt"] += 1
             continue
-        sent, received, limiter_time = slot.grant
-        result.grants.append(Grant(process, permits, kind, requested, sent, received, limiter_time))
+        received = time.time()
+        sent, replied, limiter_time = slot.grant
+        result.grants.append(
+            Grant(process, permits, kind, requested, sent, received, replied, limiter_time)
+        )
         counts[process] += permits
 
 

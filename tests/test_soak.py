@@ -57,7 +57,7 @@ def test_audit_counts_a_window_over_the_rate() -> None:
     from aiolimit._soak_worker import Grant
 
     def grant(at: float, permits: int = 1) -> Grant:
-        return Grant(0, permits, "acquire", at, at, at + 0.001, round(at * 1e6))
+        return Grant(0, permits, "acquire", at, at, at + 0.001, at + 0.001, round(at * 1e6))
 
     fine = [grant(0.0, 2), grant(0.5), grant(1.0), grant(1.9)]  # at most 3 in any window
     assert audit(fine, 3, 1.0, False, (0.0, 2.0))["windows_over_rate"] == 0
