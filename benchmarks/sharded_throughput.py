@@ -1,0 +1,120 @@
+"""Grants per second of a ShardedRateLimiter with K = 1, 2, 3 shards on a local 3-master cluster.
+
+    python benchmarks/sharded_throughput.py [--seconds 2] [--processes 2] [--workers 8]
+                                            [--interval 1]
+
+Starts a Redis Cluster (3 masters + 3 replicas) on free loopback ports with the test suite's
+harness, runs ``processes`` x ``workers`` clients (each its own connection, one call at a
+time) taking single permits from a limiter whose rate is never the limit, and prints a
+table. The cluster is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from cluster import Cluster, cluster_client, running_cluster
+
+from aiolimit import RateType, RedisBackend
+from aiolimit._sharded import ShardedRateLimiter
+
+NAME = "bench {sharded}"
+
+
+async def _grants(url_port: int, shards: int, workers: int, seconds: float) -> int:
+    from redis.asyncio import RedisCluster
+
+    clients = [
+        RedisCluster(host="127.0.0.1", port=url_port, socket_timeout=5) for _ in range(workers)
+    ]
+    stop = time.monotonic() + seconds
+    counts = [0] * workers
+
+    async def worker(i: int) -> None:
+        limiter = ShardedRateLimiter(NAME, RedisBackend(clients[i]), shards=shards)
+        while time.monotonic() < stop:
+            if await limiter.try_acquire():
+                counts[i] += 1
+
+    try:
+        await asyncio.gather(*(worker(i) for i in range(workers)))
+    finally:
+        for client in clients:
+            await client.aclose()
+    return sum(counts)
+
+
+def _process(
+    port: int, shards: int, workers: int, seconds: float, out: multiprocessing.Queue
+) -> None:  # type: ignore[type-arg]
+    out.put(asyncio.run(_grants(port, shards, workers, seconds)))
+
+
+async def _configure(cluster: Cluster, shards: int, interval: float) -> None:
+    client = cluster_client(cluster)
+    try:
+        limiter = ShardedRateLimiter(NAME, RedisBackend(client), shards=shards)
+        await limiter.delete()
+        await limiter.set_rate(RateType.OVERALL, 100_000_000, interval)
+    finally:
+        await client.aclose()
+
+
+def measure(
+    cluster: Cluster, shards: int, processes: int, workers: int, seconds: float, interval: float
+) -> float:
+    asyncio.run(_configure(cluster, shards, interval))
+    out: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    procs = [
+        multiprocessing.Process(
+            target=_process, args=(cluster.nodes[0].port, shards, workers, seconds, out)
+        )
+        for _ in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    total = sum(out.get(timeout=seconds + 60) for _ in procs)
+    for proc in procs:
+        proc.join(10)
+    return total / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument(
+        "--interval", type=float, default=1.0, help="the limiter's window (its log holds a window)"
+    )
+    options = parser.parse_args()
+    with running_cluster() as cluster:
+        print(
+            f"{options.processes} processes x {options.workers} clients, "
+            f"{options.seconds:g} s per row, window {options.interval:g} s, "
+            "3 masters + 3 replicas on 127.0.0.1"
+        )
+        print(f"{'shards':>6}  {'grants/s':>10}  {'vs K=1':>6}")
+        base = None
+        for shards in (1, 2, 3):
+            rate = measure(
+                cluster,
+                shards,
+                options.processes,
+                options.workers,
+                options.seconds,
+                options.interval,
+            )
+            base = base or rate
+            print(f"{shards:>6}  {rate:>10,.0f}  {rate / base:>6.2f}")
+
+
+if __name__ == "__main__":
+    main()
