@@ -13,7 +13,6 @@ import itertools
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
@@ -272,11 +271,6 @@ async def test_memory_and_redis_agree_and_never_exceed_the_rate(
         await redis.aclose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: MemoryBackend.available_permits returns the negative 'left' (memory.py, "
-    "available_permits) where RedisBackend clamps it to 0",
-)
 async def test_available_permits_is_never_negative_on_either_backend(
     redis_server: Server,
 ) -> None:

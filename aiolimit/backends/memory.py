@@ -211,7 +211,7 @@ class MemoryBackend(Backend):
         now = self._now()
         limiter, config = self._configured(name, now)
         budget = limiter.budgets.get(self._budget_key(config))
-        return self._reclaim(budget, config.rate, now - config.interval_us, False)
+        return max(self._reclaim(budget, config.rate, now - config.interval_us, False), 0)
 
     async def release(self, name: str, permits: int, grant: str | None = None) -> int:
         now = self._now()

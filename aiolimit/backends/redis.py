@@ -112,11 +112,14 @@ class _Request:
 class _Call:
     """One script call in a pipeline, answering one request or (acquire_many) several."""
 
-    __slots__ = ("args", "keys", "requests", "script")
+    __slots__ = ("args", "keys", "requests", "retry_safe", "script")
 
     def __init__(self, script: _Script, requests: list[_Request]) -> None:
         self.script = script
         self.requests = requests
+        # Releasing "the newest permits" twice would hand back more than asked; every other
+        # call is harmless to repeat after a lost reply.
+        self.retry_safe = script.name != "release" or bool(requests[0].args[3])
         if len(requests) == 1:
             self.keys: list[Any] = list(requests[0].keys)
             self.args: list[Any] = list(requests[0].args)
@@ -202,31 +205,45 @@ class _Coalescer:
         return calls
 
     async def _send_batch(self, calls: list[_Call]) -> None:
-        try:
-            if len(calls) == 1:
-                call = calls[0]
-                try:
-                    replies: list[Any] = [await self._send_one(call.script, call.keys, call.args)]
-                except redis_errors.RedisError as exc:
-                    replies = [exc]
+        retry_safe = all(c.retry_safe for c in calls)
+        for attempt in range(2):
+            try:
+                replies = await self._round_trip(calls)
+            except redis_errors.ConnectionError as exc:
+                # A killed or reset connection: the pool hands out a fresh one. Sending again
+                # is safe: a lost reply may have consumed permits, it never grants twice.
+                if attempt == 0 and retry_safe:
+                    continue
+                error: BaseException = exc
+            except BaseException as exc:
+                error = exc
             else:
-                replies = await self._pipeline(calls, use_sha=True)
-                retry = [
-                    i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)
-                ]
-                if retry:
-                    again = await self._pipeline([calls[i] for i in retry], use_sha=False)
-                    for i, reply in zip(retry, again, strict=True):
-                        replies[i] = reply
-        except BaseException as exc:
+                for call, reply in zip(calls, replies, strict=True):
+                    call.settle(reply)
+                return
             # The whole round trip failed: every caller in it gets the error.
             for call in calls:
-                call.settle(exc)
-            if not isinstance(exc, Exception):
-                raise
+                call.settle(error)
+            if not isinstance(error, Exception):
+                raise error
             return
-        for call, reply in zip(calls, replies, strict=True):
-            call.settle(reply)
+
+    async def _round_trip(self, calls: list[_Call]) -> list[Any]:
+        if len(calls) == 1:
+            call = calls[0]
+            try:
+                return [await self._send_one(call.script, call.keys, call.args)]
+            except redis_errors.ConnectionError:
+                raise
+            except redis_errors.RedisError as exc:
+                return [exc]
+        replies = await self._pipeline(calls, use_sha=True)
+        retry = [i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)]
+        if retry:
+            again = await self._pipeline([calls[i] for i in retry], use_sha=False)
+            for i, reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        return replies
 
     async def _pipeline(self, calls: list[_Call], use_sha: bool) -> list[Any]:
         pipe = self._redis.pipeline(transaction=False)
