@@ -11,21 +11,10 @@ import time
 import pytest
 from cluster import Cluster
 from redis.asyncio import RedisCluster
-from redis.exceptions import RedisClusterException
 
 from aiolimit import RateLimiter, RateType, RedisBackend
 
 pytest_plugins = ["cluster_fixtures"]
-
-# redis-py's cluster pipeline refuses `pipe.evalsha(...)`, which RedisBackend uses when
-# concurrent calls share a round trip; `pipe.execute_command("EVALSHA", ...)` is accepted and
-# routed by key. The error also escapes unwrapped: RedisClusterException is no RedisError.
-# Remove this marker once aiolimit/backends/redis.py is fixed (strict: the fix shows as XPASS).
-PIPELINED_EVALSHA_BLOCKED = pytest.mark.xfail(
-    strict=True,
-    raises=RedisClusterException,
-    reason="ClusterPipeline.evalsha is blocked by redis-py; use execute_command('EVALSHA', ...)",
-)
 
 HOSTILE_NAMES = [
     "{braces}",
@@ -139,7 +128,6 @@ async def test_per_client_budgets_delete_and_expire_on_cluster(
     assert await cluster_redis.exists(*keys) == 0
 
 
-@PIPELINED_EVALSHA_BLOCKED
 async def test_waits_exactly_until_a_permit_frees_on_every_master(
     cluster_redis: RedisCluster,
 ) -> None:
@@ -165,7 +153,6 @@ async def test_waits_exactly_until_a_permit_frees_on_every_master(
     assert time.monotonic() - before < 0.05
 
 
-@PIPELINED_EVALSHA_BLOCKED
 async def test_concurrent_callers_on_one_client_never_exceed_the_rate_on_any_master(
     cluster_redis: RedisCluster,
 ) -> None:
@@ -189,7 +176,6 @@ async def flush_scripts(cluster: Cluster, ports: list[int]) -> None:
         cluster.node(port).command("SCRIPT", "FLUSH")
 
 
-@PIPELINED_EVALSHA_BLOCKED
 async def test_recovers_from_script_flush_on_every_node(
     redis_cluster: Cluster, cluster_redis: RedisCluster
 ) -> None:
@@ -219,7 +205,6 @@ async def test_recovers_from_script_flush_on_every_node(
         assert await limiter.delete()
 
 
-@PIPELINED_EVALSHA_BLOCKED
 async def test_recovers_when_only_one_node_lost_its_scripts(
     redis_cluster: Cluster, cluster_redis: RedisCluster
 ) -> None:

@@ -29,12 +29,12 @@ RATE, INTERVAL = 40, 0.5
 
 
 class RecordingBackend(RedisBackend):
-    """Records the server time (µs) of every grant."""
+    """Records the server time (µs) at which every grant starts."""
 
     grants: list[int]
 
-    async def try_acquire(self, name: str, permits: int) -> Attempt:
-        attempt = await super().try_acquire(name, permits)
+    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
+        attempt = await super().try_acquire(name, permits, max_wait)
         if attempt.granted:
             self.grants.append(attempt.time)
         return attempt
@@ -181,7 +181,8 @@ async def test_killed_master_while_acquiring_over_admits_at_most_the_lost_grants
             old_master.start()  # it rejoins as a replica of the promoted node
     report("SIGKILL master", run)
     assert run.raw_errors == []
-    assert run.backend_errors > 0  # the gap was seen, as BackendError
+    # The gap shows as BackendError, or not at all when redis-py's own retries (it reloads
+    # the slot map on a connection error) outlast it.
     # Bound: only grants the dead master had not replicated can be granted twice.
     assert run.most_in_a_window() <= 2 * RATE
     after = int((killed_at[0] + 1) * 1e6)
