@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import shutil
 import socket
 import ssl
 import subprocess
@@ -62,6 +63,7 @@ class SentinelProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -175,7 +177,12 @@ def tls_server() -> Iterator[tuple[int, str]]:
         yield port, str(cert)
     finally:
         process.terminate()
-        process.wait(5)
+        try:
+            process.wait(5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 async def test_limiter_works_over_tls_with_a_self_signed_certificate(
