@@ -1,0 +1,140 @@
+"""Helpers for the conformance suite: timing tolerances, attempt clocks, the sliding-window audit.
+
+Times in these helpers are seconds of the running event loop's clock: virtual (and exact) on
+the memory backend under looptime, real on fakeredis, redis-server and Valkey.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from aiolimit import Backend, RateLimiter, RedisBackend
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far an observed time may stray from the exact one."""
+
+    early: float
+    late: float
+
+    def check(self, actual: float, expected: float, what: str = "event") -> None:
+        assert expected - self.early <= actual <= expected + self.late, (
+            f"{what} at {actual:.4f} s, expected {expected:.4f} s "
+            f"(-{self.early} s / +{self.late} s)"
+        )
+
+
+def tolerance(store: Any) -> Tolerance:
+    """Virtual time is exact but for microsecond rounding and any wake-up jitter; real
+    time on a loaded 2-core machine runs late by scheduling and round trips, and early only by
+    the drift between the server's clock and the event loop's."""
+    return Tolerance(0.01, 0.15) if store.is_redis else Tolerance(2e-6, 0.005)
+
+
+def xfail_on(request: Any, store: Any, kinds: set[str], reason: str) -> None:
+    """Marks this run as a known bug on the given backends (strict: it must fail there)."""
+    if store.kind in kinds:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+def new_client(store: Any, client_id: str | None = None, **options: Any) -> Backend:
+    """Another client of the store, as another process would be: its own backend object (its
+    own connection on Redis), hence its own queue of waiting tasks."""
+    if store.is_redis:
+        options.setdefault("own_connection", True)
+    elif not options:
+        options["clock"] = now  # MemoryBackend's own default; asks the store for a new object
+    return store.backend(client_id, **options)
+
+
+async def assert_stored_keys(store: Any, count: int) -> None:
+    """The Redis store holds ``count`` keys (the fixture flushes it for every test). The memory
+    backend's storage is not observable; its tests check the same through the public API."""
+    if not store.is_redis:
+        return
+    backend = store.backend()
+    assert isinstance(backend, RedisBackend)
+    keys = sorted(await backend.redis.keys("*"))
+    assert len(keys) == count, f"expected {count} keys, found {keys}"
+
+
+_readings: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar(
+    "readings", default=None
+)
+
+
+class AttemptClock:
+    """A backend clock (the event loop's, in seconds) that notes, per calling task, each reading.
+
+    Backends read their clock when they make an attempt, in the caller's task (or one sharing
+    its context), and stamp a grant no earlier than that reading. So a grant lies between the
+    caller's last reading and the moment the call returned: ``take`` returns that span, which
+    is exact on the memory backend and a round trip wide on Redis.
+    """
+
+    def __call__(self) -> float:
+        reading = now()
+        readings = _readings.get()
+        if readings is not None:
+            readings.append(reading)
+        return reading
+
+    async def take(
+        self, limiter: RateLimiter, permits: int = 1, *, timeout: float | None = None
+    ) -> tuple[float, float] | None:
+        """``try_acquire``; returns the (earliest, latest) time of the grant, None if refused."""
+        readings: list[float] = []
+        token = _readings.set(readings)
+        try:
+            granted = await limiter.try_acquire(permits, timeout=timeout)
+        finally:
+            _readings.reset(token)
+        if not granted:
+            return None
+        return readings[-1], now()
+
+
+async def take(
+    limiter: RateLimiter, permits: int = 1, *, timeout: float | None = 0
+) -> tuple[float, float] | None:
+    """``try_acquire`` on any clock; returns the span of the call (the grant lies inside it)."""
+    start = now()
+    granted = await limiter.try_acquire(permits, timeout=timeout)
+    return (start, now()) if granted else None
+
+
+def assert_sliding_window(
+    grants: Iterable[tuple[float, float]], rate: int, interval: float, slack: float = 2e-6
+) -> None:
+    """No window of length ``interval`` holds more than ``rate`` permits.
+
+    Each grant (one entry per permit) is the span ``(earliest, latest)`` in which the limiter
+    stamped it. A window is reported only when the overfill is certain: ``rate + 1`` grants
+    whose spans all fit in less than ``interval``. ``slack`` absorbs microsecond rounding and
+    the drift between the limiter's clock and the loop's.
+    """
+    spans = sorted(grants)
+    for i, (earliest, _) in enumerate(spans):
+        latest = sorted(end for _, end in spans[i:])
+        if len(latest) > rate and latest[rate] - earliest < interval - slack:
+            inside = [s for s in spans[i:] if s[1] <= latest[rate]]
+            raise AssertionError(
+                f"{len(inside)} grants (rate {rate}) within {latest[rate] - earliest:.6f} s "
+                f"< interval {interval} s: {inside}"
+            )
+
+
+def per_permit(span: tuple[float, float] | None, permits: int) -> Sequence[tuple[float, float]]:
+    assert span is not None, "the request was refused"
+    return [span] * permits
