@@ -26,6 +26,28 @@ log = logging.getLogger("aiolimit")
 
 Clock = Literal["server", "client"] | Callable[[], float]
 
+# Exception classes of redis-py and, when it is installed, of valkey-py (its fork): a
+# RedisBackend accepts either library's asyncio client.
+_NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
+_LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
+_UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+)
+_ANY: tuple[type[BaseException], ...] = (
+    redis_errors.RedisError,
+    redis_errors.RedisClusterException,
+)
+try:
+    from valkey import exceptions as valkey_errors
+except ImportError:  # pragma: no cover - valkey-py is optional
+    pass
+else:
+    _NO_SCRIPT += (valkey_errors.NoScriptError,)
+    _LOST += (valkey_errors.ConnectionError,)
+    _UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
+    _ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
+
 _RETRIES = 8  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
 
 
@@ -174,7 +196,7 @@ class _Coalescer:
     async def _send_one(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
-        except redis_errors.NoScriptError:
+        except _NO_SCRIPT:
             # The script cache was flushed (or this node never saw it): EVAL caches it again.
             return await self._redis.eval(script.source, len(keys), *keys, *args)
 
@@ -209,7 +231,7 @@ class _Coalescer:
         for attempt in range(2):
             try:
                 replies = await self._round_trip(calls)
-            except redis_errors.ConnectionError as exc:
+            except _LOST as exc:
                 # A killed or reset connection: the pool hands out a fresh one. Sending again
                 # is safe: a lost reply may have consumed permits, it never grants twice.
                 if attempt == 0 and retry_safe:
@@ -233,12 +255,12 @@ class _Coalescer:
             call = calls[0]
             try:
                 return [await self._send_one(call.script, call.keys, call.args)]
-            except redis_errors.ConnectionError:
+            except _LOST:
                 raise
-            except redis_errors.RedisError as exc:
+            except _ANY as exc:
                 return [exc]
         replies = await self._pipeline(calls, use_sha=True)
-        retry = [i for i, r in enumerate(replies) if isinstance(r, redis_errors.NoScriptError)]
+        retry = [i for i, r in enumerate(replies) if isinstance(r, _NO_SCRIPT)]
         if retry:
             again = await self._pipeline([calls[i] for i in retry], use_sha=False)
             for i, reply in zip(retry, again, strict=True):
@@ -349,11 +371,11 @@ class RedisBackend(Backend):
     ) -> Any:
         try:
             return await self._pipe.call(script, keys, args, orphan)
-        except redis_errors.RedisError as exc:
+        except _ANY as exc:
             raise self._error(script, exc) from exc
 
     def _error(self, script: _Script, exc: BaseException) -> BackendError:
-        if isinstance(exc, (redis_errors.ConnectionError, redis_errors.TimeoutError)):
+        if isinstance(exc, _UNREACHABLE):
             return BackendError(f"Redis is unreachable or timed out: {exc}")
         message = str(exc)
         if self._clock is None and _rejects_time(message):
@@ -367,9 +389,9 @@ class RedisBackend(Backend):
     async def _command(self, *args: Any) -> Any:
         try:
             return await self._redis.execute_command(*args)
-        except (redis_errors.ConnectionError, redis_errors.TimeoutError) as exc:
+        except _UNREACHABLE as exc:
             raise BackendError(f"Redis is unreachable or timed out: {exc}") from exc
-        except redis_errors.RedisError as exc:
+        except _ANY as exc:
             raise BackendError(f"Redis refused {args[0]}: {exc}") from exc
 
     async def _budget_call(
