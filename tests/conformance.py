@@ -78,10 +78,15 @@ class AttemptClock:
     """A backend clock (the event loop's, in seconds) that notes, per calling task, each reading.
 
     Backends read their clock when they make an attempt, in the caller's task (or one sharing
-    its context), and stamp a grant no earlier than that reading. So a grant lies between the
-    caller's last reading and the moment the call returned: ``take`` returns that span, which
-    is exact on the memory backend and a round trip wide on Redis.
+    its context), and stamp the grant no earlier than that reading (later when they reserve a
+    future slot for a waiting caller). The caller returns once the grant has started, within
+    ``tolerance.late`` of it, as the timing tests assert. So ``take`` returns the grant's time
+    as the span from the later of the last reading and the return less ``late``, to the
+    return: a few milliseconds wide in virtual time, a round trip or so on Redis.
     """
+
+    def __init__(self, tolerance: Tolerance) -> None:
+        self.late = tolerance.late
 
     def __call__(self) -> float:
         reading = now()
@@ -102,7 +107,8 @@ class AttemptClock:
             _readings.reset(token)
         if not granted:
             return None
-        return readings[-1], now()
+        returned = now()
+        return max(readings[-1], returned - self.late), returned
 
 
 async def take(

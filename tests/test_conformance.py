@@ -726,7 +726,7 @@ async def test_empty_or_non_string_names_are_rejected(store, name):
 
 async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, name):
     rate, interval = 8, 0.2
-    clock = AttemptClock()
+    clock = AttemptClock(tolerance(store))
     await RateLimiter(name, store.backend()).set_rate(OVERALL, rate, interval)
     limiters = [RateLimiter(name, new_client(store, clock=clock)) for _ in range(2)]
     grants: list[tuple[float, float]] = []

@@ -66,7 +66,7 @@ async def test_a_saturated_limiter_grants_the_full_rate_in_every_window(store, n
     # testRateValue: many workers acquire in a loop; the permits log stays full. Here: the
     # 4*rate-th grant comes exactly 3 intervals after the first, and no window overflows.
     rate, interval = 20, 0.2
-    clock = AttemptClock()
+    clock = AttemptClock(tolerance(store))
     limiter = RateLimiter(name, store.backend(clock=clock))
     await limiter.set_rate(OVERALL, rate, interval)
     grants: list[tuple[float, float]] = []
@@ -217,7 +217,7 @@ async def test_acquiring_clients_never_exceed_the_rate_in_any_window(store, name
     # testConcurrency2: 8 threads acquire() in a loop; every window holds at most the rate.
     # Here 4 clients (their own connections) with 2 tasks each.
     rate, interval = 9, 0.2
-    clock = AttemptClock()
+    clock = AttemptClock(tolerance(store))
     await RateLimiter(name, store.backend()).set_rate(OVERALL, rate, interval)
     limiters = [RateLimiter(name, new_client(store, clock=clock)) for _ in range(4)]
     grants: list[tuple[float, float]] = []
