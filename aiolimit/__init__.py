@@ -8,6 +8,7 @@
 """
 
 from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import Duration, RateLimiterConfig, RateType
 from .backends import Backend, MemoryBackend, RedisBackend
 from .errors import (
@@ -31,5 +32,6 @@ __all__ = [
     "RateLimiterConfig",
     "RateType",
     "RedisBackend",
+    "ShardedRateLimiter",
     "__version__",
 ]

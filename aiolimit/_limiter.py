@@ -155,15 +155,17 @@ class RateLimiter:
         return await self._backend.delete(self._name)
 
     async def expire(self, ttl: Duration) -> bool:
-        """Makes the whole limiter disappear after ``ttl``; False when it has no config."""
+        """Makes the whole limiter disappear after ``ttl``, grants made meanwhile included;
+        False when it has no config."""
         ttl_us = to_micros(ttl, "ttl")
         if ttl_us <= 0:
             raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
         return await self._backend.expire(self._name, ttl_us)
 
     async def clear_expire(self) -> bool:
-        """Removes a TTL set by :meth:`expire`; returns whether there was one.
-        (A ``keep_alive`` sets it again on the next grant.)"""
+        """Removes a TTL set by :meth:`expire`; returns whether there was one. The grants
+        keep counting for their full window. (A ``keep_alive`` sets a TTL again on the next
+        grant.)"""
         return await self._backend.clear_expire(self._name)
 
     # -- async with ----------------------------------------------------------------------------

@@ -21,7 +21,6 @@ from conformance import (
     per_permit,
     take,
     tolerance,
-    xfail_on,
 )
 
 import aiolimit
@@ -422,12 +421,6 @@ async def test_delete_removes_every_clients_state_and_reports_false_the_second_t
 
 
 async def test_delete_reaches_a_client_whose_window_was_lengthened(request, store, name):
-    xfail_on(
-        request,
-        store,
-        {"fakeredis", "redis", "valkey"},
-        "BUG: set_rate keep_state leaves the clients registry on the old interval's TTL",
-    )
     # keep_state carries the client's grant into a 60 s window; 0.25 s later, well inside it,
     # delete must still find and remove that client's state.
     a = RateLimiter(name, new_client(store, "a"))
@@ -443,12 +436,6 @@ async def test_delete_reaches_a_client_whose_window_was_lengthened(request, stor
 
 
 async def test_grants_taken_after_expire_vanish_with_the_limiter(request, store, name):
-    xfail_on(
-        request,
-        store,
-        {"memory", "fakeredis", "redis", "valkey"},
-        "BUG: a grant after expire() outlives the limiter and try_set_rate inherits it",
-    )
     limiter = await configured(store, name, 2, 10)
     assert await limiter.expire(0.2)
     assert await limiter.try_acquire()
@@ -480,12 +467,6 @@ async def test_expire_makes_config_and_every_clients_state_vanish(store, name):
 
 
 async def test_clear_expire_keeps_the_limiter_and_its_grants(request, store, name):
-    xfail_on(
-        request,
-        store,
-        {"memory", "fakeredis", "redis", "valkey"},
-        "BUG: clear_expire leaves the state on the shortened TTL",
-    )
     limiter = await configured(store, name, 2, 10)
     assert not await limiter.clear_expire()  # no TTL to clear
     assert await limiter.try_acquire(2)

@@ -220,7 +220,7 @@ async def test_tls_server_refuses_a_client_that_does_not_trust_its_certificate(
 ACL_RULES = (
     "on >s3cret resetkeys ~aiolimit:* resetchannels -@all "
     "+evalsha +eval +hgetall +zrange +persist "
-    "+time +get +set +del +exists +hget +hmget +hset +pexpire +pttl "
+    "+time +get +set +del +exists +hget +hmget +hset +hdel +pexpire +pttl "
     "+zadd +zrangebyscore +zrevrangebyscore +zrem +zremrangebyscore"
 )
 

@@ -224,7 +224,6 @@ async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix
     members = await redis.zrange(permits_key, 0, -1)
     assert len(set(grants)) == len(members) == 150
     assert {m.decode() for m in members} == set(grants)
-    assert len(set(grant_ids(members))) == 150
     assert logged_permits(members) == sum(1 + i % 3 for i in range(150))
 
     # Release a part of a grant, a whole grant and an exact grant, then grant again.
@@ -234,8 +233,7 @@ async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix
     for _ in range(20):
         assert (await backend.try_acquire("same", 2)).granted
     members = await redis.zrange(permits_key, 0, -1)
-    ids = grant_ids(members)
-    assert len(set(ids)) == len(ids), "two grants share an id"
+    assert len(set(members)) == len(members) == 150 - 2 + 20, "a grant was lost or merged"
     value = int(await redis.get(backend.keys("same").value))
     assert value == 1000 - logged_permits(members)
     assert await backend.available_permits("same") == value

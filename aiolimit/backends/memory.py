@@ -20,6 +20,7 @@ _FOREVER = float("inf")
 class _Config:
     config: RateLimiterConfig
     expires_at: float = _FOREVER
+    deadline: int | None = None  # set by expire(): no state may outlive it
 
 
 @dataclass
@@ -96,8 +97,6 @@ class MemoryBackend(Backend):
             return rate
         expired = bisect.bisect_right(budget.grants, (window_start, "\U0010ffff", 0))
         left = budget.left + sum(p for _, _, p in budget.grants[:expired])
-        if left != rate and len(budget.grants) == expired:
-            left = rate  # the log is empty: nothing is granted
         if write and expired:
             del budget.grants[:expired]
             budget.left = left
@@ -113,22 +112,31 @@ class MemoryBackend(Backend):
         return interval
 
     @staticmethod
-    def _log_grant(budget: _Budget, permits: int, now: int) -> str:
-        taken = {member.partition(":")[2] for t, member, _ in budget.grants if t == now}
-        gid, n = str(now), 1
-        while gid in taken:
-            gid, n = f"{now}.{n}", n + 1
-        member = f"{permits}:{gid}"
-        bisect.insort(budget.grants, (now, member, permits))
-        return member
+    def _add_unique(budget: _Budget, time: int, member: str, permits: int) -> str:
+        taken = {m for t, m, _ in budget.grants if t == time}
+        candidate, n = member, 1
+        while candidate in taken:
+            candidate, n = f"{member}.{n}", n + 1
+        bisect.insort(budget.grants, (time, candidate, permits))
+        return candidate
 
     @staticmethod
-    def _store(budget: _Budget, left: int, interval: int, now: int) -> bool:
-        """Sets left and a TTL that outlives the newest grant; False: the budget is gone."""
+    def _log_grant(budget: _Budget, permits: int, start: int) -> str:
+        return MemoryBackend._add_unique(budget, start, f"{permits}:{start}", permits)
+
+    @staticmethod
+    def _store(
+        budget: _Budget, left: int, interval: int, now: int, deadline: int | None = None
+    ) -> bool:
+        """Sets left and a TTL that outlives the newest grant (but not the limiter's
+        ``deadline``); False: the budget is gone."""
         if not budget.grants:
             return False
         budget.left = left
-        budget.expires_at = now + (-(-(budget.grants[-1][0] + interval - now) // 1000)) * 1000
+        ttl = _ms(budget.grants[-1][0] + interval - now)
+        if deadline is not None:
+            ttl = max(min(ttl, _ms(deadline - now)), 1000)
+        budget.expires_at = now + ttl
         return True
 
     @staticmethod
@@ -161,11 +169,15 @@ class MemoryBackend(Backend):
         if (mode == "try" and old is not None) or (mode == "update" and old is None):
             return False
         limiter.config = _Config(
-            config, now + config.keep_alive_us if config.keep_alive_us else _FOREVER
+            config, now + _ms(config.keep_alive_us) if config.keep_alive_us else _FOREVER
         )
-        if keep_state and (old is None or old.config.rate_type is config.rate_type):
+        # A new rate type, or a config where none was, clears the state (see set_rate.lua).
+        if keep_state and old is not None and old.config.rate_type is config.rate_type:
             for key in list(limiter.budgets):
                 self._recompute(limiter.budgets, key, config, now)
+            clients = [b.expires_at for k, b in limiter.budgets.items() if k is not None]
+            if clients:
+                limiter.registry_expires_at = max(clients) + _ms(config.interval_us)
         else:
             limiter.budgets.clear()
             limiter.registry.clear()
@@ -195,16 +207,17 @@ class MemoryBackend(Backend):
         start = now + delay
         grant = self._log_grant(budget, permits, start)
         left -= permits
-        self._store(budget, left, interval, now)
+        stored = limiter.config
+        assert stored is not None
+        self._store(budget, left, interval, now, stored.deadline)
         if key is not None:
             limiter.registry[key] = start
             for client in [c for c, t in limiter.registry.items() if t <= now - 2 * interval]:
                 del limiter.registry[client]
-            limiter.registry_expires_at = budget.expires_at + interval
-        if config.keep_alive_us:
-            assert limiter.config is not None
-            keep_alive_ms = -(-config.keep_alive_us // 1000)
-            limiter.config.expires_at = max(now + keep_alive_ms * 1000, budget.expires_at)
+            after = 0 if stored.deadline is not None else _ms(interval)
+            limiter.registry_expires_at = budget.expires_at + after
+        if config.keep_alive_us and stored.deadline is None:
+            stored.expires_at = max(now + _ms(config.keep_alive_us), budget.expires_at)
         return Attempt(True, delay, left, start, grant)
 
     async def available_permits(self, name: str) -> int:
@@ -235,10 +248,12 @@ class MemoryBackend(Backend):
                 time, member, entry_permits = budget.grants.pop(started)
                 take = min(entry_permits, permits - released)
                 if take < entry_permits:
-                    rest = f"{entry_permits - take}:{member.partition(':')[2]}"
-                    bisect.insort(budget.grants, (time, rest, entry_permits - take))
+                    rest = entry_permits - take
+                    self._add_unique(budget, time, f"{rest}:{member.partition(':')[2]}", rest)
                 released += take
-        if released and not self._store(budget, left + released, config.interval_us, now):
+        assert limiter.config is not None
+        deadline = limiter.config.deadline
+        if released and not self._store(budget, left + released, config.interval_us, now, deadline):
             del limiter.budgets[self._budget_key(config)]
         return released
 
@@ -253,9 +268,9 @@ class MemoryBackend(Backend):
         limiter = self._limiter(name, now)
         if limiter.config is None:
             return False
-        ttl_ms = -(-ttl_us // 1000)
-        at = now + ttl_ms * 1000
+        at = now + _ms(ttl_us)
         limiter.config.expires_at = at
+        limiter.config.deadline = at
         for budget in limiter.budgets.values():
             budget.expires_at = min(budget.expires_at, at)
         if limiter.registry:
@@ -263,8 +278,25 @@ class MemoryBackend(Backend):
         return True
 
     async def clear_expire(self, name: str) -> bool:
-        limiter = self._limiter(name, self._now())
-        if limiter.config is None or limiter.config.expires_at == _FOREVER:
+        now = self._now()
+        limiter = self._limiter(name, now)
+        if limiter.config is None:
             return False
-        limiter.config.expires_at = _FOREVER
-        return True
+        stored, config = limiter.config, limiter.config.config
+        had_ttl = stored.expires_at != _FOREVER
+        stored.expires_at = _FOREVER
+        stored.deadline = None
+        interval = config.interval_us
+        clients: float = now
+        for key, budget in limiter.budgets.items():
+            self._store(budget, budget.left, interval, now)
+            if key is not None:
+                clients = max(clients, budget.expires_at)
+        if clients > now:
+            limiter.registry_expires_at = clients + _ms(interval)
+        return had_ttl
+
+
+def _ms(us: int) -> int:
+    """A duration rounded up to whole milliseconds, as Redis keeps TTLs."""
+    return -(-us // 1000) * 1000

@@ -48,7 +48,17 @@ else:
     _UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
     _ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
 
-_RETRIES = 8  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
+_RETRIES = 8
+
+_IN_FLIGHT = 2  # round trips one Redis client may have in flight at once
+_SECOND = 16  # requests waiting that justify a second round trip in flight
+
+Key = str | bytes
+
+
+def _slot(key: Key) -> int:
+    slot: int = key_slot(key if isinstance(key, bytes) else key.encode())
+    return slot  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
 
 
 class _Script:
@@ -65,7 +75,16 @@ class _Script:
 
 _SCRIPTS = {
     name: _Script(name)
-    for name in ("acquire", "acquire_many", "available", "release", "set_rate", "delete", "expire")
+    for name in (
+        "acquire",
+        "acquire_many",
+        "available",
+        "release",
+        "set_rate",
+        "delete",
+        "expire",
+        "clear_expire",
+    )
 }
 
 
@@ -85,7 +104,7 @@ def _escape_tag(name: str) -> str:
 class _Keys:
     """Every key of one limiter; all share the hash tag ``{<name>}``, hence one cluster slot."""
 
-    __slots__ = ("config", "permits", "registry", "tag", "value")
+    __slots__ = ("_budgets", "config", "permits", "registry", "tag", "value")
 
     def __init__(self, prefix: str, name: str) -> None:
         self.tag = f"{prefix}{{{_escape_tag(name)}}}"
@@ -93,6 +112,8 @@ class _Keys:
         self.value = f"{self.tag}:value"
         self.permits = f"{self.tag}:permits"
         self.registry = f"{self.tag}:clients"
+        # Encoded once: the hot path hands redis-py bytes it need not encode again.
+        self._budgets: dict[tuple[RateType, str, bool], tuple[bytes, ...]] = {}
 
     def client_value(self, client_id: str) -> str:
         return f"{self.value}:{client_id}"
@@ -100,11 +121,21 @@ class _Keys:
     def client_permits(self, client_id: str) -> str:
         return f"{self.permits}:{client_id}"
 
-    def budget(self, rate_type: RateType, client_id: str, registry: bool = False) -> list[str]:
-        if rate_type is RateType.PER_CLIENT:
-            keys = [self.config, self.client_value(client_id), self.client_permits(client_id)]
-            return [*keys, self.registry] if registry else keys
-        return [self.config, self.value, self.permits]
+    def budget(
+        self, rate_type: RateType, client_id: str, registry: bool = False
+    ) -> tuple[bytes, ...]:
+        """The keys of one budget: config, value, permits (and the registry, if asked)."""
+        keys = self._budgets.get((rate_type, client_id, registry))
+        if keys is None:
+            if rate_type is RateType.PER_CLIENT:
+                names = [self.config, self.client_value(client_id), self.client_permits(client_id)]
+                names += [self.registry] if registry else []
+            else:
+                names = [self.config, self.value, self.permits]
+            keys = tuple(name.encode() for name in names)
+            if len(self._budgets) < 8:
+                self._budgets[(rate_type, client_id, registry)] = keys
+        return keys
 
     def everything(self, clients: Sequence[str]) -> list[str]:
         keys = [self.config, self.value, self.permits, self.registry]
@@ -119,13 +150,13 @@ class _Request:
     def __init__(
         self,
         script: _Script,
-        keys: Sequence[str],
+        keys: Sequence[Key],
         args: Sequence[Any],
         future: asyncio.Future[Any],
         orphan: Callable[[Any], None] | None,
     ) -> None:
         self.script = script
-        self.keys = keys
+        self.keys = tuple(keys)
         self.args = args
         self.future = future
         self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
@@ -146,15 +177,25 @@ class _Call:
             self.keys: list[Any] = list(requests[0].keys)
             self.args: list[Any] = list(requests[0].args)
         else:
-            self.keys = [key for r in requests for key in r.keys]
-            self.args = [r.args[0] for r in requests]
+            # acquire_many: each budget's keys once; a request names where its keys start.
+            self.keys = []
+            self.args = []
+            starts: dict[tuple[Key, ...], int] = {}
+            for r in requests:
+                start = starts.get(r.keys)
+                if start is None:
+                    start = starts[r.keys] = len(self.keys) + 1
+                    self.keys.extend(r.keys)
+                self.args.append(f"{start} {r.args[0]}")
 
     def settle(self, reply: Any) -> None:
         if len(self.requests) == 1 or isinstance(reply, BaseException):
             for request in self.requests:
                 _settle(request, reply)
         else:
-            for request, one in zip(self.requests, reply, strict=True):
+            # acquire_many answers with one string, a line per request: cheap to parse.
+            lines = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
+            for request, one in zip(self.requests, lines, strict=True):
                 _settle(request, one)
 
 
@@ -167,33 +208,33 @@ class _Coalescer:
     EVALSHA, all in one pipeline. Each caller still gets its own result or error.
     """
 
-    __slots__ = ("__weakref__", "_busy", "_cluster", "_pump", "_queue", "_redis")
+    __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis")
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._cluster = hasattr(redis, "get_node_from_key")
         self._queue: list[_Request] = []
-        self._busy = False
-        self._pump: asyncio.Task[None] | None = None
+        self._pumps: set[asyncio.Task[None]] = set()
 
     async def call(
         self,
         script: _Script,
-        keys: Sequence[str],
+        keys: Sequence[Key],
         args: Sequence[Any],
         orphan: Callable[[Any], None] | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Request(script, keys, args, future, orphan))
-        if not self._busy:
-            # The round trip runs in its own task, so a cancelled caller never cuts a reply
-            # in half; its reply goes to `orphan` instead.
-            self._busy = True
-            self._pump = loop.create_task(self._send_queued())
+        # Round trips run in their own tasks, so a cancelled caller never cuts a reply in
+        # half; its reply goes to `orphan` instead. A second round trip may start while one
+        # is in flight once enough requests wait, so this process prepares the next batch
+        # while Redis runs the last one.
+        if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
+            self._pumps.add(loop.create_task(self._send_queued()))
         return await future
 
-    async def _send_one(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _send_one(self, script: _Script, keys: Sequence[Key], args: Sequence[Any]) -> Any:
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
         except _NO_SCRIPT:
@@ -211,14 +252,15 @@ class _Coalescer:
             self._queue = []
             raise
         finally:
-            self._busy = False
+            # Leave at once (not in a done callback), so a call arriving next starts a pump.
+            self._pumps.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
 
     def _calls(self, batch: list[_Request]) -> list[_Call]:
         calls: list[_Call] = []
         acquires: dict[Any, list[_Request]] = {}
         for request in batch:
             if request.script is _ACQUIRE:
-                slot = key_slot(request.keys[0].encode()) if self._cluster else None
+                slot = _slot(request.keys[0]) if self._cluster else None
                 acquires.setdefault(slot, []).append(request)
             else:
                 calls.append(_Call(request.script, [request]))
@@ -365,7 +407,7 @@ class RedisBackend(Backend):
     async def _run(
         self,
         script: _Script,
-        keys: Sequence[str],
+        keys: Sequence[Key],
         args: Sequence[Any],
         orphan: Callable[[Any], None] | None = None,
     ) -> Any:
@@ -515,10 +557,11 @@ class RedisBackend(Backend):
         return await self._everything(name, _SCRIPTS["delete"], []) > 0
 
     async def expire(self, name: str, ttl_us: int) -> bool:
-        return await self._everything(name, _SCRIPTS["expire"], [-(-ttl_us // 1000)]) == 1
+        ttl_ms = -(-ttl_us // 1000)
+        return await self._everything(name, _SCRIPTS["expire"], [ttl_ms, self._now_arg()]) == 1
 
     async def clear_expire(self, name: str) -> bool:
-        return bool(await self._command("PERSIST", self.keys(name).config))
+        return await self._everything(name, _SCRIPTS["clear_expire"], [self._now_arg()]) == 1
 
 
 # Hand-backs of cancelled grants in progress; kept here so they are not garbage collected.

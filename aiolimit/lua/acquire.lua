@@ -9,4 +9,7 @@
 --
 -- Returns the reply string described at `acquire` in lib.lua.
 
-return acquire(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1])
+local batch = new_batch()
+local reply = acquire(batch, KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1])
+close_batch(batch)
+return reply

@@ -1,21 +1,20 @@
 -- acquire_many: several acquire requests in one call (requests that arrived together).
 --
--- KEYS   for each request in order: config hash, value key, permits ZSET, and for a
---        PER_CLIENT request the clients registry (as for acquire.lua)
--- ARGV   one request string per request, as for acquire.lua
+-- KEYS   the keys of every limiter budget in the batch, each budget's once: config hash,
+--        value key, permits ZSET, and for PER_CLIENT the clients registry (as for acquire.lua)
+-- ARGV   one per request: "<k> <request>", where KEYS[k] is the request's config hash (its
+--        other keys follow it) and <request> is as for acquire.lua
 --
--- Returns one reply string per request, in order (see `acquire` in lib.lua). Requests run
+-- Returns the reply strings of the requests (see `acquire` in lib.lua), in order, joined by
+-- newlines into one string. Requests run
 -- one after another, exactly as if they had been sent as separate acquire calls.
 
+local batch = new_batch()
 local replies = {}
-local k = 1
-for i, request in ipairs(ARGV) do
-  if string.match(request, '^%d+ %S+ %S+ (%S+)') == 'PER_CLIENT' then
-    replies[i] = acquire(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], request)
-    k = k + 4
-  else
-    replies[i] = acquire(KEYS[k], KEYS[k + 1], KEYS[k + 2], nil, request)
-    k = k + 3
-  end
+for i, arg in ipairs(ARGV) do
+  local k, request = string.match(arg, '^(%d+) (.*)$')
+  k = tonumber(k)
+  replies[i] = acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], request)
 end
-return replies
+close_batch(batch)
+return table.concat(replies, '\n')

@@ -5,7 +5,7 @@
 --                It may go negative after the rate was lowered with keep_state.
 --   permits key  ZSET: one member per grant, scored by grant time in microseconds.
 --                Member "<permits>:<id>", where <id> is the grant time, suffixed ".<n>" when
---                several grants share one microsecond, so members never collide.
+--                that member exists already, so members never collide.
 -- Both keys carry the same TTL, which outlives the newest grant by one interval: an idle
 -- budget simply disappears. A grant may be scored in the future: a reservation made for a
 -- caller that waits (see `acquire` below); it counts like any other grant.
@@ -14,16 +14,21 @@
 
 local unpack = unpack or table.unpack
 
+local server_now -- read once per script call
+
 local function now_us(arg)
   if arg ~= nil and arg ~= '' and arg ~= '-' then
     return tonumber(arg)
   end
-  local t = redis.pcall('TIME')
-  if t.err then
-    -- Said plainly, so the client can point to its clock='client' option.
-    error('aiolimit: the server refused TIME in a script: ' .. t.err)
+  if not server_now then
+    local t = redis.pcall('TIME')
+    if t.err then
+      -- Said plainly, so the client can point to its clock='client' option.
+      error('aiolimit: the server refused TIME in a script: ' .. t.err)
+    end
+    server_now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
-  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  return server_now
 end
 
 local function fmt(n)
@@ -44,7 +49,7 @@ end
 
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
-  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive')
+  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at')
   if not c[1] then
     return nil
   end
@@ -53,6 +58,8 @@ local function load_config(config_key)
     interval = tonumber(c[2]),
     type = c[3],
     keep_alive = tonumber(c[4] or '0'),
+    -- set by expire(): when the whole limiter disappears; no state may outlive it
+    expires_at = c[5] and tonumber(c[5]),
   }
 end
 
@@ -85,10 +92,6 @@ local function reclaim(value_key, permits_key, rate, window_start, write)
       redis.call('SET', value_key, fmt(left), 'KEEPTTL')
     end
   end
-  if left ~= rate and redis.call('EXISTS', permits_key) == 0 then
-    -- The log is empty (or was evicted while the value survived): nothing is granted.
-    left = rate
-  end
   return left
 end
 
@@ -117,45 +120,52 @@ local function wait_for(permits_key, need, interval, now)
   end
 end
 
--- Adds a grant scored `now` (which may be in the future) and returns its member.
-local function log_grant(permits_key, permits, now)
-  local id = fmt(now)
-  local same = redis.call('ZRANGEBYSCORE', permits_key, id, id)
-  if #same > 0 then
-    local taken = {}
-    for _, m in ipairs(same) do
-      taken[member_id(m)] = true
-    end
-    local n = 1
-    while taken[id] do
-      id = fmt(now) .. '.' .. n
-      n = n + 1
-    end
+-- Adds `member` scored `score`, suffixing ".<n>" until it is new; returns the member added.
+-- `memo` (optional) remembers the next suffix to try per member within one script call, so
+-- a batch of grants in one microsecond does not probe the same members again and again.
+local function add_unique(permits_key, score, member, memo)
+  local n = memo and memo[member] or 0
+  local candidate = n == 0 and member or member .. '.' .. n
+  while redis.call('ZADD', permits_key, 'NX', score, candidate) == 0 do
+    n = n + 1
+    candidate = member .. '.' .. n
   end
-  local member = permits .. ':' .. id
-  redis.call('ZADD', permits_key, fmt(now), member)
-  return member
+  if memo then
+    memo[member] = n + 1
+  end
+  return candidate
+end
+
+-- Adds a grant starting at `start` (which may be in the future) and returns its member.
+local function log_grant(permits_key, permits, start, memo)
+  return add_unique(permits_key, fmt(start), permits .. ':' .. fmt(start), memo)
 end
 
 -- Writes a budget's permits left and gives both keys a TTL that outlives its newest grant
--- (a reservation may lie in the future). With no grant left the budget is simply gone.
+-- (a reservation may lie in the future), but not the limiter itself when expire() gave it an
+-- end (`expires_at`). With no grant left the budget is simply gone.
 -- Returns the TTL in milliseconds (0 when gone).
-local function store(value_key, permits_key, left, interval, now)
+local function store(value_key, permits_key, left, interval, now, expires_at)
   local newest = redis.call('ZRANGE', permits_key, -1, -1, 'WITHSCORES')
   if #newest == 0 then
     redis.call('DEL', value_key)
     return 0
   end
   local ttl = ms(tonumber(newest[2]) + interval - now)
+  if expires_at then
+    ttl = math.max(math.min(ttl, ms(expires_at - now)), 1)
+  end
   redis.call('SET', value_key, fmt(left), 'PX', ttl)
   redis.call('PEXPIRE', permits_key, ttl)
   return ttl
 end
 
--- Rebuilds a budget's value from its log for a new rate and interval (keep_state).
+-- Rebuilds a budget's value from its log for a new rate and interval (keep_state); returns
+-- its new TTL in milliseconds (0 when it is gone).
 local function recompute(value_key, permits_key, rate, interval, now)
   redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(now - interval))
-  store(value_key, permits_key, rate - sum_permits(redis.call('ZRANGE', permits_key, 0, -1)), interval, now)
+  local members = redis.call('ZRANGE', permits_key, 0, -1)
+  return store(value_key, permits_key, rate - sum_permits(members), interval, now)
 end
 
 -- Checks that `ids` (ARGV from `first` on) names every client in the registry, so that a
@@ -173,25 +183,56 @@ local function registry_covered(registry_key, first)
   return true
 end
 
--- One acquire request (acquire.lua runs one, acquire_many.lua several in one call).
--- `request` is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
+-- Acquire requests. acquire.lua runs one, acquire_many.lua several (requests that arrived
+-- together); a batch reads each limiter's config, the clock and each budget once, decides its
+-- requests in order exactly as separate calls would, and writes each budget once.
+--
+-- A request is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
 -- limit> <rate type> [<client id>]", where the rate type is the one the caller built the keys
 -- for. When the permits are not free now but will be within max wait, they are reserved: the
 -- grant is logged at the future time they become free, and the caller sleeps until then, so
 -- waiters are served in the order they asked, across every process, in one round trip each.
--- The reply is one string:
+-- The reply to a request is one string:
 --   "0 <left> <start> <delay> <member>"   granted at `start` (us), `delay` us from now
 --                                         (0: now; > 0: a reservation)
 --   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
 --   "-1"                                  no config
 --   "-2 <rate>"                           permits exceed the rate
 --   "-3 <type>"                           the keys were built for the other rate type
-local function acquire(config_key, value_key, permits_key, registry_key, request)
+
+-- Writes back a budget that granted (its log is written as it goes); closes it once.
+local function close_budget(budget)
+  if not budget.latest or budget.closed then
+    return
+  end
+  budget.closed = true
+  local config, now = budget.config, budget.now
+  local interval = config.interval
+  local ttl = store(budget.value_key, budget.permits_key, budget.left, interval, now, config.expires_at)
+  if budget.client_id then
+    redis.call('ZADD', budget.registry_key, fmt(budget.latest), budget.client_id)
+    redis.call('ZREMRANGEBYSCORE', budget.registry_key, '-inf', fmt(now - 2 * interval))
+    redis.call('PEXPIRE', budget.registry_key, config.expires_at and ttl or ttl + ms(interval))
+  end
+  if config.keep_alive > 0 and not config.expires_at then
+    redis.call('PEXPIRE', budget.config_key, math.max(ms(config.keep_alive), ttl))
+  end
+end
+
+local function new_batch()
+  return { configs = {}, budgets = {}, order = {} }
+end
+
+local function acquire(batch, config_key, value_key, permits_key, registry_key, request)
   local permits, now_arg, max_wait, rate_type, client_id =
     string.match(request, '^(%d+) (%S+) (%S+) (%S+) ?(.*)$')
   permits = tonumber(permits)
   max_wait = tonumber(max_wait)
-  local config = load_config(config_key)
+  local config = batch.configs[config_key]
+  if config == nil then
+    config = load_config(config_key) or false
+    batch.configs[config_key] = config
+  end
   if not config then
     return '-1'
   end
@@ -204,27 +245,48 @@ local function acquire(config_key, value_key, permits_key, registry_key, request
 
   local now = now_us(now_arg)
   local interval = config.interval
-  local left = reclaim(value_key, permits_key, config.rate, now - interval, true)
+  local budget = batch.budgets[value_key]
+  if budget and budget.now ~= now then
+    close_budget(budget) -- another clock reading: write back and start over, as a new call would
+    budget = nil
+  end
+  if not budget then
+    budget = {
+      value_key = value_key,
+      permits_key = permits_key,
+      config_key = config_key,
+      registry_key = registry_key,
+      config = config,
+      now = now,
+      left = reclaim(value_key, permits_key, config.rate, now - interval, true),
+      latest = nil,
+      suffixes = {},
+    }
+    batch.budgets[value_key] = budget
+    table.insert(batch.order, budget)
+  end
 
   local delay = 0
-  if left < permits then
-    delay = wait_for(permits_key, permits - left, interval, now)
+  if budget.left < permits then
+    delay = wait_for(permits_key, permits - budget.left, interval, now)
     if max_wait >= 0 and delay > max_wait then
-      return '1 ' .. fmt(delay) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
+      return '1 ' .. fmt(delay) .. ' ' .. fmt(budget.left) .. ' ' .. fmt(now)
     end
   end
 
   local start = now + delay
-  local member = log_grant(permits_key, permits, start)
-  left = left - permits
-  local ttl = store(value_key, permits_key, left, interval, now)
+  local member = log_grant(permits_key, permits, start, budget.suffixes)
+  budget.left = budget.left - permits
+  budget.latest = math.max(budget.latest or start, start)
   if config.type == 'PER_CLIENT' then
-    redis.call('ZADD', registry_key, fmt(start), client_id)
-    redis.call('ZREMRANGEBYSCORE', registry_key, '-inf', fmt(now - 2 * interval))
-    redis.call('PEXPIRE', registry_key, ttl + ms(interval))
+    budget.client_id = client_id
   end
-  if config.keep_alive > 0 then
-    redis.call('PEXPIRE', config_key, math.max(ms(config.keep_alive), ttl))
+  return '0 ' .. fmt(budget.left) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+end
+
+-- Writes every budget a batch granted from, once.
+local function close_batch(batch)
+  for _, budget in ipairs(batch.order) do
+    close_budget(budget)
   end
-  return '0 ' .. fmt(left) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
 end

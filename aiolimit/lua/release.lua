@@ -41,13 +41,13 @@ else
     redis.call('ZREM', KEYS[3], member)
     local take = math.min(permits, wanted - released)
     if take < permits then
-      redis.call('ZADD', KEYS[3], score, (permits - take) .. ':' .. member_id(member))
+      add_unique(KEYS[3], score, (permits - take) .. ':' .. member_id(member))
     end
     released = released + take
   end
 end
 
 if released > 0 then
-  store(KEYS[2], KEYS[3], left + released, config.interval, now)
+  store(KEYS[2], KEYS[3], left + released, config.interval, now, config.expires_at)
 end
 return { 0, released }

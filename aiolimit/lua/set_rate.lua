@@ -32,13 +32,19 @@ if keep_alive > 0 then
   redis.call('PEXPIRE', KEYS[1], ms(keep_alive))
 end
 
--- Changing the rate type clears the state: the budgets are not comparable.
-local keep = ARGV[6] == '1' and (not old_type or old_type == rate_type)
+-- Changing the rate type clears the state: the budgets are not comparable. So does a new
+-- config where none was: state left by an expired or deleted limiter belongs to no limiter.
+local keep = ARGV[6] == '1' and old_type == rate_type
 if keep then
   local now = now_us(ARGV[7])
   recompute(KEYS[2], KEYS[3], rate, interval, now)
+  local longest = 0
   for i = 5, #KEYS - 1, 2 do
-    recompute(KEYS[i], KEYS[i + 1], rate, interval, now)
+    longest = math.max(longest, recompute(KEYS[i], KEYS[i + 1], rate, interval, now))
+  end
+  if longest > 0 then
+    -- The registry must outlive every client's state, whose TTLs follow the new interval.
+    redis.call('PEXPIRE', KEYS[4], longest + ms(interval))
   end
 else
   for i = 2, #KEYS do
