@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from types import TracebackType
 
 from ._types import Duration, RateLimiterConfig, RateType, to_micros
@@ -16,15 +17,8 @@ async def _sleep_out(backend: Backend, name: str, attempt: Attempt) -> None:
         await asyncio.sleep(attempt.wait / 1e6)
     except asyncio.CancelledError:
         assert attempt.grant is not None
-        permits = int(attempt.grant.partition(":")[0])
-        hand_back = asyncio.ensure_future(backend.release(name, permits, attempt.grant))
-        _hand_backs.add(hand_back)
-        hand_back.add_done_callback(_hand_backs.discard)
+        backend.hand_back(name, attempt.grant)
         raise
-
-
-# Hand-backs in progress, referenced so they are not garbage collected.
-_hand_backs: set[asyncio.Future[int]] = set()
 
 
 def _check_permits(permits: object) -> int:
@@ -119,13 +113,13 @@ class RateLimiter:
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
-        ``timeout=0`` makes one attempt; ``None`` waits as long as it takes. When the
-        permits will not be free within the timeout, returns False at once; otherwise
-        they are reserved and this sleeps until they are free, then returns True.
+        ``timeout=0`` makes one attempt; ``None`` (or ``math.inf``) waits as long as it
+        takes. When the permits will not be free within the timeout, returns False at once;
+        otherwise they are reserved and this sleeps until they are free, then returns True.
         """
         permits = _check_permits(permits)
         max_wait = -1
-        if timeout is not None:
+        if timeout is not None and timeout != math.inf:
             max_wait = to_micros(timeout, "timeout")
             if max_wait < 0:
                 raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import abc
+import asyncio
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Literal
@@ -8,6 +10,20 @@ from typing import Literal
 from .._types import RateLimiterConfig
 
 __all__ = ["Attempt", "Backend", "SetMode"]
+
+log = logging.getLogger("aiolimit")
+
+# Hand-backs in progress, referenced so they are not garbage collected.
+_hand_backs: set[asyncio.Future[int]] = set()
+
+
+def _hand_back_done(task: asyncio.Future[int]) -> None:
+    _hand_backs.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning(
+            "could not hand back the grant of a cancelled caller", exc_info=task.exception()
+        )
+
 
 SetMode = Literal["try", "set", "update"]
 
@@ -81,6 +97,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def clear_expire(self, name: str) -> bool: ...
+
+    def hand_back(self, name: str, grant: str) -> None:
+        """Releases exactly ``grant`` in the background: the grant of a caller that was
+        cancelled before it could use it. A failure is logged, never raised."""
+        permits = int(grant.partition(":")[0])
+        task = asyncio.ensure_future(self.release(name, permits, grant))
+        _hand_backs.add(task)
+        task.add_done_callback(_hand_back_done)
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Releases resources the backend owns (nothing by default)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -22,7 +21,6 @@ from .base import Attempt, Backend, SetMode
 
 __all__ = ["RedisBackend"]
 
-log = logging.getLogger("aiolimit")
 
 Clock = Literal["server", "client"] | Callable[[], float]
 
@@ -458,14 +456,10 @@ class RedisBackend(Backend):
         raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
 
     def _hand_back(self, name: str, reply: Any) -> None:
-        """Removes the exact grant of an acquire whose caller was cancelled mid-call."""
+        """Hands back the exact grant of an acquire whose caller was cancelled mid-call."""
         fields = reply.split()
         if fields[0] in (b"0", "0"):
-            member = _text(fields[4])
-            permits = int(member.partition(":")[0])
-            task = asyncio.ensure_future(self.release(name, permits, member))
-            _hand_backs.add(task)
-            task.add_done_callback(_hand_back_done)
+            self.hand_back(name, _text(fields[4]))
 
     # -- operations ----------------------------------------------------------------------------
 
@@ -562,18 +556,6 @@ class RedisBackend(Backend):
 
     async def clear_expire(self, name: str) -> bool:
         return await self._everything(name, _SCRIPTS["clear_expire"], [self._now_arg()]) == 1
-
-
-# Hand-backs of cancelled grants in progress; kept here so they are not garbage collected.
-_hand_backs: set[asyncio.Future[Any]] = set()
-
-
-def _hand_back_done(task: asyncio.Future[Any]) -> None:
-    _hand_backs.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning(
-            "could not hand back the grant of a cancelled acquire", exc_info=task.exception()
-        )
 
 
 def _rejects_time(message: str) -> bool:
