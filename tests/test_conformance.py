@@ -193,7 +193,32 @@ async def test_cancelled_waiters_hold_no_permits_and_the_others_proceed(store, n
     assert await limiter.available_permits() == 2
 
 
+async def test_a_caller_cancelled_while_its_call_is_queued_keeps_no_permits(store, name):
+    # Calls queued behind one in flight go in a round trip of their own task: a caller
+    # cancelled meanwhile gets nothing, and the grant made for it is handed back exactly.
+    limiter = await configured(store, name, 3, 10)
+    first = asyncio.create_task(limiter.acquire(1))
+    queued = asyncio.create_task(limiter.acquire(2))
+    await asyncio.sleep(0)  # both are on their way; the second waits for the first's trip
+    queued.cancel()
+    await asyncio.gather(first, queued, return_exceptions=True)
+    assert first.done() and not first.cancelled()
+    if store.is_redis:
+        assert queued.cancelled(), "cancelled while its script call was queued or in flight"
+    # (The memory backend decides without awaiting: both are done before the cancel lands.)
+    expected = 2 if queued.cancelled() else 0
+    deadline = now() + 1
+    while await limiter.available_permits() != expected:
+        assert now() < deadline, "a cancelled caller kept its grant"
+        await asyncio.sleep(0.01)
+    assert [await limiter.try_acquire() for _ in range(3)] == [True] * expected + [False] * (
+        3 - expected
+    )
+
+
 async def test_a_task_cancelled_during_its_attempt_keeps_no_permits(store, name):
+    # Even with nothing else in flight, the call runs in a round trip of its own task: the
+    # cancelled caller returns at once, and the grant made for it is handed back exactly.
     limiter = await configured(store, name, 3, 10)
     task = asyncio.create_task(limiter.acquire(2))
     await asyncio.sleep(0)  # the attempt is on its way

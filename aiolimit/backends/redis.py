@@ -168,9 +168,7 @@ class _Call:
     def __init__(self, script: _Script, requests: list[_Request]) -> None:
         self.script = script
         self.requests = requests
-        # Releasing "the newest permits" twice would hand back more than asked; every other
-        # call is harmless to repeat after a lost reply.
-        self.retry_safe = script.name != "release" or bool(requests[0].args[3])
+        self.retry_safe = _retry_safe(script, requests[0].args)
         if len(requests) == 1:
             self.keys: list[Any] = list(requests[0].keys)
             self.args: list[Any] = list(requests[0].args)
@@ -200,8 +198,8 @@ class _Call:
 class _Coalescer:
     """Shares round trips between concurrent script calls on one Redis client.
 
-    When nothing is in flight a call goes out at once. While one round trip is in flight,
-    further calls queue, and all of them go together in the next round trip: acquire
+    When nothing is in flight a call goes out at once. While a round trip is in flight,
+    further calls queue, and all of them go together in the next one: acquire
     requests as one ``acquire_many`` call (per cluster slot), anything else as its own
     EVALSHA, all in one pipeline. Each caller still gets its own result or error.
     """
@@ -224,10 +222,11 @@ class _Coalescer:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(_Request(script, keys, args, future, orphan))
-        # Round trips run in their own tasks, so a cancelled caller never cuts a reply in
-        # half; its reply goes to `orphan` instead. A second round trip may start while one
-        # is in flight once enough requests wait, so this process prepares the next batch
-        # while Redis runs the last one.
+        # Round trips run in tasks of their own, so a cancelled caller never cuts a reply in
+        # half (nor waits on redis-py's cancelled write): its reply goes to `orphan`, which
+        # hands back a grant. A second round trip may start while one is in flight once
+        # enough requests wait, so this process prepares the next batch while Redis runs the
+        # last one.
         if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
             self._pumps.add(loop.create_task(self._send_queued()))
         return await future
@@ -316,6 +315,12 @@ class _Coalescer:
             else:
                 pipe.execute_command("EVAL", c.script.source, len(c.keys), *c.keys, *c.args)
         return list(await pipe.execute(raise_on_error=False))
+
+
+def _retry_safe(script: _Script, args: Sequence[Any]) -> bool:
+    """Whether a call may be sent again after its reply was lost. Releasing "the newest
+    permits" twice would hand back more than asked; anything else is harmless to repeat."""
+    return script.name != "release" or bool(args[3])
 
 
 def _settle(request: _Request, reply: Any) -> None:
