@@ -48,6 +48,9 @@ else:
 
 _RETRIES = 8
 
+# Pauses before sending a round trip again after a lost connection: at once (a killed
+# connection), then long enough to ride out a server restart of a few hundred ms.
+_RECONNECT_PAUSES = (0.0, 0.02, 0.1, 0.3)
 _IN_FLIGHT = 2  # round trips one Redis client may have in flight at once
 _SECOND = 16  # requests waiting that justify a second round trip in flight
 
@@ -267,13 +270,15 @@ class _Coalescer:
 
     async def _send_batch(self, calls: list[_Call]) -> None:
         retry_safe = all(c.retry_safe for c in calls)
-        for attempt in range(2):
+        for pause in (*_RECONNECT_PAUSES, None):
             try:
                 replies = await self._round_trip(calls)
             except _LOST as exc:
-                # A killed or reset connection: the pool hands out a fresh one. Sending again
-                # is safe: a lost reply may have consumed permits, it never grants twice.
-                if attempt == 0 and retry_safe:
+                # A killed or reset connection, or a server restarting: the pool hands out a
+                # fresh connection. Sending again is safe: a lost reply may have consumed
+                # permits, it never grants twice.
+                if pause is not None and retry_safe:
+                    await asyncio.sleep(pause)
                     continue
                 error: BaseException = exc
             except BaseException as exc:
