@@ -277,6 +277,25 @@ async def test_concurrent_calls_recover_together_after_script_flush(
     assert await asyncio.gather(*(limiter.available_permits() for _ in range(5))) == [0] * 5
 
 
+async def test_thousands_of_concurrent_calls_share_a_few_connections(
+    server: Server, prefix: str
+) -> None:
+    # Every call, plain reads included, goes through the shared round trips: a client capped
+    # at 4 connections serves 2000 limiters configured, read and acquired all at once.
+    redis = Redis.from_url(server.url, max_connections=4)
+    try:
+        backend = RedisBackend(redis, prefix=prefix)
+        limiters = [RateLimiter(f"many-{i}", backend) for i in range(2000)]
+        await asyncio.gather(*(lim.set_rate(RateType.OVERALL, 2, 60) for lim in limiters))
+        configs = await asyncio.gather(*(lim.get_config() for lim in limiters))
+        assert all(c is not None and c.rate == 2 for c in configs)
+        taken = await asyncio.gather(*(lim.try_acquire(2) for lim in limiters))
+        assert all(taken)
+        assert not any(await asyncio.gather(*(lim.try_acquire() for lim in limiters)))
+    finally:
+        await redis.aclose()
+
+
 def test_scripts_do_not_use_the_lua_struct_library() -> None:
     lua = resources.files("aiolimit") / "lua"
     sources = {f.name: f.read_text() for f in lua.iterdir() if f.name.endswith(".lua")}

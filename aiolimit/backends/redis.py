@@ -46,7 +46,7 @@ else:
     _UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
     _ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
 
-_RETRIES = 8
+_RETRIES = 8  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
 
 # Pauses before sending a round trip again after a lost connection: at once (a killed
 # connection), then long enough to ride out a server restart of a few hundred ms.
@@ -59,19 +59,27 @@ Key = str | bytes
 
 def _slot(key: Key) -> int:
     slot: int = key_slot(key if isinstance(key, bytes) else key.encode())
-    return slot  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
+    return slot
 
 
 class _Script:
-    """One operation's Lua (lib.lua + the operation), run with EVALSHA, EVAL on NOSCRIPT."""
+    """One operation's Lua (lib.lua + the operation), run with EVALSHA, EVAL on NOSCRIPT;
+    or, with ``command``, a plain read-only command that shares round trips the same way."""
 
-    __slots__ = ("name", "sha", "source")
+    __slots__ = ("command", "name", "sha", "source")
 
-    def __init__(self, name: str) -> None:
-        lua = resources.files("aiolimit") / "lua"
+    def __init__(self, name: str, command: bool = False) -> None:
         self.name = name
-        self.source = (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
-        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.command = command
+        self.source = self.sha = ""
+        if not command:
+            lua = resources.files("aiolimit") / "lua"
+            self.source = (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+            self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+    @property
+    def what(self) -> str:
+        return self.name if self.command else f"the {self.name} script"
 
 
 _SCRIPTS = {
@@ -89,6 +97,8 @@ _SCRIPTS = {
 }
 
 
+_ZRANGE = _Script("ZRANGE", command=True)
+_HGETALL = _Script("HGETALL", command=True)
 _ACQUIRE = _SCRIPTS["acquire"]
 _ACQUIRE_MANY = _SCRIPTS["acquire_many"]
 
@@ -235,6 +245,8 @@ class _Coalescer:
         return await future
 
     async def _send_one(self, script: _Script, keys: Sequence[Key], args: Sequence[Any]) -> Any:
+        if script.command:
+            return await self._redis.execute_command(script.name, *keys, *args)
         try:
             return await self._redis.evalsha(script.sha, len(keys), *keys, *args)
         except _NO_SCRIPT:
@@ -315,7 +327,9 @@ class _Coalescer:
         pipe = self._redis.pipeline(transaction=False)
         for c in calls:
             # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
-            if use_sha:
+            if c.script.command:
+                pipe.execute_command(c.script.name, *c.keys, *c.args)
+            elif use_sha:
                 pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
             else:
                 pipe.execute_command("EVAL", c.script.source, len(c.keys), *c.keys, *c.args)
@@ -430,19 +444,11 @@ class RedisBackend(Backend):
         message = str(exc)
         if self._clock is None and _rejects_time(message):
             return BackendError(
-                f"the Redis server refused the TIME command in the {script.name} script "
+                f"the Redis server refused the TIME command in {script.what} "
                 f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
                 "this host's clock instead"
             )
-        return BackendError(f"Redis refused the {script.name} script: {message}")
-
-    async def _command(self, *args: Any) -> Any:
-        try:
-            return await self._redis.execute_command(*args)
-        except _UNREACHABLE as exc:
-            raise BackendError(f"Redis is unreachable or timed out: {exc}") from exc
-        except _ANY as exc:
-            raise BackendError(f"Redis refused {args[0]}: {exc}") from exc
+        return BackendError(f"Redis refused {script.what}: {message}")
 
     async def _budget_call(
         self, name: str, script: _Script, args: Callable[[RateType], list[Any]]
@@ -505,7 +511,7 @@ class RedisBackend(Backend):
         return int(reply[1])
 
     async def _clients(self, keys: _Keys) -> list[str]:
-        return [_text(c) for c in await self._command("ZRANGE", keys.registry, 0, -1)]
+        return [_text(c) for c in await self._run(_ZRANGE, (keys.registry,), (0, -1))]
 
     async def _everything(self, name: str, script: _Script, args: Sequence[Any]) -> int:
         """Runs a script over every key of the limiter, all clients included."""
@@ -538,7 +544,7 @@ class RedisBackend(Backend):
         return written == 1
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
-        fields = await self._command("HGETALL", self.keys(name).config)
+        fields = await self._run(_HGETALL, (self.keys(name).config,), ())
         if not fields:
             return None
         config = (
