@@ -11,21 +11,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from aiolimit._server import free_port, redis_server_binary
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def redis_server_binary() -> str:
-    binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-    if not Path(binary).exists():
-        raise RuntimeError(
-            "redis-server is not installed: `apt-get install redis-server` (.ci/run does this)"
-        )
-    return binary
+__all__ = ["Server", "free_port", "redis_server_binary", "running", "valkey_server_binary"]
 
 
 def valkey_server_binary() -> str:
