@@ -21,6 +21,16 @@ async def _sleep_out(backend: Backend, name: str, attempt: Attempt) -> None:
         raise
 
 
+def _max_wait(timeout: Duration | None) -> int:
+    """A public timeout as the longest wait in microseconds; -1 waits as long as it takes."""
+    if timeout is None or timeout == math.inf:
+        return -1
+    max_wait = to_micros(timeout, "timeout")
+    if max_wait < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+    return max_wait
+
+
 def _check_permits(permits: object) -> int:
     if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
         raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
@@ -118,12 +128,7 @@ class RateLimiter:
         otherwise they are reserved and this sleeps until they are free, then returns True.
         """
         permits = _check_permits(permits)
-        max_wait = -1
-        if timeout is not None and timeout != math.inf:
-            max_wait = to_micros(timeout, "timeout")
-            if max_wait < 0:
-                raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
-        attempt = await self._backend.try_acquire(self._name, permits, max_wait)
+        attempt = await self._backend.try_acquire(self._name, permits, _max_wait(timeout))
         if not attempt.granted:
             return False
         if attempt.wait > 0:

@@ -9,8 +9,8 @@ from types import TracebackType
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ._limiter import RateLimiter
-from ._types import Duration, RateLimiterConfig, RateType, to_seconds
+from ._limiter import RateLimiter, _check_permits, _max_wait
+from ._types import Duration, RateLimiterConfig, RateType
 from .backends.base import Backend, SetMode
 from .backends.redis import RedisBackend
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
@@ -240,13 +240,9 @@ class ShardedRateLimiter:
         when even the shortest wait is longer than ``timeout``, returns False at once. A shard
         whose node fails is skipped; ``BackendError`` is raised only when no shard answers.
         """
-        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-            raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
-        seconds = None
-        if timeout is not None:
-            seconds = to_seconds(timeout, "timeout")
-            if seconds < 0:
-                raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+        permits = _check_permits(permits)
+        max_wait = _max_wait(timeout)
+        seconds = None if max_wait < 0 else max_wait / 1e6
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
 

@@ -88,11 +88,3 @@ def to_micros(value: Duration, what: str) -> int:
     if not math.isfinite(value):
         raise InvalidArgumentError(f"{what} must be finite, not {value!r}")
     return math.ceil(value * 1_000_000 - 1e-6)
-
-
-def to_seconds(value: Duration, what: str) -> float:
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise InvalidArgumentError(f"{what} must be seconds or a timedelta, not {value!r}")
-    return float(value)
