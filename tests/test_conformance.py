@@ -730,6 +730,25 @@ async def test_empty_or_non_string_names_are_rejected(store, name):
 # -- the sliding window -------------------------------------------------------------------------
 
 
+async def test_a_request_stamped_before_the_latest_one_acts_at_the_latest_time(store, name):
+    # Clients that stamp their own times (clock='client') can reach the server out of order.
+    # A request stamped earlier than one the limiter already acted on must not act in the
+    # past, where the grants the newer request reclaimed still filled the window.
+    times = {"a": 0.0, "b": 0.0}
+    a = RateLimiter(name, new_client(store, "a", clock=lambda: times["a"]))
+    b = RateLimiter(name, new_client(store, "b", clock=lambda: times["b"]))
+    await a.set_rate(OVERALL, 2, 10)
+    assert await a.try_acquire(2)  # both permits at t=0
+    times["b"] = 10.5  # the t=0 grants have left the window
+    assert await b.try_acquire(1)
+    times["a"] = 9.9  # stamped before b's request, arriving after it
+    assert await a.try_acquire(1)  # acts at t=10.5: the window (0.5, 10.5] holds 2
+    assert not await a.try_acquire(1)
+    attempt = await a.backend.try_acquire(name, 1)
+    assert not attempt.granted
+    assert attempt.time == 10_500_000  # decided at the latest time, not at 9.9 s
+
+
 async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, name):
     rate, interval = 8, 0.2
     clock = AttemptClock(tolerance(store))

@@ -21,6 +21,7 @@ class _Config:
     config: RateLimiterConfig
     expires_at: float = _FOREVER
     deadline: int | None = None  # set by expire(): no state may outlive it
+    clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
 
 
 @dataclass
@@ -154,11 +155,20 @@ class MemoryBackend(Backend):
 
     # -- operations (one per script) -----------------------------------------------------------
 
-    def _configured(self, name: str, now: int) -> tuple[_Limiter, RateLimiterConfig]:
+    def _configured(
+        self, name: str, now: int, record: bool = True
+    ) -> tuple[_Limiter, RateLimiterConfig, int]:
+        """The limiter, its config, and the time to act at: a clock reading older than one
+        the limiter already acted on is moved up to it (as ``limiter_now`` in lib.lua)."""
         limiter = self._limiter(name, now)
-        if limiter.config is None:
+        stored = limiter.config
+        if stored is None:
             raise NotConfiguredError(name)
-        return limiter, limiter.config.config
+        if stored.clock is not None and now < stored.clock:
+            now = stored.clock
+        elif record:
+            stored.clock = now
+        return limiter, stored.config, now
 
     async def set_rate(
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
@@ -168,11 +178,15 @@ class MemoryBackend(Backend):
         old = limiter.config
         if (mode == "try" and old is not None) or (mode == "update" and old is None):
             return False
+        clock = None if old is None else old.clock
         limiter.config = _Config(
             config, now + _ms(config.keep_alive_us) if config.keep_alive_us else _FOREVER
         )
         # A new rate type, or a config where none was, clears the state (see set_rate.lua).
         if keep_state and old is not None and old.config.rate_type is config.rate_type:
+            if clock is not None and now < clock:
+                now = clock
+            clock = now
             for key in list(limiter.budgets):
                 self._recompute(limiter.budgets, key, config, now)
             clients = [b.expires_at for k, b in limiter.budgets.items() if k is not None]
@@ -181,6 +195,7 @@ class MemoryBackend(Backend):
         else:
             limiter.budgets.clear()
             limiter.registry.clear()
+        limiter.config.clock = clock
         return True
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
@@ -188,8 +203,7 @@ class MemoryBackend(Backend):
         return None if stored is None else stored.config
 
     async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        now = self._now()
-        limiter, config = self._configured(name, now)
+        limiter, config, now = self._configured(name, self._now())
         if permits > config.rate:
             raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({config.rate})")
         interval = config.interval_us
@@ -221,14 +235,12 @@ class MemoryBackend(Backend):
         return Attempt(True, delay, left, start, grant)
 
     async def available_permits(self, name: str) -> int:
-        now = self._now()
-        limiter, config = self._configured(name, now)
+        limiter, config, now = self._configured(name, self._now(), record=False)
         budget = limiter.budgets.get(self._budget_key(config))
         return max(self._reclaim(budget, config.rate, now - config.interval_us, False), 0)
 
     async def release(self, name: str, permits: int, grant: str | None = None) -> int:
-        now = self._now()
-        limiter, config = self._configured(name, now)
+        limiter, config, now = self._configured(name, self._now())
         budget = limiter.budgets.get(self._budget_key(config))
         left = self._reclaim(budget, config.rate, now - config.interval_us, True)
         if budget is None:

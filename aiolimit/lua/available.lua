@@ -16,5 +16,5 @@ end
 if config.type ~= ARGV[2] then
   return { -3, config.type }
 end
-local now = now_us(ARGV[1])
+local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
 return { 0, reclaim(KEYS[2], KEYS[3], config.rate, now - config.interval, false) }

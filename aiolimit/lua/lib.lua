@@ -31,6 +31,25 @@ local function now_us(arg)
   return server_now
 end
 
+-- The time a call acts at. A client-supplied time older than one this limiter already acted
+-- on is moved up to it: concurrent clients' requests may reach the server out of order, and
+-- acting at an older time after newer grants were reclaimed would over-admit. With
+-- `record`, the caller writes config.clock back (save_clock).
+local function limiter_now(config, arg)
+  local now = now_us(arg)
+  if arg == nil or arg == '' or arg == '-' then
+    return now -- the server's TIME
+  end
+  if config.clock and now < config.clock then
+    return config.clock
+  end
+  if not config.clock or now > config.clock then
+    config.clock = now
+    config.clock_moved = true
+  end
+  return now
+end
+
 local function fmt(n)
   return string.format('%d', n)
 end
@@ -49,17 +68,20 @@ end
 
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
-  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at')
+  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock')
   if not c[1] then
     return nil
   end
   return {
+    key = config_key,
     rate = tonumber(c[1]),
     interval = tonumber(c[2]),
     type = c[3],
     keep_alive = tonumber(c[4] or '0'),
     -- set by expire(): when the whole limiter disappears; no state may outlive it
     expires_at = c[5] and tonumber(c[5]),
+    -- the latest client-supplied time this limiter has acted on (clock='client' only)
+    clock = c[6] and tonumber(c[6]),
   }
 end
 
@@ -243,7 +265,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
     return '-2 ' .. fmt(config.rate)
   end
 
-  local now = now_us(now_arg)
+  local now = limiter_now(config, now_arg)
   local interval = config.interval
   local budget = batch.budgets[value_key]
   if budget and budget.now ~= now then
@@ -285,8 +307,20 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
 end
 
 -- Writes every budget a batch granted from, once.
+local function save_clock(config)
+  if config.clock_moved then
+    redis.call('HSET', config.key, 'clock', fmt(config.clock))
+    config.clock_moved = false
+  end
+end
+
 local function close_batch(batch)
   for _, budget in ipairs(batch.order) do
     close_budget(budget)
+  end
+  for _, config in pairs(batch.configs) do
+    if config then
+      save_clock(config)
+    end
   end
 end

@@ -20,7 +20,8 @@ end
 if config.type ~= ARGV[3] then
   return { -3, config.type }
 end
-local now = now_us(ARGV[2])
+local now = limiter_now(config, ARGV[2])
+save_clock(config)
 local left = reclaim(KEYS[2], KEYS[3], config.rate, now - config.interval, true)
 local wanted = tonumber(ARGV[1])
 local released = 0

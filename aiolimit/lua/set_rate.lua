@@ -25,6 +25,7 @@ if not registry_covered(KEYS[4], 8) then
 end
 
 local rate_type, rate, interval, keep_alive = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local clock = redis.call('HGET', KEYS[1], 'clock')
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
 if keep_alive > 0 then
@@ -36,7 +37,9 @@ end
 -- config where none was: state left by an expired or deleted limiter belongs to no limiter.
 local keep = ARGV[6] == '1' and old_type == rate_type
 if keep then
-  local now = now_us(ARGV[7])
+  local config = { key = KEYS[1], clock = clock and tonumber(clock) }
+  local now = limiter_now(config, ARGV[7])
+  clock = config.clock and fmt(config.clock)
   recompute(KEYS[2], KEYS[3], rate, interval, now)
   local longest = 0
   for i = 5, #KEYS - 1, 2 do
@@ -50,5 +53,8 @@ else
   for i = 2, #KEYS do
     redis.call('DEL', KEYS[i])
   end
+end
+if clock then
+  redis.call('HSET', KEYS[1], 'clock', clock) -- a new config keeps the clients' latest time
 end
 return 1
