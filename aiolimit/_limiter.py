@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import math
 from types import TracebackType
+from typing import TypeVar
 
 from ._types import Duration, RateLimiterConfig, RateType, to_micros
 from .backends.base import Attempt, Backend
@@ -37,7 +38,35 @@ def _check_permits(permits: object) -> int:
     return permits
 
 
-class RateLimiter:
+_A = TypeVar("_A", bound="_Acquiring")
+
+
+class _Acquiring:
+    """``acquire`` and ``async with`` (one permit), on top of a subclass's ``try_acquire``."""
+
+    __slots__ = ()
+
+    async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+        raise NotImplementedError
+
+    async def acquire(self, permits: int = 1) -> None:
+        """Waits until ``permits`` are granted."""
+        await self.try_acquire(permits, timeout=None)
+
+    async def __aenter__(self: _A) -> _A:
+        await self.try_acquire(1, timeout=None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+class RateLimiter(_Acquiring):
     """A named, distributed rate limiter: at most ``rate`` permits in any sliding ``interval``.
 
     >>> limiter = RateLimiter("partner-api", RedisBackend(Redis()))
@@ -135,10 +164,6 @@ class RateLimiter:
             await _sleep_out(self._backend, self._name, attempt)
         return True
 
-    async def acquire(self, permits: int = 1) -> None:
-        """Waits until ``permits`` are granted."""
-        await self.try_acquire(permits, timeout=None)
-
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's)."""
         return await self._backend.available_permits(self._name)
@@ -166,17 +191,3 @@ class RateLimiter:
         keep counting for their full window. (A ``keep_alive`` sets a TTL again on the next
         grant.)"""
         return await self._backend.clear_expire(self._name)
-
-    # -- async with ----------------------------------------------------------------------------
-
-    async def __aenter__(self) -> RateLimiter:
-        await self.try_acquire(1, timeout=None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Sequence
-from types import TracebackType
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from ._limiter import RateLimiter, _check_permits, _max_wait
+from ._limiter import RateLimiter, _Acquiring, _check_permits, _max_wait
 from ._types import Duration, RateLimiterConfig, RateType
 from .backends.base import Backend, SetMode
 from .backends.redis import RedisBackend
@@ -81,7 +80,7 @@ def _slot(backend: RedisBackend, name: str) -> int:
     return slot
 
 
-class ShardedRateLimiter:
+class ShardedRateLimiter(_Acquiring):
     """One rate split over ``shards`` sub-limiters that live on different cluster slots.
 
     >>> limiter = ShardedRateLimiter("search-api", RedisBackend(RedisCluster(...)), shards=3)
@@ -285,10 +284,6 @@ class ShardedRateLimiter:
             self._last = best
         return granted
 
-    async def acquire(self, permits: int = 1) -> None:
-        """Waits until ``permits`` are granted (by one shard)."""
-        await self.try_acquire(permits, timeout=None)
-
     async def available_permits(self) -> int:
         """Free permits summed over the shards (a single request can use one shard's only)."""
         counts = await asyncio.gather(*(shard.available_permits() for shard in self._shards))
@@ -320,17 +315,3 @@ class ShardedRateLimiter:
     async def clear_expire(self) -> bool:
         """Removes a TTL set by :meth:`expire`; returns whether any shard had one."""
         return any(await asyncio.gather(*[shard.clear_expire() for shard in self._shards]))
-
-    # -- async with ----------------------------------------------------------------------------
-
-    async def __aenter__(self) -> ShardedRateLimiter:
-        await self.try_acquire(1, timeout=None)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        return None

@@ -24,6 +24,9 @@ import redis
 from redis.asyncio import RedisCluster
 from servers import Server, free_port, redis_server_binary
 
+from aiolimit import RedisBackend
+from aiolimit.backends import Attempt
+
 SLOTS = 16384
 
 
@@ -220,3 +223,17 @@ def cluster_client(cluster: Cluster, **options: Any) -> RedisCluster:
     """An asyncio client of the cluster with short timeouts (a dead node fails fast)."""
     settings: dict[str, Any] = {"socket_timeout": 1, "socket_connect_timeout": 1, **options}
     return RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, **settings)
+
+
+class RecordingBackend(RedisBackend):
+    """Records the server time (µs) at which every grant starts, for auditing windows."""
+
+    def __init__(self, redis: Any, grants: list[int]) -> None:
+        super().__init__(redis)
+        self.grants = grants
+
+    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
+        attempt = await super().try_acquire(name, permits, max_wait)
+        if attempt.granted:
+            self.grants.append(attempt.time)
+        return attempt

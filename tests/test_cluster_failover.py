@@ -16,28 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from cluster import Cluster, cluster_client, wait_until
+from cluster import Cluster, RecordingBackend, cluster_client, wait_until
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit.backends.base import Attempt
 
 pytest_plugins = ["cluster_fixtures"]
 
 RATE, INTERVAL = 40, 0.5
-
-
-class RecordingBackend(RedisBackend):
-    """Records the server time (µs) at which every grant starts."""
-
-    grants: list[int]
-
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        attempt = await super().try_acquire(name, permits, max_wait)
-        if attempt.granted:
-            self.grants.append(attempt.time)
-        return attempt
 
 
 @dataclass
@@ -77,8 +64,7 @@ async def hammer(
     stop = time.monotonic() + seconds
 
     async def worker(redis: RedisCluster) -> None:
-        backend = RecordingBackend(redis)
-        backend.grants = run.grants
+        backend = RecordingBackend(redis, run.grants)
         limiter = RateLimiter(name, backend)
         for _ in range(100_000):  # bounded; the clock stops it long before
             if time.monotonic() > stop:

@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from cluster import Cluster, cluster_client
+from cluster import Cluster, RecordingBackend, cluster_client
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 from test_cluster import HOSTILE_NAMES, masters_holding
@@ -236,18 +236,6 @@ async def test_async_with_takes_one_permit() -> None:
 # -- on the real cluster ---------------------------------------------------------------------
 
 
-class RecordingBackend(RedisBackend):
-    """Records the server's time of every grant, for auditing windows afterwards."""
-
-    grants: list[int]
-
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        attempt = await super().try_acquire(name, permits, max_wait)
-        if attempt.granted:
-            self.grants.append(attempt.time)
-        return attempt
-
-
 def masters_of(cluster: Cluster, backend: RedisBackend, limiter_name: str) -> set[int]:
     tag = backend.keys(limiter_name).tag + ":"
     return {port for key, port in masters_holding(cluster).items() if key.startswith(tag)}
@@ -280,8 +268,7 @@ async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cl
     grants: list[int] = []
 
     async def worker(redis: RedisCluster) -> None:
-        backend = RecordingBackend(redis)
-        backend.grants = grants
+        backend = RecordingBackend(redis, grants)
         limiter = ShardedRateLimiter(name, backend, shards=3)
         stop = time.monotonic() + seconds
         while time.monotonic() < stop:
