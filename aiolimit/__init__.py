@@ -9,7 +9,7 @@
 
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
-from ._types import Duration, RateLimiterConfig, RateType
+from ._types import MAX_DURATION, MAX_RATE, Duration, RateLimiterConfig, RateType
 from .backends import Backend, MemoryBackend, RedisBackend
 from .errors import (
     BackendError,
@@ -21,6 +21,8 @@ from .errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "MAX_DURATION",
+    "MAX_RATE",
     "Backend",
     "BackendError",
     "Duration",

@@ -1,11 +1,19 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from types import TracebackType
 from typing import TypeVar
 
-from ._types import Duration, RateLimiterConfig, RateType, to_micros
+from ._types import (
+    MAX_RATE,
+    Duration,
+    RateLimiterConfig,
+    RateType,
+    check_name,
+    exceeds_max_duration,
+    shown,
+    to_micros,
+)
 from .backends.base import Attempt, Backend
 from .errors import InvalidArgumentError
 
@@ -23,8 +31,11 @@ async def _sleep_out(backend: Backend, name: str, attempt: Attempt) -> None:
 
 
 def _max_wait(timeout: Duration | None) -> int:
-    """A public timeout as the longest wait in microseconds; -1 waits as long as it takes."""
-    if timeout is None or timeout == math.inf:
+    """A public timeout as the longest wait in microseconds; -1 waits as long as it takes.
+
+    A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
+    long, so no wait can be."""
+    if timeout is None or exceeds_max_duration(timeout):
         return -1
     max_wait = to_micros(timeout, "timeout")
     if max_wait < 0:
@@ -33,8 +44,10 @@ def _max_wait(timeout: Duration | None) -> int:
 
 
 def _check_permits(permits: object) -> int:
-    if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-        raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
+        raise InvalidArgumentError(
+            f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
+        )
     return permits
 
 
@@ -84,12 +97,20 @@ class RateLimiter(_Acquiring):
     __slots__ = ("_backend", "_name")
 
     def __init__(self, name: str, backend: Backend) -> None:
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"name must be a non-empty str, not {name!r}")
+        name = check_name(name)
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self._name = name
         self._backend = backend
+
+    @classmethod
+    def _shard(cls, name: str, backend: Backend) -> RateLimiter:
+        """A sub-limiter of a ShardedRateLimiter: its name holds a NUL, which no plain
+        limiter's may, so no plain limiter can share its state."""
+        limiter = cls.__new__(cls)
+        limiter._name = name
+        limiter._backend = backend
+        return limiter
 
     @property
     def name(self) -> str:
@@ -152,9 +173,11 @@ class RateLimiter(_Acquiring):
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
-        ``timeout=0`` makes one attempt; ``None`` (or ``math.inf``) waits as long as it
-        takes. When the permits will not be free within the timeout, returns False at once;
-        otherwise they are reserved and this sleeps until they are free, then returns True.
+        ``timeout=0`` makes one attempt; ``None`` waits as long as it takes, and so does any
+        timeout longer than ``MAX_DURATION`` (10 years; ``math.inf`` included). When the
+        permits will not be free within the timeout, returns False at once; otherwise they are
+        reserved and this sleeps until they are free, then returns True. A negative or NaN
+        timeout raises InvalidArgumentError.
         """
         permits = _check_permits(permits)
         attempt = await self._backend.try_acquire(self._name, permits, _max_wait(timeout))

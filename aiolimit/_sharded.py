@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from ._limiter import RateLimiter, _Acquiring, _check_permits, _max_wait
-from ._types import Duration, RateLimiterConfig, RateType
+from ._types import Duration, RateLimiterConfig, RateType, check_name
 from .backends.base import Backend, SetMode
 from .backends.redis import RedisBackend
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
@@ -36,13 +36,14 @@ def split_rate(rate: int, shards: int) -> list[int]:
 
 
 def shard_names(name: str, shards: int, backend: Backend) -> list[str]:
-    """The sub-limiters' names: ``f"{name}#shard{i}"``, on Redis suffixed ``.<n>`` when needed
-    so that shard ``i``'s slot lies near the middle of the ``i``-th of ``shards`` equal parts
-    of the slot space. ``redis-cli --cluster create`` gives M masters M equal slot ranges, so
-    with ``shards <= M`` every shard lands on its own master. The names depend only on the
-    name, the shard count and the key layout: every process computes the same ones.
+    """The sub-limiters' names: ``f"{name}\\x00shard{i}"``, on Redis suffixed ``.<n>`` when
+    needed so that shard ``i``'s slot lies near the middle of the ``i``-th of ``shards`` equal
+    parts of the slot space. ``redis-cli --cluster create`` gives M masters M equal slot
+    ranges, so with ``shards <= M`` every shard lands on its own master. The names depend only
+    on the name, the shard count and the key layout: every process computes the same ones. No
+    plain limiter's name may hold a NUL, so no plain limiter can be (or touch) a shard.
     """
-    base = [f"{name}#shard{i}" for i in range(shards)]
+    base = [f"{name}\x00shard{i}" for i in range(shards)]
     if not isinstance(backend, RedisBackend):
         return base
     part = REDIS_CLUSTER_HASH_SLOTS / shards
@@ -128,11 +129,11 @@ class ShardedRateLimiter(_Acquiring):
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
         if shards > MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
-        if not isinstance(name, str) or not name:
-            raise InvalidArgumentError(f"name must be a non-empty str, not {name!r}")
-        self._name = name
+        self._name = check_name(name)
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self._backend = backend
-        self._shards = [RateLimiter(n, backend) for n in shard_names(name, shards, backend)]
+        self._shards = [RateLimiter._shard(n, backend) for n in shard_names(name, shards, backend)]
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
@@ -235,9 +236,10 @@ class ShardedRateLimiter(_Acquiring):
         """Takes ``permits`` from one shard if some shard can give them within ``timeout``.
 
         Tries every shard once (starting with the next in turn), then waits on the shard with
-        the shortest wait. ``timeout=0`` never waits; ``None`` waits as long as it takes;
-        when even the shortest wait is longer than ``timeout``, returns False at once. A shard
-        whose node fails is skipped; ``BackendError`` is raised only when no shard answers.
+        the shortest wait. ``timeout=0`` never waits; ``None`` (or a timeout longer than
+        ``MAX_DURATION``) waits as long as it takes; when even the shortest wait is longer
+        than ``timeout``, returns False at once. A shard whose node fails is skipped;
+        ``BackendError`` is raised only when no shard answers.
         """
         permits = _check_permits(permits)
         max_wait = _max_wait(timeout)
@@ -292,10 +294,8 @@ class ShardedRateLimiter(_Acquiring):
     async def release(self, permits: int) -> None:
         """Hands back ``permits``: the most recent grants of the shard this object granted
         from last, then of the following shards, until ``permits`` are handed back."""
-        if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-            raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
         count = len(self._shards)
-        left = permits
+        left = _check_permits(permits)
         for k in range(count):
             if left <= 0:
                 break

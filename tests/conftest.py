@@ -61,7 +61,7 @@ def _memory_store() -> Store:
     def make(client_id: str | None = None, **options: Any) -> Backend:
         base = MemoryBackend(**options) if options else shared
         if options:
-            base._limiters = shared._limiters  # same store, another clock
+            base._shared = shared._shared  # same store, another clock
         return base.with_client(client_id) if client_id else base
 
     return Store("memory", make)

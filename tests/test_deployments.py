@@ -220,8 +220,9 @@ async def test_tls_server_refuses_a_client_that_does_not_trust_its_certificate(
 ACL_RULES = (
     "on >s3cret resetkeys ~aiolimit:* resetchannels -@all "
     "+evalsha +eval +hgetall +zrange +persist "
-    "+time +get +set +del +exists +hget +hmget +hset +hdel +pexpire +pttl "
-    "+zadd +zrangebyscore +zrevrangebyscore +zrem +zremrangebyscore"
+    "+time +get +set +del +unlink +exists +rename +type +hmget +hset +hdel +pexpire +pttl "
+    "+zadd +zcard +zcount +zscore +zrangebyscore +zrevrangebyscore +zrem +zremrangebyrank "
+    "+zremrangebyscore"
 )
 
 

@@ -82,7 +82,7 @@ def test_shard_names_are_deterministic_and_spread_over_the_slot_space(name: str)
     for shards in (2, 3, 4, 8):
         names = shard_names(name, shards, backend)
         assert names == shard_names(name, shards, RedisBackend(_NoServer(), prefix="other:"))
-        assert all(n.startswith(f"{name}#shard{i}") for i, n in enumerate(names))
+        assert all(n.startswith(f"{name}\x00shard{i}") for i, n in enumerate(names))
         slots = [key_slot(backend.keys(n).tag.encode()) for n in names]
         # shard i lies in the i-th of `shards` equal parts of the slot space
         assert [slot * shards // 16384 for slot in slots] == list(range(shards)), slots
@@ -93,7 +93,7 @@ def test_shard_names_are_deterministic_and_spread_over_the_slot_space(name: str)
 
 def test_memory_shards_are_plainly_named() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
-    assert [shard.name for shard in limiter.shards] == ["api#shard0", "api#shard1"]
+    assert [shard.name for shard in limiter.shards] == ["api\x00shard0", "api\x00shard1"]
 
 
 # -- behaviour on the memory backend (virtual time) ------------------------------------------

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Literal
 
-from .._types import RateLimiterConfig
+from .._types import RateLimiterConfig, check_text
 
 __all__ = ["Attempt", "Backend", "SetMode"]
 
@@ -54,9 +54,9 @@ class Backend(abc.ABC):
     __slots__ = ("__weakref__", "client_id")
 
     def __init__(self, client_id: str | None) -> None:
-        if client_id is not None and (not isinstance(client_id, str) or not client_id):
-            raise ValueError("client_id must be a non-empty str")
-        self.client_id: str = client_id or uuid.uuid4().hex
+        self.client_id: str = (
+            uuid.uuid4().hex if client_id is None else check_text(client_id, "client_id")
+        )
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:

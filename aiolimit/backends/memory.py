@@ -6,14 +6,21 @@ import asyncio
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
 
-from .._types import RateLimiterConfig, RateType
-from ..errors import InvalidArgumentError, NotConfiguredError
+from .._types import RateLimiterConfig, RateType, clock_micros
+from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from .base import Attempt, Backend, SetMode
 
 __all__ = ["MemoryBackend"]
 
 _FOREVER = float("inf")
+_SWEEP = 8  # heap entries the sweep pops per operation, at most
+# As in lib.lua: the bounds of every loop over a log, and the largest count kept exactly.
+_WALK_STEPS = 1000
+_RECLAIM_STEPS = 1000
+_MAX_EXACT = 2**53 - 1
+_HIGH = "\U0010ffff"  # sorts after every member
 
 
 @dataclass
@@ -26,12 +33,50 @@ class _Config:
 
 @dataclass
 class _Budget:
-    """The value key and permits ZSET of one budget (both share one TTL)."""
+    """The value key and permits ZSET of one budget (both share one TTL); see lib.lua."""
 
-    left: int
-    # (time, member, permits), ordered as a ZSET orders them: by score, then by member
+    used: int = 0  # permits the log holds
+    seq: int = 0  # sequence number of the last grant
+    # The walk cursor: a score, the permits logged at or before it, and exactly at it.
+    cs: int | None = None
+    cp: int = 0
+    cg: int = 0
+    # (time, member, permits), ordered as a ZSET orders them: by score, then by member.
+    # Entries before `head` are gone: the front is dropped lazily, so reclaiming costs O(1)
+    # per grant however long the log.
     grants: list[tuple[int, str, int]] = field(default_factory=list)
+    head: int = 0
     expires_at: float = _FOREVER
+
+    def live(self) -> list[tuple[int, str, int]]:
+        return self.grants[self.head :]
+
+    def add(self, entry: tuple[int, str, int]) -> None:
+        grants = self.grants
+        if len(grants) == self.head or entry >= grants[-1]:
+            grants.append(entry)  # the common case: a grant after every other
+        else:
+            bisect.insort(grants, entry, lo=self.head)
+
+    def drop_front(self, count: int) -> None:
+        self.head += count
+        if self.head * 2 > len(self.grants):
+            del self.grants[: self.head]
+            self.head = 0
+
+    def clear(self) -> None:
+        self.grants, self.head, self.cs = [], 0, None
+
+    def rank_after(self, score: int) -> int:
+        """The index of the first entry scored after ``score`` (ZCOUNT -inf score)."""
+        return bisect.bisect_right(self.grants, (score, _HIGH, 0), lo=self.head)
+
+    def moved(self, score: int, permits: int) -> None:
+        """Keeps the cursor right when ``permits`` are added (negative: removed) at ``score``."""
+        if self.cs is not None and score <= self.cs:
+            self.cp += permits
+            if score == self.cs:
+                self.cg += permits
 
 
 @dataclass
@@ -40,6 +85,54 @@ class _Limiter:
     budgets: dict[str | None, _Budget] = field(default_factory=dict)  # None: OVERALL
     registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
     registry_expires_at: float = _FOREVER
+
+
+@dataclass(eq=False)
+class _Shared:
+    """The store that ``with_client`` views share: the limiters, and the sweep that frees
+    what has expired without waiting for the limiter to be touched again.
+
+    ``heap`` holds ``(time, name)``: look at the limiter again at that time (when a part of
+    it expires). ``due[name]`` is the time of the name's live entry; an entry at another time
+    (superseded, or its limiter dropped) is skipped. A limiter gets a new entry only when its
+    next expiry comes before its live one (a grant that slides an expiry forward pushes
+    nothing): the sweep looks at it then and pushes its next expiry, if it still lives. Names
+    in ``due`` are in ``limiters``, and the heap never holds more than twice as many entries
+    as ``due`` (plus a few), so the schedule is bounded by the live limiters.
+    """
+
+    limiters: dict[str, _Limiter] = field(default_factory=dict)
+    heap: list[tuple[float, str]] = field(default_factory=list)
+    due: dict[str, float] = field(default_factory=dict)
+    # The last operation's limiter: the next operation schedules its new expiry (operations
+    # are synchronous, and only operations sweep, so nothing is due in between).
+    touched_name: str | None = None
+    touched: _Limiter | None = None
+
+
+def _purge(limiter: _Limiter, now: int) -> bool:
+    """Removes the limiter's keys that have expired at ``now``; True: nothing is left."""
+    if limiter.config is not None and limiter.config.expires_at <= now:
+        limiter.config = None
+    budgets = limiter.budgets
+    if budgets:
+        for client in [c for c, b in budgets.items() if b.expires_at <= now]:
+            del budgets[client]
+    if limiter.registry_expires_at <= now:
+        limiter.registry.clear()
+        limiter.registry_expires_at = _FOREVER
+    return limiter.config is None and not budgets and not limiter.registry
+
+
+def _next_expiry(limiter: _Limiter) -> float:
+    """When the first of the limiter's keys expires (``_FOREVER``: none does)."""
+    at = _FOREVER if limiter.config is None else limiter.config.expires_at
+    if limiter.registry and limiter.registry_expires_at < at:
+        at = limiter.registry_expires_at
+    for budget in limiter.budgets.values():
+        if budget.expires_at < at:
+            at = budget.expires_at
+    return at
 
 
 def _loop_clock() -> float:
@@ -56,102 +149,255 @@ class MemoryBackend(Backend):
     local timeouts share one monotonic clock (and tests can control it).
     """
 
-    __slots__ = ("_clock", "_limiters")
+    __slots__ = ("_clock", "_shared")
 
     def __init__(
         self, *, client_id: str | None = None, clock: Callable[[], float] = _loop_clock
     ) -> None:
         super().__init__(client_id)
+        if not callable(clock):
+            raise InvalidArgumentError(f"clock must be a callable returning seconds, not {clock!r}")
         self._clock = clock
-        self._limiters: dict[str, _Limiter] = {}
+        self._shared = _Shared()
 
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
-        other._limiters = self._limiters
+        other._shared = self._shared
         return other
+
+    @property
+    def _limiters(self) -> dict[str, _Limiter]:
+        return self._shared.limiters
 
     # -- keys and TTLs ----------------------------------------------------------------------
 
     def _now(self) -> int:
-        return round(self._clock() * 1_000_000)
+        return clock_micros(self._clock())  # NaN, inf or a non-number: InvalidArgumentError
 
-    def _limiter(self, name: str, now: int) -> _Limiter:
-        """The limiter's keys as they stand at ``now``: expired ones are gone."""
-        limiter = self._limiters.setdefault(name, _Limiter())
-        if limiter.config is not None and limiter.config.expires_at <= now:
-            limiter.config = None
-        for client in [c for c, b in limiter.budgets.items() if b.expires_at <= now]:
-            del limiter.budgets[client]
-        if limiter.registry_expires_at <= now:
-            limiter.registry.clear()
-            limiter.registry_expires_at = _FOREVER
+    def _limiter(self, name: str, now: int) -> _Limiter | None:
+        """The limiter's keys as they stand at ``now``: expired ones are gone; None when
+        nothing is left. Every operation calls this (or ``_create``) once, first: it sweeps."""
+        shared = self._shared
+        self._sweep(shared, name, now)
+        limiter = shared.limiters.get(name)
+        if limiter is None:
+            return None
+        if _purge(limiter, now):
+            self._drop(shared, name)
+            return None
+        shared.touched_name, shared.touched = name, limiter
         return limiter
+
+    def _create(self, name: str) -> _Limiter:
+        """A new, empty limiter (only writes create one)."""
+        shared = self._shared
+        limiter = shared.limiters[name] = _Limiter()
+        shared.touched_name, shared.touched = name, limiter
+        return limiter
+
+    @staticmethod
+    def _drop(shared: _Shared, name: str) -> None:
+        del shared.limiters[name]
+        if not shared.limiters:
+            shared.limiters = {}  # a dict never shrinks: give its table back
+        if name in shared.due:
+            MemoryBackend._undue(shared, name)
+
+    @staticmethod
+    def _undue(shared: _Shared, name: str) -> None:
+        del shared.due[name]
+        if not shared.due:
+            shared.due = {}
+            shared.heap = []  # every entry left is superseded
+
+    def _sweep(self, shared: _Shared, name: str, now: int) -> None:
+        """Schedules the last operation's limiter, then frees what has expired among at most
+        ``_SWEEP`` heap entries that are due: a bounded amount of work per operation."""
+        touched, shared.touched = shared.touched, None
+        if touched is not None and shared.touched_name != name:
+            touched_name = shared.touched_name
+            assert touched_name is not None
+            if shared.limiters.get(touched_name) is touched:
+                self._check(shared, touched_name, touched, now)
+        for _ in range(_SWEEP):
+            heap = shared.heap
+            if not heap or heap[0][0] > now:
+                break
+            at, due_name = heappop(heap)
+            if shared.due.get(due_name) != at:
+                continue  # superseded by an earlier entry, or the limiter was dropped
+            self._undue(shared, due_name)
+            limiter = shared.limiters.get(due_name)
+            if limiter is not None:  # always, as _drop forgets the name's entry
+                self._check(shared, due_name, limiter, now)
+
+    def _check(self, shared: _Shared, name: str, limiter: _Limiter, now: int) -> None:
+        """Frees the limiter's expired keys, drops it when nothing is left, and makes sure
+        the sweep comes back when its next key expires."""
+        if _purge(limiter, now):
+            self._drop(shared, name)
+            return
+        at = _next_expiry(limiter)
+        if at < shared.due.get(name, _FOREVER):
+            heappush(shared.heap, (at, name))
+            shared.due[name] = at
+            if len(shared.heap) > 2 * len(shared.due) + 64:
+                # Superseded entries piled up (limiters deleted, or expiries that kept moving
+                # earlier): keep the live ones. O(heap), but at least half the heap goes, so
+                # amortised over the pushes that made it O(1) each.
+                live = [(t, n) for t, n in shared.heap if shared.due.get(n) == t]
+                heapify(live)
+                shared.heap = live
 
     def _budget_key(self, config: RateLimiterConfig) -> str | None:
         return self.client_id if config.rate_type is RateType.PER_CLIENT else None
 
-    # -- the algorithm (mirrors lua/lib.lua) ---------------------------------------------------
+    # -- the algorithm (mirrors lua/lib.lua step for step) -------------------------------------
 
     @staticmethod
-    def _reclaim(budget: _Budget | None, rate: int, window_start: int, write: bool) -> int:
+    def _reclaim(budget: _Budget | None, window_start: int, write: bool) -> int:
+        """Permits used once grants that left the window are reclaimed (at most
+        ``_RECLAIM_STEPS`` of them); with ``write`` they are removed from the budget."""
         if budget is None:
-            return rate
-        expired = bisect.bisect_right(budget.grants, (window_start, "\U0010ffff", 0))
-        left = budget.left + sum(p for _, _, p in budget.grants[:expired])
-        if write and expired:
-            del budget.grants[:expired]
-            budget.left = left
-        return left
+            return 0
+        grants, head = budget.grants, budget.head
+        count = min(budget.rank_after(window_start) - head, _RECLAIM_STEPS)
+        if count == 0:
+            return budget.used
+        if count == _RECLAIM_STEPS and grants[-1][0] <= window_start:
+            if write:  # the whole log has expired
+                budget.used = budget.seq = 0
+                budget.clear()
+            return 0
+        used = budget.used - sum(p for _, _, p in grants[head : head + count])
+        if write:
+            last = grants[head + count - 1][0]
+            budget.drop_front(count)
+            if budget.cs is not None and budget.cs <= last:
+                budget.cs = None
+            elif budget.cs is not None:
+                budget.cp -= budget.used - used
+            budget.used = used
+            if used == 0:
+                budget.seq = 0  # an empty log starts over, as a budget whose keys expired does
+        return used
+
+    @staticmethod
+    def _walk_forward(budget: _Budget, need: int) -> int | None:
+        grants = budget.grants
+        rank, prefix = budget.head, 0
+        if budget.cs is not None:
+            rank, prefix = budget.rank_after(budget.cs), budget.cp
+        found: int | None = None
+        group_score: int | None = None
+        group = steps = 0
+        size = 16
+        while steps < _WALK_STEPS:
+            entries = grants[rank : rank + size]
+            for score, _, permits in entries:
+                if found is not None and score != found:
+                    budget.cs, budget.cp, budget.cg = found, prefix, group
+                    return found
+                if score == group_score:
+                    group += permits
+                else:
+                    group_score, group = score, permits
+                prefix += permits
+                rank, steps = rank + 1, steps + 1
+                if found is None and prefix >= need:
+                    found = score
+            if len(entries) < size:  # the end of the log
+                if found is not None:
+                    budget.cs, budget.cp, budget.cg = found, prefix, group
+                return found
+            size = min(size * 4, _WALK_STEPS - steps + 1)
+        if found is not None:
+            return found
+        # Out of steps: with at least one permit per entry, `need` is reached at most this far.
+        return grants[min(rank - 1 + need - prefix, len(grants) - 1)][0]
+
+    @staticmethod
+    def _walk_back(budget: _Budget, need: int) -> int:
+        assert budget.cs is not None
+        answer = budget.cs
+        below = budget.cp - budget.cg
+        if below < need:
+            return answer
+        top = bisect.bisect_left(budget.grants, (budget.cs, "", 0), lo=budget.head)
+        older = budget.grants[budget.head : top][::-1]  # newest first
+        group_score: int | None = None
+        group = offset = steps = 0
+        size = 16
+        while steps < _WALK_STEPS:
+            entries = older[offset : offset + size]
+            for score, _, permits in entries:
+                if group_score is not None and score != group_score:
+                    answer = group_score
+                    budget.cs, budget.cp, budget.cg = group_score, below, group
+                    below -= group
+                    if below < need:
+                        return answer
+                    group = 0
+                group_score = score
+                group += permits
+                steps += 1
+            if len(entries) < size:  # the start of the log
+                if group_score is not None:
+                    budget.cs, budget.cp, budget.cg = group_score, below, group
+                    return group_score
+                return answer
+            offset += size
+            size = min(size * 4, _WALK_STEPS - steps + 1)
+        return answer if group_score is None else group_score
 
     @staticmethod
     def _wait_for(budget: _Budget, need: int, interval: int, now: int) -> int:
-        freed = 0
-        for time, _, permits in budget.grants:
-            freed += permits
-            if freed >= need:
-                return max(time + interval - now, 1)
-        return interval
+        if budget.cs is not None and budget.cp >= need:
+            at: int | None = MemoryBackend._walk_back(budget, need)
+        else:
+            at = MemoryBackend._walk_forward(budget, need)
+        if at is None:
+            return interval
+        return max(at + interval - now, 1)
 
     @staticmethod
-    def _add_unique(budget: _Budget, time: int, member: str, permits: int) -> str:
-        taken = {m for t, m, _ in budget.grants if t == time}
-        candidate, n = member, 1
-        while candidate in taken:
-            candidate, n = f"{member}.{n}", n + 1
-        bisect.insort(budget.grants, (time, candidate, permits))
-        return candidate
-
-    @staticmethod
-    def _log_grant(budget: _Budget, permits: int, start: int) -> str:
-        return MemoryBackend._add_unique(budget, start, f"{permits}:{start}", permits)
-
-    @staticmethod
-    def _store(
-        budget: _Budget, left: int, interval: int, now: int, deadline: int | None = None
-    ) -> bool:
-        """Sets left and a TTL that outlives the newest grant (but not the limiter's
-        ``deadline``); False: the budget is gone."""
-        if not budget.grants:
+    def _store(budget: _Budget, interval: int, now: int, deadline: int | None = None) -> bool:
+        """Gives the budget a TTL that outlives its newest grant (but not the limiter's
+        ``deadline``); False: no grant is left and the budget is gone."""
+        if len(budget.grants) == budget.head:
             return False
-        budget.left = left
-        ttl = _ms(budget.grants[-1][0] + interval - now)
+        ttl = max(_ms(budget.grants[-1][0] + interval - now), 1000)
         if deadline is not None:
             ttl = max(min(ttl, _ms(deadline - now)), 1000)
         budget.expires_at = now + ttl
         return True
 
-    @staticmethod
-    def _recompute(
-        budgets: dict[str | None, _Budget], key: str | None, config: RateLimiterConfig, now: int
+    def _save(
+        self, limiter: _Limiter, key: str | None, budget: _Budget, interval: int, now: int
     ) -> None:
-        budget = budgets.get(key)
-        if budget is None:
-            return
-        interval = config.interval_us
-        budget.grants = [g for g in budget.grants if g[0] > now - interval]
-        left = config.rate - sum(p for _, _, p in budget.grants)
-        if not MemoryBackend._store(budget, left, interval, now):
-            del budgets[key]
+        """save_budget: a TTL for the budget, or no budget when its log is empty."""
+        assert limiter.config is not None
+        if not self._store(budget, interval, now, limiter.config.deadline):
+            del limiter.budgets[key]
+
+    @staticmethod
+    def _extend_registry(limiter: _Limiter, until: float, deadline: int | None) -> None:
+        """The registry lives at least ``until``, never past ``deadline``."""
+        if deadline is not None:
+            until = min(until, deadline)
+        if limiter.registry_expires_at == _FOREVER or limiter.registry_expires_at < until:
+            limiter.registry_expires_at = until
+
+    def _refresh_clients(self, limiter: _Limiter, stored: _Config, now: int) -> None:
+        """refresh.lua over every client: TTLs as the config gives them."""
+        interval = stored.config.interval_us
+        for key, budget in list(limiter.budgets.items()):
+            if key is None:
+                continue
+            if not self._store(budget, interval, now, stored.deadline):
+                del limiter.budgets[key]
+                continue
+            self._extend_registry(limiter, budget.expires_at + _ms(interval), stored.deadline)
 
     # -- operations (one per script) -----------------------------------------------------------
 
@@ -161,9 +407,9 @@ class MemoryBackend(Backend):
         """The limiter, its config, and the time to act at: a clock reading older than one
         the limiter already acted on is moved up to it (as ``limiter_now`` in lib.lua)."""
         limiter = self._limiter(name, now)
-        stored = limiter.config
-        if stored is None:
+        if limiter is None or limiter.config is None:
             raise NotConfiguredError(name)
+        stored = limiter.config
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
         elif record:
@@ -175,11 +421,13 @@ class MemoryBackend(Backend):
     ) -> bool:
         now = self._now()
         limiter = self._limiter(name, now)
-        old = limiter.config
+        old = None if limiter is None else limiter.config
         if (mode == "try" and old is not None) or (mode == "update" and old is None):
             return False
+        if limiter is None:
+            limiter = self._create(name)
         clock = None if old is None else old.clock
-        limiter.config = _Config(
+        stored = limiter.config = _Config(
             config, now + _ms(config.keep_alive_us) if config.keep_alive_us else _FOREVER
         )
         # A new rate type, or a config where none was, clears the state (see set_rate.lua).
@@ -187,20 +435,27 @@ class MemoryBackend(Backend):
             if clock is not None and now < clock:
                 now = clock
             clock = now
-            for key in list(limiter.budgets):
-                self._recompute(limiter.budgets, key, config, now)
-            clients = [b.expires_at for k, b in limiter.budgets.items() if k is not None]
-            if clients:
-                limiter.registry_expires_at = max(clients) + _ms(config.interval_us)
+            interval = config.interval_us
+            overall = limiter.budgets.get(None)
+            if overall is not None:
+                self._reclaim(overall, now - interval, True)
+                if not self._store(overall, interval, now):
+                    del limiter.budgets[None]
+            # Clients follow the new rate at their next grant; a longer interval lengthens
+            # their TTLs now (refresh.lua, in chunks on Redis).
+            if interval > old.config.interval_us and limiter.registry:
+                self._refresh_clients(limiter, stored, now)
         else:
             limiter.budgets.clear()
             limiter.registry.clear()
-        limiter.config.clock = clock
+        stored.clock = clock
         return True
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
-        stored = self._limiter(name, self._now()).config
-        return None if stored is None else stored.config
+        limiter = self._limiter(name, self._now())
+        if limiter is None or limiter.config is None:
+            return None
+        return limiter.config.config
 
     async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
         limiter, config, now = self._configured(name, self._now())
@@ -209,103 +464,115 @@ class MemoryBackend(Backend):
         interval = config.interval_us
         key = self._budget_key(config)
         budget = limiter.budgets.get(key)
-        left = self._reclaim(budget, config.rate, now - interval, True)
+        if budget is None:
+            budget = _Budget()
+        else:
+            self._reclaim(budget, now - interval, True)
+        if budget.used + permits > _MAX_EXACT:
+            raise BackendError(
+                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
+                "more than 2**53, which the scripts cannot count exactly"
+            )
+        left = config.rate - budget.used
         delay = 0
         if left < permits:
-            assert budget is not None
             delay = self._wait_for(budget, permits - left, interval, now)
             if 0 <= max_wait < delay:
+                if key in limiter.budgets:  # what the reclaim changed is written back
+                    self._save(limiter, key, budget, interval, now)
                 return Attempt(False, delay, left, now)
-        if budget is None:
-            budget = limiter.budgets[key] = _Budget(left)
         start = now + delay
-        grant = self._log_grant(budget, permits, start)
-        left -= permits
+        budget.seq += 1
+        grant = f"{permits}:{budget.seq}"
+        budget.add((start, grant, permits))
+        budget.used += permits
+        budget.moved(start, permits)
+        limiter.budgets[key] = budget
         stored = limiter.config
         assert stored is not None
-        self._store(budget, left, interval, now, stored.deadline)
+        self._store(budget, interval, now, stored.deadline)
         if key is not None:
-            limiter.registry[key] = start
+            limiter.registry[key] = max(start, limiter.registry.get(key, start))
             for client in [c for c, t in limiter.registry.items() if t <= now - 2 * interval]:
                 del limiter.registry[client]
-            after = 0 if stored.deadline is not None else _ms(interval)
-            limiter.registry_expires_at = budget.expires_at + after
+            self._extend_registry(limiter, budget.expires_at + _ms(interval), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = max(now + _ms(config.keep_alive_us), budget.expires_at)
-        return Attempt(True, delay, left, start, grant)
+        return Attempt(True, delay, config.rate - budget.used, start, grant)
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
         budget = limiter.budgets.get(self._budget_key(config))
-        return max(self._reclaim(budget, config.rate, now - config.interval_us, False), 0)
+        return max(config.rate - self._reclaim(budget, now - config.interval_us, False), 0)
 
     async def release(self, name: str, permits: int, grant: str | None = None) -> int:
         limiter, config, now = self._configured(name, self._now())
-        budget = limiter.budgets.get(self._budget_key(config))
-        left = self._reclaim(budget, config.rate, now - config.interval_us, True)
+        key = self._budget_key(config)
+        budget = limiter.budgets.get(key)
         if budget is None:
             return 0
-        released = 0
+        self._reclaim(budget, now - config.interval_us, True)
+        grants, released = budget.grants, 0
         if grant is not None:
-            for i, (_, member, entry_permits) in enumerate(budget.grants):
+            for i in range(budget.head, len(grants)):
+                time, member, entry_permits = grants[i]
                 if member == grant:
-                    del budget.grants[i]
+                    del grants[i]
+                    budget.moved(time, -entry_permits)
                     released = entry_permits
                     break
         else:
             # Reservations (grants starting in the future) belong to waiting callers.
-            started = bisect.bisect_right(budget.grants, (now, "\U0010ffff", 0))
-            while released < permits and started > 0:
-                started -= 1
-                time, member, entry_permits = budget.grants.pop(started)
+            started = budget.rank_after(now)
+            for index in range(started - 1, max(started - _WALK_STEPS, budget.head) - 1, -1):
+                if released >= permits:
+                    break
+                time, member, entry_permits = grants.pop(index)
                 take = min(entry_permits, permits - released)
+                budget.moved(time, -take)
+                released += take
                 if take < entry_permits:
                     rest = entry_permits - take
-                    self._add_unique(budget, time, f"{rest}:{member.partition(':')[2]}", rest)
-                released += take
-        assert limiter.config is not None
-        deadline = limiter.config.deadline
-        if released and not self._store(budget, left + released, config.interval_us, now, deadline):
-            del limiter.budgets[self._budget_key(config)]
+                    budget.add((time, f"{rest}:{member.partition(':')[2]}", rest))
+        budget.used -= released
+        self._save(limiter, key, budget, config.interval_us, now)
         return released
 
     async def delete(self, name: str) -> bool:
-        limiter = self._limiter(name, self._now())
-        existed = limiter.config is not None or bool(limiter.budgets) or bool(limiter.registry)
-        del self._limiters[name]
-        return existed
+        if self._limiter(name, self._now()) is None:
+            return False
+        self._drop(self._shared, name)
+        return True
 
     async def expire(self, name: str, ttl_us: int) -> bool:
         now = self._now()
         limiter = self._limiter(name, now)
-        if limiter.config is None:
+        if limiter is None or limiter.config is None:
             return False
         at = now + _ms(ttl_us)
         limiter.config.expires_at = at
         limiter.config.deadline = at
-        for budget in limiter.budgets.values():
-            budget.expires_at = min(budget.expires_at, at)
+        overall = limiter.budgets.get(None)
+        if overall is not None:
+            overall.expires_at = min(overall.expires_at, at)
         if limiter.registry:
             limiter.registry_expires_at = min(limiter.registry_expires_at, at)
+        self._refresh_clients(limiter, limiter.config, now)
         return True
 
     async def clear_expire(self, name: str) -> bool:
         now = self._now()
         limiter = self._limiter(name, now)
-        if limiter.config is None:
+        if limiter is None or limiter.config is None:
             return False
-        stored, config = limiter.config, limiter.config.config
+        stored = limiter.config
         had_ttl = stored.expires_at != _FOREVER
         stored.expires_at = _FOREVER
         stored.deadline = None
-        interval = config.interval_us
-        clients: float = now
-        for key, budget in limiter.budgets.items():
-            self._store(budget, budget.left, interval, now)
-            if key is not None:
-                clients = max(clients, budget.expires_at)
-        if clients > now:
-            limiter.registry_expires_at = clients + _ms(interval)
+        overall = limiter.budgets.get(None)
+        if overall is not None and not self._store(overall, stored.config.interval_us, now):
+            del limiter.budgets[None]
+        self._refresh_clients(limiter, stored, now)
         return had_ttl
 
 

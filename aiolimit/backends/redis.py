@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
+import re
 import time
+import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-from .._types import RateLimiterConfig, RateType
+from .._types import RateLimiterConfig, RateType, check_text, clock_micros
 from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from .base import Attempt, Backend, SetMode
 
@@ -46,12 +49,23 @@ else:
     _UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
     _ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
 
-_RETRIES = 8  # re-reads of the clients registry when PER_CLIENT clients come and go meanwhile
+# PER_CLIENT clients handled by one retire.lua or refresh.lua call: well under 1 ms of server
+# time (about four commands each), so that no call holds Redis long.
+_CLIENTS_PER_CALL = 100
 
 # Pauses before sending a round trip again after a lost connection: at once (a killed
 # connection), then long enough to ride out a server restart of a few hundred ms.
 _RECONNECT_PAUSES = (0.0, 0.02, 0.1, 0.3)
+# How long after a round trip's first lost connection it may still be sent again. redis-py
+# retries a lost connection itself (10 times over about 4 s with Redis() defaults), so
+# resending without a bound multiplies its time to give up; with it, a down server is
+# reported about as soon as the client itself reports it.
+_RESEND_FOR = 1.0
 _IN_FLIGHT = 2  # round trips one Redis client may have in flight at once
+# Acquire requests per acquire_many call. A script blocks the whole server while it runs;
+# 64 requests keep one call well under a millisecond, while sharing a call still saves
+# nearly all the per-call cost.
+_MANY = 64
 _SECOND = 16  # requests waiting that justify a second round trip in flight
 
 Key = str | bytes
@@ -93,6 +107,8 @@ _SCRIPTS = {
         "delete",
         "expire",
         "clear_expire",
+        "retire",
+        "refresh",
     )
 }
 
@@ -109,7 +125,8 @@ def _text(value: Any) -> str:
 
 def _escape_tag(name: str) -> str:
     # Braces would end or nest the hash tag; '%' is escaped so the mapping stays one-to-one.
-    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+    # NUL (only in shard names) is escaped to keep keys readable: "{api%00shard0}".
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D").replace("\x00", "%00")
 
 
 class _Keys:
@@ -118,7 +135,9 @@ class _Keys:
     __slots__ = ("_budgets", "config", "permits", "registry", "tag", "value")
 
     def __init__(self, prefix: str, name: str) -> None:
-        self.tag = f"{prefix}{{{_escape_tag(name)}}}"
+        # A name that does not encode fails here, in its caller's call, never in a round trip
+        # it would share with others.
+        self.tag = f"{prefix}{{{_escape_tag(check_text(name, 'name'))}}}"
         self.config = f"{self.tag}:config"
         self.value = f"{self.tag}:value"
         self.permits = f"{self.tag}:permits"
@@ -148,9 +167,18 @@ class _Keys:
                 self._budgets[(rate_type, client_id, registry)] = keys
         return keys
 
-    def everything(self, clients: Sequence[str]) -> list[str]:
-        keys = [self.config, self.value, self.permits, self.registry]
-        for client in clients:
+    def retired(self, token: str) -> str:
+        """Where the clients registry goes when every client's state is cleared."""
+        return f"{self.tag}:retired:{token}"
+
+    def receipt(self, token: str) -> str:
+        """A release's receipt, which makes the release safe to send twice."""
+        return f"{self.tag}:released:{token}"
+
+    def clients(self, client_ids: Sequence[str]) -> list[str]:
+        """The value key and permits ZSET of each client, in order."""
+        keys = []
+        for client in client_ids:
             keys += [self.client_value(client), self.client_permits(client)]
         return keys
 
@@ -167,21 +195,38 @@ class _Request:
         orphan: Callable[[Any], None] | None,
     ) -> None:
         self.script = script
-        self.keys = tuple(keys)
-        self.args = args
+        # Encoded now, in the caller's own call: a key or argument that cannot be sent fails
+        # that caller alone, never the round trip its request would share with others.
+        self.keys = tuple(map(_encoded, keys))
+        self.args = [_encoded(arg) for arg in args]
         self.future = future
         self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
+
+
+def _encoded(value: Any) -> bytes:
+    """``value`` as redis-py would send it."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                f"{value!r} cannot be sent to Redis: it does not encode as UTF-8 ({exc.reason})"
+            ) from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value).encode()
+    raise InvalidArgumentError(f"{value!r} cannot be sent to Redis")
 
 
 class _Call:
     """One script call in a pipeline, answering one request or (acquire_many) several."""
 
-    __slots__ = ("args", "keys", "requests", "retry_safe", "script")
+    __slots__ = ("args", "keys", "requests", "script")
 
     def __init__(self, script: _Script, requests: list[_Request]) -> None:
         self.script = script
         self.requests = requests
-        self.retry_safe = _retry_safe(script, requests[0].args)
         if len(requests) == 1:
             self.keys: list[Any] = list(requests[0].keys)
             self.args: list[Any] = list(requests[0].args)
@@ -195,7 +240,7 @@ class _Call:
                 if start is None:
                     start = starts[r.keys] = len(self.keys) + 1
                     self.keys.extend(r.keys)
-                self.args.append(f"{start} {r.args[0]}")
+                self.args.append(b"%d %s" % (start, r.args[0]))
 
     def settle(self, reply: Any) -> None:
         if len(self.requests) == 1 or isinstance(reply, BaseException):
@@ -213,8 +258,9 @@ class _Coalescer:
 
     When nothing is in flight a call goes out at once. While a round trip is in flight,
     further calls queue, and all of them go together in the next one: acquire
-    requests as one ``acquire_many`` call (per cluster slot), anything else as its own
-    EVALSHA, all in one pipeline. Each caller still gets its own result or error.
+    requests as ``acquire_many`` calls of up to ``_MANY`` requests (per cluster slot),
+    anything else as its own EVALSHA, all in one pipeline. Each caller still gets its own
+    result or error, and with a ``timeout`` stops waiting for it after that many seconds.
     """
 
     __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis")
@@ -231,6 +277,7 @@ class _Coalescer:
         keys: Sequence[Key],
         args: Sequence[Any],
         orphan: Callable[[Any], None] | None = None,
+        timeout: float | None = None,
     ) -> Any:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
@@ -242,7 +289,16 @@ class _Coalescer:
         # last one.
         if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
             self._pumps.add(loop.create_task(self._send_queued()))
-        return await future
+        if timeout is None:
+            return await future
+        # A caller that stops waiting is a cancelled caller: its future is done, so the reply,
+        # when it comes, goes to `orphan` as a cancelled caller's does (a grant is handed
+        # back). The round trip itself runs on in its task.
+        timer = loop.call_later(timeout, _give_up, future, script, timeout)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     async def _send_one(self, script: _Script, keys: Sequence[Key], args: Sequence[Any]) -> Any:
         if script.command:
@@ -277,19 +333,31 @@ class _Coalescer:
             else:
                 calls.append(_Call(request.script, [request]))
         for group in acquires.values():
-            calls.append(_Call(_ACQUIRE_MANY if len(group) > 1 else _ACQUIRE, group))
+            # One script blocks the whole server while it runs: a few calls of at most _MANY
+            # requests each let Redis serve other clients in between.
+            for i in range(0, len(group), _MANY):
+                part = group[i : i + _MANY]
+                calls.append(_Call(_ACQUIRE_MANY if len(part) > 1 else _ACQUIRE, part))
         return calls
 
     async def _send_batch(self, calls: list[_Call]) -> None:
-        retry_safe = all(c.retry_safe for c in calls)
+        loop = asyncio.get_running_loop()
+        first_failure: float | None = None
         for pause in (*_RECONNECT_PAUSES, None):
+            sent = loop.time()
             try:
                 replies = await self._round_trip(calls)
             except _LOST as exc:
+                now = loop.time()
+                first_failure = now if first_failure is None else first_failure
+                # Sent again only if, taking as long as this attempt took (redis-py's own
+                # retries included), it ends within _RESEND_FOR of the first failure.
+                resend = now + (pause or 0.0) + (now - sent) <= first_failure + _RESEND_FOR
                 # A killed or reset connection, or a server restarting: the pool hands out a
-                # fresh connection. Sending again is safe: a lost reply may have consumed
-                # permits, it never grants twice.
-                if pause is not None and retry_safe:
+                # fresh connection. Sending again is safe: every script is (a lost acquire
+                # reply may have consumed permits, it never grants twice; a release carries
+                # a receipt).
+                if pause is not None and resend:
                     await asyncio.sleep(pause)
                     continue
                 error: BaseException = exc
@@ -315,31 +383,45 @@ class _Coalescer:
                 raise
             except _ANY as exc:
                 return [exc]
-        replies = await self._pipeline(calls, use_sha=True)
-        retry = [i for i, r in enumerate(replies) if isinstance(r, _NO_SCRIPT)]
-        if retry:
-            again = await self._pipeline([calls[i] for i in retry], use_sha=False)
+        replies = await self._pipeline(calls, [False] * len(calls))
+        # After SCRIPT FLUSH, a restart or a failover every EVALSHA of the pipeline fails.
+        # Send again, each script's source once per slot (that loads it on the node) and
+        # EVALSHA after it; then, for whatever still fails, the source every time.
+        for everything in (False, True):
+            retry = [i for i, r in enumerate(replies) if isinstance(r, _NO_SCRIPT)]
+            if not retry:
+                break
+            loaded: set[tuple[str, int | None]] = set()
+            loads = []
+            for i in retry:
+                call = calls[i]
+                where = (call.script.name, _slot(call.keys[0]) if self._cluster else None)
+                loads.append(everything or where not in loaded)
+                loaded.add(where)
+            again = await self._pipeline([calls[i] for i in retry], loads)
             for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
         return replies
 
-    async def _pipeline(self, calls: list[_Call], use_sha: bool) -> list[Any]:
+    async def _pipeline(self, calls: list[_Call], loads: list[bool]) -> list[Any]:
+        """Sends ``calls`` in one pipeline, a script with EVAL where ``loads`` says so."""
         pipe = self._redis.pipeline(transaction=False)
-        for c in calls:
+        for c, load in zip(calls, loads, strict=True):
             # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
             if c.script.command:
                 pipe.execute_command(c.script.name, *c.keys, *c.args)
-            elif use_sha:
-                pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
-            else:
+            elif load:
                 pipe.execute_command("EVAL", c.script.source, len(c.keys), *c.keys, *c.args)
+            else:
+                pipe.execute_command("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args)
         return list(await pipe.execute(raise_on_error=False))
 
 
-def _retry_safe(script: _Script, args: Sequence[Any]) -> bool:
-    """Whether a call may be sent again after its reply was lost. Releasing "the newest
-    permits" twice would hand back more than asked; anything else is harmless to repeat."""
-    return script.name != "release" or bool(args[3])
+def _give_up(future: asyncio.Future[Any], script: _Script, timeout: float) -> None:
+    if not future.done():
+        future.set_exception(
+            BackendError(f"no reply from Redis within {timeout} s ({script.what})")
+        )
 
 
 def _settle(request: _Request, reply: Any) -> None:
@@ -351,6 +433,37 @@ def _settle(request: _Request, reply: Any) -> None:
         future.set_exception(reply)
     else:
         future.set_result(reply)
+
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_REMEMBERED = 10_000  # limiters a backend keeps keys and rate types of
+
+
+class _Recent(dict[_K, _V]):
+    """A dict that forgets its oldest entry (dicts keep insertion order) once it holds
+    _REMEMBERED: a process may use any number of limiter names over its life, and what is
+    kept per name is only a cache."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: _K, value: _V) -> None:
+        if len(self) >= _REMEMBERED and key not in self:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+# What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
+# or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
+_LUA_NOISE = re.compile(
+    r"^(?:ERR )?(?:Error running script \(call to f_[0-9a-f]+\): )?(?:@?user_script:\d+: )*"
+    r"|\s*script: [0-9a-f]+, on @?user_script:\d+\.?\s*$"
+)
+
+
+def _server_reason(message: str) -> str:
+    """A server's error message in plain words, without a script's position or SHA."""
+    return _LUA_NOISE.sub("", message).strip() or message
 
 
 # One coalescer per Redis client object, shared by every backend on that client.
@@ -376,9 +489,14 @@ class RedisBackend(Backend):
     client clocks cannot over-admit; ``clock="client"`` sends this host's wall clock instead,
     for deployments that refuse ``TIME`` in scripts (a callable returning seconds also works).
     ``prefix`` is put in front of every key (no braces: the hash tag follows it).
+
+    ``timeout`` (seconds, default 5) bounds how long each call waits for Redis's reply; then
+    it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The round trip itself
+    runs on: a grant it makes for a caller that gave up is handed back, as a cancelled
+    caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
     """
 
-    __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_types")
+    __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")
 
     def __init__(
         self,
@@ -387,10 +505,17 @@ class RedisBackend(Backend):
         client_id: str | None = None,
         clock: Clock = "server",
         prefix: str = "aiolimit:",
+        timeout: float | None = 5.0,
     ) -> None:
         super().__init__(client_id)
-        if "{" in prefix or "}" in prefix:
-            raise InvalidArgumentError(f"prefix must not contain braces, got {prefix!r}")
+        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+            raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
+        if prefix:
+            check_text(prefix, "prefix")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise InvalidArgumentError(f"timeout must be seconds > 0 or None, not {timeout!r}")
         if clock == "client":
             clock = time.time
         elif clock != "server" and not callable(clock):
@@ -401,14 +526,22 @@ class RedisBackend(Backend):
         self._pipe = _coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
-        self._keys: dict[str, _Keys] = {}
+        self._timeout = None if timeout is None or timeout == math.inf else float(timeout)
+        self._keys: _Recent[str, _Keys] = _Recent()
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
-        self._types: dict[str, RateType] = {}
+        self._types: _Recent[str, RateType] = _Recent()
 
     def with_client(self, client_id: str) -> RedisBackend:
-        other = RedisBackend(self._redis, client_id=client_id, prefix=self._prefix)
+        other = RedisBackend(
+            self._redis, client_id=client_id, prefix=self._prefix, timeout=self._timeout
+        )
         other._clock = self._clock
         return other
+
+    @property
+    def timeout(self) -> float | None:
+        """How long each call waits for Redis's reply, in seconds (None: no limit of ours)."""
+        return self._timeout
 
     @property
     def redis(self) -> Any:
@@ -418,13 +551,12 @@ class RedisBackend(Backend):
     def keys(self, name: str) -> _Keys:
         keys = self._keys.get(name)
         if keys is None:
-            if len(self._keys) > 10_000:
-                self._keys.clear()
             keys = self._keys[name] = _Keys(self._prefix, name)
         return keys
 
     def _now_arg(self) -> str:
-        return "" if self._clock is None else str(round(self._clock() * 1_000_000))
+        # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.
+        return "" if self._clock is None else str(clock_micros(self._clock()))
 
     async def _run(
         self,
@@ -434,24 +566,34 @@ class RedisBackend(Backend):
         orphan: Callable[[Any], None] | None = None,
     ) -> Any:
         try:
-            return await self._pipe.call(script, keys, args, orphan)
+            return await self._pipe.call(script, keys, args, orphan, self._timeout)
         except _ANY as exc:
             raise self._error(script, exc) from exc
 
     def _error(self, script: _Script, exc: BaseException) -> BackendError:
         if isinstance(exc, _UNREACHABLE):
-            return BackendError(f"Redis is unreachable or timed out: {exc}")
-        message = str(exc)
+            return BackendError(f"Redis is unreachable or timed out ({script.what}): {exc}")
+        return self._refused(script, _server_reason(str(exc)))
+
+    def _refused(self, script: _Script, message: str, name: str | None = None) -> BackendError:
+        """The error for a call Redis refused, or (with ``name``) for a request the script
+        itself reported as failed."""
         if self._clock is None and _rejects_time(message):
             return BackendError(
                 f"the Redis server refused the TIME command in {script.what} "
                 f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
                 "this host's clock instead"
             )
-        return BackendError(f"Redis refused {script.what}: {message}")
+        if name is None:
+            return BackendError(f"Redis refused {script.what}: {message}")
+        return BackendError(f"{script.what} failed for {name!r}: {message}")
 
     async def _budget_call(
-        self, name: str, script: _Script, args: Callable[[RateType], list[Any]]
+        self,
+        name: str,
+        script: _Script,
+        args: Callable[[RateType], list[Any]],
+        extra_keys: Sequence[Key] = (),
     ) -> list[Any]:
         """Runs a script on this client's budget, learning the limiter's rate type as needed."""
         keys = self.keys(name)
@@ -459,12 +601,14 @@ class RedisBackend(Backend):
         for _ in range(2):
             budget = keys.budget(rate_type, self.client_id, script is _ACQUIRE)
             orphan = functools.partial(self._hand_back, name) if script is _ACQUIRE else None
-            reply = await self._run(script, budget, args(rate_type), orphan)
+            reply = await self._run(script, (*budget, *extra_keys), args(rate_type), orphan)
             if script is _ACQUIRE:
-                reply = reply.split()
+                reply = _text(reply).split(" ", 1) if reply[:2] in (b"-5", "-5") else reply.split()
             code = int(reply[0])
             if code == -1:
                 raise NotConfiguredError(name)
+            if code == -5:
+                raise self._refused(script, _text(reply[1]), name)
             if code != -3:
                 self._types[name] = rate_type
                 return list(reply)
@@ -494,6 +638,11 @@ class RedisBackend(Backend):
             return Attempt(True, int(reply[3]), int(reply[1]), int(reply[2]), _text(reply[4]))
         if code == 1:
             return Attempt(False, int(reply[1]), int(reply[2]), int(reply[3]))
+        if code == -4:
+            raise BackendError(
+                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
+                "more than 2**53, which the scripts cannot count exactly"
+            )
         raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({int(reply[1])})")
 
     async def available_permits(self, name: str) -> int:
@@ -503,33 +652,51 @@ class RedisBackend(Backend):
         return max(int(reply[1]), 0)
 
     async def release(self, name: str, permits: int, grant: str | None = None) -> int:
+        # A fresh receipt per call: the script remembers it, so a resend releases nothing more.
+        receipt = self.keys(name).receipt(uuid.uuid4().hex)
         reply = await self._budget_call(
             name,
             _SCRIPTS["release"],
             lambda rate_type: [permits, self._now_arg(), rate_type.value, grant or ""],
+            (receipt,),
         )
         return int(reply[1])
 
-    async def _clients(self, keys: _Keys) -> list[str]:
-        return [_text(c) for c in await self._run(_ZRANGE, (keys.registry,), (0, -1))]
+    async def _clients(self, registry: str, start: int) -> list[str]:
+        end = start + _CLIENTS_PER_CALL - 1
+        return [_text(c) for c in await self._run(_ZRANGE, (registry,), (start, end))]
 
-    async def _everything(self, name: str, script: _Script, args: Sequence[Any]) -> int:
-        """Runs a script over every key of the limiter, all clients included."""
-        keys = self.keys(name)
-        for _ in range(_RETRIES):
-            clients = await self._clients(keys)
-            result = int(await self._run(script, keys.everything(clients), [*args, *clients]))
-            if result != -1:
-                return result
-        raise BackendError(f"PER_CLIENT clients of {name!r} kept changing; try again")
+    async def _retire(self, keys: _Keys, retired: str) -> None:
+        """Removes the state of every client of a retired registry, a chunk per call. Each
+        call removes its chunk from the registry, and nothing adds to it: this ends."""
+        while clients := await self._clients(retired, 0):
+            await self._run(
+                _SCRIPTS["retire"], [keys.config, retired, *keys.clients(clients)], clients
+            )
+
+    async def _refresh(self, keys: _Keys) -> None:
+        """Gives every client in the registry the TTLs the config gives it, a chunk per call.
+        Clients that join meanwhile get them from their own grants."""
+        start = 0
+        while clients := await self._clients(keys.registry, start):
+            await self._run(
+                _SCRIPTS["refresh"],
+                [keys.config, keys.registry, *keys.clients(clients)],
+                [self._now_arg(), *clients],
+            )
+            if len(clients) < _CLIENTS_PER_CALL:
+                return
+            start += len(clients)
 
     async def set_rate(
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
-        written = await self._everything(
-            name,
+        keys = self.keys(name)
+        generation = uuid.uuid4().hex
+        written, follow = await self._run(
             _SCRIPTS["set_rate"],
-            [
+            (keys.config, keys.value, keys.permits, keys.registry, keys.retired(generation)),
+            (
                 mode,
                 config.rate_type.value,
                 config.rate,
@@ -537,11 +704,16 @@ class RedisBackend(Backend):
                 config.keep_alive_us,
                 "1" if keep_state else "0",
                 self._now_arg(),
-            ],
+                generation,
+            ),
         )
         if written:
             self._types[name] = config.rate_type
-        return written == 1
+        if follow == 1:
+            await self._refresh(keys)
+        elif follow == 2:
+            await self._retire(keys, keys.retired(generation))
+        return bool(written)
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
         fields = await self._run(_HGETALL, (self.keys(name).config,), ())
@@ -564,14 +736,34 @@ class RedisBackend(Backend):
 
     async def delete(self, name: str) -> bool:
         self._types.pop(name, None)
-        return await self._everything(name, _SCRIPTS["delete"], []) > 0
+        keys = self.keys(name)
+        retired = keys.retired(uuid.uuid4().hex)
+        existed, follow = await self._run(
+            _SCRIPTS["delete"], (keys.config, keys.value, keys.permits, keys.registry, retired), ()
+        )
+        if follow:
+            await self._retire(keys, retired)
+        return bool(existed)
 
     async def expire(self, name: str, ttl_us: int) -> bool:
+        keys = self.keys(name)
         ttl_ms = -(-ttl_us // 1000)
-        return await self._everything(name, _SCRIPTS["expire"], [ttl_ms, self._now_arg()]) == 1
+        found = await self._run(
+            _SCRIPTS["expire"],
+            (keys.config, keys.value, keys.permits, keys.registry),
+            (ttl_ms, self._now_arg()),
+        )
+        if found:
+            await self._refresh(keys)
+        return bool(found)
 
     async def clear_expire(self, name: str) -> bool:
-        return await self._everything(name, _SCRIPTS["clear_expire"], [self._now_arg()]) == 1
+        keys = self.keys(name)
+        had_ttl = await self._run(
+            _SCRIPTS["clear_expire"], (keys.config, keys.value, keys.permits), (self._now_arg(),)
+        )
+        await self._refresh(keys)
+        return bool(had_ttl)
 
 
 def _rejects_time(message: str) -> bool:

@@ -6,15 +6,15 @@
 --        other keys follow it) and <request> is as for acquire.lua
 --
 -- Returns the reply strings of the requests (see `acquire` in lib.lua), in order, joined by
--- newlines into one string. Requests run
--- one after another, exactly as if they had been sent as separate acquire calls.
+-- newlines into one string. Requests run one after another, exactly as if they had been sent
+-- as separate acquire calls; one that fails gets its own "-5" reply and changes nothing.
 
 local batch = new_batch()
 local replies = {}
 for i, arg in ipairs(ARGV) do
   local k, request = string.match(arg, '^(%d+) (.*)$')
   k = tonumber(k)
-  replies[i] = acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], request)
+  replies[i] = try_acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], request)
 end
 close_batch(batch)
 return table.concat(replies, '\n')

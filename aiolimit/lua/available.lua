@@ -6,8 +6,8 @@
 -- ARGV[1] now in microseconds, or '' to read the server's TIME
 -- ARGV[2] rate type the caller built KEYS for
 --
--- Returns {0, left} (left may be negative after the rate was lowered), {-1} without config,
--- {-3, type} when KEYS were built for the other rate type.
+-- Returns {0, left} (left may be negative while reservations are queued or after the rate
+-- was lowered), {-1} without config, {-3, type} when KEYS were built for the other rate type.
 
 local config = load_config(KEYS[1])
 if not config then
@@ -17,4 +17,6 @@ if config.type ~= ARGV[2] then
   return { -3, config.type }
 end
 local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
-return { 0, reclaim(KEYS[2], KEYS[3], config.rate, now - config.interval, false) }
+local budget = load_budget(KEYS[2], KEYS[3], config, false)
+reclaim(budget, now - config.interval, false)
+return { 0, config.rate - budget.used }

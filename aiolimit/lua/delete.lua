@@ -1,13 +1,19 @@
--- delete: removes every key of the limiter, for all clients.
+-- delete: removes the limiter: its config, the OVERALL state and the clients registry.
 --
 -- KEYS[1] config hash, KEYS[2] value key, KEYS[3] permits ZSET (OVERALL), KEYS[4] registry
--- KEYS[5..] value key, permits ZSET of each client in ARGV[1..]
--- ARGV[1..] every client id in the registry
+-- KEYS[5] where the registry goes: "<tag>:retired:<gen>", fresh for this call
 --
--- Returns the number of keys removed, or -1 when the registry names a client missing from
--- ARGV: read it again and retry.
+-- O(1) however many PER_CLIENT clients there are: without a config their state counts for
+-- nothing (a new config starts a new generation), and the registry is renamed to KEYS[5] for
+-- the caller to remove their keys in chunks (retire.lua).
+-- Returns {existed, follow}: existed, how many of KEYS[1..4] existed; follow 1 when KEYS[5]
+-- is to be retired.
 
-if not registry_covered(KEYS[4], 1) then
-  return -1
+local existed = redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
+local follow = 0
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('RENAME', KEYS[4], KEYS[5])
+  follow = 1
 end
-return redis.call('DEL', unpack(KEYS))
+return { existed, follow }

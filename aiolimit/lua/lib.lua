@@ -1,18 +1,31 @@
 -- Shared functions, prepended to every operation script when it is loaded.
 --
 -- State of one budget (the whole limiter for OVERALL, one client for PER_CLIENT):
---   value key    string: permits left = rate - permits granted inside the window.
---                It may go negative after the rate was lowered with keep_state.
---   permits key  ZSET: one member per grant, scored by grant time in microseconds.
---                Member "<permits>:<id>", where <id> is the grant time, suffixed ".<n>" when
---                that member exists already, so members never collide.
+--   value key    string "<gen> <used> <seq> <cursor>": the config generation the state
+--                belongs to, the permits its log holds (granted in the window, reservations
+--                included), the sequence number of its last grant, and the walk cursor
+--                ("<score> <prefix> <group>", or "-" for none; see `wait_for`).
+--   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
 -- Both keys carry the same TTL, which outlives the newest grant by one interval: an idle
 -- budget simply disappears. A grant may be scored in the future: a reservation made for a
 -- caller that waits (see `acquire` below); it counts like any other grant.
 -- Times are integer microseconds; window_start = now - interval, and a grant scored at or
 -- before window_start has expired.
+--
+-- Nothing here may run long, however big the state: every loop over the log is bounded
+-- (WALK_STEPS, RECLAIM_STEPS), and where a bound cuts a loop short the answer errs on the
+-- safe side (a later slot, fewer permits), never towards granting more than the rate.
+--
+-- A config's generation ("gen") is written by set_rate when it starts every budget afresh
+-- (a new config, a rate type change, no keep_state). State of another generation belongs to
+-- no limiter: it is never counted, and is dropped when touched. So resetting or deleting a
+-- limiter with 100 000 clients is O(1); their keys are removed afterwards in small chunks.
 
 local unpack = unpack or table.unpack
+
+local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
+local WALK_STEPS = 1000 -- log entries one wait computation may read
+local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget
 
 local server_now -- read once per script call
 
@@ -33,8 +46,8 @@ end
 
 -- The time a call acts at. A client-supplied time older than one this limiter already acted
 -- on is moved up to it: concurrent clients' requests may reach the server out of order, and
--- acting at an older time after newer grants were reclaimed would over-admit. With
--- `record`, the caller writes config.clock back (save_clock).
+-- acting at an older time after newer grants were reclaimed would over-admit. The caller
+-- writes config.clock back (save_clock).
 local function limiter_now(config, arg)
   local now = now_us(arg)
   if arg == nil or arg == '' or arg == '-' then
@@ -66,13 +79,22 @@ local function member_id(member)
   return string.match(member, '^%d+:(.*)$')
 end
 
+-- The text of an error raised by redis.call or error(), without the script position.
+local function error_text(e)
+  if type(e) == 'table' then
+    e = e.err or 'error'
+  end
+  e = string.gsub(tostring(e), '%s+', ' ')
+  return string.match(e, 'aiolimit: (.*)$') or e
+end
+
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
-  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock')
+  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen')
   if not c[1] then
     return nil
   end
-  return {
+  local config = {
     key = config_key,
     rate = tonumber(c[1]),
     interval = tonumber(c[2]),
@@ -82,132 +104,264 @@ local function load_config(config_key)
     expires_at = c[5] and tonumber(c[5]),
     -- the latest client-supplied time this limiter has acted on (clock='client' only)
     clock = c[6] and tonumber(c[6]),
+    gen = c[7] or '-',
   }
+  if not (config.rate and config.interval and config.keep_alive and config.type) then
+    error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
+  end
+  return config
 end
 
-local function sum_permits(members)
-  local total = 0
-  for _, m in ipairs(members) do
-    total = total + member_permits(m)
+local function save_clock(config)
+  if config.clock_moved then
+    redis.call('HSET', config.key, 'clock', fmt(config.clock))
+    config.clock_moved = false
   end
-  return total
 end
 
--- Returns the permits left in the window ending at `now`. With `write`, expired grants are
--- removed from the log and the value key is updated; without, nothing is written.
-local function reclaim(value_key, permits_key, rate, window_start, write)
-  local left = redis.call('GET', value_key)
-  if not left then
-    -- No cached value (first use, or the key was evicted): derive it from the log.
-    if write then
-      redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
-      return rate - sum_permits(redis.call('ZRANGE', permits_key, 0, -1))
-    end
-    return rate - sum_permits(redis.call('ZRANGEBYSCORE', permits_key, '(' .. fmt(window_start), '+inf'))
-  end
-  left = tonumber(left)
-  local expired = redis.call('ZRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
-  if #expired > 0 then
-    left = left + sum_permits(expired)
-    if write then
-      redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(window_start))
-      redis.call('SET', value_key, fmt(left), 'KEEPTTL')
-    end
-  end
-  return left
-end
+-- -- budgets ---------------------------------------------------------------------------------
 
--- Microseconds from `now` until `need` more permits have expired out of the window.
-local function wait_for(permits_key, need, interval, now)
-  local freed = 0
-  local batch = 64
-  local start = 0
-  while true do
-    local entries = redis.call('ZRANGE', permits_key, start, start + batch - 1, 'WITHSCORES')
-    if #entries == 0 then
-      return interval
+-- Reads a budget. State of another generation (or a log without its value key) belongs to
+-- no limiter: with `write` it is dropped, without it is simply not counted.
+local function load_budget(value_key, permits_key, config, write)
+  local budget = { value_key = value_key, permits_key = permits_key, used = 0, seq = 0 }
+  local raw = redis.call('GET', value_key)
+  if raw then
+    local gen, used, seq, cursor = string.match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
+    if not gen then
+      error('aiolimit: the state in ' .. value_key .. ' is not aiolimit state; delete() the limiter')
     end
-    for i = 1, #entries, 2 do
-      freed = freed + member_permits(entries[i])
-      if freed >= need then
-        local wait = tonumber(entries[i + 1]) + interval - now
-        if wait < 1 then
-          return 1
-        end
-        return wait
+    if gen == config.gen then
+      budget.used, budget.seq = tonumber(used), tonumber(seq)
+      local cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+      if cs then
+        budget.cs, budget.cp, budget.cg = tonumber(cs), tonumber(cp), tonumber(cg)
       end
+      return budget
     end
-    start = start + batch
-    batch = batch * 4
+  end
+  if write then
+    redis.call('UNLINK', permits_key)
+    if raw then
+      redis.call('DEL', value_key)
+    end
+  end
+  budget.fresh = true
+  return budget
+end
+
+local function encode_budget(budget, gen)
+  local cursor = budget.cs and (fmt(budget.cs) .. ' ' .. fmt(budget.cp) .. ' ' .. fmt(budget.cg)) or '-'
+  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' ' .. cursor
+end
+
+-- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
+local function cursor_moved(budget, score, permits)
+  if budget.cs and score <= budget.cs then
+    budget.cp = budget.cp + permits
+    if score == budget.cs then
+      budget.cg = budget.cg + permits
+    end
   end
 end
 
--- Adds `member` scored `score`, suffixing ".<n>" until it is new; returns the member added.
--- `memo` (optional) remembers the next suffix to try per member within one script call, so
--- a batch of grants in one microsecond does not probe the same members again and again.
-local function add_unique(permits_key, score, member, memo)
-  local n = memo and memo[member] or 0
-  local candidate = n == 0 and member or member .. '.' .. n
-  while redis.call('ZADD', permits_key, 'NX', score, candidate) == 0 do
-    n = n + 1
-    candidate = member .. '.' .. n
+-- Removes grants that have left the window from the log and from `used`: at most
+-- RECLAIM_STEPS of them per call (any left over still count, which never over-admits, and
+-- go in the next calls). Without `write` nothing is written and `used` is the only change.
+local function reclaim(budget, window_start, write)
+  if budget.fresh then
+    return
   end
-  if memo then
-    memo[member] = n + 1
+  local key = budget.permits_key
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(window_start), 'WITHSCORES', 'LIMIT', 0, RECLAIM_STEPS)
+  if #expired == 0 then
+    return
   end
-  return candidate
+  if #expired == 2 * RECLAIM_STEPS then
+    -- Many expired: if the whole log has, drop it at once (UNLINK frees it off the main thread).
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if tonumber(newest[2]) <= window_start then
+      budget.used, budget.cs = 0, nil
+      if write then
+        budget.seq = 0
+        budget.dirty = true
+        redis.call('UNLINK', key)
+      end
+      return
+    end
+  end
+  local sum = 0
+  for i = 1, #expired, 2 do
+    sum = sum + member_permits(expired[i])
+  end
+  budget.used = budget.used - sum
+  if write then
+    budget.dirty = true
+    redis.call('ZREMRANGEBYRANK', key, 0, #expired / 2 - 1)
+    local last = tonumber(expired[#expired])
+    if budget.cs and budget.cs <= last then
+      budget.cs = nil
+    elseif budget.cs then
+      budget.cp = budget.cp - sum
+    end
+    if budget.used == 0 then
+      budget.seq = 0 -- an empty log starts over, as a budget whose keys expired does
+    end
+  end
 end
 
--- Adds a grant starting at `start` (which may be in the future) and returns its member.
-local function log_grant(permits_key, permits, start, memo)
-  return add_unique(permits_key, fmt(start), permits .. ':' .. fmt(start), memo)
-end
-
--- Writes a budget's permits left and gives both keys a TTL that outlives its newest grant
--- (a reservation may lie in the future), but not the limiter itself when expire() gave it an
--- end (`expires_at`). With no grant left the budget is simply gone.
--- Returns the TTL in milliseconds (0 when gone).
-local function store(value_key, permits_key, left, interval, now, expires_at)
-  local newest = redis.call('ZRANGE', permits_key, -1, -1, 'WITHSCORES')
+-- Writes a budget back and gives both keys a TTL that outlives its newest grant (a
+-- reservation may lie in the future), but not the limiter itself when expire() gave it an
+-- end. With no grant left the budget is simply gone. Returns the TTL in ms (0: gone).
+local function save_budget(budget, config, now)
+  local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
   if #newest == 0 then
-    redis.call('DEL', value_key)
+    redis.call('DEL', budget.value_key)
     return 0
   end
-  local ttl = ms(tonumber(newest[2]) + interval - now)
-  if expires_at then
-    ttl = math.max(math.min(ttl, ms(expires_at - now)), 1)
+  local ttl = math.max(ms(tonumber(newest[2]) + config.interval - now), 1)
+  if config.expires_at then
+    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
   end
-  redis.call('SET', value_key, fmt(left), 'PX', ttl)
-  redis.call('PEXPIRE', permits_key, ttl)
+  redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', ttl)
+  redis.call('PEXPIRE', budget.permits_key, ttl)
   return ttl
 end
 
--- Rebuilds a budget's value from its log for a new rate and interval (keep_state); returns
--- its new TTL in milliseconds (0 when it is gone).
-local function recompute(value_key, permits_key, rate, interval, now)
-  redis.call('ZREMRANGEBYSCORE', permits_key, '-inf', fmt(now - interval))
-  local members = redis.call('ZRANGE', permits_key, 0, -1)
-  return store(value_key, permits_key, rate - sum_permits(members), interval, now)
+-- Gives the clients registry a TTL of at least `ttl` ms (each client's state outlives its
+-- grants by one interval; the registry outlives every client's state), never past the end
+-- expire() set.
+local function extend_registry(registry_key, ttl, config, now)
+  if config.expires_at then
+    ttl = math.min(ttl, math.max(ms(config.expires_at - now), 1))
+  end
+  local current = redis.call('PTTL', registry_key)
+  if current < ttl then -- (-1: no TTL, -2: no key)
+    redis.call('PEXPIRE', registry_key, ttl)
+  end
 end
 
--- Checks that `ids` (ARGV from `first` on) names every client in the registry, so that a
--- script rewriting or deleting every client's state was handed all their keys.
-local function registry_covered(registry_key, first)
-  local given = {}
-  for i = first, #ARGV do
-    given[ARGV[i]] = true
+-- -- waiting ---------------------------------------------------------------------------------
+--
+-- A request for `permits` when only `left` are free waits until `need = permits - left` of
+-- the logged permits have expired: the log is summed oldest first until it holds `need`,
+-- and the wait ends when that grant expires. Summing from the oldest grant every time would
+-- cost O(queue depth) per waiter, so the budget keeps a cursor: a score `cs`, the permits
+-- `cp` logged at or before it, and the permits `cg` logged exactly at it. Each walk starts
+-- at the cursor (forwards when need > cp, else backwards) and leaves it where it stopped, so
+-- a queue of waiters served in order moves it a few entries each: O(1) per waiter however
+-- deep the queue. A walk reads at most WALK_STEPS entries; if it has not arrived by then it
+-- assumes one permit per entry still to come, which reaches `need` no earlier than the exact
+-- answer: a later slot, never an earlier one.
+
+local function walk_forward(budget, need)
+  local key = budget.permits_key
+  local rank, prefix = 0, 0
+  if budget.cs then
+    rank = redis.call('ZCOUNT', key, '-inf', fmt(budget.cs))
+    prefix = budget.cp
   end
-  for _, id in ipairs(redis.call('ZRANGE', registry_key, 0, -1)) do
-    if not given[id] then
-      return false
+  local found, group_score, group = nil, nil, 0
+  local steps, size = 0, 16
+  while steps < WALK_STEPS do
+    local entries = redis.call('ZRANGE', key, rank, rank + size - 1, 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      local score = tonumber(entries[i + 1])
+      if found and score ~= found then
+        budget.cs, budget.cp, budget.cg = found, prefix, group
+        return found
+      end
+      local permits = member_permits(entries[i])
+      if score == group_score then
+        group = group + permits
+      else
+        group_score, group = score, permits
+      end
+      prefix = prefix + permits
+      rank, steps = rank + 1, steps + 1
+      if not found and prefix >= need then
+        found = score
+      end
     end
+    if #entries < 2 * size then -- the end of the log
+      if found then
+        budget.cs, budget.cp, budget.cg = found, prefix, group
+      end
+      return found
+    end
+    size = math.min(size * 4, WALK_STEPS - steps + 1)
   end
-  return true
+  if found then
+    return found
+  end
+  -- Out of steps: with at least one permit per entry, `need` is reached at most this far on.
+  local at = math.min(rank - 1 + need - prefix, redis.call('ZCARD', key) - 1)
+  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+  return tonumber(entry[2])
 end
 
--- Acquire requests. acquire.lua runs one, acquire_many.lua several (requests that arrived
--- together); a batch reads each limiter's config, the clock and each budget once, decides its
--- requests in order exactly as separate calls would, and writes each budget once.
+local function walk_back(budget, need)
+  -- The cursor's group holds `need`; find the oldest group that still does.
+  local answer = budget.cs
+  local below = budget.cp - budget.cg -- permits logged before the answer's group
+  if below < need then
+    return answer
+  end
+  local key = budget.permits_key
+  local group_score, group, offset, steps, size = nil, 0, 0, 0, 16
+  while steps < WALK_STEPS do
+    local entries = redis.call('ZREVRANGEBYSCORE', key, '(' .. fmt(budget.cs), '-inf', 'WITHSCORES', 'LIMIT', offset, size)
+    for i = 1, #entries, 2 do
+      local score = tonumber(entries[i + 1])
+      if group_score and score ~= group_score then
+        -- group_score's group is complete and holds `need` (its prefix is `below`)
+        answer = group_score
+        budget.cs, budget.cp, budget.cg = group_score, below, group
+        below = below - group
+        if below < need then
+          return answer
+        end
+        group = 0
+      end
+      group_score = score
+      group = group + member_permits(entries[i])
+      steps = steps + 1
+    end
+    if #entries < 2 * size then -- the start of the log: the last group read is the oldest
+      if group_score then
+        budget.cs, budget.cp, budget.cg = group_score, below, group
+        return group_score
+      end
+      return answer
+    end
+    offset = offset + size
+    size = math.min(size * 4, WALK_STEPS - steps + 1)
+  end
+  -- Out of steps: the group being read holds `need` too, but it may not be the oldest.
+  return group_score or answer
+end
+
+-- Microseconds from `now` until `need` more permits have left the window.
+local function wait_for(budget, need, interval, now)
+  local at
+  if budget.cs and budget.cp >= need then
+    at = walk_back(budget, need)
+  else
+    at = walk_forward(budget, need)
+  end
+  if not at then
+    return interval -- the log holds fewer permits than `used` says: it was tampered with
+  end
+  return math.max(at + interval - now, 1)
+end
+
+-- -- acquiring -------------------------------------------------------------------------------
+--
+-- acquire.lua runs one request, acquire_many.lua several (requests that arrived together); a
+-- batch reads each limiter's config, the clock and each budget once, decides its requests in
+-- order exactly as separate calls would, and writes each budget once. A request fails on its
+-- own: everything that can fail is read before its grant is logged, and a failure is its
+-- caller's reply alone, so no other request of the batch is lost or miscounted.
 --
 -- A request is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
 -- limit> <rate type> [<client id>]", where the rate type is the one the caller built the keys
@@ -221,20 +375,28 @@ end
 --   "-1"                                  no config
 --   "-2 <rate>"                           permits exceed the rate
 --   "-3 <type>"                           the keys were built for the other rate type
+--   "-4"                                  queue full: more than 2^53 permits would be logged
+--   "-5 <message>"                        the request failed (e.g. a key holds foreign data)
 
--- Writes back a budget that granted (its log is written as it goes); closes it once.
+-- Writes back a budget that granted or reclaimed (its log is written as it goes); once.
 local function close_budget(budget)
-  if not budget.latest or budget.closed then
+  if budget.closed or not (budget.latest or budget.dirty) then
     return
   end
   budget.closed = true
   local config, now = budget.config, budget.now
-  local interval = config.interval
-  local ttl = store(budget.value_key, budget.permits_key, budget.left, interval, now, config.expires_at)
+  local ttl = save_budget(budget, config, now)
+  if not budget.latest then
+    return
+  end
   if budget.client_id then
-    redis.call('ZADD', budget.registry_key, fmt(budget.latest), budget.client_id)
-    redis.call('ZREMRANGEBYSCORE', budget.registry_key, '-inf', fmt(now - 2 * interval))
-    redis.call('PEXPIRE', budget.registry_key, config.expires_at and ttl or ttl + ms(interval))
+    -- Scored by the client's latest grant, which an earlier reservation may lie beyond.
+    local score = redis.call('ZSCORE', budget.registry_key, budget.client_id)
+    if not score or tonumber(score) < budget.latest then
+      redis.call('ZADD', budget.registry_key, fmt(budget.latest), budget.client_id)
+    end
+    redis.call('ZREMRANGEBYSCORE', budget.registry_key, '-inf', fmt(now - 2 * config.interval))
+    extend_registry(budget.registry_key, ttl + ms(config.interval), config, now)
   end
   if config.keep_alive > 0 and not config.expires_at then
     redis.call('PEXPIRE', budget.config_key, math.max(ms(config.keep_alive), ttl))
@@ -243,6 +405,32 @@ end
 
 local function new_batch()
   return { configs = {}, budgets = {}, order = {} }
+end
+
+local function open_budget(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local budget = batch.budgets[value_key]
+  if budget and budget.now ~= now then
+    close_budget(budget) -- another clock reading: write back and start over, as a new call would
+    budget = nil
+  end
+  if budget then
+    return budget
+  end
+  if config.type == 'PER_CLIENT' then
+    -- The registry is written when the batch closes, where nothing may fail any more.
+    local kind = redis.call('TYPE', registry_key)
+    kind = kind.ok or kind
+    if kind ~= 'zset' and kind ~= 'none' then
+      error('aiolimit: ' .. registry_key .. ' holds a ' .. kind .. ', not aiolimit state; delete() the limiter')
+    end
+  end
+  budget = load_budget(value_key, permits_key, config, true)
+  reclaim(budget, now - config.interval, true)
+  budget.config, budget.now = config, now
+  budget.config_key, budget.registry_key = config_key, registry_key
+  batch.budgets[value_key] = budget
+  table.insert(batch.order, budget)
+  return budget
 end
 
 local function acquire(batch, config_key, value_key, permits_key, registry_key, request)
@@ -267,53 +455,44 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
 
   local now = limiter_now(config, now_arg)
   local interval = config.interval
-  local budget = batch.budgets[value_key]
-  if budget and budget.now ~= now then
-    close_budget(budget) -- another clock reading: write back and start over, as a new call would
-    budget = nil
+  local budget = open_budget(batch, config, now, config_key, value_key, permits_key, registry_key)
+  if budget.used + permits > MAX_EXACT then
+    return '-4'
   end
-  if not budget then
-    budget = {
-      value_key = value_key,
-      permits_key = permits_key,
-      config_key = config_key,
-      registry_key = registry_key,
-      config = config,
-      now = now,
-      left = reclaim(value_key, permits_key, config.rate, now - interval, true),
-      latest = nil,
-      suffixes = {},
-    }
-    batch.budgets[value_key] = budget
-    table.insert(batch.order, budget)
-  end
-
+  local left = config.rate - budget.used
   local delay = 0
-  if budget.left < permits then
-    delay = wait_for(permits_key, permits - budget.left, interval, now)
+  if left < permits then
+    delay = wait_for(budget, permits - left, interval, now)
     if max_wait >= 0 and delay > max_wait then
-      return '1 ' .. fmt(delay) .. ' ' .. fmt(budget.left) .. ' ' .. fmt(now)
+      return '1 ' .. fmt(delay) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
     end
   end
 
+  -- Nothing below can fail: the grant, and the state that counts it, are written together.
   local start = now + delay
-  local member = log_grant(permits_key, permits, start, budget.suffixes)
-  budget.left = budget.left - permits
+  budget.seq = budget.seq + 1
+  budget.fresh = nil
+  local member = fmt(permits) .. ':' .. fmt(budget.seq)
+  redis.call('ZADD', permits_key, fmt(start), member)
+  budget.used = budget.used + permits
+  cursor_moved(budget, start, permits)
   budget.latest = math.max(budget.latest or start, start)
   if config.type == 'PER_CLIENT' then
     budget.client_id = client_id
   end
-  return '0 ' .. fmt(budget.left) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+  return '0 ' .. fmt(config.rate - budget.used) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
 end
 
--- Writes every budget a batch granted from, once.
-local function save_clock(config)
-  if config.clock_moved then
-    redis.call('HSET', config.key, 'clock', fmt(config.clock))
-    config.clock_moved = false
+-- Runs one request; a failure becomes its own "-5" reply.
+local function try_acquire(batch, config_key, value_key, permits_key, registry_key, request)
+  local ok, reply = pcall(acquire, batch, config_key, value_key, permits_key, registry_key, request)
+  if ok then
+    return reply
   end
+  return '-5 ' .. error_text(reply)
 end
 
+-- Writes every budget a batch granted from, and every clock it moved, once.
 local function close_batch(batch)
   for _, budget in ipairs(batch.order) do
     close_budget(budget)
@@ -323,4 +502,16 @@ local function close_batch(batch)
       save_clock(config)
     end
   end
+end
+
+-- -- many clients ----------------------------------------------------------------------------
+
+-- Gives one PER_CLIENT budget the TTL the current config gives it (one interval past its
+-- newest grant, not past expire()'s end). Returns that TTL in ms, 0 when it has no state.
+local function refresh_budget(value_key, permits_key, config, now)
+  local budget = load_budget(value_key, permits_key, config, true)
+  if budget.fresh then
+    return 0
+  end
+  return save_budget(budget, config, now)
 end
