@@ -7,8 +7,7 @@
 ...     await call_partner()
 """
 
-from ._limiter import RateLimiter
-from ._sharded import ShardedRateLimiter
+from ._limiter import RateLimiter, ShardedRateLimiter
 from ._types import MAX_DURATION, MAX_RATE, Duration, RateLimiterConfig, RateType
 from .backends import Backend, MemoryBackend, RedisBackend
 from .errors import (

@@ -15,7 +15,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit.backends.redis import _ACQUIRE  # the script aiolimit runs, for the EVALSHA row
+from aiolimit.backends.redis._scripts import ACQUIRE  # the script, for the EVALSHA row
 
 # Concurrent configuration calls while setting up 10 000 limiters.
 _SETUP_BATCH = 50
@@ -202,7 +202,7 @@ class Evalsha(Contender):
         ]
         await setup.close()
         self.redis = Redis.from_url(url)
-        self.sha = await self.redis.script_load(_ACQUIRE.source)
+        self.sha = await self.redis.script_load(ACQUIRE.source)
 
     async def hit(self, index: int) -> bool:
         reply = await self.redis.evalsha(self.sha, 3, *self.keys[index], "1 - 0 OVERALL")

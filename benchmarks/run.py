@@ -17,7 +17,7 @@ contender against it, one after another, in this process:
     inside scripts included) per grant, and waiter lateness: for a grant returned at wall time
     t, when the grant ``rate`` places earlier left the window (t_k + interval) is the moment
     a permit was free; a caller that asked before then waited, and was late by t - that
-    moment. aiolimit is also run through its soak tool (``python -m aiolimit._soak --json``).
+    moment. aiolimit is also run through its soak tool (``python -m aiolimit._tools.soak --json``).
 
 Ratios are to the best peer library (the references are left out of "best").
 """
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contenders import Contender, all_contenders, by_name
 
-from aiolimit._server import LocalRedis
+from aiolimit._tools import LocalRedis
 
 NEVER_REFUSED = 1_000_000  # permits per second: far above any throughput here
 MANY = 10_000
@@ -241,7 +241,7 @@ def _saturation_figures(
 def soak(url: str, seconds: float) -> dict[str, Any]:
     """aiolimit's own soak tool on the same server: acquire(1) only, 4 x 16 at 200/s."""
     command = [
-        sys.executable, "-m", "aiolimit._soak", "--json", "--quiet", "--redis", url,
+        sys.executable, "-m", "aiolimit._tools.soak", "--json", "--quiet", "--redis", url,
         "--processes", str(SATURATION_PROCESSES), "--tasks", str(SATURATION_TASKS),
         "--rate", str(SATURATION_RATE), "--duration", str(seconds), "--mix", "1,0,0",
     ]  # fmt: skip

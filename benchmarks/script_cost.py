@@ -23,8 +23,9 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 import aiolimit
-from aiolimit._server import LocalRedis
-from aiolimit.backends.redis import _ACQUIRE, _Keys
+from aiolimit._tools import LocalRedis
+from aiolimit.backends.redis._keys import Keys
+from aiolimit.backends.redis._scripts import ACQUIRE
 
 
 def benchmark(port: int, requests: int, *command: str) -> float:
@@ -47,10 +48,10 @@ def server_usec(redis: Redis, command: str) -> float:
 
 
 def script_cost(url: str, port: int, requests: int) -> list[str]:
-    keys = _Keys("aiolimit:", "bench-script")
+    keys = Keys("aiolimit:", "bench-script")
     with Redis.from_url(url) as redis:
-        sha = redis.script_load(_ACQUIRE.source)
-        assert sha == _ACQUIRE.sha
+        sha = redis.script_load(ACQUIRE.source)
+        assert sha == ACQUIRE.sha
         redis.hset(keys.config, mapping={"rate": 10**12, "interval": 1_000_000, "type": "OVERALL"})
         args = [keys.config, keys.value, keys.permits]
         redis.config_resetstat()
@@ -83,7 +84,7 @@ async def fill(url: str, grants: int) -> tuple[int, int, int, str]:
             await limiter.try_acquire()
 
     await asyncio.gather(*(task() for _ in range(64)))
-    keys = _Keys("aiolimit:", "bench-memory")
+    keys = Keys("aiolimit:", "bench-memory")
     permits = int(await redis.zcard(keys.permits))
     zset = int(await redis.memory_usage(keys.permits, samples=0))
     other = sum(

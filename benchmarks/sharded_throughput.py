@@ -22,8 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from cluster import Cluster, cluster_client, running_cluster
 
-from aiolimit import RateType, RedisBackend
-from aiolimit._sharded import ShardedRateLimiter
+from aiolimit import RateType, RedisBackend, ShardedRateLimiter
 
 NAME = "bench {sharded}"
 

@@ -3,7 +3,7 @@
 >>> with running_cluster() as cluster:
 ...     client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
 
-Nodes are plain ``redis-server --cluster-enabled yes`` processes (see ``servers.Server``);
+Nodes are plain ``redis-server --cluster-enabled yes`` processes (``aiolimit._tools.LocalRedis``);
 ``redis-cli --cluster create`` joins them. Admin calls use short-lived synchronous clients so
 they work from any event loop (or none). A missing binary is an error, never a skip.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -22,10 +21,8 @@ from typing import Any
 
 import redis
 from redis.asyncio import RedisCluster
-from servers import Server, free_port, redis_server_binary
 
-from aiolimit import RedisBackend
-from aiolimit.backends import Attempt
+from aiolimit._tools import LocalRedis, free_port, redis_server_binary
 
 SLOTS = 16384
 
@@ -49,9 +46,9 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str) -> No
         time.sleep(0.05)
 
 
-class Node(Server):
-    """One cluster node. Unlike ``Server.stop``, ``kill`` keeps its directory (nodes.conf),
-    so ``start`` brings the same node back, and it rejoins the cluster."""
+class Node(LocalRedis):
+    """One cluster node. Unlike ``stop``, ``kill`` keeps its directory (nodes.conf), so
+    ``start`` brings the same node back, and it rejoins the cluster."""
 
     def admin(self) -> redis.Redis:
         return redis.Redis(
@@ -73,17 +70,6 @@ class Node(Server):
             # Split, so that redis-py's parser for "CLUSTER INFO" leaves the text alone.
             text = str(client.execute_command("CLUSTER", "INFO"))
         return dict(line.split(":", 1) for line in text.split() if ":" in line)
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown, no final save, clients see the connection drop."""
-        if self.process is not None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(5)
-        self.process = None
 
 
 @dataclass
@@ -113,7 +99,7 @@ class Cluster:
         binary = redis_server_binary()
         # The bus port is chosen too: the default (port + 10000) may be taken or above 65535.
         self.nodes = [
-            Node(binary, *options, "--cluster-port", str(free_port()))
+            Node(*options, "--cluster-port", str(free_port()), binary=binary)
             for _ in range(masters * (1 + replicas))
         ]
         self.replicas_per_master = replicas
@@ -223,17 +209,3 @@ def cluster_client(cluster: Cluster, **options: Any) -> RedisCluster:
     """An asyncio client of the cluster with short timeouts (a dead node fails fast)."""
     settings: dict[str, Any] = {"socket_timeout": 1, "socket_connect_timeout": 1, **options}
     return RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, **settings)
-
-
-class RecordingBackend(RedisBackend):
-    """Records the server time (µs) at which every grant starts, for auditing windows."""
-
-    def __init__(self, redis: Any, grants: list[int]) -> None:
-        super().__init__(redis)
-        self.grants = grants
-
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        attempt = await super().try_acquire(name, permits, max_wait)
-        if attempt.granted:
-            self.grants.append(attempt.time)
-        return attempt

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from aiolimit import Backend, RateLimiter, RedisBackend
+from aiolimit._tools import busiest_window
 
 
 def now() -> float:
@@ -130,15 +131,15 @@ def assert_sliding_window(
     whose spans all fit in less than ``interval``. ``slack`` absorbs microsecond rounding and
     the drift between the limiter's clock and the loop's.
     """
-    spans = sorted(grants)
-    for i, (earliest, _) in enumerate(spans):
-        latest = sorted(end for _, end in spans[i:])
-        if len(latest) > rate and latest[rate] - earliest < interval - slack:
-            inside = [s for s in spans[i:] if s[1] <= latest[rate]]
-            raise AssertionError(
-                f"{len(inside)} grants (rate {rate}) within {latest[rate] - earliest:.6f} s "
-                f"< interval {interval} s: {inside}"
-            )
+    spans = list(grants)
+    busiest = busiest_window(spans, interval, slack=slack)
+    if busiest.most > rate:
+        start = busiest.end - (interval - slack)
+        inside = sorted(s for s in spans if start < s[0] and s[1] <= busiest.end)
+        raise AssertionError(
+            f"{busiest.most} grants (rate {rate}) within {busiest.end - inside[0][0]:.6f} s "
+            f"< interval {interval} s: {inside}"
+        )
 
 
 def per_permit(span: tuple[float, float] | None, permits: int) -> Sequence[tuple[float, float]]:

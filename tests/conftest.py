@@ -14,22 +14,22 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
-from servers import Server, redis_server_binary, running, valkey_server_binary
 
 from aiolimit import Backend, MemoryBackend, RedisBackend
+from aiolimit._tools import LocalRedis, valkey_server_binary
 
 _names = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[Server]:
-    with running(redis_server_binary()) as server:
+def redis_server() -> Iterator[LocalRedis]:
+    with LocalRedis() as server:
         yield server
 
 
 @pytest.fixture(scope="session")
-def valkey_server() -> Iterator[Server]:
-    with running(valkey_server_binary()) as server:
+def valkey_server() -> Iterator[LocalRedis]:
+    with LocalRedis(binary=valkey_server_binary()) as server:
         yield server
 
 
@@ -39,7 +39,7 @@ class Store:
 
     kind: str
     make: Callable[..., Backend]
-    server: Server | None = None
+    server: LocalRedis | None = None
     clients: list[Redis] = field(default_factory=list)
 
     def backend(self, client_id: str | None = None, **options: Any) -> Backend:
@@ -67,7 +67,7 @@ def _memory_store() -> Store:
     return Store("memory", make)
 
 
-def _redis_store(kind: str, connect: Callable[[], Redis], server: Server | None) -> Store:
+def _redis_store(kind: str, connect: Callable[[], Redis], server: LocalRedis | None) -> Store:
     clients: list[Redis] = []
     shared: list[Redis] = []
 
@@ -102,7 +102,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         fake = fakeredis.FakeServer()
         result = _redis_store(kind, lambda: fakeredis.FakeAsyncRedis(server=fake), None)
     else:
-        real: Server = request.getfixturevalue(f"{kind}_server")
+        real: LocalRedis = request.getfixturevalue(f"{kind}_server")
         result = _redis_store(kind, lambda: Redis.from_url(real.url), real)
     first = result.backend()
     assert isinstance(first, RedisBackend)

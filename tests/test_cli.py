@@ -7,10 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from servers import Server, free_port
 
-from aiolimit import __main__ as cli
-from aiolimit._demo import _Run, _verdict, allowed_by_rate, busiest_window
+from aiolimit._tools import LocalRedis, Window, busiest_window, cli, demo, free_port
 
 
 def aiolimit(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -44,7 +42,7 @@ def test_demo_on_the_memory_backend_passes_its_own_audit():
 
 
 @pytest.mark.slow
-def test_demo_on_a_real_redis_server_passes_its_own_audit(redis_server: Server):
+def test_demo_on_a_real_redis_server_passes_its_own_audit(redis_server: LocalRedis):
     result = aiolimit("demo", "--duration", "2", "--rate", "30", "--redis", redis_server.url)
     assert_passing_verdict(result, rate=30)
     assert f"Redis at {redis_server.url}" in result.stdout
@@ -58,6 +56,7 @@ def test_demo_on_a_real_redis_server_passes_its_own_audit(redis_server: Server):
         (["demo", "--interval", "-1"], "argument --interval: must be a positive number"),
         (["demo", "--redis", "http://localhost"], "bad --redis URL"),
         (["demo", "--name", ""], "name must be a non-empty str"),
+        (["demo", "--clock", "client"], "--clock needs --redis"),
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: COMMAND"),
     ],
@@ -78,11 +77,74 @@ def test_an_unreachable_redis_server_gives_a_clean_error():
     assert "Traceback" not in result.stderr
 
 
+def test_clock_without_redis_is_a_one_line_argument_error():
+    result = aiolimit("demo", "--clock", "server")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "aiolimit demo: error: --clock needs --redis (the in-memory backend has one clock)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:secret@host:6379/0", "redis://:***@host:6379/0"),
+        ("rediss://limiter:secret@host", "rediss://limiter:***@host"),
+        ("redis://host?password=secret&db=1", "redis://host?password=***&db=1"),
+        ("redis://host:6379", "redis://host:6379"),
+        ("redis://user@host", "redis://user@host"),
+    ],
+)
+def test_the_demo_never_prints_a_password_from_the_url(url, shown):
+    assert demo.masked(url) == shown
+
+
+def test_an_unreachable_server_s_error_masks_the_password():
+    port = free_port()
+    result = aiolimit("demo", "--redis", f"redis://:secret@127.0.0.1:{port}")
+    assert result.returncode == 2
+    assert f"cannot reach Redis at redis://:***@127.0.0.1:{port}" in result.stderr
+    assert "secret" not in result.stderr
+
+
+@pytest.mark.slow
+def test_the_banner_masks_the_password_of_a_real_server():
+    with LocalRedis("--requirepass", "secret") as server:
+        result = aiolimit(
+            "demo", "--duration", "1", "--redis", f"redis://:secret@127.0.0.1:{server.port}"
+        )
+    assert result.returncode == 0, result.stdout + result.stderr
+    banner = result.stdout.splitlines()[0]
+    assert f"(Redis at redis://:***@127.0.0.1:{server.port}, clock=server)" in banner
+    assert "secret" not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_after_a_server_failure_the_last_line_shows_the_real_elapsed_time():
+    with LocalRedis() as server:
+        demo_process = subprocess.Popen(
+            [sys.executable, "-m", "aiolimit", "demo", "--duration", "30", "--redis", server.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert demo_process.stdout is not None
+        lines = [demo_process.stdout.readline(), demo_process.stdout.readline()]
+        assert lines[-1].startswith("t=1 "), lines
+        server.kill()  # about 1 s into the run
+        out, err = demo_process.communicate(timeout=30)
+    assert demo_process.returncode == 2
+    assert "aiolimit demo: error:" in err
+    last = (lines + out.splitlines())[-1]
+    elapsed = float(last.split()[0].removeprefix("t="))
+    assert 1 < elapsed < 10, last  # the server was gone long before 30 s
+
+
 def test_the_soak_command_is_offered_only_when_its_module_exists(monkeypatch):
     real_find_spec = cli.importlib.util.find_spec
 
     def without_soak(name: str, *args: object) -> object:
-        return None if name == "aiolimit._soak" else real_find_spec(name, *args)
+        return None if name == "aiolimit._tools.soak" else real_find_spec(name, *args)
 
     monkeypatch.setattr(cli.importlib.util, "find_spec", without_soak)
     parser = cli.build_parser()
@@ -92,22 +154,33 @@ def test_the_soak_command_is_offered_only_when_its_module_exists(monkeypatch):
 
 
 def test_the_audit_counts_the_busiest_half_open_window():
-    assert busiest_window([], 1.0) == 0
-    assert busiest_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0) == 3
-    assert busiest_window([3.0, 0.0, 1.0, 2.0], 1.0) == 1
-    assert busiest_window([0.0] * 5 + [0.999], 1.0) == 6
+    assert busiest_window([], 1.0).most == 0
+    assert busiest_window([0.0, 0.5, 0.99, 1.0, 1.5], 1.0).most == 3
+    assert busiest_window([3.0, 0.0, 1.0, 2.0], 1.0).most == 1
+    assert busiest_window([0.0] * 5 + [0.999], 1.0).most == 6
+    assert busiest_window([0.0] * 5 + [0.999], 1.0, slack=0.01).most == 5
+
+
+def test_the_audit_counts_permits_and_only_spans_certainly_in_one_window():
+    # (t - interval, t]: a grant exactly one interval after another does not share its window
+    assert busiest_window([(0, 0, 2), (500, 500, 1)], 500).most == 2
+    stamps = [(0, 0, 2), (400, 400, 1), (900, 900, 4)]
+    assert busiest_window(stamps, 500, rate=2) == Window(most=4, over=2, end=900)
+    # spans: together only when all of them fit in less than one interval
+    assert busiest_window([(0.0, 0.2), (0.5, 0.9)], 1.0).most == 2
+    assert busiest_window([(0.0, 0.2), (0.5, 1.0)], 1.0).most == 1
 
 
 def test_what_the_rate_allows_is_one_full_budget_per_started_interval():
-    assert allowed_by_rate(20, 1.0, 5.0) == 100
-    assert allowed_by_rate(20, 1.0, 2.5) == 60
-    assert allowed_by_rate(20, 1.0, 0.1) == 20
-    assert allowed_by_rate(10, 0.1, 0.3) == 30
+    assert demo.allowed_by_rate(20, 1.0, 5.0) == 100
+    assert demo.allowed_by_rate(20, 1.0, 2.5) == 60
+    assert demo.allowed_by_rate(20, 1.0, 0.1) == 20
+    assert demo.allowed_by_rate(10, 0.1, 0.3) == 30
 
 
 def test_the_verdict_fails_with_exit_code_1_on_over_admission(capsys):
-    run = _Run(rate=2, interval=1.0, stamps=[0.0, 0.1, 0.2, 1.5], per_worker=[2, 2])
-    assert _verdict(run, elapsed=2.0) == 1
+    run = demo.Run(rate=2, interval=1.0, stamps=[0.0, 0.1, 0.2, 1.5], per_worker=[2, 2])
+    assert demo.verdict(run, elapsed=2.0) == 1
     out = capsys.readouterr().out
     assert "busiest window  3 permits" in out
     assert "FAIL: a 1 s window held 3 permits, over the rate of 2" in out

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from cluster import Cluster, RecordingBackend, cluster_client, wait_until
+from cluster import Cluster, cluster_client, wait_until
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit._tools import GrantRecord, RecordingBackend, busiest_window
 
 pytest_plugins = ["cluster_fixtures"]
 
@@ -29,19 +30,13 @@ RATE, INTERVAL = 40, 0.5
 
 @dataclass
 class Run:
-    grants: list[int] = field(default_factory=list)
+    grants: list[GrantRecord] = field(default_factory=list)
     refused: int = 0
     backend_errors: int = 0
     raw_errors: list[BaseException] = field(default_factory=list)
 
-    def most_in_a_window(self, since_us: int = 0) -> int:
-        times = sorted(t for t in self.grants if t >= since_us)
-        most, first = 0, 0
-        for last, end in enumerate(times):
-            while times[first] <= end - INTERVAL * 1e6:
-                first += 1
-            most = max(most, last - first + 1)
-        return most
+    def most_in_a_window(self) -> int:
+        return busiest_window([g.time for g in self.grants], INTERVAL * 1e6).most
 
 
 def master_serving(cluster: Cluster, backend: RedisBackend, name: str) -> int:
@@ -172,6 +167,6 @@ async def test_killed_master_while_acquiring_over_admits_at_most_the_lost_grants
     # Bound: only grants the dead master had not replicated can be granted twice.
     assert run.most_in_a_window() <= 2 * RATE
     after = int((killed_at[0] + 1) * 1e6)
-    assert any(t > after for t in run.grants)  # granting again after the failover
+    assert any(g.time > after for g in run.grants)  # granting again after the failover
     redis_cluster.wait_healthy(20)
     await still_limits(redis_cluster, name)

@@ -11,64 +11,18 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-from dataclasses import dataclass
 
 import pytest
 from redis.asyncio import Redis
-from servers import Server
 
-from aiolimit import RateLimiter, RateType, RedisBackend
-from aiolimit.backends import Attempt
+from aiolimit import RateLimiter, RateType
+from aiolimit._tools import GrantRecord, LocalRedis, RecordingBackend, busiest_window
 
 RATE = 50
 INTERVAL_US = 500_000
 RUN_SECONDS = 3.0
 CLIENTS = 6
 TASKS_PER_CLIENT = 10
-
-
-@dataclass
-class Grant:
-    member: str | None
-    time: int
-    permits: int
-    handed_back: bool = False
-
-
-class RecordingBackend(RedisBackend):
-    """A RedisBackend that notes every grant it receives and every exact grant handed back."""
-
-    def __init__(self, redis: Redis, grants: list[Grant], client_id: str) -> None:
-        super().__init__(redis, client_id=client_id)
-        self.grants = grants
-
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        attempt = await super().try_acquire(name, permits, max_wait)
-        if attempt.granted:
-            self.grants.append(Grant(attempt.grant, attempt.time, permits))
-        return attempt
-
-    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
-        released = await super().release(name, permits, grant)
-        if released and grant is not None:
-            for noted in reversed(self.grants):
-                if noted.member == grant and not noted.handed_back:
-                    noted.handed_back = True
-                    break
-        return released
-
-
-def most_in_one_window(grants: list[Grant]) -> int:
-    """The most permits granted in any window (t - interval, t]."""
-    times = sorted((g.time, g.permits) for g in grants if not g.handed_back)
-    most = held = first = 0
-    for time, permits in times:
-        held += permits
-        while times[first][0] <= time - INTERVAL_US:
-            held -= times[first][1]
-            first += 1
-        most = max(most, held)
-    return most
 
 
 async def worker(limiter: RateLimiter, style: int, seed: int, deadline: float) -> None:
@@ -90,10 +44,10 @@ async def worker(limiter: RateLimiter, style: int, seed: int, deadline: float) -
 
 @pytest.mark.slow
 async def test_independent_clients_never_exceed_the_rate_and_use_nearly_all_of_it(
-    redis_server: Server,
+    redis_server: LocalRedis,
 ) -> None:
     name = f"hammered-{os.getpid()}"
-    grants: list[Grant] = []
+    grants: list[GrantRecord] = []
     connections = [Redis.from_url(redis_server.url) for _ in range(CLIENTS)]
     backends = [
         RecordingBackend(redis, grants, client_id=f"client-{i}")
@@ -118,7 +72,7 @@ async def test_independent_clients_never_exceed_the_rate_and_use_nearly_all_of_i
 
     granted = [g for g in grants if not g.handed_back]
     assert len({g.member for g in granted}) == len(granted), "a grant was logged twice"
-    most = most_in_one_window(granted)
+    most = busiest_window([g.stamp for g in granted], INTERVAL_US).most
     assert most <= RATE, f"{most} permits in one window of {INTERVAL_US} us, rate {RATE}"
 
     # Utilisation over whole windows from the first grant, while every client still asked.

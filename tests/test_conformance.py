@@ -32,6 +32,7 @@ from aiolimit import (
     RateLimiterConfig,
     RateType,
 )
+from aiolimit.backends import Refusal
 
 OVERALL = RateType.OVERALL
 PER_CLIENT = RateType.PER_CLIENT
@@ -745,8 +746,8 @@ async def test_a_request_stamped_before_the_latest_one_acts_at_the_latest_time(s
     assert await a.try_acquire(1)  # acts at t=10.5: the window (0.5, 10.5] holds 2
     assert not await a.try_acquire(1)
     attempt = await a.backend.try_acquire(name, 1)
-    assert not attempt.granted
-    assert attempt.time == 10_500_000  # decided at the latest time, not at 9.9 s
+    assert isinstance(attempt, Refusal)
+    assert attempt.at == 10_500_000  # decided at the latest time, not at 9.9 s
 
 
 async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, name):
@@ -765,3 +766,65 @@ async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, n
     await asyncio.wait_for(asyncio.gather(*(worker(i) for i in range(4))), 10)
     assert len(grants) == sum(1 + (i + s) % 3 for i in range(4) for s in range(3))
     assert_sliding_window(grants, rate, interval)
+
+
+# -- asking without taking, several permits, warnings, shutdown ----------------------------------
+
+
+async def test_wait_time_says_when_permits_free_and_takes_nothing(store, name):
+    limiter = await configured(store, name, 3, 0.5)
+    assert await limiter.wait_time() == 0
+    first = await take(limiter, 2)
+    await asyncio.sleep(0.1)
+    second = await take(limiter)
+    tol = tolerance(store)
+    # One permit is free when the first grant leaves the window; two only when both have.
+    tol.check(now() + await limiter.wait_time(1), first[1] + 0.5, "the first free permit")
+    tol.check(now() + await limiter.wait_time(3), second[1] + 0.5, "three free permits")
+    assert await limiter.available_permits() == 0, "wait_time took a permit"
+    await asyncio.sleep(await limiter.wait_time(1))
+    assert await limiter.try_acquire(timeout=tol.late)
+    with pytest.raises(InvalidArgumentError):
+        await limiter.wait_time(4)
+    with pytest.raises(NotConfiguredError):
+        await RateLimiter(f"{name}-none", store.backend()).wait_time()
+
+
+async def test_async_with_permits_takes_that_many(store, name):
+    limiter = await configured(store, name, 5, 10)
+    async with limiter.permits(3):
+        assert await limiter.available_permits() == 2
+    async with limiter:
+        assert await limiter.available_permits() == 1
+    with pytest.raises(InvalidArgumentError):
+        limiter.permits(0)
+
+
+async def test_try_set_rate_warns_once_when_another_config_is_stored(store, name, caplog):
+    limiter = RateLimiter(name, store.backend())
+    assert await limiter.try_set_rate(OVERALL, 5, 1)
+    with caplog.at_level("WARNING", logger="aiolimit"):
+        assert not await limiter.try_set_rate(OVERALL, 5, 1)  # the same config: nothing to say
+        assert not caplog.records
+        for _ in range(3):
+            assert not await limiter.try_set_rate(OVERALL, 7, 1)
+    assert len(caplog.records) == 1, "warned more than once"
+    assert "rate=5" in caplog.text and "rate=7" in caplog.text
+    assert (await limiter.get_config()).rate == 5  # the stored config stays
+
+
+async def test_aclose_waits_for_the_hand_backs_of_cancelled_callers(store, name):
+    backend = store.backend()
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, 1, 10)
+    first = await take(limiter)
+    waiters = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
+    await asyncio.sleep(0.05)  # all three hold reservations
+    for waiter in waiters:
+        waiter.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    await backend.aclose()
+    # Every reservation was handed back: the next request waits for the first grant only.
+    # (Asked through another client, which shares no queue of calls with this one.)
+    other = RateLimiter(name, new_client(store))
+    tolerance(store).check(now() + await other.wait_time(), first[1] + 10, "the first free slot")

@@ -7,8 +7,6 @@ import asyncio
 import contextlib
 import re
 import shutil
-import socket
-import ssl
 import subprocess
 import tempfile
 import time
@@ -23,67 +21,36 @@ from cluster import wait_until
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoPermissionError
-from servers import Server, free_port, redis_server_binary, running
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit._tools import LocalRedis, free_port
 
 # -- Sentinel ---------------------------------------------------------------------------------
 
 
-class SentinelProcess:
-    """``redis-server sentinel.conf --sentinel`` watching one master as ``mymaster``."""
+def sentinel_master_port(sentinel: LocalRedis) -> int:
+    """The port of the master the Sentinel names for ``mymaster``."""
+    import redis
 
-    def __init__(self, master_port: int) -> None:
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="aiolimit-sentinel-")
-        config = Path(self.dir) / "sentinel.conf"
-        config.write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndir {self.dir}\n"
-            f"sentinel monitor mymaster 127.0.0.1 {master_port} 1\n"
-            "sentinel down-after-milliseconds mymaster 1000\n"
-            "sentinel failover-timeout mymaster 5000\n"
-        )
-        self.process = subprocess.Popen(
-            [redis_server_binary(), str(config), "--sentinel"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def master_port(self) -> int:
-        import redis
-
-        with redis.Redis(port=self.port, socket_timeout=2, decode_responses=True) as client:
-            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")
-        return int(address[1])
-
-    def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    with redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True) as client:
+        address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster")
+    return int(address[1])
 
 
 @pytest.fixture
-def sentinel_setup() -> Iterator[tuple[Server, Server, SentinelProcess]]:
+def sentinel_setup() -> Iterator[tuple[LocalRedis, LocalRedis, LocalRedis]]:
     # the replica's first sync starts at once instead of after the default 5 s delay
-    with running(redis_server_binary(), "--repl-diskless-sync-delay", "0") as master:
-        replica = Server(
-            redis_server_binary(), "--replicaof", "127.0.0.1", str(master.port)
-        ).start()
-        sentinel = SentinelProcess(master.port)
-        try:
-            wait_until(lambda: replica_linked(replica), 10, "the replica to sync")
-            wait_until(lambda: sentinel.master_port() == master.port, 10, "the sentinel")
-            yield master, replica, sentinel
-        finally:
-            sentinel.stop()
-            replica.stop()
+    with (
+        LocalRedis("--repl-diskless-sync-delay", "0") as master,
+        LocalRedis("--replicaof", "127.0.0.1", str(master.port)) as replica,
+        LocalRedis.sentinel(master.port) as sentinel,
+    ):
+        wait_until(lambda: replica_linked(replica), 10, "the replica to sync")
+        wait_until(lambda: sentinel_master_port(sentinel) == master.port, 10, "the sentinel")
+        yield master, replica, sentinel
 
 
-def replica_linked(replica: Server) -> bool:
+def replica_linked(replica: LocalRedis) -> bool:
     import redis
 
     with redis.Redis(port=replica.port, socket_timeout=2, decode_responses=True) as client:
@@ -92,10 +59,10 @@ def replica_linked(replica: Server) -> bool:
 
 @pytest.mark.slow
 async def test_limiter_keeps_its_state_and_works_after_a_sentinel_failover(
-    sentinel_setup: tuple[Server, Server, SentinelProcess],
+    sentinel_setup: tuple[LocalRedis, LocalRedis, LocalRedis],
 ) -> None:
-    _, replica, sentinel_process = sentinel_setup
-    sentinel = Sentinel([("127.0.0.1", sentinel_process.port)], socket_timeout=1)
+    _, replica, sentinel_server = sentinel_setup
+    sentinel = Sentinel([("127.0.0.1", sentinel_server.port)], socket_timeout=1)
     client = sentinel.master_for("mymaster", socket_timeout=1)
     try:
         limiter = RateLimiter("sentinel {api}", RedisBackend(client))
@@ -105,7 +72,10 @@ async def test_limiter_keeps_its_state_and_works_after_a_sentinel_failover(
 
         await sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster", once=True)
         await asyncio.to_thread(
-            wait_until, lambda: sentinel_process.master_port() == replica.port, 15, "failover"
+            wait_until,
+            lambda: sentinel_master_port(sentinel_server) == replica.port,
+            15,
+            "failover",
         )
         # The client finds the new master by itself; meanwhile only BackendError is raised.
         deadline = time.monotonic() + 10
@@ -150,38 +120,10 @@ def tls_server() -> Iterator[tuple[int, str]]:
         capture_output=True,
         timeout=30,
     )  # fmt: skip
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            redis_server_binary(), "--port", "0", "--tls-port", str(port),
-            "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(directory),
-            "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-            "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
     try:
-        context = ssl.create_default_context(cafile=str(cert))
-
-        def answers() -> bool:
-            assert process.poll() is None, process.stdout.read() if process.stdout else ""
-            with (
-                socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw,
-                context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
-            ):
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
-
-        wait_until(answers, 10, "the TLS server")
-        yield port, str(cert)
+        with LocalRedis(tls=(str(cert), str(key))) as server:
+            yield server.port, str(cert)
     finally:
-        process.terminate()
-        try:
-            process.wait(5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         shutil.rmtree(directory, ignore_errors=True)
 
 
@@ -228,7 +170,7 @@ ACL_RULES = (
 
 def script_commands() -> set[str]:
     """Every command the Lua scripts call, lower case."""
-    lua = resources.files("aiolimit") / "lua"
+    lua = resources.files("aiolimit.backends.redis") / "lua"
     source = "".join(f.read_text() for f in lua.iterdir() if f.name.endswith(".lua"))
     return {c.lower() for c in re.findall(r"redis\.p?call\(\s*'([A-Za-z]+)'", source)}
 
@@ -239,8 +181,8 @@ def test_the_acl_line_grants_every_command_the_scripts_call() -> None:
 
 
 @pytest.fixture(scope="module")
-def acl_server() -> Iterator[Server]:
-    with running(redis_server_binary()) as server:
+def acl_server() -> Iterator[LocalRedis]:
+    with LocalRedis() as server:
         import redis
 
         with redis.Redis(port=server.port, socket_timeout=2) as admin:
@@ -249,7 +191,7 @@ def acl_server() -> Iterator[Server]:
 
 
 async def test_an_acl_user_limited_to_the_limiters_keys_and_commands_can_do_everything(
-    acl_server: Server,
+    acl_server: LocalRedis,
 ) -> None:
     client = Redis(port=acl_server.port, username="limiter", password="s3cret")
     try:
@@ -277,7 +219,7 @@ async def test_an_acl_user_limited_to_the_limiters_keys_and_commands_can_do_ever
         await client.aclose()
 
 
-async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: Server) -> None:
+async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: LocalRedis) -> None:
     client = Redis(port=acl_server.port, username="limiter", password="s3cret")
     try:
         with pytest.raises(NoPermissionError, match="keys"):
@@ -298,7 +240,7 @@ async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: Serv
 
 
 @pytest.fixture
-async def valkey_client(redis_server: Server) -> Iterator[valkey.asyncio.Valkey]:
+async def valkey_client(redis_server: LocalRedis) -> Iterator[valkey.asyncio.Valkey]:
     client = valkey.asyncio.Valkey(port=redis_server.port)
     await client.flushall()
     try:
@@ -336,7 +278,7 @@ async def exercise(limiter: RateLimiter) -> None:
 
 
 async def test_a_valkey_py_client_works_once_the_scripts_are_cached(
-    valkey_client: valkey.asyncio.Valkey, redis_server: Server
+    valkey_client: valkey.asyncio.Valkey, redis_server: LocalRedis
 ) -> None:
     loader = Redis.from_url(redis_server.url)  # redis-py falls back to EVAL, caching them
     try:

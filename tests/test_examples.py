@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from servers import Server
+
+from aiolimit._tools import LocalRedis
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -52,7 +53,7 @@ def test_quickstart_on_the_memory_backend():
     check_quickstart(run_example("quickstart.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_quickstart_on_redis_server(redis_server: Server):
+def test_quickstart_on_redis_server(redis_server: LocalRedis):
     check_quickstart(run_example("quickstart.py", "--redis", redis_server.url))
 
 
@@ -60,5 +61,23 @@ def test_per_client_on_the_memory_backend():
     check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_per_client_on_redis_server_named_by_the_environment(redis_server: Server):
+def test_per_client_on_redis_server_named_by_the_environment(redis_server: LocalRedis):
     check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": redis_server.url}))
+
+
+def test_the_readme_quick_start_runs_as_printed(redis_server: LocalRedis):
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Quick start") :]
+    script = section[section.index("```python\n") + len("```python\n") :]
+    script = script[: script.index("```")]
+    assert "redis://localhost:6379" in script
+    result = subprocess.run(
+        [sys.executable, "-c", script.replace("redis://localhost:6379", redis_server.url)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = [line for line in result.stdout.splitlines() if line.startswith("calling")]
+    assert calls == [f"calling the partner API {i}" for i in range(4)], result.stdout

@@ -22,7 +22,6 @@ import pytest
 from conformance import assert_sliding_window, take
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from servers import Server
 
 from aiolimit import (
     BackendError,
@@ -32,6 +31,7 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
+from aiolimit._tools import LocalRedis
 
 _prefixes = itertools.count()
 
@@ -55,7 +55,7 @@ def prefix() -> str:
 
 
 @pytest.fixture
-async def admin(redis_server: Server, prefix: str) -> AsyncIterator[Redis]:
+async def admin(redis_server: LocalRedis, prefix: str) -> AsyncIterator[Redis]:
     """A client of its own for inspecting keys and the server; removes the test's keys after.
 
     Its socket timeout is long: while a script holds the server, commands wait (and may be
@@ -71,7 +71,7 @@ async def admin(redis_server: Server, prefix: str) -> AsyncIterator[Redis]:
 
 
 @pytest.fixture
-async def redis(redis_server: Server) -> AsyncIterator[Redis]:
+async def redis(redis_server: LocalRedis) -> AsyncIterator[Redis]:
     """The limiters' client, with redis-py's defaults."""
     client = Redis.from_url(redis_server.url)
     yield client
@@ -416,7 +416,7 @@ end
 
 @pytest.mark.slow
 async def test_a_release_that_times_out_inside_redis_py_hands_back_at_most_the_permits_asked(
-    redis_server: Server, admin: Redis, prefix: str
+    redis_server: LocalRedis, admin: Redis, prefix: str
 ) -> None:
     """redis-py (6 and later) sends a command again when its socket times out. A release
     ("the newest permits") is not idempotent: every copy that reaches the server hands back
@@ -526,7 +526,7 @@ async def test_admin_operations_over_20000_per_client_clients_never_hold_redis_f
 
 @pytest.mark.slow
 async def test_admin_operations_succeed_while_new_per_client_clients_keep_arriving(
-    redis_server: Server, redis: Redis, admin: Redis, prefix: str
+    redis_server: LocalRedis, redis: Redis, admin: Redis, prefix: str
 ) -> None:
     """While another client adds new PER_CLIENT clients at about 1000/s, update_rate and
     delete over 20 000 clients succeed (once, they re-read the registry and gave up with

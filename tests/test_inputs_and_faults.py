@@ -16,7 +16,6 @@ from typing import Any
 import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from servers import Server, redis_server_binary
 
 from aiolimit import (
     MAX_DURATION,
@@ -32,9 +31,12 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
+from aiolimit._tools import LocalRedis
 from aiolimit._types import to_micros
-from aiolimit.backends import redis as redis_backend
+from aiolimit.backends._protocol import MAX_BATCH
 from aiolimit.backends.base import Attempt, SetMode
+from aiolimit.backends.redis._coalescer import Coalescer, Request, coalescer
+from aiolimit.backends.redis._scripts import ACQUIRE, CLIENTS, CONFIG
 
 looptime = pytest.mark.looptime
 
@@ -60,13 +62,16 @@ class _Untouchable(Backend):
     async def get_config(self, name: str) -> RateLimiterConfig | None:
         raise AssertionError("reached the backend")
 
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
+    async def try_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Attempt:
+        raise AssertionError("reached the backend")
+
+    async def wait_time(self, name: str, permits: int) -> int:
         raise AssertionError("reached the backend")
 
     async def available_permits(self, name: str) -> int:
         raise AssertionError("reached the backend")
 
-    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
         raise AssertionError("reached the backend")
 
     async def delete(self, name: str) -> bool:
@@ -255,7 +260,7 @@ def test_text_that_does_not_encode_is_refused_at_construction(bad: str) -> None:
         assert_invalid(caught)
 
 
-async def test_a_bad_name_at_the_backend_fails_only_its_own_call(redis_server: Server) -> None:
+async def test_a_bad_name_at_the_backend_fails_only_its_own_call(redis_server: LocalRedis) -> None:
     redis = Redis.from_url(redis_server.url)
     backend = RedisBackend(redis, prefix="bad-name:")
     try:
@@ -284,16 +289,16 @@ async def test_a_bad_name_at_the_backend_fails_only_its_own_call(redis_server: S
 
 
 async def test_the_coalescer_refuses_what_does_not_encode_in_the_callers_own_call(
-    redis_server: Server,
+    redis_server: LocalRedis,
 ) -> None:
     redis = Redis.from_url(redis_server.url)
-    pipe = redis_backend._coalescer(redis)
+    pipe = coalescer(redis)
     try:
-        script = redis_backend._HGETALL
+        script = CONFIG
         results = await asyncio.gather(
             *[pipe.call(script, [b"coalesce:ok"], []) for _ in range(10)],
             pipe.call(script, ["coalesce:\ud800"], []),
-            pipe.call(redis_backend._ZRANGE, [b"coalesce:ok"], [0, "\udfff"]),
+            pipe.call(CLIENTS, [b"coalesce:ok"], [0, "\udfff"]),
             *[pipe.call(script, [b"coalesce:ok"], []) for _ in range(10)],
             return_exceptions=True,
         )
@@ -403,18 +408,30 @@ LUA_ERRORS = [
 ]
 
 
+class _Refusing:
+    """A Redis client that refuses every command with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    async def execute_command(self, *args: Any) -> Any:
+        raise self.error
+
+
 @pytest.mark.parametrize(("raw", "reason"), LUA_ERRORS, ids=range(len(LUA_ERRORS)))
-def test_backend_errors_say_the_operation_and_the_reason_without_lua_noise(
+async def test_backend_errors_say_the_operation_and_the_reason_without_lua_noise(
     raw: str, reason: str
 ) -> None:
-    backend = RedisBackend(_NoServer())
     cause = redis_errors.ResponseError(raw)
-    error = backend._error(redis_backend._SCRIPTS["set_rate"], cause)
-    assert isinstance(error, BackendError)
-    assert str(error) == f"Redis refused the set_rate script: {reason}"
+    backend = RedisBackend(_Refusing(cause))
+    config = RateLimiterConfig(RateType.OVERALL, 5, timedelta(seconds=10))
+    with pytest.raises(BackendError) as caught:
+        await backend.set_rate("noise", config, "set", keep_state=False)
+    assert str(caught.value) == f"Redis refused the set_rate script: {reason}"
+    assert caught.value.__cause__ is cause
 
 
-async def test_a_script_error_from_a_real_server_reads_plainly(redis_server: Server) -> None:
+async def test_a_script_error_from_a_real_server_reads_plainly(redis_server: LocalRedis) -> None:
     redis = Redis.from_url(redis_server.url)
     backend = RedisBackend(redis, prefix="lua-noise:")
     limiter = RateLimiter("wrong-type", backend)
@@ -550,7 +567,7 @@ async def test_fast_failures_are_still_sent_again_while_a_server_restarts() -> N
 
 @pytest.mark.slow
 async def test_a_paused_server_fails_the_call_within_the_timeout_and_the_grant_is_handed_back(
-    redis_server: Server, monkeypatch: pytest.MonkeyPatch
+    redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     handed_back: list[tuple[str, str]] = []
     hand_back = RedisBackend.hand_back
@@ -599,7 +616,7 @@ async def _time_to_fail(call: Callable[[], Awaitable[object]]) -> tuple[float, B
 
 @pytest.mark.slow
 async def test_a_stopped_server_is_reported_about_as_soon_as_redis_py_reports_it() -> None:
-    server = Server(redis_server_binary()).start()
+    server = LocalRedis().start()
     clients = [Redis(host="127.0.0.1", port=server.port) for _ in range(5)]
     try:
         limiters = [
@@ -631,17 +648,17 @@ async def test_a_stopped_server_is_reported_about_as_soon_as_redis_py_reports_it
 
 
 async def test_a_large_batch_of_acquires_is_split_into_calls_of_at_most_64(
-    redis_server: Server, monkeypatch: pytest.MonkeyPatch
+    redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent: list[list[tuple[str, int]]] = []
-    pipeline = redis_backend._Coalescer._pipeline
+    pipeline = Coalescer._pipeline
 
-    async def recording(self: Any, calls: list[Any], use_sha: bool) -> list[Any]:
-        if use_sha:  # (not the EVALs that follow a NOSCRIPT)
-            sent.append([(call.script.name, len(call.requests)) for call in calls])
-        return await pipeline(self, calls, use_sha)
+    async def recording(self: Any, calls: list[Any], loads: list[bool]) -> list[Any]:
+        if not any(loads):  # (not the EVALs that follow a NOSCRIPT)
+            sent.append([(call.operation.name, len(call.requests)) for call in calls])
+        return await pipeline(self, calls, loads)
 
-    monkeypatch.setattr(redis_backend._Coalescer, "_pipeline", recording)
+    monkeypatch.setattr(Coalescer, "_pipeline", recording)
     redis = Redis.from_url(redis_server.url)
     backend = RedisBackend(redis, prefix="split:")
     limiter = RateLimiter("split", backend)
@@ -660,13 +677,13 @@ async def test_a_large_batch_of_acquires_is_split_into_calls_of_at_most_64(
 
 
 def test_the_acquire_many_cap_is_64() -> None:
-    assert redis_backend._MANY == 64
-    pipe = redis_backend._Coalescer(_NoServer())
+    assert MAX_BATCH == 64
+    pipe = Coalescer(_NoServer())
     loop = asyncio.new_event_loop()
     try:
         requests = [
-            redis_backend._Request(
-                redis_backend._ACQUIRE,
+            Request(
+                ACQUIRE,
                 [b"k1", b"k2", b"k3"],
                 [f"1 - 0 OVERALL {i}".encode()],
                 loop.create_future(),
@@ -678,10 +695,10 @@ def test_the_acquire_many_cap_is_64() -> None:
         loop.close()
     calls = pipe._calls(requests)
     assert [len(c.requests) for c in calls] == [64, 64, 2]
-    assert [c.script.name for c in calls] == ["acquire_many"] * 3
+    assert [c.operation.name for c in calls] == ["acquire_many"] * 3
     assert [r for c in calls for r in c.requests] == requests
     single = pipe._calls(requests[:65])
-    assert [(c.script.name, len(c.requests)) for c in single] == [
+    assert [(c.operation.name, len(c.requests)) for c in single] == [
         ("acquire_many", 64),
         ("acquire", 1),
     ]

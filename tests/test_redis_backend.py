@@ -19,7 +19,6 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
-from servers import Server, free_port, redis_server_binary, running, valkey_server_binary
 
 from aiolimit import (
     Backend,
@@ -30,6 +29,9 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
+from aiolimit._tools import LocalRedis, free_port, redis_server_binary, valkey_server_binary
+from aiolimit.backends import Grant, Refusal
+from aiolimit.backends._protocol import parse_member, parse_value
 
 _prefixes = itertools.count()
 
@@ -51,13 +53,13 @@ HOSTILE_NAMES = [
 
 
 @pytest.fixture(params=["redis", "valkey"])
-def server(request: pytest.FixtureRequest) -> Server:
-    server: Server = request.getfixturevalue(f"{request.param}_server")
+def server(request: pytest.FixtureRequest) -> LocalRedis:
+    server: LocalRedis = request.getfixturevalue(f"{request.param}_server")
     return server
 
 
 @pytest.fixture
-async def redis(server: Server) -> AsyncIterator[Redis]:
+async def redis(server: LocalRedis) -> AsyncIterator[Redis]:
     client = Redis.from_url(server.url)
     yield client
     await client.aclose()
@@ -209,7 +211,7 @@ def grant_ids(members: list[bytes]) -> list[str]:
 
 
 def logged_permits(members: list[bytes]) -> int:
-    return sum(int(member.decode().partition(":")[0]) for member in members)
+    return sum(parse_member(member.decode())[0] for member in members)
 
 
 async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix: str) -> None:
@@ -221,9 +223,9 @@ async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix
     grants = []
     for i in range(150):
         attempt = await backend.try_acquire("same", 1 + i % 3)
-        assert attempt.granted
-        assert attempt.time == 1_000_000_000
-        grants.append(attempt.grant)
+        assert isinstance(attempt, Grant)
+        assert attempt.starts_at == 1_000_000_000
+        grants.append(attempt.member)
     members = await redis.zrange(permits_key, 0, -1)
     assert len(set(grants)) == len(members) == 150
     assert {m.decode() for m in members} == set(grants)
@@ -232,13 +234,12 @@ async def test_grants_in_one_microsecond_get_unique_members(redis: Redis, prefix
     # Release a part of a grant, a whole grant and an exact grant, then grant again.
     assert await backend.release("same", 4) == 4
     assert grants[10] is not None
-    assert await backend.release("same", 2, grants[10]) == int(grants[10].partition(":")[0])
+    assert await backend.release("same", 2, grants[10]) == parse_member(grants[10])[0]
     for _ in range(20):
         assert (await backend.try_acquire("same", 2)).granted
     members = await redis.zrange(permits_key, 0, -1)
     assert len(set(members)) == len(members) == 150 - 2 + 20, "a grant was lost or merged"
-    # The value key holds "<generation> <used> <last sequence number> <cursor>".
-    used = int((await redis.get(backend.keys("same").value)).split()[1])
+    _, used, _, _ = parse_value((await redis.get(backend.keys("same").value)).decode())
     assert used == logged_permits(members)
     assert await backend.available_permits("same") == 1000 - used
 
@@ -282,7 +283,7 @@ async def test_concurrent_calls_recover_together_after_script_flush(
 
 
 async def test_thousands_of_concurrent_calls_share_a_few_connections(
-    server: Server, prefix: str
+    server: LocalRedis, prefix: str
 ) -> None:
     # Every call, plain reads included, goes through the shared round trips: a client capped
     # at 4 connections serves 2000 limiters configured, read and acquired all at once.
@@ -301,7 +302,7 @@ async def test_thousands_of_concurrent_calls_share_a_few_connections(
 
 
 def test_scripts_do_not_use_the_lua_struct_library() -> None:
-    lua = resources.files("aiolimit") / "lua"
+    lua = resources.files("aiolimit.backends.redis") / "lua"
     sources = {f.name: f.read_text() for f in lua.iterdir() if f.name.endswith(".lua")}
     assert len(sources) >= 6
     for file, source in sources.items():
@@ -334,7 +335,7 @@ async def test_every_script_runs_on_fakeredis() -> None:
 
 
 async def test_the_server_clock_stamps_grants_so_client_clocks_do_not_matter(
-    server: Server, prefix: str
+    server: LocalRedis, prefix: str
 ) -> None:
     first = RedisBackend(Redis.from_url(server.url), client_id="first", prefix=prefix)
     second = RedisBackend(Redis.from_url(server.url), client_id="second", prefix=prefix)
@@ -345,11 +346,11 @@ async def test_the_server_clock_stamps_grants_so_client_clocks_do_not_matter(
             assert (await first.try_acquire("skew", 1)).granted
         refused = await second.try_acquire("skew", 1)
         after = await second.redis.time()
-        assert not refused.granted
+        assert isinstance(refused, Refusal)
         # Both clients' attempts carry the server's TIME, whatever their own clocks say.
         server_us = (before[0] * 1_000_000 + before[1], after[0] * 1_000_000 + after[1])
-        assert server_us[0] <= refused.time <= server_us[1]
-        assert 9_000_000 < refused.wait <= 10_000_000
+        assert server_us[0] <= refused.at <= server_us[1]
+        assert 9_000_000 < refused.retry_in <= 10_000_000
     finally:
         await first.redis.aclose()
         await second.redis.aclose()
@@ -357,7 +358,7 @@ async def test_the_server_clock_stamps_grants_so_client_clocks_do_not_matter(
 
 @pytest.mark.parametrize("honest_clock", ["server", "client"])
 async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the_default(
-    server: Server, prefix: str, honest_clock: str
+    server: LocalRedis, prefix: str, honest_clock: str
 ) -> None:
     honest = RedisBackend(Redis.from_url(server.url), prefix=prefix, clock=honest_clock)
     ahead = RedisBackend(
@@ -382,15 +383,15 @@ async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the
         ]
         assert time.monotonic() - started < 10
         locked = await honest.try_acquire("skew", 1)
-        assert not locked.granted
+        assert isinstance(locked, Refusal)
         if honest_clock == "server":
             # Mixed clock modes: the server's TIME sees grants an hour ahead, and the honest
             # client is locked out for about an hour. (Do not mix the modes.)
-            assert locked.wait > 3_500_000_000
+            assert locked.retry_in > 3_500_000_000
         else:
             # Client times older than the latest one the limiter acted on act at that time:
             # the window goes on from the skewed grants, so the wait is within one interval.
-            assert 0 < locked.wait <= 10_000_000
+            assert 0 < locked.retry_in <= 10_000_000
     finally:
         await honest.redis.aclose()
         await ahead.redis.aclose()
@@ -400,7 +401,7 @@ async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the
 
 
 async def test_a_server_refusing_time_points_to_client_clock(
-    server: Server, redis: Redis, prefix: str
+    server: LocalRedis, redis: Redis, prefix: str
 ) -> None:
     user = f"no-time-{next(_prefixes)}"
     await redis.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", "-time")
@@ -473,7 +474,7 @@ async def test_an_unreachable_server_raises_backend_error_from_every_operation()
 async def test_a_server_that_stops_answering_raises_backend_error_after_the_socket_timeout(
     binary: Callable[[], str],
 ) -> None:
-    with running(binary()) as own:
+    with LocalRedis(binary=binary()) as own:
         assert own.process is not None
         redis = Redis.from_url(own.url, socket_timeout=0.3)
         limiter = RateLimiter("hung", RedisBackend(redis))
@@ -513,8 +514,8 @@ async def redis_state(backend: RedisBackend, name: str, clients: list[str]) -> d
         value = await redis.get(value_key)
         if value is not None or entries:
             state[str(client)] = (
-                None if value is None else int(value.split()[1]),  # permits used
-                sorted((int(score), int(member.split(b":")[0])) for member, score in entries),
+                None if value is None else parse_value(value.decode())[1],  # permits used
+                sorted((int(score), parse_member(m.decode())[0]) for m, score in entries),
             )
     registry = await redis.zrange(keys.registry, 0, -1, withscores=True)
     state["registry"] = sorted((member.decode(), int(score)) for member, score in registry)
@@ -529,6 +530,10 @@ def memory_state(backend: MemoryBackend, name: str) -> dict[str, object]:
     }
     state["registry"] = sorted(limiter.registry.items())
     return state
+
+
+def member_of(attempt: Grant | Refusal) -> str | None:
+    return attempt.member if isinstance(attempt, Grant) else None
 
 
 Script = Callable[[Backend, list[float]], Awaitable[list[str | None]]]
@@ -554,20 +559,20 @@ async def test_lua_writes_the_same_state_as_the_memory_twin(redis: Redis, prefix
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 6, 10), "set", False)
         for step, permits in enumerate([2, 1, 3, 1, 2, 4]):
             now[0] += 0.75 * step
-            grants.append((await backend.try_acquire("twin", permits)).grant)
+            grants.append(member_of(await backend.try_acquire("twin", permits)))
         await backend.release("twin", 2)  # part of the newest grant
         now[0] += 3
-        grants.append((await backend.try_acquire("twin", 2)).grant)
+        grants.append(member_of(await backend.try_acquire("twin", 2)))
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 4, 8), "update", True)
         await backend.set_rate("twin", RateLimiterConfig.build("PER_CLIENT", 3, 5), "set", True)
         for client, permits in [(backend, 2), (other, 1), (other, 3), (backend, 1)]:
             now[0] += 0.5
-            grants.append((await client.try_acquire("twin", permits)).grant)
+            grants.append(member_of(await client.try_acquire("twin", permits)))
         attempt = await other.try_acquire("twin", 1)
-        await other.release("twin", 1, attempt.grant)
+        await other.release("twin", 1, attempt.member)
         now[0] += 12  # every grant expired: reclaim and registry pruning on the next grants
-        grants.append((await backend.try_acquire("twin", 1)).grant)
-        grants.append((await other.try_acquire("twin", 2)).grant)
+        grants.append(member_of(await backend.try_acquire("twin", 1)))
+        grants.append(member_of(await other.try_acquire("twin", 2)))
         return grants
 
     from_memory, from_lua = await twin_run(redis, prefix, script)
@@ -579,9 +584,9 @@ async def test_lua_and_memory_twin_agree_on_releases_within_one_microsecond(
 ) -> None:
     async def script(backend: Backend, now: list[float]) -> list[str | None]:
         await backend.set_rate("twin", RateLimiterConfig.build("OVERALL", 10, 10), "set", False)
-        grants = [(await backend.try_acquire("twin", p)).grant for p in (2, 1)]
+        grants = [member_of(await backend.try_acquire("twin", p)) for p in (2, 1)]
         await backend.release("twin", 1)  # the newest grant is the 1-permit one
-        grants.append((await backend.try_acquire("twin", 1)).grant)
+        grants.append(member_of(await backend.try_acquire("twin", 1)))
         return grants
 
     from_memory, from_lua = await twin_run(redis, prefix, script)

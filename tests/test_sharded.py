@@ -9,9 +9,8 @@ import asyncio
 import time
 
 import pytest
-from cluster import Cluster, RecordingBackend, cluster_client
+from cluster import Cluster, cluster_client
 from redis.asyncio import RedisCluster
-from redis.crc import key_slot
 from test_cluster import HOSTILE_NAMES, masters_holding
 
 from aiolimit import (
@@ -20,14 +19,23 @@ from aiolimit import (
     NotConfiguredError,
     RateType,
     RedisBackend,
+    ShardedRateLimiter,
 )
-from aiolimit._sharded import ShardedRateLimiter, shard_names, split_rate
-from aiolimit.backends.base import Attempt
+from aiolimit._tools import GrantRecord, RecordingBackend, busiest_window
+from aiolimit.backends import Attempt
 
 pytest_plugins = ["cluster_fixtures"]
 
 
 # -- splitting -------------------------------------------------------------------------------
+
+
+async def split_rate(rate: int, shards: int) -> list[int]:
+    """The shard budgets a ShardedRateLimiter gives a rate."""
+    limiter = ShardedRateLimiter("split", MemoryBackend(), shards=shards)
+    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    configs = [await shard.get_config() for shard in limiter.shards]
+    return [config.rate for config in configs if config is not None]
 
 
 @pytest.mark.parametrize(
@@ -40,18 +48,21 @@ pytest_plugins = ["cluster_fixtures"]
         (101, 4, [26, 25, 25, 25]),
     ],
 )
-def test_split_rate_sums_to_the_rate_with_the_remainder_spread(
+async def test_split_rate_sums_to_the_rate_with_the_remainder_spread(
     rate: int, shards: int, budgets: list[int]
 ) -> None:
-    assert split_rate(rate, shards) == budgets
-    assert sum(split_rate(rate, shards)) == rate
+    assert await split_rate(rate, shards) == budgets
+    assert sum(await split_rate(rate, shards)) == rate
 
 
-def test_split_rate_never_exceeds_either_rate_while_a_change_is_applied_shard_by_shard() -> None:
+async def test_split_rate_never_exceeds_either_rate_while_a_change_is_applied_shard_by_shard() -> (
+    None
+):
     for shards in (2, 3, 5):
+        budgets = {rate: await split_rate(rate, shards) for rate in range(shards, 40)}
         for old in range(shards, 40):
             for new in range(shards, 40):
-                pairs = zip(split_rate(old, shards), split_rate(new, shards), strict=True)
+                pairs = zip(budgets[old], budgets[new], strict=True)
                 mixed = [max(a, b) for a, b in pairs]
                 assert sum(mixed) == max(old, new)
 
@@ -76,6 +87,10 @@ class _NoServer:
     """Stands in for a Redis client: shard names only need the key layout."""
 
 
+def shard_names(name: str, shards: int, backend: RedisBackend) -> list[str]:
+    return [shard.name for shard in ShardedRateLimiter(name, backend, shards=shards).shards]
+
+
 @pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
 def test_shard_names_are_deterministic_and_spread_over_the_slot_space(name: str) -> None:
     backend = RedisBackend(_NoServer())
@@ -83,11 +98,11 @@ def test_shard_names_are_deterministic_and_spread_over_the_slot_space(name: str)
         names = shard_names(name, shards, backend)
         assert names == shard_names(name, shards, RedisBackend(_NoServer(), prefix="other:"))
         assert all(n.startswith(f"{name}\x00shard{i}") for i, n in enumerate(names))
-        slots = [key_slot(backend.keys(n).tag.encode()) for n in names]
+        slots = [backend.slot(n) for n in names]
         # shard i lies in the i-th of `shards` equal parts of the slot space
         assert [slot * shards // 16384 for slot in slots] == list(range(shards)), slots
     # three shards fall in the three ranges redis-cli gives three masters
-    slots = [key_slot(backend.keys(n).tag.encode()) for n in shard_names(name, 3, backend)]
+    slots = [backend.slot(n) for n in shard_names(name, 3, backend)]
     assert [0 <= slots[0] <= 5460, 5461 <= slots[1] <= 10922, slots[2] >= 10923] == [True] * 3
 
 
@@ -165,11 +180,7 @@ async def test_concurrent_waiters_never_exceed_the_rate_in_any_window() -> None:
     # permits 1 or 2 (the smallest shard budget is 2)
     await asyncio.wait_for(asyncio.gather(*(worker(1 + i % 2) for i in range(6))), timeout=60)
     assert len(grants) == 36
-    assert max(count_in_window(grants, t, 1.0) for t in grants) <= 7
-
-
-def count_in_window(times: list[float], end: float, interval: float) -> int:
-    return sum(1 for t in times if end - interval < t <= end)
+    assert busiest_window(grants, 1.0).most <= 7
 
 
 @looptime
@@ -211,10 +222,12 @@ async def test_a_shard_whose_backend_fails_is_skipped_until_none_answers() -> No
     down: set[str] = set()
 
     class PartlyDown(MemoryBackend):
-        async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
+        async def try_acquire(
+            self, name: str, permits: int, max_wait_us: int | None = 0
+        ) -> Attempt:
             if name in down:
                 raise BackendError(f"{name} is down")
-            return await super().try_acquire(name, permits, max_wait)
+            return await super().try_acquire(name, permits, max_wait_us)
 
     limiter = ShardedRateLimiter("api", PartlyDown(), shards=3)
     await limiter.set_rate(RateType.OVERALL, 6, 60)
@@ -265,7 +278,7 @@ async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cl
         RateType.OVERALL, rate, interval
     )
     clients = [cluster_client(redis_cluster) for _ in range(3)]
-    grants: list[int] = []
+    grants: list[GrantRecord] = []
 
     async def worker(redis: RedisCluster) -> None:
         backend = RecordingBackend(redis, grants)
@@ -280,6 +293,5 @@ async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cl
         for client in clients:
             await client.aclose()
     # integer microseconds: a grant exactly one interval after another does not overlap it
-    window = round(interval * 1e6)
-    assert max(sum(1 for u in grants if t - window < u <= t) for t in grants) <= rate
+    assert busiest_window([g.time for g in grants], round(interval * 1e6)).most <= rate
     assert len(grants) >= (seconds / interval - 1) * rate  # the shards' budgets all get used

@@ -5,106 +5,156 @@ import asyncio
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from .._types import RateLimiterConfig, check_text
+from ._protocol import parse_member
 
-__all__ = ["Attempt", "Backend", "SetMode"]
+__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode"]
 
 log = logging.getLogger("aiolimit")
 
-# Hand-backs in progress, referenced so they are not garbage collected.
-_hand_backs: set[asyncio.Future[int]] = set()
-
-
-def _hand_back_done(task: asyncio.Future[int]) -> None:
-    _hand_backs.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning(
-            "could not hand back the grant of a cancelled caller", exc_info=task.exception()
-        )
-
-
 SetMode = Literal["try", "set", "update"]
+"""How ``set_rate`` writes: ``"try"`` only where no config exists, ``"set"`` always,
+``"update"`` only where one exists."""
 
 
 @dataclass(frozen=True, slots=True)
-class Attempt:
-    """What one acquire attempt returned. Times are microseconds of the limiter's clock."""
+class Grant:
+    """An attempt that was granted. Times are integer microseconds (exact at any rate)."""
 
-    granted: bool
-    wait: int
-    """Granted: time until the grant starts (0: now; more: a reservation to sleep out).
-    Refused: time until enough permits for this request would be free."""
+    starts_in: int
+    """Time from now until the grant starts: 0, or a reservation the caller sleeps out."""
+    starts_at: int
+    """When the grant starts, on the limiter's clock (Redis ``TIME`` by default)."""
     left: int
-    """Permits left after the attempt (negative while reservations are queued)."""
-    time: int
-    """Granted: when the grant starts (its log entry's score). Refused: when it was decided."""
-    grant: str | None = None
-    """The grant's log entry, to hand back exactly this grant."""
+    """Permits left after it (negative while reservations are queued)."""
+    member: str
+    """The grant's log entry: ``release(name, permits, member)`` hands back exactly it."""
+
+    granted: ClassVar[Literal[True]] = True
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An attempt that was refused: nothing was taken. Times are integer microseconds."""
+
+    retry_in: int
+    """Time from now until enough permits for the request would be free."""
+    at: int
+    """When it was decided, on the limiter's clock."""
+    left: int
+    """Permits left (negative while reservations are queued)."""
+
+    granted: ClassVar[Literal[False]] = False
+
+
+Attempt = Grant | Refusal
+"""What one ``Backend.try_acquire`` returns."""
 
 
 class Backend(abc.ABC):
-    """Where limiter state lives. The algorithm is the same in every backend.
+    """Where limiter state lives: the contract every store implements.
 
-    Subclasses implement the operations for one client id; ``with_client`` returns a view of
-    the same store for another client id (its own ``PER_CLIENT`` budget).
+    A backend serves one client id (``client_id``, the budget ``PER_CLIENT`` limiters use);
+    ``with_client`` returns a view of the same store for another id. Names are the limiters'
+    names as given; a store keeps each name apart from every other. Durations are integer
+    microseconds, so every value is exact however large the rate.
+
+    The algorithm is the same in every store (``RedisBackend`` runs it in Lua,
+    ``MemoryBackend`` in Python); a third-party store is checked by running the conformance
+    suite (``tests/test_conformance.py``) on it. Every method raises only
+    :class:`~aiolimit.LimiterError` subclasses: ``NotConfiguredError`` for a name with no
+    config, ``InvalidArgumentError`` for permits above the rate, ``BackendError`` when the
+    store fails.
     """
 
-    __slots__ = ("__weakref__", "client_id")
+    __slots__ = ("__weakref__", "_hand_backs", "client_id")
 
     def __init__(self, client_id: str | None) -> None:
         self.client_id: str = (
             uuid.uuid4().hex if client_id is None else check_text(client_id, "client_id")
         )
+        # Hand-backs in progress, referenced so they are not garbage collected; aclose()
+        # waits for them.
+        self._hand_backs: set[asyncio.Future[int]] = set()
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
         """The same store seen by another client id (for ``PER_CLIENT`` limiters)."""
 
+    def slot(self, name: str) -> int | None:
+        """Where the name's state lives, for stores spread over several nodes (Redis Cluster:
+        the hash slot, 0-16383); None for a store in one place."""
+        return None
+
     @abc.abstractmethod
     async def set_rate(
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
-        """Writes the config; returns False when ``mode`` says not to (see ``set_rate.lua``)."""
+        """Writes the config as ``mode`` says; returns whether it did. A config where none
+        was, another rate type, or ``keep_state=False`` starts every budget full; with
+        ``keep_state`` the grants inside the new window keep counting."""
 
     @abc.abstractmethod
-    async def get_config(self, name: str) -> RateLimiterConfig | None: ...
+    async def get_config(self, name: str) -> RateLimiterConfig | None:
+        """The name's config, None when it has none."""
 
     @abc.abstractmethod
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        """One attempt; raises NotConfiguredError, InvalidArgumentError (permits > rate).
+    async def try_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Attempt:
+        """One attempt for ``permits``: a :class:`Grant` or a :class:`Refusal`.
 
-        When the permits are not free now but will be within ``max_wait`` microseconds
-        (``-1``: any wait), they are reserved: granted with ``wait`` > 0, starting then.
+        When the permits are not free now but will be within ``max_wait_us`` (None: any
+        wait), they are reserved: a ``Grant`` with ``starts_in`` > 0, after every earlier
+        reservation. A refusal takes nothing.
 
         If the caller is cancelled while the attempt is in flight and it grants, the backend
-        hands that exact grant back, so a cancelled caller never holds permits.
+        hands that exact grant back (:meth:`hand_back`), so a cancelled caller holds nothing.
         """
 
     @abc.abstractmethod
-    async def available_permits(self, name: str) -> int: ...
+    async def wait_time(self, name: str, permits: int) -> int:
+        """Microseconds until ``permits`` could be granted (0: now); takes nothing."""
 
     @abc.abstractmethod
-    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
-        """Hands back ``permits`` from the newest grants, or exactly ``grant``; returns how many."""
+    async def available_permits(self, name: str) -> int:
+        """Permits a request could take now (for ``PER_CLIENT``: this client's), at least 0."""
 
     @abc.abstractmethod
-    async def delete(self, name: str) -> bool: ...
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
+        """Hands back ``permits`` from the newest grants that have started, or exactly the
+        grant ``member``; returns how many. Safe to send twice."""
 
     @abc.abstractmethod
-    async def expire(self, name: str, ttl_us: int) -> bool: ...
+    async def delete(self, name: str) -> bool:
+        """Removes the config and every client's state; returns whether anything existed."""
 
     @abc.abstractmethod
-    async def clear_expire(self, name: str) -> bool: ...
+    async def expire(self, name: str, ttl_us: int) -> bool:
+        """The whole limiter disappears after ``ttl_us``; False when it has no config."""
 
-    def hand_back(self, name: str, grant: str) -> None:
-        """Releases exactly ``grant`` in the background: the grant of a caller that was
-        cancelled before it could use it. A failure is logged, never raised."""
-        permits = int(grant.partition(":")[0])
-        task = asyncio.ensure_future(self.release(name, permits, grant))
-        _hand_backs.add(task)
-        task.add_done_callback(_hand_back_done)
+    @abc.abstractmethod
+    async def clear_expire(self, name: str) -> bool:
+        """Removes a TTL :meth:`expire` set; returns whether there was one."""
 
-    async def aclose(self) -> None:  # noqa: B027 - optional hook
-        """Releases resources the backend owns (nothing by default)."""
+    def hand_back(self, name: str, member: str) -> None:
+        """Releases exactly the grant ``member`` in the background: the grant of a caller
+        that was cancelled before it could use it. A failure is logged, never raised."""
+        permits = parse_member(member)[0]
+        task = asyncio.ensure_future(self.release(name, permits, member))
+        self._hand_backs.add(task)
+        task.add_done_callback(self._hand_back_done)
+
+    def _hand_back_done(self, task: asyncio.Future[int]) -> None:
+        self._hand_backs.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning(
+                "could not hand back the grant of a cancelled caller", exc_info=task.exception()
+            )
+
+    async def aclose(self) -> None:
+        """Waits (at most 5 s) for the hand-backs still under way, so that a process that
+        shuts down leaves no cancelled caller's permits taken. The Redis client stays open:
+        it belongs to whoever made it."""
+        if self._hand_backs:
+            await asyncio.wait(set(self._hand_backs), timeout=5)

@@ -10,16 +10,16 @@ from heapq import heapify, heappop, heappush
 
 from .._types import RateLimiterConfig, RateType, clock_micros
 from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
-from .base import Attempt, Backend, SetMode
+from ._protocol import MAX_EXACT as _MAX_EXACT
+from ._protocol import RECLAIM_STEPS as _RECLAIM_STEPS
+from ._protocol import WALK_STEPS as _WALK_STEPS
+from ._protocol import format_member, parse_member
+from .base import Backend, Grant, Refusal, SetMode
 
 __all__ = ["MemoryBackend"]
 
 _FOREVER = float("inf")
 _SWEEP = 8  # heap entries the sweep pops per operation, at most
-# As in lib.lua: the bounds of every loop over a log, and the largest count kept exactly.
-_WALK_STEPS = 1000
-_RECLAIM_STEPS = 1000
-_MAX_EXACT = 2**53 - 1
 _HIGH = "\U0010ffff"  # sorts after every member
 
 
@@ -402,14 +402,19 @@ class MemoryBackend(Backend):
     # -- operations (one per script) -----------------------------------------------------------
 
     def _configured(
-        self, name: str, now: int, record: bool = True
+        self, name: str, now: int, record: bool = True, permits: int = 0
     ) -> tuple[_Limiter, RateLimiterConfig, int]:
         """The limiter, its config, and the time to act at: a clock reading older than one
-        the limiter already acted on is moved up to it (as ``limiter_now`` in lib.lua)."""
+        the limiter already acted on is moved up to it, and (with ``record``) a newer one is
+        remembered, as ``limiter_now`` in lib.lua does with a client's time. As there, a
+        request for more permits than the rate is refused first, remembering nothing."""
         limiter = self._limiter(name, now)
         if limiter is None or limiter.config is None:
             raise NotConfiguredError(name)
         stored = limiter.config
+        if permits > stored.config.rate:
+            rate = stored.config.rate
+            raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
         elif record:
@@ -457,10 +462,10 @@ class MemoryBackend(Backend):
             return None
         return limiter.config.config
 
-    async def try_acquire(self, name: str, permits: int, max_wait: int = 0) -> Attempt:
-        limiter, config, now = self._configured(name, self._now())
-        if permits > config.rate:
-            raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({config.rate})")
+    async def try_acquire(
+        self, name: str, permits: int, max_wait_us: int | None = 0
+    ) -> Grant | Refusal:
+        limiter, config, now = self._configured(name, self._now(), permits=permits)
         interval = config.interval_us
         key = self._budget_key(config)
         budget = limiter.budgets.get(key)
@@ -477,13 +482,13 @@ class MemoryBackend(Backend):
         delay = 0
         if left < permits:
             delay = self._wait_for(budget, permits - left, interval, now)
-            if 0 <= max_wait < delay:
+            if max_wait_us is not None and delay > max_wait_us:
                 if key in limiter.budgets:  # what the reclaim changed is written back
                     self._save(limiter, key, budget, interval, now)
-                return Attempt(False, delay, left, now)
+                return Refusal(delay, now, left)
         start = now + delay
         budget.seq += 1
-        grant = f"{permits}:{budget.seq}"
+        grant = format_member(permits, budget.seq)
         budget.add((start, grant, permits))
         budget.used += permits
         budget.moved(start, permits)
@@ -498,14 +503,29 @@ class MemoryBackend(Backend):
             self._extend_registry(limiter, budget.expires_at + _ms(interval), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = max(now + _ms(config.keep_alive_us), budget.expires_at)
-        return Attempt(True, delay, config.rate - budget.used, start, grant)
+        return Grant(delay, start, config.rate - budget.used, grant)
+
+    async def wait_time(self, name: str, permits: int) -> int:
+        limiter, config, now = self._configured(name, self._now(), False, permits)
+        budget = limiter.budgets.get(self._budget_key(config))
+        interval = config.interval_us
+        used = self._reclaim(budget, now - interval, False)
+        if budget is None or config.rate - used >= permits:
+            return 0
+        # As wait.lua: the walk counts the expired grants still logged, so it needs what the
+        # unreclaimed log says; and its cursor is not kept (a read writes nothing).
+        cursor = budget.cs, budget.cp, budget.cg
+        try:
+            return self._wait_for(budget, permits - (config.rate - budget.used), interval, now)
+        finally:
+            budget.cs, budget.cp, budget.cg = cursor
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
         budget = limiter.budgets.get(self._budget_key(config))
         return max(config.rate - self._reclaim(budget, now - config.interval_us, False), 0)
 
-    async def release(self, name: str, permits: int, grant: str | None = None) -> int:
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
         limiter, config, now = self._configured(name, self._now())
         key = self._budget_key(config)
         budget = limiter.budgets.get(key)
@@ -513,10 +533,11 @@ class MemoryBackend(Backend):
             return 0
         self._reclaim(budget, now - config.interval_us, True)
         grants, released = budget.grants, 0
-        if grant is not None:
-            for i in range(budget.head, len(grants)):
-                time, member, entry_permits = grants[i]
-                if member == grant:
+        if member is not None:
+            # Newest first: a handed-back grant is a recent one (ZSCORE finds it in Redis).
+            for i in range(len(grants) - 1, budget.head - 1, -1):
+                time, logged, entry_permits = grants[i]
+                if logged == member:
                     del grants[i]
                     budget.moved(time, -entry_permits)
                     released = entry_permits
@@ -527,13 +548,13 @@ class MemoryBackend(Backend):
             for index in range(started - 1, max(started - _WALK_STEPS, budget.head) - 1, -1):
                 if released >= permits:
                     break
-                time, member, entry_permits = grants.pop(index)
+                time, logged, entry_permits = grants.pop(index)
                 take = min(entry_permits, permits - released)
                 budget.moved(time, -take)
                 released += take
                 if take < entry_permits:
                     rest = entry_permits - take
-                    budget.add((time, f"{rest}:{member.partition(':')[2]}", rest))
+                    budget.add((time, format_member(rest, parse_member(logged)[1]), rest))
         budget.used -= released
         self._save(limiter, key, budget, config.interval_us, now)
         return released

@@ -5,13 +5,13 @@
     aiolimit soak --fault restart --persistence aof      # crash + restart, AOF fsync always
     aiolimit soak --fault clock-skew --clock client      # one process's clock is 1 h ahead
     aiolimit soak --big                                  # one task asks for the whole rate
-    python -m aiolimit._soak --json ...                  # the same, machine-readable
+    python -m aiolimit._tools.soak --json ...            # the same, machine-readable
 
 Without ``--redis URL`` it starts its own redis-server on a free 127.0.0.1 port and stops it
 at the end (``--fault restart`` needs that local server).
 
 **The audit trusts nothing the limiter stores.** Every worker records each grant it was given
-(see :mod:`aiolimit._soak_worker`): its own wall clock just before and just after the script
+(see :mod:`aiolimit._tools.soak_worker`): its own wall clock just before and just after the script
 call that granted, and the limiter's grant time (``Attempt.time``: Redis ``TIME`` by default).
 The parent then checks, per budget (the whole limiter for ``overall``, each process for
 ``per-client``):
@@ -24,6 +24,8 @@ The parent then checks, per budget (the whole limiter for ``overall``, each proc
   between its ``sent`` and ``received`` stamps; grants whose stamps all fit in less than one
   interval certainly shared a window. The largest such sum above the rate is over-admission
   even if the limiter's clock were lying.
+
+Both are :func:`aiolimit._tools.audit.busiest_window`, over times and over spans.
 
 Other figures:
 
@@ -64,15 +66,16 @@ import statistics
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._server import LocalRedis
-from ._soak_worker import Grant, WorkerConfig, WorkerResult, run_worker
+from .audit import Window, busiest_window
+from .server import LocalRedis
+from .soak_worker import Grant, WorkerConfig, WorkerResult, run_worker
 
-__all__ = ["add_arguments", "audit", "main", "run"]
+__all__ = ["Progress", "add_arguments", "audit_grants", "main", "run", "soak"]
 
 FAULTS = ("script-flush", "client-kill", "restart", "clock-skew")
 # Commands the tool itself sends to watch and disturb the server; not the limiter's cost.
@@ -145,50 +148,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 # -- the audit ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Windows:
-    most: int = 0
-    """Most permits seen in any window."""
-    over: int = 0
-    """Windows (one per grant that ends one) holding more than the rate."""
-
-
-def limiter_windows(grants: Sequence[Grant], rate: int, interval_us: int) -> Windows:
-    """Permits in ``(t - interval, t]`` for every grant time t (two pointers over sorted t)."""
-    ordered = sorted(grants, key=lambda g: g.limiter_time)
-    result = Windows()
-    left = 0
-    inside = 0
-    for right, grant in enumerate(ordered):
-        inside += grant.permits
-        while ordered[left].limiter_time <= grant.limiter_time - interval_us:
-            inside -= ordered[left].permits
-            left += 1
-        # Grants sharing one microsecond: only the last of them closes the full window.
-        last = right + 1 == len(ordered) or ordered[right + 1].limiter_time != grant.limiter_time
-        if last:
-            result.most = max(result.most, inside)
-            result.over += inside > rate
-    return result
-
-
-def wall_windows(grants: Sequence[Grant], rate: int, interval: float) -> Windows:
-    """Most permits whose [sent, received] stamps all fit within less than one interval."""
-    ordered = sorted(grants, key=lambda g: g.sent)
-    result = Windows()
-    for first, grant in enumerate(ordered):
-        limit = grant.sent + interval
-        inside = 0
-        for other in ordered[first:]:
-            if other.sent >= limit:
-                break
-            if other.received < limit:
-                inside += other.permits
-        result.most = max(result.most, inside)
-        result.over += inside > rate
-    return result
-
-
 def clock_offsets(grants: Sequence[Grant]) -> dict[int, float]:
     """Per process: microseconds to add to its wall clock to get the limiter's clock."""
     by_process: dict[int, list[float]] = defaultdict(list)
@@ -233,7 +192,7 @@ def percentile(values: Sequence[float], share: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(share * len(ordered)) - 1))]
 
 
-def audit(
+def audit_grants(
     grants: Sequence[Grant],
     rate: int,
     interval: float,
@@ -245,8 +204,7 @@ def audit(
     budgets: dict[int, list[Grant]] = defaultdict(list)
     for grant in grants:
         budgets[grant.process if per_client else 0].append(grant)
-    limiter = Windows()
-    wall = Windows()
+    limiter = wall = Window(0)
     begin, end = run
     # A full budget at the start, then `rate` more per interval: ceil(D / interval) rates.
     allowed_per_budget = rate * math.ceil((end - begin) / interval - 1e-9)
@@ -254,12 +212,12 @@ def audit(
     in_run = 0
     late: list[float] = []
     for budget in budgets.values():
-        for total, part in (
-            (limiter, limiter_windows(budget, rate, interval_us)),
-            (wall, wall_windows(budget, rate, interval)),
-        ):
-            total.most = max(total.most, part.most)
-            total.over += part.over
+        # Permits in (t - interval, t] for every limiter grant time t; and the most permits
+        # whose [sent, received] wall-clock stamps all fit within less than one interval.
+        times = [(g.limiter_time, g.limiter_time, g.permits) for g in budget]
+        limiter = _worst(limiter, busiest_window(times, interval_us, rate=rate))
+        spans = [(g.sent, g.received, g.permits) for g in budget]
+        wall = _worst(wall, busiest_window(spans, interval, rate=rate))
         offset = statistics.median(clock_offsets(budget).values())
         first, last = begin * 1e6 + offset, end * 1e6 + offset
         in_run += sum(g.permits for g in budget if first <= g.limiter_time < last)
@@ -278,6 +236,12 @@ def audit(
         "lateness_p50_ms": _ms(percentile(late, 0.50)),
         "lateness_p99_ms": _ms(percentile(late, 0.99)),
     }
+
+
+def _worst(total: Window, budget: Window) -> Window:
+    """The windows of every budget so far: the busiest, and all those over the rate."""
+    busiest = budget if budget.most > total.most else total
+    return Window(busiest.most, total.over + budget.over, busiest.end)
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -378,7 +342,7 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         print(f"aiolimit soak: {problem}", file=sys.stderr)
         return 2
-    server = None if args.redis else LocalRedis(args.persistence).start()
+    server = None if args.redis else LocalRedis(persistence=args.persistence).start()
     try:
         results = soak(args, server.url if server else args.redis, server)
     finally:
@@ -451,7 +415,7 @@ def soak(args: argparse.Namespace, url: str, server: LocalRedis | None) -> dict[
         window[0], window[1] = begin, end
         start.set()
         injector.start(begin)
-        progress = _Progress(args, begin, end, counts)
+        progress = Progress(args, begin, end, counts)
         while len(worker_results) < len(processes):
             now = time.time()
             if begin <= now <= end:
@@ -486,7 +450,7 @@ def _set_rate(url: str, name: str, rate_type: str, rate: int, interval: float) -
 
     from redis.asyncio import Redis
 
-    from . import RateLimiter, RedisBackend
+    from .. import RateLimiter, RedisBackend
 
     async def configure() -> None:
         redis = Redis.from_url(url)
@@ -498,27 +462,41 @@ def _set_rate(url: str, name: str, rate_type: str, rate: int, interval: float) -
     asyncio.run(configure())
 
 
-class _Progress:
+class Progress:
+    """The progress line (stderr, about once a second): the permits granted in the last
+    interval against what the rate allows in one, so the first interval's burst (a limiter
+    starts with a full budget) reads as what it is, not as over-admission."""
+
     def __init__(self, args: argparse.Namespace, begin: float, end: float, counts: Any) -> None:
         self.quiet = args.quiet
         self.begin, self.end = begin, end
         self.counts = counts
-        self.rate = args.rate / args.interval
+        self.interval = args.interval
+        budgets = args.processes if args.rate_type == "per-client" else 1
+        self.allowed = args.rate * budgets
         self.tty = sys.stderr.isatty()
-        self._last = 0.0
+        self._last = -math.inf
+        # (time, permits so far), the oldest no more than one interval old.
+        self._samples: deque[tuple[float, int]] = deque([(begin, 0)])
 
     def show(self, now: float, faults: Counter[str]) -> None:
-        if self.quiet or now - self._last < 1.0 or now < self.begin:
+        if self.quiet or now < self.begin:
+            return
+        permits = sum(self.counts[:])
+        self._samples.append((now, permits))
+        while self._samples[0][0] < now - self.interval:
+            self._samples.popleft()
+        if now - self._last < 1.0:
             return
         self._last = now
         elapsed = min(now, self.end) - self.begin
         share = elapsed / (self.end - self.begin)
         bar = "#" * round(share * 30)
-        permits = sum(self.counts[:])
+        recent = permits - self._samples[0][1]
         injected = " ".join(f"{k}x{v}" for k, v in sorted(faults.items()))
         line = (
             f"[{bar:<30}] {elapsed:5.1f}/{self.end - self.begin:.0f}s  permits {permits}  "
-            f"({permits / max(elapsed, 1e-9):.0f}/s, rate {self.rate:.0f}/s)"
+            f"last {self.interval:g} s: {recent}/{self.allowed}"
             + (f"  faults {injected}" if injected else "")
         )
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
@@ -538,7 +516,7 @@ def _summarise(
 ) -> dict[str, Any]:
     grants = [g for r in worker_results for g in r.grants]
     per_client = args.rate_type == "per-client"
-    results = audit(grants, args.rate, args.interval, per_client, run)
+    results = audit_grants(grants, args.rate, args.interval, per_client, run)
     shares = {r.process: sum(g.permits for g in r.grants) for r in worker_results}
     errors: Counter[str] = Counter()
     error_samples: dict[str, str] = {}
@@ -699,7 +677,7 @@ def format_table(results: dict[str, Any]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aiolimit._soak", description=(__doc__ or "").split("\n\n")[0]
+        prog="python -m aiolimit._tools.soak", description=(__doc__ or "").split("\n\n")[0]
     )
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -1,4 +1,5 @@
--- acquire_many: several acquire requests in one call (requests that arrived together).
+-- acquire_many: several acquire requests in one call (requests that arrived together), at most
+-- 64 of them (MAX_BATCH in _protocol.py): a script blocks the whole server while it runs.
 --
 -- KEYS   the keys of every limiter budget in the batch, each budget's once: config hash,
 --        value key, permits ZSET, and for PER_CLIENT the clients registry (as for acquire.lua)

@@ -14,16 +14,17 @@ import random
 import sys
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import anyio
 import anyio.abc
 
-from ._limiter import RateLimiter
-from ._types import RateType
-from .backends import Backend, MemoryBackend, RedisBackend
-from .errors import LimiterError
+from .. import RateLimiter, RateType
+from ..backends import Backend, MemoryBackend, RedisBackend
+from ..errors import LimiterError
+from .audit import busiest_window
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
 
 _BAR_WIDTH = 20
 # A stamp is taken a little after its grant (scheduling, the reply's trip back), and not
@@ -81,7 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--clock",
         choices=["server", "client"],
-        default="server",
         help="with --redis: stamp grants with the server's TIME (default) or this host's clock",
     )
     parser.add_argument(
@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 @dataclass
-class _Run:
+class Run:
     rate: int
     interval: float
     started: float = 0.0
@@ -112,18 +112,6 @@ class _Run:
         self.reported = total
 
 
-def busiest_window(stamps: list[float], window: float) -> int:
-    """The most stamps inside any half-open window ``[t, t + window)``."""
-    ordered = sorted(stamps)
-    most = 0
-    first = 0
-    for last, stamp in enumerate(ordered):
-        while ordered[first] <= stamp - window:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 def allowed_by_rate(rate: int, interval: float, elapsed: float) -> int:
     """The most permits a sliding-window limiter can grant in ``elapsed`` seconds."""
     windows = max(1, -int(-(elapsed - 1e-9) // interval))  # ceil, tolerant of float error
@@ -140,9 +128,7 @@ def _seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-async def _worker(
-    limiter: RateLimiter, run: _Run, index: int, workers: anyio.abc.TaskGroup
-) -> None:
+async def _worker(limiter: RateLimiter, run: Run, index: int, workers: anyio.abc.TaskGroup) -> None:
     while True:
         try:
             await limiter.acquire()
@@ -156,7 +142,7 @@ async def _worker(
         await anyio.sleep(random.uniform(0.0, 0.02))
 
 
-async def _report(run: _Run, duration: float) -> None:
+async def _report(run: Run, duration: float) -> None:
     """Prints a line at every whole second of the run (the last line comes after it)."""
     second = 1
     while second < duration:
@@ -172,13 +158,30 @@ async def _connect(url: str, clock: str) -> tuple[RedisBackend, Any]:
     try:
         redis = Redis.from_url(url)
     except ValueError as exc:
-        raise _Abort(f"bad --redis URL {url!r}: {exc}") from None
+        raise _Abort(f"bad --redis URL {masked(url)!r}: {exc}") from None
     try:
         await redis.ping()
     except (RedisError, OSError) as exc:
         await redis.aclose()
-        raise _Abort(f"cannot reach Redis at {url}: {exc}") from None
+        raise _Abort(f"cannot reach Redis at {masked(url)}: {exc}") from None
     return RedisBackend(redis, clock="client" if clock == "client" else "server"), redis
+
+
+def masked(url: str) -> str:
+    """The URL with any password replaced by ``***`` (``redis://:***@host``), to print."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<unreadable URL>"
+    netloc = parts.netloc
+    if parts.password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    if any(key == "password" for key, _ in query):
+        query = [(key, "***" if key == "password" else value) for key, value in query]
+        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class _Abort(Exception):
@@ -189,8 +192,9 @@ async def _demo(args: argparse.Namespace) -> int:
     redis = None
     backend: Backend
     if args.redis:
-        backend, redis = await _connect(args.redis, args.clock)
-        where = f"Redis at {args.redis}, clock={args.clock}"
+        clock = args.clock or "server"
+        backend, redis = await _connect(args.redis, clock)
+        where = f"Redis at {masked(args.redis)}, clock={clock}"
     else:
         backend = MemoryBackend()
         where = "in-memory backend"
@@ -204,17 +208,19 @@ async def _demo(args: argparse.Namespace) -> int:
             f"for {_seconds(args.duration)} ({where})",
             flush=True,
         )
-        run = _Run(args.rate, args.interval, per_worker=[0] * args.workers)
+        run = Run(args.rate, args.interval, per_worker=[0] * args.workers)
         run.started = anyio.current_time()
         async with anyio.create_task_group() as workers:
             workers.cancel_scope.deadline = run.started + args.duration
             for index in range(args.workers):
                 workers.start_soon(_worker, limiter, run, index, workers)
             workers.start_soon(_report, run, args.duration)
-        run.print_line(args.duration)
+        # The duration, or less when a failure ended the run early.
+        elapsed = min(args.duration, round(anyio.current_time() - run.started, 2))
+        run.print_line(elapsed)
         if run.error is not None:
             raise run.error
-        return _verdict(run, args.duration)
+        return verdict(run, elapsed)
     finally:
         if redis is not None:
             with contextlib.suppress(LimiterError):
@@ -222,9 +228,9 @@ async def _demo(args: argparse.Namespace) -> int:
             await redis.aclose()
 
 
-def _verdict(run: _Run, elapsed: float) -> int:
-    window = run.interval - min(_STAMP_TOLERANCE, run.interval / 10)
-    busiest = busiest_window(run.stamps, window)
+def verdict(run: Run, elapsed: float) -> int:
+    tolerance = min(_STAMP_TOLERANCE, run.interval / 10)
+    busiest = busiest_window(run.stamps, run.interval, slack=tolerance).most
     total = len(run.stamps)
     allowed = allowed_by_rate(run.rate, run.interval, elapsed)
     shares = f"{min(run.per_worker)}-{max(run.per_worker)} per worker"
@@ -233,7 +239,7 @@ def _verdict(run: _Run, elapsed: float) -> int:
     print(
         f"busiest window  {busiest} permits in one {_seconds(run.interval)} window "
         f"(rate {run.rate}; audited from {total} grant stamps, "
-        f"{(run.interval - window) * 1000:g} ms stamp tolerance)"
+        f"{tolerance * 1000:g} ms stamp tolerance)"
     )
     print(
         f"utilisation     {100 * total / allowed:.1f}% "
@@ -250,6 +256,12 @@ def _verdict(run: _Run, elapsed: float) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.clock is not None and not args.redis:
+        print(
+            "aiolimit demo: error: --clock needs --redis (the in-memory backend has one clock)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         return anyio.run(_demo, args, backend="asyncio")
     except (_Abort, LimiterError) as exc:

@@ -1,17 +1,15 @@
 """One worker process of the soak tool: T tasks hammering one limiter, recording every grant.
 
 The workload goes through the public :class:`~aiolimit.RateLimiter`. To learn the limiter's
-own grant time, the backend is a thin subclass of :class:`~aiolimit.RedisBackend` that, when an
-attempt is granted, notes its ``Attempt.time`` together with this process's wall clock just
-before and just after the script call. The note goes to the request that is running (a context
-variable), and the request keeps it only if the limiter call then returns True, so a grant a
-cancelled caller handed back is never counted.
+own grant time, the backend is a :class:`~aiolimit._tools.recording.RecordingBackend`: each
+request notes the grant made for it (its limiter time, and this process's wall clock just
+before and just after the script call), and keeps it only if the limiter call then returns
+True, so a grant a cancelled caller handed back is never counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import random
 import time
 from collections import Counter
@@ -23,11 +21,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ._limiter import RateLimiter
-from ._types import RateType
-from .backends.base import Attempt
-from .backends.redis import RedisBackend
-from .errors import NotConfiguredError
+from .. import NotConfiguredError, RateLimiter, RateType
+from .recording import RecordingBackend
 
 __all__ = ["Grant", "WorkerConfig", "WorkerResult", "run_worker"]
 
@@ -48,8 +43,8 @@ class Grant(NamedTuple):
     replied: float
     """Wall clock when the granting script call's reply arrived."""
     limiter_time: int
-    """``Attempt.time``: microseconds of the limiter's clock (server ``TIME`` by default),
-    corrected by any skew this worker injected into a client clock."""
+    """When the grant starts: microseconds of the limiter's clock (server ``TIME`` by
+    default), corrected by any skew this worker injected into a client clock."""
 
 
 @dataclass(frozen=True)
@@ -90,31 +85,6 @@ class WorkerResult:
     cancelled: int = 0
 
 
-class _Slot:
-    __slots__ = ("grant",)
-
-    def __init__(self) -> None:
-        self.grant: tuple[float, float, int] | None = None
-
-
-_REQUEST: contextvars.ContextVar[_Slot] = contextvars.ContextVar("aiolimit_soak_request")
-
-
-class _AuditedBackend(RedisBackend):
-    """Notes (sent, received, limiter time) of each granted attempt for the running request."""
-
-    skew_us = 0
-
-    async def try_acquire(self, name: str, permits: int, *args: Any, **kwargs: Any) -> Attempt:
-        sent = time.time()
-        attempt = await super().try_acquire(name, permits, *args, **kwargs)
-        if attempt.granted:
-            slot = _REQUEST.get(None)
-            if slot is not None:
-                slot.grant = (sent, time.time(), attempt.time - self.skew_us)
-        return attempt
-
-
 def run_worker(
     config: WorkerConfig,
     process: int,
@@ -143,8 +113,9 @@ async def _main(
     if config.clock == "client":
         skew = config.skew
         clock = (lambda: time.time() + skew) if skew else "client"
-    backend = _AuditedBackend(redis, client_id=f"soak-process-{process}", clock=clock)  # type: ignore[arg-type]
-    backend.skew_us = round(config.skew * 1_000_000) if config.clock == "client" else 0
+    backend = RecordingBackend(redis, client_id=f"soak-process-{process}", clock=clock)
+    # Grants are audited on the true clock, not the one this worker skewed.
+    skew_us = round(config.skew * 1_000_000) if config.clock == "client" else 0
     limiter = RateLimiter(config.name, backend)
     result = WorkerResult(process)
     try:
@@ -155,7 +126,9 @@ async def _main(
         await asyncio.sleep(max(0.0, begin - time.time()))
         rng = random.Random(config.seed * 1000 + process)
         tasks = [
-            asyncio.ensure_future(_task(config, limiter, process, index, end, rng, counts, result))
+            asyncio.ensure_future(
+                _task(config, backend, limiter, process, index, end, rng, counts, result, skew_us)
+            )
             for index in range(config.tasks)
         ]
         # Requests still waiting after the end get a few intervals to finish, then are dropped.
@@ -185,6 +158,7 @@ def _pick(config: WorkerConfig, rng: random.Random) -> tuple[str, int]:
 
 async def _task(
     config: WorkerConfig,
+    backend: RecordingBackend,
     limiter: RateLimiter,
     process: int,
     index: int,
@@ -192,6 +166,7 @@ async def _task(
     rng: random.Random,
     counts: Any,
     result: WorkerResult,
+    skew_us: int,
 ) -> None:
     big = config.big and index == 0 and process == 0
     while time.time() < end:
@@ -201,17 +176,16 @@ async def _task(
             kind, permits = "acquire", 1
         else:
             kind, permits = _pick(config, rng)
-        slot = _Slot()
-        token = _REQUEST.set(slot)
         requested = time.time()
         try:
-            if kind == "try":
-                granted = await limiter.try_acquire(permits, timeout=config.try_timeout)
-            elif kind == "big":
-                granted = await limiter.try_acquire(permits, timeout=config.big_timeout)
-            else:
-                await limiter.acquire(permits)
-                granted = True
+            with backend.request() as request:
+                if kind == "try":
+                    granted = await limiter.try_acquire(permits, timeout=config.try_timeout)
+                elif kind == "big":
+                    granted = await limiter.try_acquire(permits, timeout=config.big_timeout)
+                else:
+                    await limiter.acquire(permits)
+                    granted = True
         except NotConfiguredError as exc:
             # The server lost the config (a restart without persistence): set it again.
             result.errors[type(exc).__name__] += 1
@@ -222,8 +196,6 @@ async def _task(
             result.error_samples.setdefault(type(exc).__name__, str(exc)[:300])
             await asyncio.sleep(0.02)
             continue
-        finally:
-            _REQUEST.reset(token)
         if big:
             if granted:
                 result.big_waits.append(time.time() - requested)
@@ -232,13 +204,22 @@ async def _task(
         if not granted:
             result.refused += 1
             continue
-        if slot.grant is None:
+        grant = request.grant
+        if grant is None:
             result.errors["grant without a recorded attempt"] += 1
             continue
         received = time.time()
-        sent, replied, limiter_time = slot.grant
         result.grants.append(
-            Grant(process, permits, kind, requested, sent, received, replied, limiter_time)
+            Grant(
+                process,
+                permits,
+                kind,
+                requested,
+                grant.sent,
+                received,
+                grant.replied,
+                grant.time - skew_us,
+            )
         )
         counts[process] += permits
 

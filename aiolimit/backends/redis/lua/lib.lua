@@ -20,6 +20,10 @@
 -- (a new config, a rate type change, no keep_state). State of another generation belongs to
 -- no limiter: it is never counted, and is dropped when touched. So resetting or deleting a
 -- limiter with 100 000 clients is O(1); their keys are removed afterwards in small chunks.
+--
+-- The reply codes, the formats and the bounds here are the protocol the Python twin follows
+-- too: aiolimit/backends/_protocol.py states them again, and tests/test_protocol.py checks
+-- that the two agree.
 
 local unpack = unpack or table.unpack
 
@@ -368,7 +372,7 @@ end
 -- for. When the permits are not free now but will be within max wait, they are reserved: the
 -- grant is logged at the future time they become free, and the caller sleeps until then, so
 -- waiters are served in the order they asked, across every process, in one round trip each.
--- The reply to a request is one string:
+-- The reply to a request is one string (the codes are _protocol.Reply):
 --   "0 <left> <start> <delay> <member>"   granted at `start` (us), `delay` us from now
 --                                         (0: now; > 0: a reservation)
 --   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free

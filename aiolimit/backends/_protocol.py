@@ -1,0 +1,87 @@
+"""The one spec both stores follow: the Lua scripts (``redis/lua/``) and their Python twin
+(``memory.py``) run the same algorithm on the same formats and bounds, stated here once.
+
+``lib.lua`` states the same numbers and formats for the scripts; ``tests/test_protocol.py``
+fails when the two disagree.
+
+The clock rule. A call acts at one time, in integer microseconds: the server's ``TIME``
+(``clock="server"``) or the time the client sent. A client time older than the latest one
+the limiter has acted on acts at that latest time, so requests that reach the store out of
+order never act in the past (acting at an older time after newer grants were reclaimed would
+over-admit). The latest time is recorded in the config (``clock``) only for client times,
+and only once the request has passed the permits-over-rate check: a request refused for
+asking more than the rate acts at no time at all.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+__all__ = [
+    "MAX_BATCH",
+    "MAX_EXACT",
+    "RECLAIM_STEPS",
+    "VALUE_FORMAT",
+    "WALK_STEPS",
+    "Reply",
+    "format_member",
+    "parse_member",
+    "parse_value",
+]
+
+MAX_EXACT = 2**53 - 1
+"""The largest count kept exactly: Lua numbers are doubles. No log holds more permits."""
+WALK_STEPS = 1000
+"""Log entries one wait computation (or one release) may read."""
+RECLAIM_STEPS = 1000
+"""Expired log entries one call may remove from a budget."""
+MAX_BATCH = 64
+"""Acquire requests one ``acquire_many`` call carries. A script blocks the whole server while
+it runs; 64 requests keep one call well under a millisecond, while sharing a call still saves
+nearly all the per-call cost."""
+
+
+class Reply(IntEnum):
+    """The code that opens the reply to a request (the table at ``acquire`` in lib.lua)."""
+
+    GRANTED = 0
+    """Granted, now or as a reservation; also the code of every other successful reply."""
+    REFUSED = 1
+    """Not granted within the wait the caller allows; nothing was taken."""
+    NOT_CONFIGURED = -1
+    """The limiter has no config."""
+    OVER_RATE = -2
+    """The request asks for more permits than the rate; followed by the rate."""
+    OTHER_TYPE = -3
+    """The keys were built for the other rate type; followed by the limiter's rate type."""
+    QUEUE_FULL = -4
+    """Granting would log more than ``MAX_EXACT`` permits."""
+    FAILED = -5
+    """The request failed (a key holds foreign data, say); followed by the reason."""
+
+
+def format_member(permits: int, seq: int) -> str:
+    """A grant's log entry, ``"<permits>:<seq>"``: unique within its budget, and it says how
+    many permits it holds without another lookup."""
+    return f"{permits}:{seq}"
+
+
+def parse_member(member: str) -> tuple[int, int]:
+    """``(permits, seq)`` of a grant's log entry."""
+    permits, _, seq = member.partition(":")
+    return int(permits), int(seq)
+
+
+VALUE_FORMAT = "<gen> <used> <seq> <cursor>"
+"""A budget's value key: the config generation the state belongs to, the permits its log
+holds (reservations included), the number of its last grant, and where the last wait
+computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``)."""
+
+
+def parse_value(value: str) -> tuple[str, int, int, tuple[int, int, int] | None]:
+    """``(gen, used, seq, cursor)`` of a budget's value key (see :data:`VALUE_FORMAT`)."""
+    gen, used, seq, where = value.split(" ", 3)
+    if where == "-":
+        return gen, int(used), int(seq), None
+    score, up_to, at = map(int, where.split(" "))
+    return gen, int(used), int(seq), (score, up_to, at)

@@ -1,0 +1,361 @@
+"""The Redis backend: the operations, each a script (``lua/``) run through the shared round
+trips of ``_coalescer``, its reply decoded by ``_scripts``, and every failure mapped to a
+:class:`~aiolimit.LimiterError`. The key layout is in ``_keys``, what depends on the client
+library in ``_compat``."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
+
+from ..._types import RateLimiterConfig, RateType, check_text, clock_micros
+from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from ..base import Backend, Grant, Refusal, SetMode
+from . import _scripts as scripts
+from ._coalescer import Key, coalescer
+from ._compat import ANY, UNREACHABLE, slot
+from ._keys import Keys
+from ._scripts import Failed, Follow, NotConfigured, OtherType, OverRate, QueueFull, Trouble
+
+__all__ = ["RedisBackend"]
+
+Clock = Literal["server", "client"] | Callable[[], float]
+
+# PER_CLIENT clients handled by one retire.lua or refresh.lua call: well under 1 ms of server
+# time (about four commands each), so that no call holds Redis long.
+_CLIENTS_PER_CALL = 100
+
+R = TypeVar("R")
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+_REMEMBERED = 10_000  # limiters a backend keeps keys and rate types of
+
+
+class _Recent(dict[_K, _V]):
+    """A dict that forgets its oldest entry (dicts keep insertion order) once it holds
+    _REMEMBERED: a process may use any number of limiter names over its life, and what is
+    kept per name is only a cache."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: _K, value: _V) -> None:
+        if len(self) >= _REMEMBERED and key not in self:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
+
+
+class RedisBackend(Backend):
+    """Limiter state in Redis (or Valkey), shared by every process that uses the same server.
+
+    >>> from redis.asyncio import Redis
+    >>> backend = RedisBackend(Redis.from_url("redis://localhost:6379"))
+    >>> limiter = RateLimiter("partner-api", backend)
+
+    ``client_id`` names this client's budget for ``PER_CLIENT`` limiters (default: random per
+    backend). ``clock="server"`` (default) stamps grants with the server's ``TIME``, so skewed
+    client clocks cannot over-admit; ``clock="client"`` sends this host's wall clock instead,
+    for deployments that refuse ``TIME`` in scripts (a callable returning seconds also works).
+    ``prefix`` is put in front of every key (no braces: the hash tag follows it).
+
+    ``timeout`` (seconds, default 5) bounds how long each call waits for Redis's reply; then
+    it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The round trip itself
+    runs on: a grant it makes for a caller that gave up is handed back, as a cancelled
+    caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
+    """
+
+    __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        client_id: str | None = None,
+        clock: Clock = "server",
+        prefix: str = "aiolimit:",
+        timeout: float | None = 5.0,
+    ) -> None:
+        super().__init__(client_id)
+        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
+            raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
+        if prefix:
+            check_text(prefix, "prefix")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
+        ):
+            raise InvalidArgumentError(f"timeout must be seconds > 0 or None, not {timeout!r}")
+        if clock == "client":
+            clock = time.time
+        elif clock != "server" and not callable(clock):
+            raise InvalidArgumentError(
+                f"clock must be 'server', 'client' or a callable, not {clock!r}"
+            )
+        self._redis = redis
+        self._pipe = coalescer(redis)
+        self._clock: Callable[[], float] | None = None if clock == "server" else clock
+        self._prefix = prefix
+        self._timeout = None if timeout is None or timeout == math.inf else float(timeout)
+        self._keys: _Recent[str, Keys] = _Recent()
+        # The rate type each limiter had when last seen, to pass only the keys a call touches.
+        self._types: _Recent[str, RateType] = _Recent()
+
+    def with_client(self, client_id: str) -> RedisBackend:
+        other = RedisBackend(
+            self._redis, client_id=client_id, prefix=self._prefix, timeout=self._timeout
+        )
+        other._clock = self._clock
+        return other
+
+    @property
+    def timeout(self) -> float | None:
+        """How long each call waits for Redis's reply, in seconds (None: no limit of ours)."""
+        return self._timeout
+
+    @property
+    def redis(self) -> Any:
+        """The Redis client this backend runs on."""
+        return self._redis
+
+    def keys(self, name: str) -> Keys:
+        """Every key of the limiter ``name`` (README, "Redis layout")."""
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = Keys(self._prefix, name)
+        return keys
+
+    def slot(self, name: str) -> int:
+        return slot(self.keys(name).tag)
+
+    def _now_arg(self) -> str:
+        # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.
+        return "" if self._clock is None else str(clock_micros(self._clock()))
+
+    # -- running scripts, and what their failures say ----------------------------------------
+
+    async def _run(
+        self,
+        script: scripts.Script[R] | scripts.ReadCommand[R],
+        keys: Sequence[Key],
+        args: Sequence[Any],
+        orphan: Callable[[Any], None] | None = None,
+    ) -> R:
+        try:
+            reply = await self._pipe.call(script, keys, args, orphan, self._timeout)
+        except ANY as exc:
+            raise self._error(script.what, exc) from exc
+        try:
+            return script.decode(reply)
+        except (ValueError, LookupError, TypeError) as exc:
+            raise BackendError(f"unexpected reply to {script.what}: {reply!r:.200}") from exc
+
+    async def _budget_call(
+        self,
+        name: str,
+        script: scripts.Script[R | Trouble],
+        args: Callable[[RateType], list[Any]],
+        *,
+        permits: int = 0,
+        registry: bool = False,
+        extra_keys: Sequence[Key] = (),
+        orphan: Callable[[Any], None] | None = None,
+    ) -> R:
+        """Runs a script on this client's budget (with the clients registry if asked),
+        learning the limiter's rate type as needed."""
+        keys = self.keys(name)
+        rate_type = self._types.get(name, RateType.OVERALL)
+        for _ in range(2):
+            budget = keys.budget(rate_type, self.client_id, registry)
+            reply = await self._run(script, (*budget, *extra_keys), args(rate_type), orphan)
+            if isinstance(reply, OtherType):
+                rate_type = reply.rate_type
+                continue
+            if isinstance(reply, (NotConfigured, OverRate, QueueFull, Failed)):
+                raise self._trouble(script.what, name, permits, reply)
+            self._types[name] = rate_type
+            return reply
+        raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
+
+    def _trouble(self, what: str, name: str, permits: int, trouble: Trouble) -> LimiterError:
+        if isinstance(trouble, NotConfigured):
+            return NotConfiguredError(name)
+        if isinstance(trouble, OverRate):
+            return InvalidArgumentError(f"permits ({permits}) exceed the rate ({trouble.rate})")
+        if isinstance(trouble, QueueFull):
+            return BackendError(
+                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
+                "more than 2**53, which the scripts cannot count exactly"
+            )
+        if isinstance(trouble, Failed):
+            return self._refused(what, trouble.message, name)
+        raise AssertionError(trouble)  # pragma: no cover - OtherType is retried
+
+    def _error(self, what: str, exc: BaseException) -> BackendError:
+        if isinstance(exc, UNREACHABLE):
+            return BackendError(f"Redis is unreachable or timed out ({what}): {exc}")
+        return self._refused(what, _server_reason(str(exc)))
+
+    def _refused(self, what: str, message: str, name: str | None = None) -> BackendError:
+        """The error for a call Redis refused, or (with ``name``) for a request the script
+        itself reported as failed."""
+        if self._clock is None and scripts.TIME_REFUSED in message:
+            return BackendError(
+                f"the Redis server refused the TIME command in {what} "
+                f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
+                "this host's clock instead"
+            )
+        if name is None:
+            return BackendError(f"Redis refused {what}: {message}")
+        return BackendError(f"{what} failed for {name!r}: {message}")
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def try_acquire(
+        self, name: str, permits: int, max_wait_us: int | None = 0
+    ) -> Grant | Refusal:
+        def hand_back(reply: Any) -> None:
+            # The caller was cancelled while its call was in flight: its grant goes back.
+            attempt = scripts.ACQUIRE.decode(reply)
+            if isinstance(attempt, Grant):
+                self.hand_back(name, attempt.member)
+
+        return await self._budget_call(
+            name,
+            scripts.ACQUIRE,
+            lambda rate_type: [
+                scripts.acquire_request(
+                    permits, self._now_arg(), max_wait_us, rate_type, self.client_id
+                )
+            ],
+            permits=permits,
+            registry=True,
+            orphan=hand_back,
+        )
+
+    async def wait_time(self, name: str, permits: int) -> int:
+        return await self._budget_call(
+            name,
+            scripts.WAIT,
+            lambda rate_type: [permits, self._now_arg(), rate_type.value],
+            permits=permits,
+        )
+
+    async def available_permits(self, name: str) -> int:
+        left = await self._budget_call(
+            name, scripts.AVAILABLE, lambda rate_type: [self._now_arg(), rate_type.value]
+        )
+        return max(left, 0)
+
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
+        # A fresh receipt per call: the script remembers it, so a resend releases nothing more.
+        receipt = self.keys(name).receipt(uuid.uuid4().hex)
+        return await self._budget_call(
+            name,
+            scripts.RELEASE,
+            lambda rate_type: [permits, self._now_arg(), rate_type.value, member or ""],
+            permits=permits,
+            extra_keys=(receipt,),
+        )
+
+    async def _clients(self, registry: str, start: int) -> list[str]:
+        end = start + _CLIENTS_PER_CALL - 1
+        return await self._run(scripts.CLIENTS, (registry,), (start, end))
+
+    async def _retire(self, keys: Keys, retired: str) -> None:
+        """Removes the state of every client of a retired registry, a chunk per call. Each
+        call removes its chunk from the registry, and nothing adds to it: this ends."""
+        while clients := await self._clients(retired, 0):
+            await self._run(scripts.RETIRE, [keys.config, retired, *keys.clients(clients)], clients)
+
+    async def _refresh(self, keys: Keys) -> None:
+        """Gives every client in the registry the TTLs the config gives it, a chunk per call.
+        Clients that join meanwhile get them from their own grants."""
+        start = 0
+        while clients := await self._clients(keys.registry, start):
+            await self._run(
+                scripts.REFRESH,
+                [keys.config, keys.registry, *keys.clients(clients)],
+                [self._now_arg(), *clients],
+            )
+            if len(clients) < _CLIENTS_PER_CALL:
+                return
+            start += len(clients)
+
+    async def set_rate(
+        self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
+    ) -> bool:
+        keys = self.keys(name)
+        generation = uuid.uuid4().hex
+        reply = await self._run(
+            scripts.SET_RATE,
+            (keys.config, keys.value, keys.permits, keys.registry, keys.retired(generation)),
+            (
+                mode,
+                config.rate_type.value,
+                config.rate,
+                config.interval_us,
+                config.keep_alive_us,
+                "1" if keep_state else "0",
+                self._now_arg(),
+                generation,
+            ),
+        )
+        if reply.written:
+            self._types[name] = config.rate_type
+        if reply.follow is Follow.REFRESH:
+            await self._refresh(keys)
+        elif reply.follow is Follow.RETIRE:
+            await self._retire(keys, keys.retired(generation))
+        return reply.written
+
+    async def get_config(self, name: str) -> RateLimiterConfig | None:
+        config = await self._run(scripts.CONFIG, (self.keys(name).config,), ())
+        if config is not None:
+            self._types[name] = config.rate_type
+        return config
+
+    async def delete(self, name: str) -> bool:
+        self._types.pop(name, None)
+        keys = self.keys(name)
+        retired = keys.retired(uuid.uuid4().hex)
+        reply = await self._run(
+            scripts.DELETE, (keys.config, keys.value, keys.permits, keys.registry, retired), ()
+        )
+        if reply.retire:
+            await self._retire(keys, retired)
+        return reply.existed
+
+    async def expire(self, name: str, ttl_us: int) -> bool:
+        keys = self.keys(name)
+        ttl_ms = -(-ttl_us // 1000)
+        found = await self._run(
+            scripts.EXPIRE,
+            (keys.config, keys.value, keys.permits, keys.registry),
+            (ttl_ms, self._now_arg()),
+        )
+        if found:
+            await self._refresh(keys)
+        return found
+
+    async def clear_expire(self, name: str) -> bool:
+        keys = self.keys(name)
+        had_ttl = await self._run(
+            scripts.CLEAR_EXPIRE, (keys.config, keys.value, keys.permits), (self._now_arg(),)
+        )
+        await self._refresh(keys)
+        return had_ttl
+
+
+# What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
+# or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
+_LUA_NOISE = re.compile(
+    r"^(?:ERR )?(?:Error running script \(call to f_[0-9a-f]+\): )?(?:@?user_script:\d+: )*"
+    r"|\s*script: [0-9a-f]+, on @?user_script:\d+\.?\s*$"
+)
+
+
+def _server_reason(message: str) -> str:
+    """A server's error message in plain words, without a script's position or SHA."""
+    return _LUA_NOISE.sub("", message).strip() or message

@@ -1,0 +1,331 @@
+"""Shared round trips: concurrent calls on one Redis client go together in one pipeline.
+
+The coalescer knows no script by name. What it sends is an :class:`Operation` (a script or a
+plain command) that says how to send itself, whether it may be sent again after a lost
+connection, and, with a :class:`Batch`, how several requests for it share one call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ...errors import BackendError, InvalidArgumentError
+from ._compat import ANY, LOST, NO_SCRIPT, is_cluster, slot
+
+__all__ = ["Batch", "Coalescer", "Key", "Operation", "Request", "coalescer"]
+
+Key = str | bytes
+
+# Pauses before sending a round trip again after a lost connection: at once (a killed
+# connection), then long enough to ride out a server restart of a few hundred ms.
+_RECONNECT_PAUSES = (0.0, 0.02, 0.1, 0.3)
+# How long after a round trip's first lost connection it may still be sent again. redis-py
+# retries a lost connection itself (10 times over about 4 s with Redis() defaults), so
+# resending without a bound multiplies its time to give up; with it, a down server is
+# reported about as soon as the client itself reports it.
+_RESEND_FOR = 1.0
+_IN_FLIGHT = 2  # round trips one Redis client may have in flight at once
+_SECOND = 16  # requests waiting that justify a second round trip in flight
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Batch:
+    """How requests for one operation share a call: up to ``most`` of them go as one call of
+    ``carrier``, whose keys and arguments ``merge`` makes from theirs (each request's keys,
+    arguments) and whose reply ``split`` cuts into one reply per request, in order."""
+
+    carrier: Operation
+    most: int
+    merge: Callable[[Sequence[tuple[tuple[bytes, ...], list[bytes]]]], tuple[list[Any], list[Any]]]
+    split: Callable[[Any], Sequence[Any]]
+
+
+class Operation(Protocol):
+    """A script or a plain command, as the coalescer sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def what(self) -> str:
+        """What it is, for error messages: "the acquire script", "ZRANGE"."""
+
+    @property
+    def batch(self) -> Batch | None:
+        """How requests for it share a call; None: each request is a call of its own."""
+
+    @property
+    def resend(self) -> bool:
+        """Whether a call whose connection was lost may be sent again: where the first call
+        ran and only its reply was lost, the second must not admit more than one call would
+        (it may admit less)."""
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any], load: bool) -> tuple[Any, ...]:
+        """The command that runs it; with ``load``, one that also gives a script to a server
+        that replied NOSCRIPT."""
+
+
+class Request:
+    """One caller's request, waiting for its reply."""
+
+    __slots__ = ("args", "future", "keys", "operation", "orphan")
+
+    def __init__(
+        self,
+        operation: Operation,
+        keys: Sequence[Key],
+        args: Sequence[Any],
+        future: asyncio.Future[Any],
+        orphan: Callable[[Any], None] | None,
+    ) -> None:
+        self.operation = operation
+        # Encoded now, in the caller's own call: a key or argument that cannot be sent fails
+        # that caller alone, never the round trip its request would share with others.
+        self.keys = tuple(map(_encoded, keys))
+        self.args = [_encoded(arg) for arg in args]
+        self.future = future
+        self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
+
+    def settle(self, reply: Any) -> None:
+        future = self.future
+        if future.done():  # the caller was cancelled, or gave up
+            if self.orphan is not None and not isinstance(reply, BaseException):
+                self.orphan(reply)
+        elif isinstance(reply, BaseException):
+            future.set_exception(reply)
+        else:
+            future.set_result(reply)
+
+
+def _encoded(value: Any) -> bytes:
+    """``value`` as redis-py would send it."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        try:
+            return value.encode()
+        except UnicodeEncodeError as exc:
+            raise InvalidArgumentError(
+                f"{value!r} cannot be sent to Redis: it does not encode as UTF-8 ({exc.reason})"
+            ) from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(value).encode()
+    raise InvalidArgumentError(f"{value!r} cannot be sent to Redis")
+
+
+class _Call:
+    """One command in a pipeline: one request, or several that ``batch`` carries together."""
+
+    __slots__ = ("args", "keys", "operation", "requests", "split")
+
+    def __init__(self, requests: list[Request], batch: Batch | None = None) -> None:
+        self.requests = requests
+        self.split: Callable[[Any], Sequence[Any]] | None = None
+        if batch is None:
+            (request,) = requests
+            self.operation = request.operation
+            self.keys: list[Any] = list(request.keys)
+            self.args: list[Any] = list(request.args)
+        else:
+            self.operation = batch.carrier
+            self.keys, self.args = batch.merge([(r.keys, r.args) for r in requests])
+            self.split = batch.split
+
+    def command(self, load: bool = False) -> tuple[Any, ...]:
+        return self.operation.command(self.keys, self.args, load)
+
+    def settle(self, reply: Any) -> None:
+        if self.split is None or isinstance(reply, BaseException):
+            for request in self.requests:
+                request.settle(reply)
+        else:
+            for request, one in zip(self.requests, self.split(reply), strict=True):
+                request.settle(one)
+
+
+class Coalescer:
+    """Shares round trips between concurrent calls on one Redis client.
+
+    When nothing is in flight a call goes out at once. While a round trip is in flight,
+    further calls queue, and all of them go together in the next one, in one pipeline:
+    requests for an operation with a :class:`Batch` as calls of its carrier, up to its
+    ``most`` requests each (per cluster slot), anything else as a call of its own. Each
+    caller still gets its own result or error, and with a ``timeout`` stops waiting for it
+    after that many seconds.
+    """
+
+    __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis")
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._cluster = is_cluster(redis)
+        self._queue: list[Request] = []
+        self._pumps: set[asyncio.Task[None]] = set()
+
+    async def call(
+        self,
+        operation: Operation,
+        keys: Sequence[Key],
+        args: Sequence[Any],
+        orphan: Callable[[Any], None] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """The raw reply of ``operation`` run on ``keys`` and ``args``. ``orphan`` gets the
+        reply instead when the caller was cancelled (or gave up) before it came."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(Request(operation, keys, args, future, orphan))
+        # Round trips run in tasks of their own, so a cancelled caller never cuts a reply in
+        # half (nor waits on redis-py's cancelled write): its reply goes to `orphan`, which
+        # hands back a grant. A second round trip may start while one is in flight once
+        # enough requests wait, so this process prepares the next batch while Redis runs the
+        # last one.
+        if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
+            self._pumps.add(loop.create_task(self._send_queued()))
+        if timeout is None:
+            return await future
+        # A caller that stops waiting is a cancelled caller: its future is done, so the reply,
+        # when it comes, goes to `orphan` as a cancelled caller's does (a grant is handed
+        # back). The round trip itself runs on in its task.
+        timer = loop.call_later(timeout, _give_up, future, operation, timeout)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    async def _send_queued(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                await self._send(self._calls(batch))
+        except BaseException as exc:
+            for request in self._queue:
+                request.settle(exc)
+            self._queue = []
+            raise
+        finally:
+            # Leave at once (not in a done callback), so a call arriving next starts a pump.
+            self._pumps.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
+
+    def _calls(self, requests: list[Request]) -> list[_Call]:
+        calls: list[_Call] = []
+        groups: dict[tuple[Batch, int | None], list[Request]] = {}
+        for request in requests:
+            batch = request.operation.batch
+            if batch is None:
+                calls.append(_Call([request]))
+            else:
+                where = slot(request.keys[0]) if self._cluster else None
+                groups.setdefault((batch, where), []).append(request)
+        for (batch, _), group in groups.items():
+            # A few calls of at most `most` requests each: one script blocks the whole server
+            # while it runs, so Redis serves other clients in between.
+            for i in range(0, len(group), batch.most):
+                part = group[i : i + batch.most]
+                calls.append(_Call(part, batch) if len(part) > 1 else _Call(part))
+        return calls
+
+    async def _send(self, calls: list[_Call]) -> None:
+        """Sends ``calls`` in one round trip and settles each, sending again while the
+        connection is lost (within bounds) the calls that are safe to resend."""
+        loop = asyncio.get_running_loop()
+        first_failure: float | None = None
+        for pause in (*_RECONNECT_PAUSES, None):
+            sent = loop.time()
+            try:
+                replies = await self._round_trip(calls)
+            except LOST as exc:
+                now = loop.time()
+                first_failure = now if first_failure is None else first_failure
+                # Sent again only if, taking as long as this attempt took (redis-py's own
+                # retries included), it ends within _RESEND_FOR of the first failure.
+                resend = now + (pause or 0.0) + (now - sent) <= first_failure + _RESEND_FOR
+                if pause is not None and resend:
+                    # A killed or reset connection, or a server restarting: the pool hands
+                    # out a fresh connection. A call that is not safe to send twice (the lost
+                    # reply may have been its only one) gets the error instead.
+                    for call in calls:
+                        if not call.operation.resend:
+                            call.settle(exc)
+                    calls = [call for call in calls if call.operation.resend]
+                    if not calls:
+                        return
+                    await asyncio.sleep(pause)
+                    continue
+                error: BaseException = exc
+            except BaseException as exc:
+                error = exc
+            else:
+                for call, reply in zip(calls, replies, strict=True):
+                    call.settle(reply)
+                return
+            # The whole round trip failed: every caller in it gets the error.
+            for call in calls:
+                call.settle(error)
+            if not isinstance(error, Exception):
+                raise error
+            return
+
+    async def _round_trip(self, calls: list[_Call]) -> list[Any]:
+        if len(calls) == 1:
+            call = calls[0]
+            try:
+                try:
+                    return [await self._redis.execute_command(*call.command())]
+                except NO_SCRIPT:
+                    # The script cache was flushed (or this node never saw it): load it again.
+                    return [await self._redis.execute_command(*call.command(load=True))]
+            except LOST:
+                raise
+            except ANY as exc:
+                return [exc]
+        replies = await self._pipeline(calls, [False] * len(calls))
+        # After SCRIPT FLUSH, a restart or a failover every EVALSHA of the pipeline fails.
+        # Send again, each script's source once per slot (that loads it on the node) and
+        # EVALSHA after it; then, for whatever still fails, the source every time.
+        for everything in (False, True):
+            retry = [i for i, r in enumerate(replies) if isinstance(r, NO_SCRIPT)]
+            if not retry:
+                break
+            loaded: set[tuple[str, int | None]] = set()
+            loads = []
+            for i in retry:
+                call = calls[i]
+                where = (call.operation.name, slot(call.keys[0]) if self._cluster else None)
+                loads.append(everything or where not in loaded)
+                loaded.add(where)
+            again = await self._pipeline([calls[i] for i in retry], loads)
+            for i, reply in zip(retry, again, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _pipeline(self, calls: list[_Call], loads: list[bool]) -> list[Any]:
+        """Sends ``calls`` in one pipeline, loading a script where ``loads`` says so."""
+        pipe = self._redis.pipeline(transaction=False)
+        for call, load in zip(calls, loads, strict=True):
+            # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
+            pipe.execute_command(*call.command(load))
+        return list(await pipe.execute(raise_on_error=False))
+
+
+def _give_up(future: asyncio.Future[Any], operation: Operation, timeout: float) -> None:
+    if not future.done():
+        future.set_exception(
+            BackendError(f"no reply from Redis within {timeout} s ({operation.what})")
+        )
+
+
+# One coalescer per Redis client object, shared by every backend on that client.
+_coalescers: weakref.WeakKeyDictionary[Any, Coalescer] = weakref.WeakKeyDictionary()
+
+
+def coalescer(redis: Any) -> Coalescer:
+    """The coalescer of the Redis client ``redis``."""
+    pipe = _coalescers.get(redis)
+    if pipe is None:
+        pipe = _coalescers[redis] = Coalescer(redis)
+    return pipe

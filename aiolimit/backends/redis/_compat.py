@@ -1,0 +1,47 @@
+"""What depends on the client library: redis-py's exception classes and, when it is installed,
+valkey-py's (its fork), so that a RedisBackend accepts either library's asyncio client; hash
+slots; telling a cluster client from a single-node one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import exceptions as redis_errors
+from redis.crc import key_slot
+
+__all__ = ["ANY", "LOST", "NO_SCRIPT", "UNREACHABLE", "is_cluster", "slot"]
+
+NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
+"""The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
+LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
+"""The connection was lost (killed, reset, refused): the round trip may be sent again."""
+UNREACHABLE: tuple[type[BaseException], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+)
+"""No server answered in time."""
+ANY: tuple[type[BaseException], ...] = (
+    redis_errors.RedisError,
+    redis_errors.RedisClusterException,
+)
+"""Every error the client library raises."""
+try:
+    from valkey import exceptions as valkey_errors
+except ImportError:  # pragma: no cover - valkey-py is optional
+    pass
+else:
+    NO_SCRIPT += (valkey_errors.NoScriptError,)
+    LOST += (valkey_errors.ConnectionError,)
+    UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
+    ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
+
+
+def slot(key: str | bytes) -> int:
+    """The cluster hash slot of ``key`` (0-16383)."""
+    found: int = key_slot(key if isinstance(key, bytes) else key.encode())
+    return found
+
+
+def is_cluster(redis: Any) -> bool:
+    """Whether ``redis`` is a cluster client (redis-py's or valkey-py's ``RedisCluster``)."""
+    return hasattr(redis, "get_node_from_key")

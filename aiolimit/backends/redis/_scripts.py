@@ -1,0 +1,273 @@
+"""The scripts (``lua/``: ``lib.lua`` prepended to each operation's file) and the plain read
+commands, each with what its reply means: decoded here into typed values, so that no code of
+the protocol (``_protocol.Reply``) stands anywhere else."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import IntEnum
+from importlib import resources
+from typing import Any, Generic, NamedTuple, TypeVar
+
+from ..._types import RateLimiterConfig, RateType
+from .._protocol import MAX_BATCH, Reply
+from ..base import Grant, Refusal
+from ._coalescer import Batch
+
+R = TypeVar("R")
+
+TIME_REFUSED = "the server refused TIME in a script"
+"""What lib.lua says when the server refuses ``TIME`` in scripts."""
+
+
+class Script(Generic[R]):
+    """One operation's Lua, ``lib.lua`` + ``<name>.lua``: run with EVALSHA, or EVAL to load
+    it. ``decode`` turns its reply into ``R``."""
+
+    __slots__ = ("batch", "decode", "name", "resend", "sha", "source")
+
+    def __init__(
+        self,
+        name: str,
+        decode: Callable[[Any], R],
+        *,
+        resend: bool,
+        batch: Batch | None = None,
+    ) -> None:
+        lua = resources.files("aiolimit.backends.redis") / "lua"
+        self.name = name
+        self.source = (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        self.decode = decode
+        self.resend = resend
+        self.batch = batch
+
+    @property
+    def what(self) -> str:
+        return f"the {self.name} script"
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any], load: bool) -> tuple[Any, ...]:
+        if load:
+            return ("EVAL", self.source, len(keys), *keys, *args)
+        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+
+
+class ReadCommand(Generic[R]):
+    """A plain read-only command: it shares round trips as scripts do, and is always safe to
+    send again."""
+
+    __slots__ = ("decode", "name")
+
+    resend = True
+    batch = None
+
+    def __init__(self, name: str, decode: Callable[[Any], R]) -> None:
+        self.name = name
+        self.decode = decode
+
+    @property
+    def what(self) -> str:
+        return self.name
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any], load: bool) -> tuple[Any, ...]:
+        return (self.name, *keys, *args)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+# -- what a budget script may answer instead of its result ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NotConfigured:
+    """The limiter has no config."""
+
+
+@dataclass(frozen=True, slots=True)
+class OtherType:
+    """The keys were built for the other rate type: this is the limiter's."""
+
+    rate_type: RateType
+
+
+@dataclass(frozen=True, slots=True)
+class OverRate:
+    """The request asks for more permits than the rate."""
+
+    rate: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueFull:
+    """Granting would log more permits than the scripts can count exactly."""
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The request failed on its own (a key holds foreign data, say); the script's reason."""
+
+    message: str
+
+
+Trouble = NotConfigured | OtherType | OverRate | QueueFull | Failed
+
+
+def _trouble(code: Reply, detail: str) -> Trouble:
+    if code is Reply.NOT_CONFIGURED:
+        return NotConfigured()
+    if code is Reply.OVER_RATE:
+        return OverRate(int(detail))
+    if code is Reply.OTHER_TYPE:
+        return OtherType(RateType(detail))
+    if code is Reply.QUEUE_FULL:
+        return QueueFull()
+    if code is Reply.FAILED:
+        return Failed(detail)
+    raise ValueError(f"reply code {code!r} carries a result")
+
+
+# -- acquire, acquire_many ----------------------------------------------------------------------
+
+
+def acquire_request(
+    permits: int, now: str, max_wait_us: int | None, rate_type: RateType, client_id: str
+) -> str:
+    """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME."""
+    max_wait = -1 if max_wait_us is None else max_wait_us
+    request = f"{permits} {now or '-'} {max_wait} {rate_type.value}"
+    return f"{request} {client_id}" if rate_type is RateType.PER_CLIENT else request
+
+
+def _attempt(reply: Any) -> Grant | Refusal | Trouble:
+    code_text, _, rest = _text(reply).partition(" ")
+    code = Reply(int(code_text))
+    if code is Reply.GRANTED:
+        left, start, delay, member = rest.split(" ")
+        return Grant(starts_in=int(delay), starts_at=int(start), left=int(left), member=member)
+    if code is Reply.REFUSED:
+        wait, left, now = rest.split(" ")
+        return Refusal(retry_in=int(wait), at=int(now), left=int(left))
+    return _trouble(code, rest)
+
+
+def _merge_acquires(
+    requests: Sequence[tuple[tuple[bytes, ...], list[bytes]]],
+) -> tuple[list[Any], list[Any]]:
+    """acquire_many's KEYS and ARGV for several acquire requests: each budget's keys once,
+    and each request named after where its keys start."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    starts: dict[tuple[bytes, ...], int] = {}
+    for request_keys, (request,) in requests:
+        start = starts.get(request_keys)
+        if start is None:
+            start = starts[request_keys] = len(keys) + 1
+            keys.extend(request_keys)
+        args.append(b"%d %s" % (start, request))
+    return keys, args
+
+
+def _lines(reply: Any) -> list[Any]:
+    # acquire_many answers with one string, a line per request: cheap to parse.
+    lines: list[Any] = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
+    return lines
+
+
+# Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
+# caller gets one reply, so one grant.
+ACQUIRE_MANY = Script("acquire_many", _lines, resend=True)
+ACQUIRE = Script(
+    "acquire",
+    _attempt,
+    resend=True,
+    batch=Batch(ACQUIRE_MANY, MAX_BATCH, _merge_acquires, _lines),
+)
+
+# -- the other budget scripts: {0, number} or trouble ------------------------------------------
+
+
+def _number(reply: Any) -> int | Trouble:
+    code = Reply(int(reply[0]))
+    if code is Reply.GRANTED:
+        return int(reply[1])
+    return _trouble(code, _text(reply[1]) if len(reply) > 1 else "")
+
+
+# Read-only.
+AVAILABLE = Script("available", _number, resend=True)
+WAIT = Script("wait", _number, resend=True)
+# Each call carries a fresh receipt key: a resend finds the receipt and hands back nothing more.
+RELEASE = Script("release", _number, resend=True)
+
+# -- configs and lifetimes ----------------------------------------------------------------------
+
+
+class Follow(IntEnum):
+    """What set_rate leaves the caller to do, a chunk of clients per call."""
+
+    NOTHING = 0
+    REFRESH = 1
+    """Give every client in the registry the TTLs the config now gives it (refresh.lua)."""
+    RETIRE = 2
+    """Remove the state of every client of the retired registry (retire.lua)."""
+
+
+class Written(NamedTuple):
+    written: bool
+    follow: Follow
+
+
+class Deleted(NamedTuple):
+    existed: bool
+    retire: bool
+    """Whether the clients registry was retired, for the caller to remove its clients."""
+
+
+def _written(reply: Any) -> Written:
+    return Written(bool(reply[0]), Follow(int(reply[1])))
+
+
+def _deleted(reply: Any) -> Deleted:
+    return Deleted(int(reply[0]) > 0, bool(reply[1]))
+
+
+def _config(reply: Any) -> RateLimiterConfig | None:
+    if not reply:
+        return None
+    fields = (
+        {_text(k): _text(v) for k, v in reply.items()}
+        if isinstance(reply, dict)
+        else {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
+    )
+    keep_alive = int(fields.get("keep_alive", "0"))
+    return RateLimiterConfig(
+        RateType(fields["type"]),
+        int(fields["rate"]),
+        timedelta(microseconds=int(fields["interval"])),
+        timedelta(microseconds=keep_alive) if keep_alive else None,
+    )
+
+
+def _clients(reply: Any) -> list[str]:
+    return [_text(client) for client in reply]
+
+
+# Safe to resend, since running twice admits no more than once: a resent set_rate writes the
+# same config with the same generation (a resent "try" reports it was not written); a resent
+# delete, expire or clear_expire finds its work done; retire and refresh repeat what they did.
+SET_RATE = Script("set_rate", _written, resend=True)
+DELETE = Script("delete", _deleted, resend=True)
+EXPIRE = Script("expire", bool, resend=True)
+CLEAR_EXPIRE = Script("clear_expire", bool, resend=True)
+RETIRE = Script("retire", int, resend=True)
+REFRESH = Script("refresh", int, resend=True)
+
+CONFIG = ReadCommand("HGETALL", _config)
+"""The config hash, as a config (None: there is none)."""
+CLIENTS = ReadCommand("ZRANGE", _clients)
+"""A range of the clients registry."""

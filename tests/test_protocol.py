@@ -1,0 +1,177 @@
+"""lib.lua and _protocol.py state one protocol twice (the Lua for the scripts, the Python for the
+memory twin and the Redis client): these tests fail when one changes without the other."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import Any
+
+import fakeredis
+import pytest
+
+from aiolimit import MemoryBackend, RateLimiterConfig, RateType, RedisBackend
+from aiolimit.backends import Grant, Refusal
+from aiolimit.backends._protocol import (
+    MAX_BATCH,
+    MAX_EXACT,
+    RECLAIM_STEPS,
+    VALUE_FORMAT,
+    WALK_STEPS,
+    Reply,
+    format_member,
+    parse_member,
+    parse_value,
+)
+from aiolimit.backends.redis import _scripts as scripts
+
+LUA = resources.files("aiolimit.backends.redis") / "lua"
+
+
+def lua(name: str) -> str:
+    return (LUA / f"{name}.lua").read_text()
+
+
+def lua_constant(name: str) -> int:
+    found = re.search(rf"^local {name} = (\d+)", lua("lib"), re.MULTILINE)
+    assert found, f"lib.lua no longer defines {name}"
+    return int(found[1])
+
+
+def test_lib_lua_has_the_bounds_of_the_protocol() -> None:
+    assert lua_constant("WALK_STEPS") == WALK_STEPS
+    assert lua_constant("RECLAIM_STEPS") == RECLAIM_STEPS
+    assert lua_constant("MAX_EXACT") == MAX_EXACT
+
+
+def test_acquire_many_says_the_batch_bound_the_client_keeps() -> None:
+    found = re.search(r"at most\s+--\s+(\d+) of them", lua("acquire_many"))
+    assert found, "acquire_many.lua's header no longer states its bound"
+    assert int(found[1]) == MAX_BATCH
+
+
+def test_lib_lua_lists_the_reply_codes_of_the_protocol() -> None:
+    table = re.search(r"The reply to a request is one string.*?\n((?:--   .*\n)+)", lua("lib"))
+    assert table, "lib.lua no longer has its table of replies"
+    listed = [int(code) for code in re.findall(r'^--   "(-?\d+)', table[1], re.MULTILINE)]
+    assert sorted(listed) == sorted(Reply)
+
+
+def returned_codes(source: str) -> set[int]:
+    """Every code a script returns: the first number of a reply string or table."""
+    strings = re.findall(r"return '(-?\d+)[ ']", source)
+    tables = re.findall(r"return \{ (-?\d+)[ ,}]", source)
+    return {int(code) for code in strings + tables}
+
+
+def test_every_code_a_script_returns_is_a_reply_of_the_protocol() -> None:
+    for name in ("lib", "acquire", "acquire_many", "available", "wait", "release"):
+        assert returned_codes(lua(name)) <= set(Reply), name
+    assert returned_codes(lua("lib")) == set(Reply)  # acquire returns each of them
+
+
+def test_the_grant_member_is_formatted_and_parsed_as_lib_lua_does() -> None:
+    made = re.search(r"fmt\(permits\) \.\. '([^']*)' \.\. fmt\(budget\.seq\)", lua("lib"))
+    assert made, "lib.lua no longer makes a grant's member as fmt(permits) .. ':' .. seq"
+    assert format_member(2, 7) == f"2{made[1]}7"
+    read = re.search(
+        r"member_permits\(member\)\s+return tonumber\(string\.match\(member, '\^"
+        r"\(%d\+\)([^']*)'\)\)",
+        lua("lib"),
+    )
+    assert read, "lib.lua no longer reads a member's permits as '^(%d+):'"
+    assert read[1] == made[1]
+    assert parse_member(format_member(2, 7)) == (2, 7)
+
+
+def test_the_value_key_is_written_as_the_protocol_says() -> None:
+    written = re.search(r"return (gen \.\. .*)\n", lua("lib"))
+    assert written, "lib.lua no longer writes the value key in encode_budget"
+    parts = [part.strip() for part in written[1].split("..")]
+    fields = {"gen": "<gen>", "fmt(budget.used)": "<used>", "fmt(budget.seq)": "<seq>"}
+    text = "".join(
+        part.strip("'") if part.startswith("'") else fields.get(part, "<cursor>") for part in parts
+    )
+    assert text == VALUE_FORMAT
+    assert parse_value("ab12 5 2 -") == ("ab12", 5, 2, None)
+    assert parse_value("ab12 -3 9 1700 4 2") == ("ab12", -3, 9, (1700, 4, 2))
+
+
+def test_lib_lua_says_the_time_refusal_the_client_recognises() -> None:
+    assert scripts.TIME_REFUSED in lua("lib")
+
+
+# -- every reply the Lua can give is decoded ------------------------------------------------------
+
+ACQUIRE_REPLIES: dict[Reply, tuple[str, Any]] = {
+    Reply.GRANTED: ("0 3 1700 200 2:7", Grant(starts_in=200, starts_at=1700, left=3, member="2:7")),
+    Reply.REFUSED: ("1 500 -1 1700", Refusal(retry_in=500, at=1700, left=-1)),
+    Reply.NOT_CONFIGURED: ("-1", scripts.NotConfigured()),
+    Reply.OVER_RATE: ("-2 5", scripts.OverRate(5)),
+    Reply.OTHER_TYPE: ("-3 PER_CLIENT", scripts.OtherType(RateType.PER_CLIENT)),
+    Reply.QUEUE_FULL: ("-4", scripts.QueueFull()),
+    Reply.FAILED: (
+        "-5 the state in k is not aiolimit state",
+        scripts.Failed("the state in k is not aiolimit state"),
+    ),
+}
+
+
+@pytest.mark.parametrize("code", list(Reply), ids=[code.name for code in Reply])
+def test_every_acquire_reply_is_decoded(code: Reply) -> None:
+    reply, decoded = ACQUIRE_REPLIES[code]
+    assert scripts.ACQUIRE.decode(reply.encode()) == decoded
+    assert scripts.ACQUIRE.decode(reply) == decoded  # decode_responses=True
+
+
+def test_acquire_many_replies_are_decoded_one_per_request() -> None:
+    many = "\n".join(reply for reply, _ in ACQUIRE_REPLIES.values())
+    split = scripts.ACQUIRE_MANY.decode(many.encode())
+    assert [scripts.ACQUIRE.decode(one) for one in split] == [
+        decoded for _, decoded in ACQUIRE_REPLIES.values()
+    ]
+
+
+TABLE_REPLIES: dict[int, tuple[list[Any], Any]] = {
+    Reply.GRANTED: ([0, 4], 4),
+    Reply.NOT_CONFIGURED: ([-1], scripts.NotConfigured()),
+    Reply.OVER_RATE: ([-2, 5], scripts.OverRate(5)),
+    Reply.OTHER_TYPE: ([-3, b"OVERALL"], scripts.OtherType(RateType.OVERALL)),
+}
+
+
+@pytest.mark.parametrize(
+    "script", [scripts.AVAILABLE, scripts.WAIT, scripts.RELEASE], ids=lambda script: script.name
+)
+def test_every_reply_of_the_other_budget_scripts_is_decoded(script: Any) -> None:
+    codes = returned_codes(lua(script.name))
+    assert codes <= set(TABLE_REPLIES), f"{script.name}.lua returns a code not decoded here"
+    for code in codes:
+        reply, decoded = TABLE_REPLIES[code]
+        assert script.decode(reply) == decoded
+
+
+# -- the formats on a live store ------------------------------------------------------------------
+
+
+async def test_the_state_the_scripts_write_reads_as_the_protocol_says() -> None:
+    redis = fakeredis.FakeAsyncRedis()
+    backend = RedisBackend(redis, clock=lambda: 1000.0)
+    await backend.set_rate("p", RateLimiterConfig.build("OVERALL", 10, 60), "set", False)
+    first = await backend.try_acquire("p", 2)
+    second = await backend.try_acquire("p", 3)
+    assert isinstance(first, Grant) and isinstance(second, Grant)
+    assert [parse_member(first.member), parse_member(second.member)] == [(2, 1), (3, 2)]
+    keys = backend.keys("p")
+    members = await redis.zrange(keys.permits, 0, -1)
+    assert sorted(m.decode() for m in members) == sorted([first.member, second.member])
+    gen, used, seq, _ = parse_value((await redis.get(keys.value)).decode())
+    assert (used, seq) == (5, 2)
+    assert gen == (await redis.hget(keys.config, "gen")).decode()
+
+
+async def test_the_memory_twin_numbers_its_grants_as_the_scripts_do() -> None:
+    backend = MemoryBackend()
+    await backend.set_rate("p", RateLimiterConfig.build("OVERALL", 10, 60), "set", False)
+    grants = [await backend.try_acquire("p", permits) for permits in (2, 3)]
+    assert [parse_member(g.member) for g in grants if isinstance(g, Grant)] == [(2, 1), (3, 2)]
