@@ -4,8 +4,7 @@ import abc
 import asyncio
 import logging
 import uuid
-from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal, NamedTuple
 
 from .._types import RateLimiterConfig, check_text
 from ._protocol import parse_member
@@ -19,8 +18,7 @@ SetMode = Literal["try", "set", "update"]
 ``"update"`` only where one exists."""
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
+class Grant(NamedTuple):
     """An attempt that was granted. Times are integer microseconds (exact at any rate)."""
 
     starts_in: int
@@ -32,11 +30,12 @@ class Grant:
     member: str
     """The grant's log entry: ``release(name, permits, member)`` hands back exactly it."""
 
-    granted: ClassVar[Literal[True]] = True
+    @property
+    def granted(self) -> Literal[True]:
+        return True
 
 
-@dataclass(frozen=True, slots=True)
-class Refusal:
+class Refusal(NamedTuple):
     """An attempt that was refused: nothing was taken. Times are integer microseconds."""
 
     retry_in: int
@@ -46,7 +45,9 @@ class Refusal:
     left: int
     """Permits left (negative while reservations are queued)."""
 
-    granted: ClassVar[Literal[False]] = False
+    @property
+    def granted(self) -> Literal[False]:
+        return False
 
 
 Attempt = Grant | Refusal

@@ -168,13 +168,15 @@ class RedisBackend(Backend):
         rate_type = self._types.get(name, RateType.OVERALL)
         for _ in range(2):
             budget = keys.budget(rate_type, self.client_id, registry)
-            reply = await self._run(script, (*budget, *extra_keys), args(rate_type), orphan)
+            keys_sent = (*budget, *extra_keys) if extra_keys else budget
+            reply = await self._run(script, keys_sent, args(rate_type), orphan)
             if isinstance(reply, OtherType):
                 rate_type = reply.rate_type
                 continue
             if isinstance(reply, (NotConfigured, OverRate, QueueFull, Failed)):
                 raise self._trouble(script.what, name, permits, reply)
-            self._types[name] = rate_type
+            if self._types.get(name) is not rate_type:
+                self._types[name] = rate_type
             return reply
         raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ...errors import BackendError, InvalidArgumentError
 from ._compat import ANY, LOST, NO_SCRIPT, is_cluster, slot
@@ -85,8 +86,15 @@ class Request:
         self.operation = operation
         # Encoded now, in the caller's own call: a key or argument that cannot be sent fails
         # that caller alone, never the round trip its request would share with others.
-        self.keys = tuple(map(_encoded, keys))
-        self.args = [_encoded(arg) for arg in args]
+        # On the hot path both are bytes already, which one C-level join confirms.
+        self.keys: tuple[bytes, ...] = cast("tuple[bytes, ...]", tuple(keys))
+        self.args: list[bytes] = cast("list[bytes]", list(args))
+        try:
+            b"".join(self.keys)
+            b"".join(self.args)
+        except TypeError:
+            self.keys = tuple(map(_encoded, keys))
+            self.args = list(map(_encoded, args))
         self.future = future
         self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
 
@@ -158,13 +166,17 @@ class Coalescer:
     after that many seconds.
     """
 
-    __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis")
+    __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis", "_timer", "_waiting")
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._cluster = is_cluster(redis)
         self._queue: list[Request] = []
         self._pumps: set[asyncio.Task[None]] = set()
+        # Callers with a deadline, oldest first, and one timer at the oldest one's deadline:
+        # far cheaper than a timer per call (replies mostly come in the order calls went out).
+        self._waiting: deque[tuple[float, asyncio.Future[Any], Operation, float]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
 
     async def call(
         self,
@@ -186,16 +198,35 @@ class Coalescer:
         # last one.
         if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
             self._pumps.add(loop.create_task(self._send_queued()))
-        if timeout is None:
-            return await future
-        # A caller that stops waiting is a cancelled caller: its future is done, so the reply,
-        # when it comes, goes to `orphan` as a cancelled caller's does (a grant is handed
-        # back). The round trip itself runs on in its task.
-        timer = loop.call_later(timeout, _give_up, future, operation, timeout)
-        try:
-            return await future
-        finally:
-            timer.cancel()
+        if timeout is not None:
+            # A caller that stops waiting is a cancelled caller: its future is done, so the
+            # reply, when it comes, goes to `orphan` as a cancelled caller's does (a grant is
+            # handed back). The round trip itself runs on in its task.
+            waiting = self._waiting
+            while waiting and waiting[0][1].done():
+                waiting.popleft()
+            waiting.append((loop.time() + timeout, future, operation, timeout))
+            if self._timer is None:
+                self._timer = loop.call_at(waiting[0][0], self._give_up)
+        return await future
+
+    def _give_up(self) -> None:
+        """Fails the callers whose deadline has passed (oldest first), then waits for the
+        next deadline. A deadline behind a later one is kept at most that much late."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = self._waiting
+        while waiting:
+            deadline, future, operation, timeout = waiting[0]
+            if not future.done():
+                if deadline > now:
+                    self._timer = loop.call_at(deadline, self._give_up)
+                    return
+                future.set_exception(
+                    BackendError(f"no reply from Redis within {timeout} s ({operation.what})")
+                )
+            waiting.popleft()
 
     async def _send_queued(self) -> None:
         try:
@@ -310,13 +341,6 @@ class Coalescer:
             # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
             pipe.execute_command(*call.command(load))
         return list(await pipe.execute(raise_on_error=False))
-
-
-def _give_up(future: asyncio.Future[Any], operation: Operation, timeout: float) -> None:
-    if not future.done():
-        future.set_exception(
-            BackendError(f"no reply from Redis within {timeout} s ({operation.what})")
-        )
 
 
 # One coalescer per Redis client object, shared by every backend on that client.

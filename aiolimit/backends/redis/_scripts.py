@@ -136,23 +136,31 @@ def _trouble(code: Reply, detail: str) -> Trouble:
 
 def acquire_request(
     permits: int, now: str, max_wait_us: int | None, rate_type: RateType, client_id: str
-) -> str:
-    """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME."""
+) -> bytes:
+    """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME.
+    Encoded here (a client id is valid UTF-8), so the round trip need not."""
     max_wait = -1 if max_wait_us is None else max_wait_us
     request = f"{permits} {now or '-'} {max_wait} {rate_type.value}"
-    return f"{request} {client_id}" if rate_type is RateType.PER_CLIENT else request
+    if rate_type is RateType.PER_CLIENT:
+        request = f"{request} {client_id}"
+    return request.encode()
+
+
+_GRANTED = b"%d" % Reply.GRANTED
+_REFUSED = b"%d" % Reply.REFUSED
 
 
 def _attempt(reply: Any) -> Grant | Refusal | Trouble:
-    code_text, _, rest = _text(reply).partition(" ")
-    code = Reply(int(code_text))
-    if code is Reply.GRANTED:
-        left, start, delay, member = rest.split(" ")
-        return Grant(starts_in=int(delay), starts_at=int(start), left=int(left), member=member)
-    if code is Reply.REFUSED:
-        wait, left, now = rest.split(" ")
-        return Refusal(retry_in=int(wait), at=int(now), left=int(left))
-    return _trouble(code, rest)
+    # The hot path: plain bytes compared and split, no enum until a code needs reading.
+    raw = reply if reply.__class__ is bytes else _text(reply).encode()
+    code, _, rest = raw.partition(b" ")
+    if code == _GRANTED:
+        left, start, delay, member = rest.split(b" ")
+        return Grant(int(delay), int(start), int(left), member.decode())
+    if code == _REFUSED:
+        wait, left, now = rest.split(b" ")
+        return Refusal(int(wait), int(now), int(left))
+    return _trouble(Reply(int(code)), rest.decode())
 
 
 def _merge_acquires(
