@@ -1,22 +1,43 @@
 """Random operation sequences on the memory backend and on a real redis-server, driven by one
-fake clock: every result must agree, and no grant may push a sliding window over the rate.
+fake clock: every result must agree, both must hold the same keys with the same TTLs, and no
+grant may push a sliding window over the rate.
 
 Both backends read the same controllable clock (``clock=`` a callable), so the Lua scripts
-and their Python twin see identical times. Redis key TTLs still run on the server's real
-clock, so intervals here are tens of (fake) seconds, every example uses a fresh limiter
-name, and ``keep_alive``/``expire`` (pure TTL behaviour) are left to test_redis_backend.py.
+and their Python twin see identical times. The clock moves forward, and also back (a client
+whose clock is behind the latest time the limiter acted on: both must act at that latest
+time), then forward again. Configs may have a ``keep_alive``; ``expire`` and
+``clear_expire`` run among the other operations.
+
+Redis key TTLs run on the server's real clock, the fake clock is virtual: left alone, a TTL
+of 10 fake seconds would outlive a whole example, and one of 1 ms (a grant about to leave
+the window) would vanish while the fake clock stands still. So the test keeps Redis's TTLs
+on the fake clock itself (see ``Twins.redis_before`` and ``Twins.compare_keys``):
+
+* after each operation it reads every key's TTL, checks it against the memory backend's
+  (which counts on the fake clock), and replaces it with a marker TTL of ~115 days, so
+  that nothing expires in real time between operations;
+* before each operation it deletes the keys whose TTL has run out on the fake clock, and
+  gives back their exact remaining TTL to the keys a script reads the TTL of (the clients
+  registry; and, for ``expire``, the state keys);
+* the time a key expires is the memory backend's (both then drop it at the same fake time).
+  While the clock is behind, a TTL counts from the limiter's time in the memory backend
+  but from the server's clock in Redis; the two differ by the skew, so then only whether
+  a key has a TTL is compared, not how long it is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from servers import Server
 
 from aiolimit import (
     InvalidArgumentError,
@@ -27,19 +48,32 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit.backends import Backend
+from aiolimit._tools import LocalRedis
+from aiolimit.backends import Backend, Grant, Refusal
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
+KEEP_ALIVES = (None, None, 1.0, 1.5, 3.0)  # times the interval
 START_US = 1_000_000_000
+FOREVER = math.inf
+MARK_MS = 10**10  # the TTL that parks a Redis key between operations (~115 days)
 _names = itertools.count()
 
+Config = tuple[RateType, int, int, float | None]  # (type, rate, interval_us, keep_alive x)
+
 client = st.sampled_from(CLIENTS)
-permits = st.integers(1, 5)
-config = st.tuples(st.sampled_from(RateType), st.integers(1, 4), st.sampled_from(INTERVALS_US))
+permits = st.one_of(st.integers(1, 2), st.integers(1, 5))  # more often within the rate
+config = st.tuples(
+    st.sampled_from(RateType),
+    st.integers(1, 4),
+    st.sampled_from(INTERVALS_US),
+    st.sampled_from(KEEP_ALIVES),
+)
 # Steps of the fake clock; the named ones sit on the window's edges.
 edges = st.sampled_from(["zero", "1us", "interval", "interval-1us", "interval+1us", "half"])
 advance = st.one_of(edges, edges, edges, st.floats(0, 2.5))  # named or a fraction of interval
+back = st.one_of(st.sampled_from(["1us", "half", "interval-1us", "interval"]), st.floats(0, 1))
+ttl = st.one_of(st.sampled_from(["1us", "half", "interval", "interval+1us"]), st.floats(0, 3))
 acquire = st.tuples(st.just("acquire"), client, permits)
 step = st.tuples(st.just("advance"), advance)
 operation = st.one_of(
@@ -51,190 +85,534 @@ operation = st.one_of(
     ),
     st.tuples(st.just("public_try_acquire"), client, permits),
     st.tuples(st.just("release"), client, permits),
+    st.tuples(st.just("release_member"), client, st.integers(0, 50)),
+    st.tuples(st.just("wait_time"), client, permits),
     st.tuples(st.just("available"), client),
     step,
     step,
     step,
+    st.tuples(st.just("back"), back),  # the clock goes back by up to an interval
+    st.tuples(st.just("back"), back),
+    st.tuples(st.just("catch_up")),  # ... and forward again to the latest reading
     st.tuples(
         st.just("configure"), st.sampled_from(["set", "update", "try"]), config, st.booleans()
     ),
     st.tuples(st.just("get_config")),
     st.tuples(st.just("delete")),
+    st.tuples(st.just("expire"), ttl),
+    st.tuples(st.just("clear_expire")),
 )
+CLIENT_OPERATIONS = {
+    "acquire",
+    "reserve",
+    "public_try_acquire",
+    "release",
+    "release_member",
+    "wait_time",
+    "available",
+}
 
 
-@dataclass
-class Audit:
-    """Grants as the test saw them, to check the sliding-window bound independently.
-
-    A grant stops counting ("dead") once the clock has passed its time plus the interval in
-    force, even if a later, longer interval would cover it again: the backends may already
-    have dropped it from their logs, which only makes them stricter.
-    """
-
-    config: tuple[RateType, int, int] | None = None  # (type, rate, interval_us)
-    budgets: dict[str | None, list[list[Any]]] = field(
-        default_factory=dict
-    )  # [time, permits, dead]
-
-    def budget(self, client_id: str) -> list[list[Any]]:
-        assert self.config is not None
-        key = client_id if self.config[0] is RateType.PER_CLIENT else None
-        return self.budgets.setdefault(key, [])
-
-    def expire(self, now: int) -> None:
-        if self.config is None:
-            return
-        for budget in self.budgets.values():
-            for grant in budget:
-                if now - grant[0] >= self.config[2]:
-                    grant[2] = True
-
-    def in_window(self, client_id: str, now: int) -> int:
-        assert self.config is not None
-        start = now - self.config[2]
-        return sum(p for t, p, dead in self.budget(client_id) if not dead and start < t <= now)
-
-    def grant(self, client_id: str, permits: int, start: int) -> None:
-        """Notes a grant (a reservation starts in the future) and checks every window that
-        holds it: (x - interval, x] for each grant time x in [start, start + interval)."""
-        assert self.config is not None
-        budget = self.budget(client_id)
-        budget.append([start, permits, False])
-        budget.sort(key=lambda grant: grant[0])
-        for end in {t for t, _, _ in budget if start <= t < start + self.config[2]}:
-            held = self.in_window(client_id, end)
-            assert held <= self.config[1], f"{held} permits in the window ending {end}"
-
-    def release(self, client_id: str, permits: int, now: int) -> None:
-        """Takes from the newest grants that have started (reservations are not released)."""
-        budget = self.budget(client_id)
-        started = [grant for grant in budget if grant[0] <= now]
-        while permits:
-            newest = started.pop()
-            take = min(newest[1], permits)
-            newest[1] -= take
-            permits -= take
-            if not newest[1]:
-                budget.remove(newest)
-
-    def configure(self, new: tuple[RateType, int, int], keep_state: bool, now: int) -> None:
-        if not keep_state or self.config is None or self.config[0] is not new[0]:
-            self.budgets.clear()
-        self.config = new
-        self.expire(now)
+def built(new: Config) -> RateLimiterConfig:
+    rate_type, rate, interval_us, keep_alive = new
+    return RateLimiterConfig.build(
+        rate_type,
+        rate,
+        timedelta(microseconds=interval_us),
+        None if keep_alive is None else timedelta(microseconds=round(interval_us * keep_alive)),
+    )
 
 
-async def run(backend: Backend, op: tuple[Any, ...], name: str, interval: int) -> Any:
-    kind = op[0]
-    try:
-        if kind == "acquire":
-            attempt = asdict(await backend.try_acquire(name, op[2]))
-            del attempt["grant"]  # ids may differ; the time and permits they log may not
-            return ("attempt", attempt["granted"], tuple(attempt.items()))
-        if kind == "reserve":
-            max_wait = {"forever": -1, "half": interval // 2, "interval": interval}[op[3]]
-            attempt = asdict(await backend.try_acquire(name, op[2], max_wait))
-            del attempt["grant"]
-            return ("attempt", attempt["granted"], tuple(attempt.items()))
-        if kind == "public_try_acquire":
-            return ("granted", await RateLimiter(name, backend).try_acquire(op[2]))
-        if kind == "release":
-            return ("released", await backend.release(name, op[2]))
-        if kind == "available":
-            # Clamped here: the memory backend's negative count has a test of its own below.
-            return ("available", max(await backend.available_permits(name), 0))
-        if kind == "configure":
-            rate_type, rate, interval_us = op[2]
-            built = RateLimiterConfig.build(rate_type, rate, interval_us / 1e6)
-            return ("written", await backend.set_rate(name, built, op[1], op[3]))
-        if kind == "get_config":
-            return ("config", await backend.get_config(name))
-        if kind == "delete":
-            return ("deleted", await backend.delete(name))
-    except (InvalidArgumentError, NotConfiguredError) as exc:
-        return ("error", type(exc).__name__)
-    raise AssertionError(f"unknown operation {op!r}")
-
-
-def advance_by(step: str | float, audit: Audit) -> int:
-    interval = audit.config[2] if audit.config else INTERVALS_US[0]
+def duration(step: str | float, interval: int) -> int:
     if isinstance(step, float):
         return round(step * interval)
     return {"zero": 0, "1us": 1, "interval": interval, "interval-1us": interval - 1,
             "interval+1us": interval + 1, "half": interval // 2}[step]  # fmt: skip
 
 
+@dataclass
+class Logged:
+    """One grant as the test saw it (its member follows partial releases, as the log's)."""
+
+    time: int
+    permits: int
+    member: str
+    dead: bool = False
+
+
+@dataclass
+class Audit:
+    """Grants as the test saw them, to check the sliding-window bound independently.
+
+    A grant stops counting ("dead") once the limiter's time has passed its time plus the
+    interval in force, even if a later, longer interval would cover it again: the backends
+    may already have dropped it from their logs, which only makes them stricter. Every grant
+    the audit holds alive is still in the backends' logs (unless released).
+    """
+
+    config: tuple[RateType, int, int] | None = None  # (type, rate, interval_us)
+    budgets: dict[str | None, list[Logged]] = field(default_factory=dict)
+
+    def budget(self, client_id: str) -> list[Logged]:
+        assert self.config is not None
+        key = client_id if self.config[0] is RateType.PER_CLIENT else None
+        return self.budgets.setdefault(key, [])
+
+    def vanish(self) -> None:
+        """The limiter has no config any more (deleted, or expired): its state counts no
+        more, and the next config starts afresh."""
+        self.config = None
+        self.budgets.clear()
+
+    def expire(self, now: int) -> None:
+        if self.config is None:
+            return
+        for budget in self.budgets.values():
+            for grant in budget:
+                if now - grant.time >= self.config[2]:
+                    grant.dead = True
+
+    def in_window(self, client_id: str, now: int) -> int:
+        assert self.config is not None
+        start = now - self.config[2]
+        return sum(
+            g.permits for g in self.budget(client_id) if not g.dead and start < g.time <= now
+        )
+
+    def grant(self, client_id: str, permits: int, start: int, member: str) -> None:
+        """Notes a grant (a reservation starts in the future) and checks every window that
+        holds it: (x - interval, x] for each grant time x in [start, start + interval)."""
+        assert self.config is not None
+        budget = self.budget(client_id)
+        budget.append(Logged(start, permits, member))
+        budget.sort(key=lambda grant: (grant.time, grant.member))  # as a ZSET orders them
+        for end in {g.time for g in budget if start <= g.time < start + self.config[2]}:
+            held = self.in_window(client_id, end)
+            assert held <= self.config[1], f"{held} permits in the window ending {end}"
+
+    def release(self, client_id: str, asked: int, released: int, now: int) -> None:
+        """Takes ``released`` permits from the newest grants that have started (reservations
+        are not released), splitting the last one as the backends do."""
+        budget = self.budget(client_id)
+        started = [grant for grant in budget if grant.time <= now]
+        live = sum(g.permits for g in started if not g.dead)
+        logged = sum(g.permits for g in started)
+        assert min(asked, live) <= released <= min(asked, logged), (asked, live, logged)
+        while released:
+            newest = started.pop()
+            take = min(newest.permits, released)
+            newest.permits -= take
+            released -= take
+            if newest.permits:
+                newest.member = f"{newest.permits}:{newest.member.partition(':')[2]}"
+            else:
+                budget.remove(newest)
+        budget.sort(key=lambda grant: (grant.time, grant.member))
+
+    def release_member(self, client_id: str, member: str, released: int) -> None:
+        """Removes exactly the grant ``member`` (a reservation too), if it is still logged."""
+        budget = self.budget(client_id)
+        matches = [g for g in budget if g.member == member]
+        live = [g for g in matches if not g.dead]
+        if live:
+            assert released == live[-1].permits, f"released {released} of {live[-1]}"
+            budget.remove(live[-1])
+        elif released:  # dead to the audit, but still logged
+            gone = [g for g in matches if g.permits == released]
+            assert gone, f"released {released} permits of {member!r}, which is not logged"
+            budget.remove(gone[-1])
+
+    def configure(self, new: tuple[RateType, int, int], keep_state: bool) -> None:
+        if not keep_state or self.config is None or self.config[0] is not new[0]:
+            self.budgets.clear()
+        self.config = new
+
+
+async def run(backend: Backend, op: tuple[Any, ...], name: str, interval: int, ttl_us: int) -> Any:
+    """Runs one operation; what it returned (or the type of the error it raised)."""
+    kind = op[0]
+    try:
+        if kind == "acquire":
+            return ("attempt", await backend.try_acquire(name, op[2]))
+        if kind == "reserve":
+            max_wait = {"forever": None, "half": interval // 2, "interval": interval}[op[3]]
+            return ("attempt", await backend.try_acquire(name, op[2], max_wait))
+        if kind == "public_try_acquire":
+            return ("granted", await RateLimiter(name, backend).try_acquire(op[2]))
+        if kind == "release":
+            return ("released", await backend.release(name, op[2]))
+        if kind == "release_member":
+            return ("released", await backend.release(name, int(op[3].partition(":")[0]), op[3]))
+        if kind == "wait_time":
+            return ("wait", await backend.wait_time(name, op[2]))
+        if kind == "available":
+            return ("available", await backend.available_permits(name))
+        if kind == "configure":
+            return ("written", await backend.set_rate(name, built(op[2]), op[1], op[3]))
+        if kind == "get_config":
+            return ("config", await backend.get_config(name))
+        if kind == "delete":
+            return ("deleted", await backend.delete(name))
+        if kind == "expire":
+            return ("expire", await backend.expire(name, ttl_us))
+        if kind == "clear_expire":
+            return ("clear_expire", await backend.clear_expire(name))
+    except (InvalidArgumentError, NotConfiguredError) as exc:
+        return ("error", type(exc).__name__)
+    raise AssertionError(f"unknown operation {op!r}")
+
+
+# What OnFakeTime runs in place of a script: the script itself, between a prologue that
+# restores the TTLs (a DEL for a key whose TTL ran out) listed in PLAN_KEY and an epilogue that
+# parks them, in one script call: no key expires while a script runs. The script's `redis`
+# is wrapped to note the TTL each PEXPIRE or SET PX asks for (the real clock may tick while
+# the script runs, so reading it back could be a few ms off). On Redis 7.0 a TTL of 1 ms
+# set in a script may also run out at once (about 1 in 5000: PEXPIRE counts from a clock
+# reading older than the script's), so 1 ms is set as 2 ms here, and reported as 1 ms.
+PLAN_KEY = "aiolimit-test:plan"  # [pattern of the limiter's keys, key, ms or "del", ...]
+_AROUND = """
+local plan = redis.call('LRANGE', '%(plan)s', 0, -1)
+local time = redis.call('TIME')
+local began = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local restored, asked = {}, {}
+for i = 2, #plan, 2 do
+  if plan[i + 1] == 'del' then
+    redis.call('DEL', plan[i])
+  else
+    redis.call('PEXPIRE', plan[i], math.max(tonumber(plan[i + 1]), 2))
+    restored[plan[i]] = {redis.call('PEXPIRETIME', plan[i]), tonumber(plan[i + 1])}
+  end
+end
+local function ttl_at(command, args) -- where a command that sets a TTL in ms has it
+  command = string.upper(command)
+  if command == 'PEXPIRE' then
+    return 2
+  end
+  if command == 'SET' and #args == 4 and string.upper(args[3]) == 'PX' then
+    return 4
+  end
+end
+local real = redis
+local function call(how, command, ...)
+  local args = {...}
+  local at = ttl_at(command, args)
+  if at then
+    asked[args[1]] = tonumber(args[at])
+    args[at] = math.max(asked[args[1]], 2)
+  end
+  return real[how](command, unpack(args))
+end
+local function operation()
+  local redis = setmetatable({
+    call = function(...) return call('call', ...) end,
+    pcall = function(...) return call('pcall', ...) end,
+  }, {__index = real})
+%(script)s
+end
+local ok, reply = pcall(operation)
+local ttls = {}
+for _, key in ipairs(redis.call('KEYS', plan[1])) do
+  local at = redis.call('PEXPIRETIME', key)
+  if at >= 0 and not string.find(key, ':released:', 1, true) then
+    local was = restored[key]
+    local kept = not asked[key] and was and was[1] == at
+    table.insert(ttls, key)
+    table.insert(ttls, asked[key] or (kept and was[2]) or at - began)
+    table.insert(ttls, kept and 1 or 0)
+    redis.call('PEXPIRE', key, %(mark)d)
+  end
+end
+if not ok then
+  return redis.error_reply(type(reply) == 'table' and reply.err or tostring(reply))
+end
+return {reply, ttls}
+"""
+
+
+class OnFakeTime:
+    """The Redis client the RedisBackend is given: it keeps the limiter's key TTLs on the
+    fake clock, which stands still during an operation.
+
+    Each script runs wrapped in ``_AROUND``: its keys get their TTL (``ttls``, ms left on the
+    fake clock) just before it, and are parked with a TTL of ~115 days just after it, so that
+    nothing ever expires in real time. The scripts' source comes from the backend itself:
+    the first EVALSHA of each is answered NOSCRIPT, and the backend sends it again as EVAL.
+    """
+
+    def __init__(self, redis: Redis, pattern: str) -> None:
+        self.redis = redis
+        self.pattern = pattern
+        self.expired: list[str] = []  # keys to drop before the next command
+        self.ttls: dict[str, int] = {}
+        self.kept: set[str] = set()  # keys whose TTL the operation's scripts left alone
+        self.scripts: dict[bytes, str] = {}  # SHA1 -> the script wrapped in _AROUND
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.redis, name)
+
+    def pipeline(self, *args: Any, **options: Any) -> Any:
+        raise AssertionError("the test sends one command at a time")
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        command = _text(args[0]).upper()
+        if command not in ("EVAL", "EVALSHA"):  # a plain read
+            if self.expired:
+                await self.redis.delete(*self.expired)
+                self.expired = []
+            return await self.redis.execute_command(*args, **options)
+        if command == "EVAL":
+            source = _text(args[1])
+            sha = hashlib.sha1(args[1] if isinstance(args[1], bytes) else source.encode())
+            self.scripts[sha.hexdigest().encode()] = _AROUND % {
+                "plan": PLAN_KEY, "script": source, "mark": MARK_MS
+            }  # fmt: skip
+            args = ("EVALSHA", sha.hexdigest(), *args[2:])
+        sha = args[1] if isinstance(args[1], bytes) else str(args[1]).encode()
+        if sha not in self.scripts:
+            raise redis_errors.NoScriptError("NOSCRIPT No matching script (the test's)")
+        plan: list[Any] = [self.pattern]
+        for key in self.expired:
+            plan += [key, "del"]
+        for key, ms in self.ttls.items():
+            plan += [key, ms]
+        self.expired = []
+        await self.redis.delete(PLAN_KEY)
+        await self.redis.rpush(PLAN_KEY, *plan)
+        reply, ttls = await self.redis.eval(self.scripts[sha], *args[2:])
+        self.ttls = {_text(ttls[i]): ttls[i + 1] for i in range(0, len(ttls), 3)}
+        self.kept |= {_text(ttls[i]) for i in range(0, len(ttls), 3) if ttls[i + 2]}
+        self.kept -= {_text(ttls[i]) for i in range(0, len(ttls), 3) if not ttls[i + 2]}
+        return reply
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 class Twins:
     """One memory and one Redis backend per client id, on one fake clock, plus the audit."""
 
     def __init__(self, redis: Redis) -> None:
-        self.now = START_US
+        self.now = self.latest = START_US
         self.name = f"property-{next(_names)}"
-        memory = MemoryBackend(client_id="a", clock=self.clock)
-        remote = RedisBackend(redis, client_id="a", clock=self.clock)
+        self.tag = f"aiolimit:{{{self.name}}}"  # RedisBackend's default prefix and hash tag
+        self.redis = redis
+        self.on_fake_time = OnFakeTime(redis, f"{self.tag}*")
+        self.memory = MemoryBackend(client_id="a", clock=self.clock)
+        remote = RedisBackend(self.on_fake_time, client_id="a", clock=self.clock)
         self.backends = {
-            "a": (memory, remote),
-            "b": (memory.with_client("b"), remote.with_client("b")),
+            "a": (self.memory, remote),
+            "b": (self.memory.with_client("b"), remote.with_client("b")),
         }
         self.audit = Audit()
+        self.members: list[str] = []  # of every grant, for release_member
+        self.deadline: int | None = None  # the end expire() gave the limiter, if any
 
     def clock(self) -> float:
         return self.now / 1e6
 
-    def advance(self, us: int) -> None:
-        self.now += us
-        self.audit.expire(self.now)
+    @property
+    def interval(self) -> int:
+        return self.audit.config[2] if self.audit.config else INTERVALS_US[0]
+
+    def set_clock(self, now: int) -> None:
+        self.now = now
+        self.latest = max(self.latest, now)
+
+    # -- the memory backend's state, seen from the test (it counts TTLs on the fake clock) --
+
+    def memory_config(self) -> Any:
+        """The memory backend's stored config if it is alive now, else None."""
+        limiter = self.memory._shared.limiters.get(self.name)
+        if limiter is None or limiter.config is None or limiter.config.expires_at <= self.now:
+            return None
+        return limiter.config
+
+    def memory_keys(self) -> dict[str, float]:
+        """When each of the limiter's keys expires in the memory backend, named as Redis
+        names them (``FOREVER``: no TTL)."""
+        limiter = self.memory._shared.limiters.get(self.name)
+        if limiter is None:
+            return {}
+        keys: dict[str, float] = {}
+        if limiter.config is not None:
+            keys[f"{self.tag}:config"] = limiter.config.expires_at
+        for client_id, budget in limiter.budgets.items():
+            suffix = "" if client_id is None else f":{client_id}"
+            keys[f"{self.tag}:value{suffix}"] = budget.expires_at
+            keys[f"{self.tag}:permits{suffix}"] = budget.expires_at
+        # Redis's registry outlives every client's state: its TTL is clamped to expire()'s
+        # end rounded up to the ms, as the state's is. The memory backend's is clamped to the
+        # end itself, and may go first (by less than 1 ms, or by the skew while the clock is
+        # behind), which counts for nothing in memory; but here Redis's registry, which
+        # delete() counts, must then live on with the state.
+        clients = [b.expires_at for client_id, b in limiter.budgets.items() if client_id]
+        if limiter.registry or clients:
+            registry = limiter.registry_expires_at if limiter.registry else -FOREVER
+            keys[f"{self.tag}:clients"] = max([registry, *clients])
+        return keys
+
+    def last_member(self, who: str, permits: int) -> str:
+        """The member of the grant just made (which RateLimiter.try_acquire does not say)."""
+        limiter = self.memory._shared.limiters[self.name]
+        assert self.audit.config is not None
+        key = who if self.audit.config[0] is RateType.PER_CLIENT else None
+        return f"{permits}:{limiter.budgets[key].seq}"
+
+    def ms_left(self, expires_at: float, now: int | None = None) -> int:
+        """Time left until ``expires_at``, rounded up to whole ms as Redis keeps TTLs."""
+        return -int(((self.now if now is None else now) - expires_at) // 1000)
+
+    # -- Redis's TTLs, kept on the fake clock ------------------------------------------------
+
+    def redis_before(self, keys: dict[str, float]) -> None:
+        """Redis's keys expire when the memory backend's do, on the fake clock."""
+        fake = self.on_fake_time
+        fake.expired = [key for key, expires_at in keys.items() if expires_at <= self.now]
+        fake.ttls = {k: self.ms_left(at) for k, at in keys.items() if self.now < at < FOREVER}
+        fake.kept = set()
+
+    async def compare_keys(self, now: int) -> None:
+        """Both backends hold the same keys, with a TTL in the same cases, of the same length
+        (to the ms). While the clock is behind (``now``, the limiter's time, is ahead of it)
+        the memory backend counts some TTLs from ``now``, Redis from the clock."""
+        fake = self.on_fake_time
+        if fake.expired:  # (the operation sent no command)
+            await self.redis.delete(*fake.expired)
+            fake.expired = []
+        keys = await self.redis.keys(f"{self.tag}*")
+        ttls = {key.decode(): await self.redis.pttl(key) for key in keys}
+        redis = {key: ttl for key, ttl in ttls.items() if ":released:" not in key}
+        memory = self.memory_keys()
+        registry = f"{self.tag}:clients"
+        if registry in memory and registry not in redis:
+            limiter = self.memory._shared.limiters[self.name]
+            if not limiter.registry:  # (gone in both: its clients left it a while ago)
+                del memory[registry]
+        assert sorted(redis) == sorted(memory), f"redis {redis}, memory {memory}"
+        for key, expires_at in memory.items():
+            assert expires_at > self.now, f"{key} expired at {expires_at}, kept at {self.now}"
+            if expires_at == FOREVER or redis[key] == -1:
+                assert expires_at == FOREVER and redis[key] == -1, (
+                    f"{key}: {redis[key]}, {expires_at}"
+                )
+            elif now == self.now:
+                ms = fake.ttls[key]  # as the operation set it, or left it
+                assert ms == self.ms_left(expires_at), (
+                    f"{key}: TTL {ms} ms in Redis, expires at {expires_at} in memory"
+                )
+
+    async def compare_state(self) -> None:
+        """Both backends hold the same state: the config's end (``expires_at``) and latest
+        time (``clock``); each budget's permits, sequence number and log. (The walk cursor is
+        a cache of where the last walk stopped: Redis writes it back only with other changes,
+        so it is not compared.)"""
+        limiter = self.memory._shared.limiters.get(self.name)
+        if limiter is None:
+            return
+        stored, gen = limiter.config, None
+        if stored is not None and stored.expires_at > self.now:
+            config = await self.redis.hgetall(f"{self.tag}:config")
+            fields = {_text(k): _text(v) for k, v in config.items()}
+            memory = {"expires_at": stored.deadline, "clock": stored.clock}
+            redis = {k: int(fields[k]) if k in fields else None for k in memory}
+            assert redis == memory, f"config: redis {redis}, memory {memory}"
+            gen = fields["gen"]
+        for client_id, budget in limiter.budgets.items():
+            if budget.expires_at <= self.now:
+                continue
+            suffix = "" if client_id is None else f":{client_id}"
+            value = _text(await self.redis.get(f"{self.tag}:value{suffix}"))
+            logged = await self.redis.zrange(f"{self.tag}:permits{suffix}", 0, -1, withscores=True)
+            memory_state = (budget.used, budget.seq, [(m, t) for t, m, _ in budget.live()])
+            redis_gen, used, seq, _cursor = value.split(" ", 3)
+            redis_state = (int(used), int(seq), [(_text(m), int(t)) for m, t in logged])
+            assert redis_state == memory_state, f"{suffix}: redis {redis_state}, {memory_state}"
+            assert gen is None or redis_gen == gen, f"{suffix}: generation {redis_gen}, not {gen}"
+
+    # -- one step ---------------------------------------------------------------------------
 
     async def step(self, op: tuple[Any, ...]) -> Any:
         """Runs one operation on both backends, checks they agree, and updates the audit."""
-        if op[0] == "advance":
-            self.advance(advance_by(op[1], self.audit))
+        kind = op[0]
+        if kind == "advance":
+            self.set_clock(self.now + duration(op[1], self.interval))
             return None
-        if op[0] == "wait_then_acquire":
+        if kind == "back":
+            self.set_clock(self.now - duration(op[1], self.interval))
+            return None
+        if kind == "catch_up":
+            self.set_clock(self.latest)
+            return None
+        if kind == "wait_then_acquire":
             return await self.wait_then_acquire(op[1], op[2])
-        who = op[1] if op[0] in ("acquire", "public_try_acquire", "release", "available") else "a"
+        if kind == "release_member":
+            member = self.members[op[2] % len(self.members)] if self.members else "1:1"
+            op = (*op, member)
+        who = op[1] if kind in CLIENT_OPERATIONS else "a"
         in_memory, in_redis = self.backends[who]
-        interval = audit.config[2] if (audit := self.audit).config else INTERVALS_US[0]
-        expected = await run(in_memory, op, self.name, interval)
-        actual = await run(in_redis, op, self.name, interval)
-        assert actual == expected, f"{op!r}: redis {actual!r}, memory {expected!r}"
+        audit, interval = self.audit, self.interval
 
-        kind, result = expected[0], expected[1]
-        if kind in ("attempt", "granted") and result:
-            start = self.now
-            if kind == "attempt":  # a reservation starts when its wait is over
-                attempt = dict(expected[2])
-                start += attempt["wait"]
-                assert attempt["time"] == start
-            audit.grant(who, op[2], start)
-        elif kind == "released" and result:
-            audit.release(who, result, self.now)
-        elif kind == "written" and result:
-            audit.configure(op[2], op[3], self.now)
-        elif kind == "deleted":
-            audit.config = None
-            audit.budgets.clear()
-        elif kind == "available":
+        # The limiter's time: a clock reading older than the latest it acted on is moved up.
+        stored = self.memory_config()
+        if stored is None:
+            audit.vanish()  # deleted, or expired: the next config starts afresh
+            self.deadline = None
+        latest = None if stored is None else stored.clock
+        now = self.now if latest is None else max(self.now, latest)
+        audit.expire(now)
+
+        ttl_us = max(duration(op[1], interval), 1) if kind == "expire" else 0
+
+        before = self.memory_keys()
+        self.redis_before(before)
+        expected = await run(in_memory, op, self.name, interval, ttl_us)
+        actual = await run(in_redis, op, self.name, interval, ttl_us)
+        assert actual == expected, f"{op!r}: redis {actual!r}, memory {expected!r}"
+        await self.compare_keys(now)
+        await self.compare_state()
+
+        result = expected[1]
+        if kind in ("acquire", "reserve") and isinstance(result, Grant):
+            assert result.starts_at == now + result.starts_in
+            audit.grant(who, op[2], result.starts_at, result.member)
+            self.members.append(result.member)
+        elif kind in ("acquire", "reserve") and isinstance(result, Refusal):
+            assert result.at == now and result.retry_in >= 1
+        elif kind == "public_try_acquire" and result is True:
+            audit.grant(who, op[2], now, self.last_member(who, op[2]))
+        elif kind == "release" and expected[0] == "released":
+            audit.release(who, op[2], result, now)
+        elif kind == "release_member" and expected[0] == "released":
+            audit.release_member(who, op[3], result)
+        elif kind == "configure" and result:
+            audit.configure(op[2][:3], op[3])
+            self.deadline = None
+        elif kind == "delete":
+            audit.vanish()
+            self.deadline = None
+        elif kind == "expire" and result:
+            self.deadline = self.now + -(-ttl_us // 1000) * 1000
+        elif kind == "clear_expire":
+            self.deadline = None
+        elif kind == "available" and expected[0] == "available":
             assert audit.config is not None
-            assert result <= max(audit.config[1] - audit.in_window(who, self.now), 0)
+            assert 0 <= result <= max(audit.config[1] - audit.in_window(who, now), 0)
         return expected
 
     async def wait_then_acquire(self, who: str, permits: int) -> None:
         """A refused attempt's wait is exact: refused 1 us before it, granted at it."""
         first = await self.step(("acquire", who, permits))
-        if first[0] != "attempt" or first[1]:
+        if first[0] != "attempt" or first[1].granted:
             return
-        wait = dict(first[2])["wait"]
-        assert wait >= 1
-        if wait > 1:
-            self.advance(wait - 1)
+        ready = first[1].at + first[1].retry_in  # on the limiter's time, which may be ahead
+        if first[1].retry_in > 1:
+            self.set_clock(ready - 1)
             early = await self.step(("acquire", who, permits))
-            assert not early[1], f"granted 1 us before the wait of {wait} us ended"
-            self.advance(1)
-        else:
-            self.advance(wait)
-        assert (await self.step(("acquire", who, permits)))[1], f"refused after waiting {wait} us"
+            assert early[0] != "attempt" or not early[1].granted, "granted 1 us early"
+        self.set_clock(ready)
+        late = await self.step(("acquire", who, permits))
+        assert late[0] != "attempt" or late[1].granted, f"refused at {ready}: {late}"
 
 
 @settings(
@@ -244,43 +622,154 @@ class Twins:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @example(  # a grant one microsecond before the oldest grant leaves the window
-    first=(RateType.OVERALL, 2, INTERVALS_US[0]),
+    first=(RateType.OVERALL, 2, INTERVALS_US[0], None),
     operations=[("acquire", "a", 2), ("advance", "interval-1us"), ("acquire", "b", 1)],
 )
 @example(  # PER_CLIENT: each client its own budget; a type change clears the state
-    first=(RateType.PER_CLIENT, 2, INTERVALS_US[1]),
+    first=(RateType.PER_CLIENT, 2, INTERVALS_US[1], None),
     operations=[
         ("acquire", "a", 2),
         ("wait_then_acquire", "a", 1),
         ("acquire", "b", 2),
         ("release", "b", 1),
-        ("configure", "update", (RateType.OVERALL, 3, INTERVALS_US[0]), True),
+        ("configure", "update", (RateType.OVERALL, 3, INTERVALS_US[0], None), True),
         ("wait_then_acquire", "b", 3),
+    ],
+)
+@example(  # a clock behind the latest time acted on acts at that time, then catches up
+    first=(RateType.OVERALL, 2, INTERVALS_US[0], None),
+    operations=[
+        ("acquire", "a", 2),
+        ("advance", "half"),
+        ("acquire", "b", 1),
+        ("back", "interval"),
+        ("wait_then_acquire", "a", 1),
+        ("back", "half"),
+        ("release", "a", 1),
+        ("available", "b"),
+        ("catch_up",),
+        ("advance", "half"),
+        ("acquire", "a", 2),
+    ],
+)
+@example(  # keep_alive: an idle limiter disappears one keep_alive after its last grant
+    first=(RateType.PER_CLIENT, 1, INTERVALS_US[0], 1.5),
+    operations=[
+        ("acquire", "a", 1),
+        ("advance", "interval"),
+        ("acquire", "b", 1),
+        ("advance", 1.5),
+        ("get_config",),
+        ("configure", "try", (RateType.PER_CLIENT, 1, INTERVALS_US[0], 1.5), True),
+        ("acquire", "b", 1),
+    ],
+)
+@example(  # expire, then clear_expire: the state keeps counting; then expire for good
+    first=(RateType.OVERALL, 3, INTERVALS_US[0], 1.0),
+    operations=[
+        ("acquire", "a", 2),
+        ("expire", "half"),
+        ("acquire", "b", 1),
+        ("clear_expire",),
+        ("advance", "half"),
+        ("release_member", "a", 0),
+        ("acquire", "a", 2),
+        ("expire", "1us"),
+        ("advance", "1us"),
+        ("delete",),
     ],
 )
 @given(first=config, operations=st.lists(operation, min_size=5, max_size=50))
 async def test_memory_and_redis_agree_and_never_exceed_the_rate(
-    redis_server: Server, first: tuple[RateType, int, int], operations: list[tuple[Any, ...]]
+    redis_server: LocalRedis, first: Config, operations: list[tuple[Any, ...]]
 ) -> None:
     redis = Redis.from_url(redis_server.url)
+    twins = Twins(redis)
     try:
-        twins = Twins(redis)
         for op in [("configure", "set", first, False), *operations]:
             await twins.step(op)
     finally:
+        keys = await redis.keys(f"{twins.tag}*")
+        if keys:
+            await redis.delete(*keys)
         await redis.aclose()
 
 
 async def test_available_permits_is_never_negative_on_either_backend(
-    redis_server: Server,
+    redis_server: LocalRedis,
 ) -> None:
     redis = Redis.from_url(redis_server.url)
     try:
         twins = Twins(redis)
-        await twins.step(("configure", "set", (RateType.OVERALL, 2, INTERVALS_US[0]), False))
+        await twins.step(("configure", "set", (RateType.OVERALL, 2, INTERVALS_US[0], None), False))
         await twins.step(("acquire", "a", 2))
         await twins.step(("reserve", "a", 1, "forever"))  # left is -1 until the reservation
         for memory_or_redis in twins.backends["a"]:
             assert await memory_or_redis.available_permits(twins.name) == 0
     finally:
         await redis.aclose()
+
+
+# -- what the random test once found -------------------------------------------------------------
+
+
+async def replay(redis_server: LocalRedis, first: Config, operations: list) -> None:
+    """Runs ``operations`` as the random test does."""
+    redis = Redis.from_url(redis_server.url)
+    twins = Twins(redis)
+    try:
+        for op in [("configure", "set", first, False), *operations]:
+            await twins.step(op)
+    finally:
+        await redis.aclose()
+
+
+async def test_a_longer_expire_keeps_the_state_as_long_as_the_config(
+    redis_server: LocalRedis,
+) -> None:
+    # expire(1 ms) gives config and state a TTL of 1 ms; expire(10 s) then gives the config
+    # 10 s, and the state must get back the TTL its grant needs: were it to keep 1 ms, the
+    # grant would be forgotten while the limiter lives on, and a second permit granted inside
+    # the window of a rate of 1 (the audit fails on that).
+    await replay(
+        redis_server,
+        (RateType.OVERALL, 1, INTERVALS_US[0], None),
+        [
+            ("acquire", "a", 1),
+            ("expire", "1us"),  # 1 ms
+            ("expire", "interval"),  # 10 s
+            ("advance", "half"),
+            ("acquire", "b", 1),  # refused by both
+        ],
+    )
+
+
+async def test_a_refusal_leaves_the_budget_ttl_as_redis_does(redis_server: LocalRedis) -> None:
+    # After a shorter interval (kept state), a refusal that reclaims nothing writes nothing:
+    # the budget keeps its TTL of 25 s in both backends (the memory backend once stored it
+    # again with 10 s, and then granted what Redis refused once the interval grew back).
+    await replay(
+        redis_server,
+        (RateType.PER_CLIENT, 1, INTERVALS_US[1], None),
+        [
+            ("acquire", "a", 1),
+            ("configure", "set", (RateType.PER_CLIENT, 1, INTERVALS_US[0], None), True),
+            ("acquire", "a", 1),  # refused; TTL 25 s in both
+        ],
+    )
+
+
+async def test_a_new_registry_gets_the_ttl_of_its_clients(redis_server: LocalRedis) -> None:
+    # set_rate(keep_state=False) clears the clients registry, and its expiry with it: the
+    # next client's grant gives the new registry 20 s (its budget's 10 s plus an interval) in
+    # both backends, not the 80 s the old one had (else, with the config gone by then, delete()
+    # would answer True in memory and False in Redis for 60 s).
+    await replay(
+        redis_server,
+        (RateType.PER_CLIENT, 1, INTERVALS_US[2], None),
+        [
+            ("acquire", "a", 1),
+            ("configure", "set", (RateType.PER_CLIENT, 1, INTERVALS_US[0], 1.0), False),
+            ("acquire", "a", 1),  # registry: 20 s in both
+        ],
+    )

@@ -453,6 +453,7 @@ class MemoryBackend(Backend):
         else:
             limiter.budgets.clear()
             limiter.registry.clear()
+            limiter.registry_expires_at = _FOREVER  # the registry key is gone with them
         stored.clock = clock
         return True
 
@@ -469,10 +470,12 @@ class MemoryBackend(Backend):
         interval = config.interval_us
         key = self._budget_key(config)
         budget = limiter.budgets.get(key)
+        reclaimed = False
         if budget is None:
             budget = _Budget()
         else:
-            self._reclaim(budget, now - interval, True)
+            used = budget.used
+            reclaimed = self._reclaim(budget, now - interval, True) != used
         if budget.used + permits > _MAX_EXACT:
             raise BackendError(
                 f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
@@ -483,7 +486,7 @@ class MemoryBackend(Backend):
         if left < permits:
             delay = self._wait_for(budget, permits - left, interval, now)
             if max_wait_us is not None and delay > max_wait_us:
-                if key in limiter.budgets:  # what the reclaim changed is written back
+                if reclaimed:  # what the reclaim changed is written back, nothing else
                     self._save(limiter, key, budget, interval, now)
                 return Refusal(delay, now, left)
         start = now + delay
@@ -573,9 +576,13 @@ class MemoryBackend(Backend):
         at = now + _ms(ttl_us)
         limiter.config.expires_at = at
         limiter.config.deadline = at
+        # The state's TTL as the new end gives it (refresh_budget): an earlier end shortens
+        # it, a later one gives back what an earlier expire() took.
         overall = limiter.budgets.get(None)
-        if overall is not None:
-            overall.expires_at = min(overall.expires_at, at)
+        if overall is not None and not self._store(
+            overall, limiter.config.config.interval_us, now, at
+        ):
+            del limiter.budgets[None]
         if limiter.registry:
             limiter.registry_expires_at = min(limiter.registry_expires_at, at)
         self._refresh_clients(limiter, limiter.config, now)

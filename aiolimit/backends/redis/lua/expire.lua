@@ -1,5 +1,5 @@
--- expire: makes the whole limiter disappear after ttl (state keys that would expire
--- sooner keep their shorter TTL).
+-- expire: makes the whole limiter disappear after ttl (state keys whose grants leave the
+-- window sooner keep the shorter TTL those give them).
 --
 -- KEYS[1] config hash, KEYS[2] value key, KEYS[3] permits ZSET (OVERALL), KEYS[4] registry
 -- ARGV[1] ttl in milliseconds
@@ -11,16 +11,20 @@
 --
 -- Returns 1 when the config exists, 0 when it does not (nothing is changed).
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local config = load_config(KEYS[1])
+if not config then
   return 0
 end
 local ttl = tonumber(ARGV[1])
-redis.call('HSET', KEYS[1], 'expires_at', fmt(now_us(ARGV[2]) + ttl * 1000))
+local now = now_us(ARGV[2])
+config.expires_at = now + ttl * 1000
+redis.call('HSET', KEYS[1], 'expires_at', fmt(config.expires_at))
 redis.call('PEXPIRE', KEYS[1], ttl)
-for i = 2, 4 do
-  local current = redis.call('PTTL', KEYS[i])
-  if current == -1 or current > ttl then
-    redis.call('PEXPIRE', KEYS[i], ttl)
-  end
+-- The OVERALL state: the TTL its grants need, cut at the new end (a later end gives back
+-- what an earlier expire() took).
+refresh_budget(KEYS[2], KEYS[3], config, now)
+local current = redis.call('PTTL', KEYS[4])
+if current == -1 or current > ttl then
+  redis.call('PEXPIRE', KEYS[4], ttl)
 end
 return 1
