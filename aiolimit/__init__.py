@@ -8,7 +8,7 @@
 """
 
 from ._limiter import RateLimiter, ShardedRateLimiter
-from ._types import MAX_DURATION, MAX_RATE, Duration, RateLimiterConfig, RateType
+from ._types import MAX_DURATION, MAX_RATE, Algorithm, Duration, Rate, RateLimiterConfig, RateType
 from .backends import Backend, MemoryBackend, RedisBackend
 from .errors import (
     BackendError,
@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 __all__ = [
     "MAX_DURATION",
     "MAX_RATE",
+    "Algorithm",
     "Backend",
     "BackendError",
     "Duration",
@@ -29,6 +30,7 @@ __all__ = [
     "LimiterError",
     "MemoryBackend",
     "NotConfiguredError",
+    "Rate",
     "RateLimiter",
     "RateLimiterConfig",
     "RateType",

@@ -13,12 +13,15 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import replace
 from types import TracebackType
 from typing import TypeVar
 
 from ._types import (
     MAX_RATE,
+    Algorithm,
     Duration,
+    Rate,
     RateLimiterConfig,
     RateType,
     check_name,
@@ -105,13 +108,9 @@ class _Limiter:
     async def _set(
         self,
         mode: SetMode,
-        rate_type: RateType | str,
-        rate: int,
-        interval: Duration,
-        keep_alive: Duration | None,
+        config: RateLimiterConfig,
         keep_state: bool,
     ) -> list[bool]:
-        config = RateLimiterConfig.build(rate_type, rate, interval, keep_alive)
         configs = self._configs(config)
         return await _gather(
             self._backend.set_rate(name, sub, mode, keep_state)
@@ -121,18 +120,26 @@ class _Limiter:
     async def try_set_rate(
         self,
         rate_type: RateType | str,
-        rate: int,
-        interval: Duration,
+        rate: int | Sequence[Rate],
+        interval: Duration | None = None,
         *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
     ) -> bool:
         """Sets the rate only where the limiter has none; returns whether it did.
 
+        ``rate`` is an int with its ``interval``, or a sequence of :class:`Rate` (every one
+        must allow a grant; :meth:`Rate.parse` reads them from text) without one.
+        ``min_spacing`` keeps the starts of consecutive grants at least that far apart.
+
         When a stored config differs from the one asked for (another process, or an earlier
         run, set another rate), it stays, and a warning is logged once per process."""
-        written = await self._set("try", rate_type, rate, interval, keep_alive, True)
+        asked = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        written = await self._set("try", asked, True)
         if not all(written):
-            asked = RateLimiterConfig.build(rate_type, rate, interval, keep_alive)
             stored = await self.get_config()
             if stored is not None and stored != asked and (seen := (self._name, asked, stored)):
                 if seen in _warned:
@@ -149,28 +156,38 @@ class _Limiter:
     async def set_rate(
         self,
         rate_type: RateType | str,
-        rate: int,
-        interval: Duration,
+        rate: int | Sequence[Rate],
+        interval: Duration | None = None,
         *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = False,
     ) -> None:
-        """Sets the rate, replacing any config. Without ``keep_state`` every budget restarts
-        full; with it, grants still inside the new window keep counting."""
-        await self._set("set", rate_type, rate, interval, keep_alive, keep_state)
+        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. Without
+        ``keep_state`` every budget restarts full; with it, what was granted keeps counting
+        (a change of rate type or algorithm always clears the state)."""
+        config = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        await self._set("set", config, keep_state)
 
     async def update_rate(
         self,
         rate_type: RateType | str,
-        rate: int,
-        interval: Duration,
+        rate: int | Sequence[Rate],
+        interval: Duration | None = None,
         *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = True,
     ) -> bool:
-        """Like :meth:`set_rate`, but only when a config exists (returns False otherwise).
-        A change of rate type always clears the state."""
-        return all(await self._set("update", rate_type, rate, interval, keep_alive, keep_state))
+        """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
+        config = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        return all(await self._set("update", config, keep_state))
 
     async def get_config(self) -> RateLimiterConfig | None:
         """The limiter's config (for a sharded one, the shards' rates summed); None unless it
@@ -180,8 +197,14 @@ class _Limiter:
             return None
         first = configs[0]
         assert first is not None
-        rate = sum(config.rate for config in configs if config is not None)
-        return RateLimiterConfig(first.rate_type, rate, first.interval, first.keep_alive)
+        if len(configs) == 1:
+            return first
+        rates = tuple(
+            Rate(sum(c.rates[i].permits for c in configs if c is not None), rate.interval)
+            for i, rate in enumerate(first.rates)
+        )
+        spacing = first.min_spacing and first.min_spacing / len(configs)
+        return replace(first, rate=rates[0].permits, rates=rates, min_spacing=spacing)
 
     # -- permits -------------------------------------------------------------------------------
 
@@ -451,10 +474,19 @@ class ShardedRateLimiter(_Limiter):
         )
 
     def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
-        return [
-            RateLimiterConfig(config.rate_type, budget, config.interval, config.keep_alive)
-            for budget in _split_rate(config.rate, len(self._shards))
-        ]
+        """Each shard gets its share of every rate, and a spacing as many times longer as
+        there are shards (so that the shards together keep the spacing on average)."""
+        shards = len(self._shards)
+        shares = [_split_rate(rate.permits, shards) for rate in config.rates]
+        spacing = config.min_spacing and config.min_spacing * shards
+        configs = []
+        for i in range(shards):
+            rates = tuple(
+                Rate(share[i], rate.interval)
+                for share, rate in zip(shares, config.rates, strict=True)
+            )
+            configs.append(replace(config, rate=rates[0].permits, rates=rates, min_spacing=spacing))
+        return configs
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` from one shard if some shard can give them within ``timeout``.

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from .errors import InvalidArgumentError
@@ -10,7 +12,15 @@ from .errors import InvalidArgumentError
 Duration = float | int | timedelta
 """Seconds as a number, or a :class:`~datetime.timedelta`."""
 
-__all__ = ["MAX_DURATION", "MAX_RATE", "Duration", "RateLimiterConfig", "RateType"]
+__all__ = [
+    "MAX_DURATION",
+    "MAX_RATE",
+    "Algorithm",
+    "Duration",
+    "Rate",
+    "RateLimiterConfig",
+    "RateType",
+]
 
 # Lua numbers are doubles, exact for integers up to 2**53. Every number the scripts see stays
 # below that: rates and permits up to 2**50 leave a margin of 8 for the permits a budget holds
@@ -34,22 +44,161 @@ class RateType(str, enum.Enum):
     """A budget per client id (``RedisBackend(..., client_id=...)``)."""
 
 
+class Algorithm(str, enum.Enum):
+    """How a limiter counts its permits (see the README's "Algorithms")."""
+
+    SLIDING_WINDOW = "SLIDING_WINDOW"
+    """An exact log of grants: at most ``permits`` in any sliding interval."""
+    TOKEN_BUCKET = "TOKEN_BUCKET"
+    """A bucket of ``permits`` tokens refilled continuously; constant-size state."""
+    FIXED_WINDOW = "FIXED_WINDOW"
+    """At most ``permits`` per window aligned to the Unix epoch; constant-size state."""
+
+
+_UNITS = {
+    "s": 1, "sec": 1, "second": 1,
+    "m": 60, "min": 60, "minute": 60,
+    "h": 3600, "hr": 3600, "hour": 3600,
+    "d": 86400, "day": 86400,
+}  # fmt: skip
+_RATE_TEXT = re.compile(
+    r"^\s*(?P<permits>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
+    re.IGNORECASE,
+)
+
+
+def _unit_seconds(word: str) -> int | None:
+    """Seconds in a unit word: second(s), sec(s), s, minute(s), min(s), m, ... ("ms" is not
+    minutes: it is refused)."""
+    if word in _UNITS:
+        return _UNITS[word]
+    if len(word) > 2 and word.endswith("s"):
+        return _UNITS.get(word[:-1])
+    return None
+
+
+@dataclass(frozen=True)
+class Rate:
+    """At most ``permits`` per ``interval`` (seconds or a timedelta; kept as a timedelta)."""
+
+    permits: int
+    interval: timedelta
+
+    def __init__(self, permits: int, interval: Duration) -> None:
+        if (
+            isinstance(permits, bool)
+            or not isinstance(permits, int)
+            or not 1 <= permits <= MAX_RATE
+        ):
+            raise InvalidArgumentError(
+                f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
+            )
+        interval_us = to_micros(interval, "interval")
+        if interval_us <= 0:
+            raise InvalidArgumentError(f"interval must be positive, not {interval!r}")
+        object.__setattr__(self, "permits", permits)
+        object.__setattr__(self, "interval", timedelta(microseconds=interval_us))
+
+    @property
+    def interval_us(self) -> int:
+        return micros(self.interval)
+
+    def __str__(self) -> str:
+        """``"3/second"``, ``"20/minute"``, ``"5/10 seconds"``: what :meth:`parse` reads."""
+        us = self.interval_us
+        for unit, seconds in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
+            count, rest = divmod(us, seconds * 1_000_000)
+            if rest == 0:
+                return f"{self.permits}/{unit}" if count == 1 else f"{self.permits}/{count} {unit}s"
+        return f"{self.permits}/{us / 1_000_000:g} seconds"
+
+    @classmethod
+    def parse(cls, text: str) -> tuple[Rate, ...]:
+        """Reads rates such as ``"3/second; 20/minute"``: each ``N/unit`` or ``N/K units``
+        (second, minute, hour, day, their plurals, or s, m, h, d), separated by ``;``, ``,``
+        or ``|``. InvalidArgumentError names the part it could not read."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"rates must be a str such as '3/second', not {shown(text)}")
+        rates = []
+        for part in re.split(r"[;,|]", text):
+            if not part.strip():
+                continue
+            match = _RATE_TEXT.match(part)
+            unit = match and _unit_seconds(match["unit"].lower())
+            if match is None or unit is None:
+                raise InvalidArgumentError(
+                    f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
+                    "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
+                )
+            count = float(match["count"]) if match["count"] else 1
+            try:
+                rates.append(cls(int(match["permits"]), count * unit))
+            except InvalidArgumentError as exc:
+                raise InvalidArgumentError(
+                    f"the rate {part.strip()!r} in {text!r}: {exc}"
+                ) from None
+        if not rates:
+            raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
+        return tuple(rates)
+
+
+def rates_of(rate: object, interval: Duration | None) -> tuple[Rate, ...]:
+    """The rates a public ``rate`` argument describes: an int with ``interval``, a sequence of
+    :class:`Rate` without one, or (a convenience) one :class:`Rate` or a rate string."""
+    if isinstance(rate, int) and not isinstance(rate, bool):
+        if interval is None:
+            raise InvalidArgumentError("an int rate needs an interval: (rate, interval)")
+        return (Rate(rate, interval),)
+    if interval is not None:
+        raise InvalidArgumentError(
+            f"an interval goes with an int rate, not with {shown(rate)}: give each Rate its own"
+        )
+    if isinstance(rate, str):
+        return Rate.parse(rate)
+    if isinstance(rate, Rate):
+        return (rate,)
+    if isinstance(rate, Sequence) and all(isinstance(r, Rate) for r in rate):
+        if not rate:
+            raise InvalidArgumentError("rate must not be an empty list: give at least one Rate")
+        if len(rate) > MAX_RATES:
+            raise InvalidArgumentError(f"at most {MAX_RATES} rates on one limiter, not {len(rate)}")
+        return tuple(rate)
+    raise InvalidArgumentError(
+        f"rate must be an int (with an interval) or a sequence of Rate, not {shown(rate)}"
+    )
+
+
+MAX_RATES = 8
+"""The most rates one limiter applies at once."""
+
+
 @dataclass(frozen=True)
 class RateLimiterConfig:
-    """A limiter's rate: at most ``rate`` permits in any sliding ``interval``."""
+    """A limiter's rates, algorithm and spacing. ``rate`` and ``interval`` are those of the
+    first rate (the only one, for a limiter set with an int rate)."""
 
     rate_type: RateType
     rate: int
     interval: timedelta
     keep_alive: timedelta | None = None
+    rates: tuple[Rate, ...] = field(default=())
+    algorithm: Algorithm = Algorithm.SLIDING_WINDOW
+    min_spacing: timedelta | None = None
+
+    def __post_init__(self) -> None:
+        if not self.rates:
+            object.__setattr__(self, "rates", (Rate(self.rate, self.interval),))
 
     @classmethod
     def build(
         cls,
         rate_type: RateType | str,
-        rate: int,
-        interval: Duration,
+        rate: int | Sequence[Rate] | Rate | str,
+        interval: Duration | None = None,
         keep_alive: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
     ) -> RateLimiterConfig:
         """Validates public arguments and returns the config they describe."""
         try:
@@ -58,25 +207,37 @@ class RateLimiterConfig:
             raise InvalidArgumentError(
                 f"rate_type must be RateType.OVERALL or RateType.PER_CLIENT, not {rate_type!r}"
             ) from None
-        if isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_RATE:
+        try:
+            how = Algorithm(algorithm)
+        except ValueError:
+            names = ", ".join(f"Algorithm.{a.name}" for a in Algorithm)
             raise InvalidArgumentError(
-                f"rate must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(rate)}"
-            )
-        interval_us = to_micros(interval, "interval")
-        if interval_us <= 0:
-            raise InvalidArgumentError(f"interval must be positive, not {interval!r}")
+                f"algorithm must be one of {names}, not {algorithm!r}"
+            ) from None
+        rates = rates_of(rate, interval)
+        longest = max(r.interval_us for r in rates)
         keep_alive_us = None
         if keep_alive is not None:
             keep_alive_us = to_micros(keep_alive, "keep_alive")
-            if keep_alive_us < interval_us:
+            if keep_alive_us < longest:
                 raise InvalidArgumentError(
-                    f"keep_alive ({keep_alive!r}) must not be shorter than interval ({interval!r})"
+                    f"keep_alive ({keep_alive!r}) must not be shorter than the interval "
+                    f"({timedelta(microseconds=longest)})"
                 )
+        spacing = None
+        if min_spacing is not None:
+            spacing_us = to_micros(min_spacing, "min_spacing")
+            if spacing_us < 0:
+                raise InvalidArgumentError(f"min_spacing must not be negative, not {min_spacing!r}")
+            spacing = timedelta(microseconds=spacing_us) if spacing_us else None
         return cls(
             kind,
-            rate,
-            timedelta(microseconds=interval_us),
+            rates[0].permits,
+            rates[0].interval,
             None if keep_alive_us is None else timedelta(microseconds=keep_alive_us),
+            rates,
+            how,
+            spacing,
         )
 
     @property
@@ -87,6 +248,21 @@ class RateLimiterConfig:
     def keep_alive_us(self) -> int:
         """The keep-alive in microseconds, 0 for none."""
         return 0 if self.keep_alive is None else micros(self.keep_alive)
+
+    @property
+    def min_spacing_us(self) -> int:
+        """The spacing in microseconds, 0 for none."""
+        return 0 if self.min_spacing is None else micros(self.min_spacing)
+
+    @property
+    def max_permits(self) -> int:
+        """The most permits one request may ask for: the smallest rate's."""
+        return min(r.permits for r in self.rates)
+
+    @property
+    def longest_us(self) -> int:
+        """The longest interval, in microseconds: how long a grant counts."""
+        return max(r.interval_us for r in self.rates)
 
 
 def micros(delta: timedelta) -> int:
