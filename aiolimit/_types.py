@@ -229,6 +229,11 @@ class RateLimiterConfig:
             spacing_us = to_micros(min_spacing, "min_spacing")
             if spacing_us < 0:
                 raise InvalidArgumentError(f"min_spacing must not be negative, not {min_spacing!r}")
+            if spacing_us > longest:
+                raise InvalidArgumentError(
+                    f"min_spacing ({min_spacing!r}) must not be longer than the longest interval "
+                    f"({timedelta(microseconds=longest)}); add a rate of 1 per that time instead"
+                )
             spacing = timedelta(microseconds=spacing_us) if spacing_us else None
         return cls(
             kind,

@@ -45,7 +45,14 @@ async def _in_batches(calls: list[Any]) -> None:
 
 
 class Aiolimit(Contender):
-    name = "aiolimit"
+    """aiolimit with one of its algorithms (the sliding window, its default, is "aiolimit")."""
+
+    def __init__(self, algorithm: aiolimit.Algorithm = aiolimit.Algorithm.SLIDING_WINDOW) -> None:
+        self.algorithm = algorithm
+        default = algorithm is aiolimit.Algorithm.SLIDING_WINDOW
+        self.name = "aiolimit" if default else f"aiolimit {algorithm.value.lower()}"
+        # The saturation scenario's lateness is measured against the sliding window's slots.
+        self.blocking = default
 
     async def open(self, url: str, names: list[str], rate: int, interval: float) -> None:
         self.redis = Redis.from_url(url)
@@ -53,7 +60,9 @@ class Aiolimit(Contender):
         self.limiters = [aiolimit.RateLimiter(name, backend) for name in names]
         await _in_batches(
             [
-                lambda lim=lim: lim.set_rate(aiolimit.RateType.OVERALL, rate, interval)
+                lambda lim=lim: lim.set_rate(
+                    aiolimit.RateType.OVERALL, rate, interval, algorithm=self.algorithm
+                )
                 for lim in self.limiters
             ]
         )
@@ -215,6 +224,8 @@ class Evalsha(Contender):
 def all_contenders() -> list[Contender]:
     return [
         Aiolimit(),
+        Aiolimit(aiolimit.Algorithm.TOKEN_BUCKET),
+        Aiolimit(aiolimit.Algorithm.FIXED_WINDOW),
         Limits("moving window"),
         Limits("sliding window counter"),
         Pyrate(),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,20 @@ def test_the_readme_quick_start_runs_as_printed(redis_server: LocalRedis):
     assert result.returncode == 0, result.stdout + result.stderr
     calls = [line for line in result.stdout.splitlines() if line.startswith("calling")]
     assert calls == [f"calling the partner API {i}" for i in range(4)], result.stdout
+
+
+def check_several_limits(out: str) -> None:
+    # 24 calls at 3 per second and 20 per minute: the 21st waits for the minute, none is
+    # refused by the partner, which enforces both limits itself.
+    assert "24 calls, 0 rejected with 429; the per-minute limit held back call 20 " in out, out
+    at = {int(i): float(t) for i, t in re.findall(r"call +(\d+) at +([\d.]+) s", out)}
+    assert 6.0 <= at[19] < 6.6, out  # the per-second limit: 3 a second from 0
+    assert 60.0 <= at[20] < 61.0, out  # the per-minute limit: when call 0 leaves the minute
+
+
+def test_several_limits_on_the_memory_backend():
+    check_several_limits(run_example("several_limits.py", env={"AIOLIMIT_REDIS_URL": ""}))
+
+
+def test_several_limits_on_redis_server(redis_server: LocalRedis):
+    check_several_limits(run_example("several_limits.py", "--redis", redis_server.url))

@@ -15,7 +15,10 @@ asking more than the rate acts at no time at all.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from enum import IntEnum
+
+from .._types import Rate, RateLimiterConfig
 
 __all__ = [
     "MAX_BATCH",
@@ -25,7 +28,9 @@ __all__ = [
     "WALK_STEPS",
     "Reply",
     "format_member",
+    "format_rates",
     "parse_member",
+    "parse_rates",
     "parse_value",
 ]
 
@@ -70,6 +75,21 @@ def parse_member(member: str) -> tuple[int, int]:
     """``(permits, seq)`` of a grant's log entry."""
     permits, _, seq = member.partition(":")
     return int(permits), int(seq)
+
+
+def format_rates(config: RateLimiterConfig) -> str:
+    """Every rate of a config, as the config hash's ``rates`` field holds them:
+    ``"<permits>:<interval us>,..."`` (written only when there are several)."""
+    return ",".join(f"{rate.permits}:{rate.interval_us}" for rate in config.rates)
+
+
+def parse_rates(text: str) -> tuple[Rate, ...]:
+    """The rates of a ``rates`` field (see :func:`format_rates`)."""
+    rates = []
+    for part in text.split(","):
+        permits, _, interval = part.partition(":")
+        rates.append(Rate(int(permits), timedelta(microseconds=int(interval))))
+    return tuple(rates)
 
 
 VALUE_FORMAT = "<gen> <used> <seq> <cursor>"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
+from typing import Any
 
-from .._types import RateLimiterConfig, RateType, clock_micros
+from .._types import Algorithm, Rate, RateLimiterConfig, RateType, clock_micros
 from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from ._protocol import MAX_EXACT as _MAX_EXACT
 from ._protocol import RECLAIM_STEPS as _RECLAIM_STEPS
@@ -47,6 +49,10 @@ class _Budget:
     grants: list[tuple[int, str, int]] = field(default_factory=list)
     head: int = 0
     expires_at: float = _FOREVER
+    # TOKEN_BUCKET and FIXED_WINDOW keep only numbers (see lib.lua, "groups"): the latest
+    # grant's start, and per rate a bucket's full time, or a window and its count.
+    last: int | None = None
+    n: list[int] = field(default_factory=list)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]
@@ -83,6 +89,8 @@ class _Budget:
 class _Limiter:
     config: _Config | None = None
     budgets: dict[str | None, _Budget] = field(default_factory=dict)  # None: OVERALL
+    # A sliding window's other rates: (client or None, rate number from 2) -> its log.
+    extra: dict[tuple[str | None, int], _Budget] = field(default_factory=dict)
     registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
     registry_expires_at: float = _FOREVER
 
@@ -118,10 +126,13 @@ def _purge(limiter: _Limiter, now: int) -> bool:
     if budgets:
         for client in [c for c, b in budgets.items() if b.expires_at <= now]:
             del budgets[client]
+    if limiter.extra:
+        for key in [k for k, b in limiter.extra.items() if b.expires_at <= now]:
+            del limiter.extra[key]
     if limiter.registry_expires_at <= now:
         limiter.registry.clear()
         limiter.registry_expires_at = _FOREVER
-    return limiter.config is None and not budgets and not limiter.registry
+    return limiter.config is None and not budgets and not limiter.registry and not limiter.extra
 
 
 def _next_expiry(limiter: _Limiter) -> float:
@@ -130,6 +141,9 @@ def _next_expiry(limiter: _Limiter) -> float:
     if limiter.registry and limiter.registry_expires_at < at:
         at = limiter.registry_expires_at
     for budget in limiter.budgets.values():
+        if budget.expires_at < at:
+            at = budget.expires_at
+    for budget in limiter.extra.values():
         if budget.expires_at < at:
             at = budget.expires_at
     return at
@@ -388,16 +402,25 @@ class MemoryBackend(Backend):
         if limiter.registry_expires_at == _FOREVER or limiter.registry_expires_at < until:
             limiter.registry_expires_at = until
 
+    @staticmethod
+    def _refresh_group(limiter: _Limiter, key: str | None, now: int) -> int:
+        """refresh_group: one budget's keys get the TTLs the config gives them; the longest,
+        in us (0: no state)."""
+        assert limiter.config is not None
+        group = _Group(limiter, limiter.config.config, key, True)
+        if group.fresh:
+            return 0
+        if group.budgets is not None:
+            group.touched = list(group.stored)
+        return group.save(limiter, now)
+
     def _refresh_clients(self, limiter: _Limiter, stored: _Config, now: int) -> None:
-        """refresh.lua over every client: TTLs as the config gives them."""
-        interval = stored.config.interval_us
-        for key, budget in list(limiter.budgets.items()):
-            if key is None:
-                continue
-            if not self._store(budget, interval, now, stored.deadline):
-                del limiter.budgets[key]
-                continue
-            self._extend_registry(limiter, budget.expires_at + _ms(interval), stored.deadline)
+        """refresh.lua over every client of the registry: TTLs as the config gives them."""
+        longest = stored.config.longest_us
+        for client in list(limiter.registry):
+            ttl = self._refresh_group(limiter, client, now)
+            if ttl:
+                self._extend_registry(limiter, now + ttl + _ms(longest), stored.deadline)
 
     # -- operations (one per script) -----------------------------------------------------------
 
@@ -412,8 +435,8 @@ class MemoryBackend(Backend):
         if limiter is None or limiter.config is None:
             raise NotConfiguredError(name)
         stored = limiter.config
-        if permits > stored.config.rate:
-            rate = stored.config.rate
+        if permits > stored.config.max_permits:
+            rate = stored.config.max_permits
             raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
@@ -436,22 +459,31 @@ class MemoryBackend(Backend):
             config, now + _ms(config.keep_alive_us) if config.keep_alive_us else _FOREVER
         )
         # A new rate type, or a config where none was, clears the state (see set_rate.lua).
-        if keep_state and old is not None and old.config.rate_type is config.rate_type:
+        if (
+            keep_state
+            and old is not None
+            and old.config.rate_type is config.rate_type
+            and old.config.algorithm is config.algorithm
+        ):
             if clock is not None and now < clock:
                 now = clock
             clock = now
-            interval = config.interval_us
-            overall = limiter.budgets.get(None)
-            if overall is not None:
-                self._reclaim(overall, now - interval, True)
-                if not self._store(overall, interval, now):
-                    del limiter.budgets[None]
+            group = _Group(limiter, config, None, True)
+            group.reclaim(now, True)
+            if group.budgets is not None:
+                group.touched = [
+                    t or kept for t, kept in zip(group.touched, group.stored, strict=True)
+                ]
+            if not group.fresh:
+                group.dirty = True
+                group.save(limiter, now)
             # Clients follow the new rate at their next grant; a longer interval lengthens
             # their TTLs now (refresh.lua, in chunks on Redis).
-            if interval > old.config.interval_us and limiter.registry:
+            if config.longest_us > old.config.longest_us and limiter.registry:
                 self._refresh_clients(limiter, stored, now)
         else:
             limiter.budgets.clear()
+            limiter.extra.clear()
             limiter.registry.clear()
             limiter.registry_expires_at = _FOREVER  # the registry key is gone with them
         stored.clock = clock
@@ -467,74 +499,63 @@ class MemoryBackend(Backend):
         self, name: str, permits: int, max_wait_us: int | None = 0
     ) -> Grant | Refusal:
         limiter, config, now = self._configured(name, self._now(), permits=permits)
-        interval = config.interval_us
         key = self._budget_key(config)
-        budget = limiter.budgets.get(key)
-        reclaimed = False
-        if budget is None:
-            budget = _Budget()
-        else:
-            used = budget.used
-            reclaimed = self._reclaim(budget, now - interval, True) != used
-        if budget.used + permits > _MAX_EXACT:
+        group = _Group(limiter, config, key, True)
+        group.reclaim(now, True)
+        start = group.earliest(permits, now)
+        if start is None:
             raise BackendError(
                 f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
                 "more than 2**53, which the scripts cannot count exactly"
             )
-        left = config.rate - budget.used
-        delay = 0
-        if left < permits:
-            delay = self._wait_for(budget, permits - left, interval, now)
-            if max_wait_us is not None and delay > max_wait_us:
-                if reclaimed:  # what the reclaim changed is written back, nothing else
-                    self._save(limiter, key, budget, interval, now)
-                return Refusal(delay, now, left)
-        start = now + delay
-        budget.seq += 1
-        grant = format_member(permits, budget.seq)
-        budget.add((start, grant, permits))
-        budget.used += permits
-        budget.moved(start, permits)
-        limiter.budgets[key] = budget
+        delay = start - now
+        if delay > 0 and max_wait_us is not None and delay > max_wait_us:
+            if group.budgets is not None:
+                group.save(limiter, now)  # what the reclaim changed is written back, nothing else
+            return Refusal(delay, now, group.left(now))
+        member = group.commit(permits, start)
+        ttl = group.save(limiter, now)
         stored = limiter.config
         assert stored is not None
-        self._store(budget, interval, now, stored.deadline)
+        longest = config.longest_us
         if key is not None:
             limiter.registry[key] = max(start, limiter.registry.get(key, start))
-            for client in [c for c, t in limiter.registry.items() if t <= now - 2 * interval]:
+            for client in [c for c, t in limiter.registry.items() if t <= now - 2 * longest]:
                 del limiter.registry[client]
-            self._extend_registry(limiter, budget.expires_at + _ms(interval), stored.deadline)
+            self._extend_registry(limiter, now + ttl + _ms(longest), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
-            stored.expires_at = max(now + _ms(config.keep_alive_us), budget.expires_at)
-        return Grant(delay, start, config.rate - budget.used, grant)
+            stored.expires_at = now + max(_ms(config.keep_alive_us), ttl)
+        return Grant(delay, start, group.left(now), member)
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
-        budget = limiter.budgets.get(self._budget_key(config))
-        interval = config.interval_us
-        used = self._reclaim(budget, now - interval, False)
-        if budget is None or config.rate - used >= permits:
-            return 0
+        group = _Group(limiter, config, self._budget_key(config), False)
         # As wait.lua: the walk counts the expired grants still logged, so it needs what the
         # unreclaimed log says; and its cursor is not kept (a read writes nothing).
-        cursor = budget.cs, budget.cp, budget.cg
+        logged = [budget.used for budget in group.budgets or ()]
+        used = group.reclaim(now, False)
+        cursors = [(b.cs, b.cp, b.cg) for b in group.budgets or ()]
         try:
-            return self._wait_for(budget, permits - (config.rate - budget.used), interval, now)
+            start = group.earliest(permits, now, used, logged)
         finally:
-            budget.cs, budget.cp, budget.cg = cursor
+            for budget, (cs, cp, cg) in zip(group.budgets or (), cursors, strict=True):
+                budget.cs, budget.cp, budget.cg = cs, cp, cg
+        return 0 if start is None else start - now
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
-        budget = limiter.budgets.get(self._budget_key(config))
-        return max(config.rate - self._reclaim(budget, now - config.interval_us, False), 0)
+        group = _Group(limiter, config, self._budget_key(config), False)
+        used = group.reclaim(now, False)
+        left = group.left(now, used if group.budgets is not None else None)
+        if config.min_spacing_us > 0:
+            start = group.earliest(1, now, used, [b.used for b in group.budgets or ()])
+            if start is not None and start > now:
+                left = min(left, 0)  # the spacing holds the next grant back
+        return max(left, 0)
 
-    async def release(self, name: str, permits: int, member: str | None = None) -> int:
-        limiter, config, now = self._configured(name, self._now())
-        key = self._budget_key(config)
-        budget = limiter.budgets.get(key)
-        if budget is None:
-            return 0
-        self._reclaim(budget, now - config.interval_us, True)
+    @staticmethod
+    def _release_log(budget: _Budget, permits: int, member: str | None, now: int) -> int:
+        """Removes ``member`` from one log, or ``permits`` from its newest started grants."""
         grants, released = budget.grants, 0
         if member is not None:
             # Newest first: a handed-back grant is a recent one (ZSCORE finds it in Redis).
@@ -545,21 +566,28 @@ class MemoryBackend(Backend):
                     budget.moved(time, -entry_permits)
                     released = entry_permits
                     break
-        else:
-            # Reservations (grants starting in the future) belong to waiting callers.
-            started = budget.rank_after(now)
-            for index in range(started - 1, max(started - _WALK_STEPS, budget.head) - 1, -1):
-                if released >= permits:
-                    break
-                time, logged, entry_permits = grants.pop(index)
-                take = min(entry_permits, permits - released)
-                budget.moved(time, -take)
-                released += take
-                if take < entry_permits:
-                    rest = entry_permits - take
-                    budget.add((time, format_member(rest, parse_member(logged)[1]), rest))
-        budget.used -= released
-        self._save(limiter, key, budget, config.interval_us, now)
+            return released
+        # Reservations (grants starting in the future) belong to waiting callers.
+        started = budget.rank_after(now)
+        for index in range(started - 1, max(started - _WALK_STEPS, budget.head) - 1, -1):
+            if released >= permits:
+                break
+            time, logged, entry_permits = grants.pop(index)
+            take = min(entry_permits, permits - released)
+            budget.moved(time, -take)
+            released += take
+            if take < entry_permits:
+                rest = entry_permits - take
+                budget.add((time, format_member(rest, parse_member(logged)[1]), rest))
+        return released
+
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
+        limiter, config, now = self._configured(name, self._now())
+        group = _Group(limiter, config, self._budget_key(config), True)
+        group.reclaim(now, True)
+        released = group.release(permits, member, now)
+        if group.budgets is not None or group.dirty:
+            group.save(limiter, now)
         return released
 
     async def delete(self, name: str) -> bool:
@@ -576,13 +604,9 @@ class MemoryBackend(Backend):
         at = now + _ms(ttl_us)
         limiter.config.expires_at = at
         limiter.config.deadline = at
-        # The state's TTL as the new end gives it (refresh_budget): an earlier end shortens
+        # The state's TTL as the new end gives it (refresh_group): an earlier end shortens
         # it, a later one gives back what an earlier expire() took.
-        overall = limiter.budgets.get(None)
-        if overall is not None and not self._store(
-            overall, limiter.config.config.interval_us, now, at
-        ):
-            del limiter.budgets[None]
+        self._refresh_group(limiter, None, now)
         if limiter.registry:
             limiter.registry_expires_at = min(limiter.registry_expires_at, at)
         self._refresh_clients(limiter, limiter.config, now)
@@ -597,11 +621,251 @@ class MemoryBackend(Backend):
         had_ttl = stored.expires_at != _FOREVER
         stored.expires_at = _FOREVER
         stored.deadline = None
-        overall = limiter.budgets.get(None)
-        if overall is not None and not self._store(overall, stored.config.interval_us, now):
-            del limiter.budgets[None]
+        self._refresh_group(limiter, None, now)
         self._refresh_clients(limiter, stored, now)
         return had_ttl
+
+
+# -- groups: every rate of one budget (lib.lua, "groups") ---------------------------------------
+
+
+def _cost(rate: Rate, permits: int) -> int:
+    """cost() in lib.lua: microseconds of refill ``permits`` tokens cost, rounded up (in
+    doubles, as Lua computes it)."""
+    interval, count = rate.interval_us, rate.permits
+    q = math.floor(interval / count)
+    return int(permits * q + math.ceil(float(permits) * float(interval - q * count) / count))
+
+
+class _Group:
+    """One budget's state under every rate of its config, loaded for one operation: the
+    sliding window's logs (``budgets``, one per rate; ``stored`` says which exist), or the
+    counters of a token bucket or fixed windows (``state``)."""
+
+    __slots__ = (
+        "budgets",
+        "config",
+        "dirty",
+        "fresh",
+        "key",
+        "latest",
+        "state",
+        "stored",
+        "touched",
+    )
+
+    def __init__(self, limiter: _Limiter, config: RateLimiterConfig, key: str | None, write: bool):
+        self.config, self.key = config, key
+        self.dirty = False
+        self.latest: int | None = None
+        self.budgets: list[_Budget] | None = None
+        if config.algorithm is Algorithm.SLIDING_WINDOW:
+            self.budgets, self.stored = [], []
+            for i in range(1, len(config.rates) + 1):
+                budget = limiter.budgets.get(key) if i == 1 else limiter.extra.get((key, i))
+                self.stored.append(budget is not None)
+                self.budgets.append(_Budget() if budget is None else budget)
+            self.touched = [False] * len(self.budgets)
+            self.fresh = not any(self.stored)
+            return
+        per = 2 if config.algorithm is Algorithm.FIXED_WINDOW else 1
+        state = limiter.budgets.get(key)
+        if state is not None and len(state.n) == per * len(config.rates):
+            self.state, self.fresh = state, False
+            return
+        if state is not None and write:
+            del limiter.budgets[key]  # another config's
+        self.fresh = True
+        self.state = _Budget(
+            n=[(-1 if i % 2 == 0 else 0) if per == 2 else 0 for i in range(per * len(config.rates))]
+        )
+
+    def reclaim(self, now: int, write: bool) -> list[int]:
+        """Reclaims every log (a sliding window's); returns the permits each holds after it.
+        Without ``write`` no budget changes."""
+        used = []
+        for i, (budget, rate) in enumerate(
+            zip(self.budgets or (), self.config.rates, strict=False)
+        ):
+            before = budget.used
+            after = MemoryBackend._reclaim(budget, now - rate.interval_us, write)
+            if write and after != before:
+                self.touched[i] = True  # what the reclaim changed is written back
+            used.append(after)
+        return used
+
+    def left(self, now: int, used: list[int] | None = None) -> int:
+        """group_left: permits a request could take at ``now``."""
+        config = self.config
+        if self.budgets is not None:
+            counts = used if used is not None else [b.used for b in self.budgets]
+            return min(r.permits - u for r, u in zip(config.rates, counts, strict=True))
+        n, lefts = self.state.n, []
+        for i, rate in enumerate(config.rates):
+            interval, count = rate.interval_us, rate.permits
+            if config.algorithm is Algorithm.TOKEN_BUCKET:
+                owed = max(n[i] - now, 0)
+                lefts.append(math.floor(float(interval - owed) * count / interval))
+            else:
+                window, held = n[2 * i], n[2 * i + 1]
+                current = now // interval
+                lefts.append(
+                    count if window < current else count - held if window == current else 0
+                )
+        return min(lefts)
+
+    def last(self) -> int | None:
+        """newest_start (sliding window), or the latest start kept."""
+        if self.budgets is None:
+            return self.state.last
+        newest = [
+            b.grants[-1][0]
+            for b, kept in zip(self.budgets, self.stored, strict=True)
+            if kept and len(b.grants) > b.head
+        ]
+        return max(newest) if newest else None
+
+    def earliest(
+        self, permits: int, now: int, used: list[int] | None = None, logged: list[int] | None = None
+    ) -> int | None:
+        config, start = self.config, now
+        last = None
+        if self.budgets is not None:
+            for i, (budget, rate) in enumerate(zip(self.budgets, config.rates, strict=True)):
+                held = budget.used if used is None else used[i]
+                if held + permits > _MAX_EXACT:
+                    return None
+                left = rate.permits - held
+                if left < permits and self.stored[i]:
+                    before = held if logged is None else logged[i]
+                    need = permits - (rate.permits - before)
+                    start = max(
+                        start, now + MemoryBackend._wait_for(budget, need, rate.interval_us, now)
+                    )
+            if len(self.budgets) > 1 or config.min_spacing_us > 0:
+                last = self.last()
+        else:
+            n = self.state.n
+            for i, rate in enumerate(config.rates):
+                interval = rate.interval_us
+                if config.algorithm is Algorithm.TOKEN_BUCKET:
+                    start = max(start, max(n[i], now) + _cost(rate, permits) - interval)
+                else:
+                    window, held = n[2 * i], n[2 * i + 1]
+                    if window >= now // interval:
+                        if held + permits <= rate.permits:
+                            start = max(start, window * interval)
+                        else:
+                            start = max(start, (window + 1) * interval)
+            last = self.state.last
+        if last is not None:
+            start = max(start, last + config.min_spacing_us)
+        return start
+
+    def commit(self, permits: int, start: int) -> str:
+        config = self.config
+        self.fresh = False
+        if self.budgets is not None:
+            seq = max(b.seq for b in self.budgets) + 1
+            member = format_member(permits, seq)
+            for i, budget in enumerate(self.budgets):
+                budget.add((start, member, permits))
+                budget.seq = seq
+                budget.used += permits
+                budget.moved(start, permits)
+                self.touched[i] = True
+            self.latest = start if self.latest is None else max(self.latest, start)
+            return member
+        state = self.state
+        state.last = start if state.last is None else max(state.last, start)
+        n = state.n
+        for i, rate in enumerate(config.rates):
+            if config.algorithm is Algorithm.TOKEN_BUCKET:
+                n[i] = max(n[i], start) + _cost(rate, permits)
+            else:
+                window = start // rate.interval_us
+                if window == n[2 * i]:
+                    n[2 * i + 1] += permits
+                else:
+                    n[2 * i], n[2 * i + 1] = window, permits
+        self.dirty = True
+        self.latest = start if self.latest is None else max(self.latest, start)
+        return format_member(permits, start)
+
+    def save(self, limiter: _Limiter, now: int) -> int:
+        """save_group: writes back what changed; the longest TTL given, in us (0: gone)."""
+        stored = limiter.config
+        assert stored is not None
+        deadline = stored.deadline
+        config, key = self.config, self.key
+        if self.budgets is not None:
+            longest = 0
+            for i, (budget, rate) in enumerate(zip(self.budgets, config.rates, strict=True)):
+                if not self.touched[i]:
+                    continue
+                where: dict[Any, _Budget] = limiter.budgets if i == 0 else limiter.extra
+                slot = key if i == 0 else (key, i + 1)
+                if MemoryBackend._store(budget, rate.interval_us, now, deadline):
+                    where[slot] = budget
+                    self.stored[i] = True
+                    longest = max(longest, int(budget.expires_at) - now)
+                else:
+                    where.pop(slot, None)
+                    self.stored[i] = False
+            return longest
+        state, n = self.state, self.state.n
+        until = state.last + config.min_spacing_us if state.last is not None else 0
+        for i, rate in enumerate(config.rates):
+            if config.algorithm is Algorithm.TOKEN_BUCKET:
+                until = max(until, n[i])
+            else:
+                until = max(until, (n[2 * i] + 1) * rate.interval_us)
+        if until <= now:
+            limiter.budgets.pop(key, None)
+            return 0
+        ttl = _ms(until - now)
+        if deadline is not None:
+            ttl = max(min(ttl, _ms(deadline - now)), 1000)
+        if len(config.rates) == 1 and not config.min_spacing_us:
+            state.last = None  # kept only where a later request needs it (lib.lua, save_group)
+        state.expires_at = now + ttl
+        limiter.budgets[key] = state
+        return ttl
+
+    def release(self, wanted: int, member: str | None, now: int) -> int:
+        config, released = self.config, 0
+        if self.budgets is not None:
+            for i, budget in enumerate(self.budgets):
+                if not self.stored[i]:
+                    continue
+                count = MemoryBackend._release_log(budget, wanted, member, now)
+                if count:
+                    budget.used -= count
+                    self.touched[i] = True
+                released = max(released, count)
+            return released
+        start = None
+        if member is not None:
+            wanted, start = parse_member(member)
+        n = self.state.n
+        for i, rate in enumerate(config.rates):
+            count, interval = 0, rate.interval_us
+            if config.algorithm is Algorithm.TOKEN_BUCKET:
+                owed = n[i] - now
+                if owed > 0:
+                    count = min(wanted, math.ceil(float(owed) * rate.permits / interval))
+                    n[i] = max(n[i] - _cost(rate, wanted), now)
+            else:
+                window = n[2 * i]
+                if (start is not None and start // interval == window) or (
+                    start is None and window == now // interval
+                ):
+                    count = min(wanted, n[2 * i + 1])
+                    n[2 * i + 1] -= count
+            released = max(released, count)
+        if released:
+            self.dirty = True
+        return released
 
 
 def _ms(us: int) -> int:

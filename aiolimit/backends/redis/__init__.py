@@ -8,12 +8,14 @@ from __future__ import annotations
 import math
 import re
 import time
+import secrets
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from ..._types import RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .._protocol import format_rates
 from ..base import Backend, Grant, Refusal, SetMode
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
@@ -289,7 +291,7 @@ class RedisBackend(Backend):
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
         keys = self.keys(name)
-        generation = uuid.uuid4().hex
+        generation = secrets.token_urlsafe(8)  # short: every budget of the config holds it
         reply = await self._run(
             scripts.SET_RATE,
             (keys.config, keys.value, keys.permits, keys.registry, keys.retired(generation)),
@@ -302,6 +304,9 @@ class RedisBackend(Backend):
                 "1" if keep_state else "0",
                 self._now_arg(),
                 generation,
+                config.algorithm.value,
+                format_rates(config) if len(config.rates) > 1 else "",
+                config.min_spacing_us,
             ),
         )
         if reply.written:

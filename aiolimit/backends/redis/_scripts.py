@@ -12,8 +12,8 @@ from enum import IntEnum
 from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..._types import RateLimiterConfig, RateType
-from .._protocol import MAX_BATCH, Reply
+from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
+from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal
 from ._coalescer import Batch
 
@@ -253,11 +253,16 @@ def _config(reply: Any) -> RateLimiterConfig | None:
         else {_text(reply[i]): _text(reply[i + 1]) for i in range(0, len(reply), 2)}
     )
     keep_alive = int(fields.get("keep_alive", "0"))
+    spacing = int(fields.get("spacing", "0"))
+    rate, interval = int(fields["rate"]), timedelta(microseconds=int(fields["interval"]))
     return RateLimiterConfig(
         RateType(fields["type"]),
-        int(fields["rate"]),
-        timedelta(microseconds=int(fields["interval"])),
+        rate,
+        interval,
         timedelta(microseconds=keep_alive) if keep_alive else None,
+        parse_rates(fields["rates"]) if "rates" in fields else (Rate(rate, interval),),
+        Algorithm(fields.get("algorithm", Algorithm.SLIDING_WINDOW.value)),
+        timedelta(microseconds=spacing) if spacing else None,
     )
 
 

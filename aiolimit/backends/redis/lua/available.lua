@@ -17,6 +17,14 @@ if config.type ~= ARGV[2] then
   return { -3, config.type }
 end
 local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
-local budget = load_budget(KEYS[2], KEYS[3], config, false)
-reclaim(budget, now - config.interval, false)
-return { 0, config.rate - budget.used }
+local group = load_group(config, KEYS[2], KEYS[3], false)
+if group.budgets then
+  for _, budget in ipairs(group.budgets) do
+    reclaim(budget, now - budget.interval, false)
+  end
+end
+local left = group_left(group, now)
+if config.spacing > 0 and earliest(group, 1, now) > now then
+  left = math.min(left, 0) -- the spacing holds the next grant back
+end
+return { 0, left }

@@ -15,5 +15,5 @@ end
 local had_ttl = redis.call('PERSIST', KEYS[1])
 redis.call('HDEL', KEYS[1], 'expires_at')
 config.expires_at = nil
-refresh_budget(KEYS[2], KEYS[3], config, now_us(ARGV[1]))
+refresh_group(KEYS[2], KEYS[3], config, now_us(ARGV[1]))
 return had_ttl

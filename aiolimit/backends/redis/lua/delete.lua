@@ -1,6 +1,7 @@
 -- delete: removes the limiter: its config, the OVERALL state and the clients registry.
 --
 -- KEYS[1] config hash, KEYS[2] value key, KEYS[3] permits ZSET (OVERALL), KEYS[4] registry
+--         (the keys of a sliding window's other rates are named after KEYS[2] and KEYS[3])
 -- KEYS[5] where the registry goes: "<tag>:retired:<gen>", fresh for this call
 --
 -- O(1) however many PER_CLIENT clients there are: without a config their state counts for
@@ -10,7 +11,7 @@
 -- is to be retired.
 
 local existed = redis.call('EXISTS', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
-redis.call('UNLINK', KEYS[1], KEYS[2], KEYS[3])
+redis.call('UNLINK', KEYS[1], unpack(all_rate_keys(KEYS[1], KEYS[2], KEYS[3])))
 local follow = 0
 if redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('RENAME', KEYS[4], KEYS[5])

@@ -22,7 +22,7 @@ redis.call('HSET', KEYS[1], 'expires_at', fmt(config.expires_at))
 redis.call('PEXPIRE', KEYS[1], ttl)
 -- The OVERALL state: the TTL its grants need, cut at the new end (a later end gives back
 -- what an earlier expire() took).
-refresh_budget(KEYS[2], KEYS[3], config, now)
+refresh_group(KEYS[2], KEYS[3], config, now)
 local current = redis.call('PTTL', KEYS[4])
 if current == -1 or current > ttl then
   redis.call('PEXPIRE', KEYS[4], ttl)

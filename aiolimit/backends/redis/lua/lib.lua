@@ -30,8 +30,12 @@ local unpack = unpack or table.unpack
 local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
 local WALK_STEPS = 1000 -- log entries one wait computation may read
 local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget
+local MAX_RATES = 8 -- rates one limiter applies at once
 
 local server_now -- read once per script call
+
+-- The algorithms a config may name (README, "Algorithms").
+local ALGORITHMS = { SLIDING_WINDOW = true, TOKEN_BUCKET = true, FIXED_WINDOW = true }
 
 local function now_us(arg)
   if arg ~= nil and arg ~= '' and arg ~= '-' then
@@ -94,7 +98,8 @@ end
 
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
-  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen')
+  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen',
+    'algorithm', 'rates', 'spacing')
   if not c[1] then
     return nil
   end
@@ -109,9 +114,26 @@ local function load_config(config_key)
     -- the latest client-supplied time this limiter has acted on (clock='client' only)
     clock = c[6] and tonumber(c[6]),
     gen = c[7] or '-',
+    algorithm = c[8] or 'SLIDING_WINDOW',
+    spacing = tonumber(c[10] or '0'),
   }
-  if not (config.rate and config.interval and config.keep_alive and config.type) then
+  if not (config.rate and config.interval and config.keep_alive and config.type and config.spacing
+        and ALGORITHMS[config.algorithm]) then
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
+  end
+  -- Every rate as {rate, interval}; the first is the one in 'rate' and 'interval'.
+  config.rates = { { rate = config.rate, interval = config.interval } }
+  if c[9] then
+    config.rates = {}
+    for p, i in string.gmatch(c[9], '(%d+):(%d+)') do
+      table.insert(config.rates, { rate = tonumber(p), interval = tonumber(i) })
+    end
+  end
+  -- The most permits one request may take (the smallest rate's), and how long a grant counts.
+  config.max_permits, config.longest = config.rate, config.interval
+  for _, r in ipairs(config.rates) do
+    config.max_permits = math.min(config.max_permits, r.rate)
+    config.longest = math.max(config.longest, r.interval)
   end
   return config
 end
@@ -223,7 +245,7 @@ local function save_budget(budget, config, now)
     redis.call('DEL', budget.value_key)
     return 0
   end
-  local ttl = math.max(ms(tonumber(newest[2]) + config.interval - now), 1)
+  local ttl = math.max(ms(tonumber(newest[2]) + (budget.interval or config.interval) - now), 1)
   if config.expires_at then
     ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
   end
@@ -359,6 +381,310 @@ local function wait_for(budget, need, interval, now)
   return math.max(at + interval - now, 1)
 end
 
+-- -- groups: every rate of one budget, by algorithm --------------------------------------------
+--
+-- A budget (the whole limiter for OVERALL, one client for PER_CLIENT) applies every rate of
+-- its config at once. How it keeps them depends on the algorithm:
+--   SLIDING_WINDOW  a log per rate, as above: the first rate's in the budget's value key and
+--                   permits ZSET, rate i's (i > 1) in "<tag>:value<i>..." and
+--                   "<tag>:permits<i>..." (the same names with the rate's number after
+--                   "value"/"permits"; same hash tag, so the same slot).
+--   TOKEN_BUCKET    the value key "<gen> <last> <tat 1> ... <tat n>": per rate, the time at
+--                   which its bucket is full again (GCRA's theoretical arrival time); a
+--                   bucket of `rate` tokens refills one token per interval/rate.
+--   FIXED_WINDOW    the value key "<gen> <last> <window 1> <count 1> ... <window n> <count n>":
+--                   per rate, the latest window (a multiple of the interval since the Unix
+--                   epoch) holding grants, and how many permits it holds.
+-- <last> is the start of the latest grant ("-": none), for the spacing and for FIFO.
+-- Each rate tells the earliest start at which it allows a request; every rate allows it
+-- from then on (given that a start is never before the latest one), so the request starts at
+-- the latest of them, no earlier than the latest grant, nor than it plus the spacing.
+
+-- Rate i's key of a budget key ("<tag>:value:<client>" -> "<tag>:value2:<client>").
+local function rate_key(config, key, base, i)
+  local tag_length = #config.key - #':config'
+  return string.sub(key, 1, tag_length) .. ':' .. base .. i .. string.sub(key, tag_length + #base + 2)
+end
+
+local function load_group(config, value_key, permits_key, write)
+  local group = { config = config, value_key = value_key, permits_key = permits_key, fresh = true }
+  if config.algorithm == 'SLIDING_WINDOW' then
+    group.budgets = {}
+    for i, r in ipairs(config.rates) do
+      local budget
+      if i == 1 then
+        budget = load_budget(value_key, permits_key, config, write)
+      else
+        budget = load_budget(rate_key(config, value_key, 'value', i), rate_key(config, permits_key, 'permits', i), config, write)
+      end
+      budget.rate, budget.interval = r.rate, r.interval
+      group.budgets[i] = budget
+      group.fresh = group.fresh and budget.fresh
+    end
+    return group
+  end
+  local per = config.algorithm == 'FIXED_WINDOW' and 2 or 1
+  group.n = {}
+  local raw = redis.call('GET', value_key)
+  if raw then
+    local fields = {}
+    for field in string.gmatch(raw, '%S+') do
+      table.insert(fields, field)
+    end
+    if fields[1] == config.gen and #fields == 2 + per * #config.rates then
+      group.fresh = nil
+      group.last = tonumber(fields[2])
+      for i = 3, #fields do
+        group.n[i - 2] = tonumber(fields[i])
+      end
+      return group
+    end
+    if write then
+      redis.call('DEL', value_key) -- another generation's, or another config's
+    end
+  end
+  for i = 1, per * #config.rates do
+    group.n[i] = per == 2 and (i % 2 == 1 and -1 or 0) or 0 -- no window yet; a full bucket
+  end
+  return group
+end
+
+-- Microseconds of refill that n tokens of rate r cost: n * interval / rate, rounded up.
+local function cost(r, n)
+  local q = math.floor(r.interval / r.rate)
+  return n * q + math.ceil(n * (r.interval - q * r.rate) / r.rate)
+end
+
+-- The newest grant's start in a sliding window (nil: none logged).
+local function newest_start(group)
+  local last
+  for _, budget in ipairs(group.budgets) do
+    if not budget.fresh then
+      local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
+      if #newest > 0 then
+        last = math.max(last or tonumber(newest[2]), tonumber(newest[2]))
+      end
+    end
+  end
+  return last
+end
+
+-- Permits a request could take at `now` (negative while reservations are queued).
+local function group_left(group, now)
+  local config, left = group.config, nil
+  local function least(x)
+    left = left and math.min(left, x) or x
+  end
+  if group.budgets then
+    for _, budget in ipairs(group.budgets) do
+      least(budget.rate - budget.used)
+    end
+  elseif config.algorithm == 'TOKEN_BUCKET' then
+    for i, r in ipairs(config.rates) do
+      least(math.floor((r.interval - math.max(group.n[i] - now, 0)) * r.rate / r.interval))
+    end
+  else
+    for i, r in ipairs(config.rates) do
+      local window, count = group.n[2 * i - 1], group.n[2 * i]
+      local current = math.floor(now / r.interval)
+      least(window < current and r.rate or (window == current and r.rate - count or 0))
+    end
+  end
+  return left
+end
+
+-- The earliest start (>= now) at which every rate and the spacing allow `permits`; nil when
+-- a log would hold more than MAX_EXACT. `logged` (sliding window, read-only callers): each
+-- budget's `used` before a reclaim that was not written, which the walk needs.
+local function earliest(group, permits, now, logged)
+  local config, start = group.config, now
+  if group.budgets then
+    for i, budget in ipairs(group.budgets) do
+      if budget.used + permits > MAX_EXACT then
+        return nil
+      end
+      local left = budget.rate - budget.used
+      if left < permits and not budget.fresh then
+        local before = logged and logged[i] or budget.used
+        start = math.max(start, now + wait_for(budget, permits - (budget.rate - before), budget.interval, now))
+      end
+    end
+    if #group.budgets > 1 or config.spacing > 0 then
+      group.last = newest_start(group)
+    end
+  elseif config.algorithm == 'TOKEN_BUCKET' then
+    for i, r in ipairs(config.rates) do
+      start = math.max(start, math.max(group.n[i], now) + cost(r, permits) - r.interval)
+    end
+  else
+    for i, r in ipairs(config.rates) do
+      local window, count = group.n[2 * i - 1], group.n[2 * i]
+      if window >= math.floor(now / r.interval) then
+        if count + permits <= r.rate then
+          start = math.max(start, window * r.interval)
+        else
+          start = math.max(start, (window + 1) * r.interval)
+        end
+      end
+    end
+  end
+  if group.last then
+    start = math.max(start, group.last + config.spacing)
+  end
+  return start
+end
+
+-- Takes `permits` at `start` (from `earliest`) in every rate; returns the grant's member.
+local function commit(group, permits, start)
+  local config = group.config
+  group.fresh = nil
+  group.last = math.max(group.last or start, start)
+  if group.budgets then
+    local seq = 0
+    for _, budget in ipairs(group.budgets) do
+      seq = math.max(seq, budget.seq)
+    end
+    seq = seq + 1
+    local member = fmt(permits) .. ':' .. fmt(seq)
+    for _, budget in ipairs(group.budgets) do
+      redis.call('ZADD', budget.permits_key, fmt(start), member)
+      budget.seq, budget.fresh = seq, nil
+      budget.used = budget.used + permits
+      cursor_moved(budget, start, permits)
+      budget.latest = math.max(budget.latest or start, start)
+    end
+    return member
+  end
+  if config.algorithm == 'TOKEN_BUCKET' then
+    for i, r in ipairs(config.rates) do
+      group.n[i] = math.max(group.n[i], start) + cost(r, permits)
+    end
+  else
+    for i, r in ipairs(config.rates) do
+      local window = math.floor(start / r.interval)
+      if window == group.n[2 * i - 1] then
+        group.n[2 * i] = group.n[2 * i] + permits
+      else
+        group.n[2 * i - 1], group.n[2 * i] = window, permits
+      end
+    end
+  end
+  group.dirty = true
+  return fmt(permits) .. ':' .. fmt(start) -- a counter grant's member: its permits and start
+end
+
+-- Writes a group back and gives its keys their TTLs; returns the longest TTL in ms (0: gone).
+local function save_group(group, now)
+  local config = group.config
+  if group.budgets then
+    local longest = 0
+    for _, budget in ipairs(group.budgets) do
+      if budget.latest or budget.dirty then
+        longest = math.max(longest, save_budget(budget, config, now))
+      end
+    end
+    return longest
+  end
+  -- The state matters until every bucket is full again / every window has ended, and the
+  -- spacing has passed.
+  local until_ = group.last and (group.last + config.spacing) or 0
+  for i, r in ipairs(config.rates) do
+    if config.algorithm == 'TOKEN_BUCKET' then
+      until_ = math.max(until_, group.n[i])
+    else
+      until_ = math.max(until_, (group.n[2 * i - 1] + 1) * r.interval)
+    end
+  end
+  if until_ <= now then
+    redis.call('DEL', group.value_key)
+    return 0
+  end
+  local ttl = ms(until_ - now)
+  if config.expires_at then
+    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
+  end
+  -- The latest start is kept only where a later request needs it: with several rates (for
+  -- FIFO) or a spacing; one rate keeps its requests in order by itself. (A short value is
+  -- stored by Redis in one allocation.)
+  local keep_last = group.last and (#config.rates > 1 or config.spacing > 0)
+  local fields = { config.gen, keep_last and fmt(group.last) or '-' }
+  for _, n in ipairs(group.n) do
+    table.insert(fields, fmt(n))
+  end
+  redis.call('SET', group.value_key, table.concat(fields, ' '), 'PX', ttl)
+  return ttl
+end
+
+-- Hands back `wanted` permits (or exactly the grant `member`); returns how many went back.
+local function release_group(group, wanted, member, now)
+  local config, released = group.config, 0
+  if group.budgets then
+    for _, budget in ipairs(group.budgets) do
+      local key, count = budget.permits_key, 0
+      local function take(m, score, permits)
+        redis.call('ZREM', key, m)
+        cursor_moved(budget, score, -permits)
+        count = count + permits
+      end
+      if member ~= '' then
+        local score = redis.call('ZSCORE', key, member)
+        if score then
+          take(member, tonumber(score), member_permits(member))
+        end
+      else
+        -- Reservations (grants starting in the future) belong to waiting callers.
+        local entries = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'WITHSCORES', 'LIMIT', 0, WALK_STEPS)
+        for i = 1, #entries, 2 do
+          if count >= wanted then
+            break
+          end
+          local m, score = entries[i], tonumber(entries[i + 1])
+          local permits = member_permits(m)
+          local rest = permits - math.min(permits, wanted - count)
+          take(m, score, permits - rest)
+          if rest > 0 then
+            redis.call('ZADD', key, fmt(score), fmt(rest) .. ':' .. member_id(m))
+          end
+        end
+      end
+      if count > 0 then
+        budget.used = budget.used - count
+        budget.dirty = true
+      end
+      released = math.max(released, count)
+    end
+    return released
+  end
+  local start = member ~= '' and tonumber(string.match(member, ':(%-?%d+)$'))
+  if member ~= '' then
+    wanted = member_permits(member)
+  end
+  for i, r in ipairs(config.rates) do
+    local count = 0
+    if config.algorithm == 'TOKEN_BUCKET' then
+      -- Tokens go back, never above a full bucket.
+      local owed = group.n[i] - now
+      if owed > 0 then
+        count = math.min(wanted, math.ceil(owed * r.rate / r.interval))
+        group.n[i] = math.max(group.n[i] - cost(r, wanted), now)
+      end
+    else
+      local window = group.n[2 * i - 1]
+      -- Only the latest window's count is kept: a grant there (or, without a member, in the
+      -- current window when nothing is reserved ahead) can go back.
+      if (start and math.floor(start / r.interval) == window) or (not start and window == math.floor(now / r.interval)) then
+        count = math.min(wanted, group.n[2 * i])
+        group.n[2 * i] = group.n[2 * i] - count
+      end
+    end
+    released = math.max(released, count)
+  end
+  if released > 0 then
+    group.dirty = true
+  end
+  return released
+end
+
 -- -- acquiring -------------------------------------------------------------------------------
 --
 -- acquire.lua runs one request, acquire_many.lua several (requests that arrived together); a
@@ -377,48 +703,48 @@ end
 --                                         (0: now; > 0: a reservation)
 --   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
 --   "-1"                                  no config
---   "-2 <rate>"                           permits exceed the rate
+--   "-2 <rate>"                           permits exceed the (smallest) rate
 --   "-3 <type>"                           the keys were built for the other rate type
 --   "-4"                                  queue full: more than 2^53 permits would be logged
 --   "-5 <message>"                        the request failed (e.g. a key holds foreign data)
 
--- Writes back a budget that granted or reclaimed (its log is written as it goes); once.
-local function close_budget(budget)
-  if budget.closed or not (budget.latest or budget.dirty) then
+-- Writes back a group that granted or changed (its logs are written as they go); once.
+local function close_group(group)
+  if group.closed or not (group.latest or group.dirty or group.budgets) then
     return
   end
-  budget.closed = true
-  local config, now = budget.config, budget.now
-  local ttl = save_budget(budget, config, now)
-  if not budget.latest then
+  group.closed = true
+  local config, now = group.config, group.now
+  local ttl = save_group(group, now)
+  if not group.latest then
     return
   end
-  if budget.client_id then
+  if group.client_id then
     -- Scored by the client's latest grant, which an earlier reservation may lie beyond.
-    local score = redis.call('ZSCORE', budget.registry_key, budget.client_id)
-    if not score or tonumber(score) < budget.latest then
-      redis.call('ZADD', budget.registry_key, fmt(budget.latest), budget.client_id)
+    local score = redis.call('ZSCORE', group.registry_key, group.client_id)
+    if not score or tonumber(score) < group.latest then
+      redis.call('ZADD', group.registry_key, fmt(group.latest), group.client_id)
     end
-    redis.call('ZREMRANGEBYSCORE', budget.registry_key, '-inf', fmt(now - 2 * config.interval))
-    extend_registry(budget.registry_key, ttl + ms(config.interval), config, now)
+    redis.call('ZREMRANGEBYSCORE', group.registry_key, '-inf', fmt(now - 2 * config.longest))
+    extend_registry(group.registry_key, ttl + ms(config.longest), config, now)
   end
   if config.keep_alive > 0 and not config.expires_at then
-    redis.call('PEXPIRE', budget.config_key, math.max(ms(config.keep_alive), ttl))
+    redis.call('PEXPIRE', group.config_key, math.max(ms(config.keep_alive), ttl))
   end
 end
 
 local function new_batch()
-  return { configs = {}, budgets = {}, order = {} }
+  return { configs = {}, groups = {}, order = {} }
 end
 
-local function open_budget(batch, config, now, config_key, value_key, permits_key, registry_key)
-  local budget = batch.budgets[value_key]
-  if budget and budget.now ~= now then
-    close_budget(budget) -- another clock reading: write back and start over, as a new call would
-    budget = nil
+local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local group = batch.groups[value_key]
+  if group and group.now ~= now then
+    close_group(group) -- another clock reading: write back and start over, as a new call would
+    group = nil
   end
-  if budget then
-    return budget
+  if group then
+    return group
   end
   if config.type == 'PER_CLIENT' then
     -- The registry is written when the batch closes, where nothing may fail any more.
@@ -428,13 +754,17 @@ local function open_budget(batch, config, now, config_key, value_key, permits_ke
       error('aiolimit: ' .. registry_key .. ' holds a ' .. kind .. ', not aiolimit state; delete() the limiter')
     end
   end
-  budget = load_budget(value_key, permits_key, config, true)
-  reclaim(budget, now - config.interval, true)
-  budget.config, budget.now = config, now
-  budget.config_key, budget.registry_key = config_key, registry_key
-  batch.budgets[value_key] = budget
-  table.insert(batch.order, budget)
-  return budget
+  group = load_group(config, value_key, permits_key, true)
+  if group.budgets then
+    for _, budget in ipairs(group.budgets) do
+      reclaim(budget, now - budget.interval, true)
+    end
+  end
+  group.now = now
+  group.config_key, group.registry_key = config_key, registry_key
+  batch.groups[value_key] = group
+  table.insert(batch.order, group)
+  return group
 end
 
 local function acquire(batch, config_key, value_key, permits_key, registry_key, request)
@@ -453,38 +783,28 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if config.type ~= rate_type then
     return '-3 ' .. config.type
   end
-  if permits > config.rate then
-    return '-2 ' .. fmt(config.rate)
+  if permits > config.max_permits then
+    return '-2 ' .. fmt(config.max_permits)
   end
 
   local now = limiter_now(config, now_arg)
-  local interval = config.interval
-  local budget = open_budget(batch, config, now, config_key, value_key, permits_key, registry_key)
-  if budget.used + permits > MAX_EXACT then
+  local group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local start = earliest(group, permits, now)
+  if not start then
     return '-4'
   end
-  local left = config.rate - budget.used
-  local delay = 0
-  if left < permits then
-    delay = wait_for(budget, permits - left, interval, now)
-    if max_wait >= 0 and delay > max_wait then
-      return '1 ' .. fmt(delay) .. ' ' .. fmt(left) .. ' ' .. fmt(now)
-    end
+  local delay = start - now
+  if delay > 0 and max_wait >= 0 and delay > max_wait then
+    return '1 ' .. fmt(delay) .. ' ' .. fmt(group_left(group, now)) .. ' ' .. fmt(now)
   end
 
   -- Nothing below can fail: the grant, and the state that counts it, are written together.
-  local start = now + delay
-  budget.seq = budget.seq + 1
-  budget.fresh = nil
-  local member = fmt(permits) .. ':' .. fmt(budget.seq)
-  redis.call('ZADD', permits_key, fmt(start), member)
-  budget.used = budget.used + permits
-  cursor_moved(budget, start, permits)
-  budget.latest = math.max(budget.latest or start, start)
+  local member = commit(group, permits, start)
+  group.latest = math.max(group.latest or start, start)
   if config.type == 'PER_CLIENT' then
-    budget.client_id = client_id
+    group.client_id = client_id
   end
-  return '0 ' .. fmt(config.rate - budget.used) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+  return '0 ' .. fmt(group_left(group, now)) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.
@@ -496,10 +816,10 @@ local function try_acquire(batch, config_key, value_key, permits_key, registry_k
   return '-5 ' .. error_text(reply)
 end
 
--- Writes every budget a batch granted from, and every clock it moved, once.
+-- Writes every group a batch granted from, and every clock it moved, once.
 local function close_batch(batch)
-  for _, budget in ipairs(batch.order) do
-    close_budget(budget)
+  for _, group in ipairs(batch.order) do
+    close_group(group)
   end
   for _, config in pairs(batch.configs) do
     if config then
@@ -510,12 +830,32 @@ end
 
 -- -- many clients ----------------------------------------------------------------------------
 
--- Gives one PER_CLIENT budget the TTL the current config gives it (one interval past its
--- newest grant, not past expire()'s end). Returns that TTL in ms, 0 when it has no state.
-local function refresh_budget(value_key, permits_key, config, now)
-  local budget = load_budget(value_key, permits_key, config, true)
-  if budget.fresh then
+-- Gives one budget (every rate) the TTLs the current config gives it (as long as its grants
+-- count, not past expire()'s end). Returns the longest TTL in ms, 0 when it has no state.
+local function refresh_group(value_key, permits_key, config, now)
+  local group = load_group(config, value_key, permits_key, true)
+  if group.fresh then
     return 0
   end
-  return save_budget(budget, config, now)
+  if group.budgets then
+    local longest = 0
+    for _, budget in ipairs(group.budgets) do
+      if not budget.fresh then
+        longest = math.max(longest, save_budget(budget, config, now))
+      end
+    end
+    return longest
+  end
+  return save_group(group, now)
+end
+
+-- Every key a budget's rates may use (for removing them whatever the config was).
+local function all_rate_keys(config_key, value_key, permits_key)
+  local keys = { value_key, permits_key }
+  local config = { key = config_key }
+  for i = 2, MAX_RATES do
+    table.insert(keys, rate_key(config, value_key, 'value', i))
+    table.insert(keys, rate_key(config, permits_key, 'permits', i))
+  end
+  return keys
 end

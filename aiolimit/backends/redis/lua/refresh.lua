@@ -16,9 +16,9 @@ end
 local now = now_us(ARGV[1])
 local longest = 0
 for i = 2, #ARGV do
-  longest = math.max(longest, refresh_budget(KEYS[2 * i - 1], KEYS[2 * i], config, now))
+  longest = math.max(longest, refresh_group(KEYS[2 * i - 1], KEYS[2 * i], config, now))
 end
 if longest > 0 then
-  extend_registry(KEYS[2], longest + ms(config.interval), config, now)
+  extend_registry(KEYS[2], longest + ms(config.longest), config, now)
 end
 return #ARGV - 1

@@ -29,43 +29,15 @@ if config.type ~= ARGV[3] then
 end
 local now = limiter_now(config, ARGV[2])
 save_clock(config)
-local key = KEYS[3]
-local budget = load_budget(KEYS[2], key, config, true)
-reclaim(budget, now - config.interval, true)
-local wanted = tonumber(ARGV[1])
-local released = 0
-
-local function take(member, score, permits)
-  redis.call('ZREM', key, member)
-  cursor_moved(budget, score, -permits)
-  released = released + permits
-end
-
-if ARGV[4] ~= '' then
-  local score = redis.call('ZSCORE', key, ARGV[4])
-  if score then
-    take(ARGV[4], tonumber(score), member_permits(ARGV[4]))
-  end
-else
-  -- Reservations (grants starting in the future) belong to waiting callers: never touched.
-  local entries = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'WITHSCORES', 'LIMIT', 0, WALK_STEPS)
-  for i = 1, #entries, 2 do
-    if released >= wanted then
-      break
-    end
-    local member, score = entries[i], tonumber(entries[i + 1])
-    local permits = member_permits(member)
-    local rest = permits - math.min(permits, wanted - released)
-    take(member, score, permits - rest)
-    if rest > 0 then
-      redis.call('ZADD', key, fmt(score), fmt(rest) .. ':' .. member_id(member))
-    end
+local group = load_group(config, KEYS[2], KEYS[3], true)
+if group.budgets then
+  for _, budget in ipairs(group.budgets) do
+    reclaim(budget, now - budget.interval, true)
   end
 end
-
-if released > 0 or budget.dirty then
-  budget.used = budget.used - released
-  save_budget(budget, config, now)
+local released = release_group(group, tonumber(ARGV[1]), ARGV[4], now)
+if group.budgets or group.dirty then
+  save_group(group, now)
 end
 -- The receipt outlives any resend a client library could still have on its way (it may
 -- outlive the limiter too, so a late resend cannot release a recreated limiter's permits).

@@ -16,7 +16,7 @@ for i, id in ipairs(ARGV) do
   local value_key, permits_key = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local raw = redis.call('GET', value_key)
   if not (live and raw and string.sub(raw, 1, #live) == live) then
-    redis.call('UNLINK', value_key, permits_key)
+    redis.call('UNLINK', unpack(all_rate_keys(KEYS[1], value_key, permits_key)))
   end
   redis.call('ZREM', KEYS[2], id)
 end

@@ -11,6 +11,9 @@
 -- ARGV[6] keep_state: '1' keeps grants inside the new window, '0' clears every budget
 -- ARGV[7] now in microseconds, or '' to read the server's TIME
 -- ARGV[8] a fresh generation, unique to this call (used when the state is cleared)
+-- ARGV[9] algorithm: 'SLIDING_WINDOW', 'TOKEN_BUCKET' or 'FIXED_WINDOW'
+-- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
+-- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
 --
 -- O(1) however many PER_CLIENT clients there are. Clearing the state starts a new
 -- generation: every client's state of the old one is dead at once, and the registry is
@@ -22,19 +25,29 @@
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
 
 local mode = ARGV[1]
-local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock')
+local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates')
 local old_type = old[1]
 if (mode == 'try' and old_type) or (mode == 'update' and not old_type) then
   return { 0, 0 }
 end
 
-local rate_type, interval, keep_alive = ARGV[2], tonumber(ARGV[4]), tonumber(ARGV[5])
--- Changing the rate type clears the state: the budgets are not comparable. So does a new
--- config where none was: state left by an expired or deleted limiter belongs to no limiter.
-local keep = ARGV[6] == '1' and old_type == rate_type
+local rate_type, keep_alive, algorithm = ARGV[2], tonumber(ARGV[5]), ARGV[9]
+-- Changing the rate type or the algorithm clears the state: the budgets are not comparable.
+-- So does a new config where none was: state left by an expired or deleted limiter belongs
+-- to no limiter.
+local keep = ARGV[6] == '1' and old_type == rate_type and (old[5] or 'SLIDING_WINDOW') == algorithm
 local gen = keep and old[2] or ARGV[8]
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type, 'gen', gen)
+if algorithm ~= 'SLIDING_WINDOW' then
+  redis.call('HSET', KEYS[1], 'algorithm', algorithm)
+end
+if ARGV[10] ~= '' then
+  redis.call('HSET', KEYS[1], 'rates', ARGV[10])
+end
+if ARGV[11] ~= '0' then
+  redis.call('HSET', KEYS[1], 'spacing', ARGV[11])
+end
 if keep_alive > 0 then
   redis.call('HSET', KEYS[1], 'keep_alive', ARGV[5])
   redis.call('PEXPIRE', KEYS[1], ms(keep_alive))
@@ -47,16 +60,27 @@ if keep then
   config.clock = clock and tonumber(clock)
   local now = limiter_now(config, ARGV[7])
   clock = config.clock and fmt(config.clock)
-  local budget = load_budget(KEYS[2], KEYS[3], config, true)
-  reclaim(budget, now - interval, true)
-  if not budget.fresh then
-    save_budget(budget, config, now)
+  local group = load_group(config, KEYS[2], KEYS[3], true)
+  if group.budgets then
+    for _, budget in ipairs(group.budgets) do
+      reclaim(budget, now - budget.interval, true)
+      budget.dirty = budget.dirty or not budget.fresh
+    end
   end
-  if old[3] and interval > tonumber(old[3]) and redis.call('EXISTS', KEYS[4]) == 1 then
+  if not group.fresh then
+    group.dirty = true
+    save_group(group, now)
+  end
+  -- A longer interval: the clients' state must live longer.
+  local old_longest = tonumber(old[3] or '0')
+  for _, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
+    old_longest = math.max(old_longest, tonumber(i))
+  end
+  if old[3] and config.longest > old_longest and redis.call('EXISTS', KEYS[4]) == 1 then
     follow = 1
   end
 else
-  redis.call('UNLINK', KEYS[2], KEYS[3])
+  redis.call('UNLINK', unpack(all_rate_keys(KEYS[1], KEYS[2], KEYS[3])))
   if redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('RENAME', KEYS[4], KEYS[5])
     follow = 2

@@ -18,15 +18,18 @@ if config.type ~= ARGV[3] then
   return { -3, config.type }
 end
 local permits = tonumber(ARGV[1])
-if permits > config.rate then
-  return { -2, config.rate }
+if permits > config.max_permits then
+  return { -2, config.max_permits }
 end
 local now = limiter_now(config, ARGV[2]) -- nothing written: a read acts on no state
-local budget = load_budget(KEYS[2], KEYS[3], config, false)
-local logged = budget.used
-reclaim(budget, now - config.interval, false)
-if budget.fresh or config.rate - budget.used >= permits then
-  return { 0, 0 }
+local group = load_group(config, KEYS[2], KEYS[3], false)
+local logged = {}
+if group.budgets then
+  -- The walk counts the expired grants still logged, so it needs what the unreclaimed log says.
+  for i, budget in ipairs(group.budgets) do
+    logged[i] = budget.used
+    reclaim(budget, now - budget.interval, false)
+  end
 end
--- The walk counts the expired grants still logged, so it needs what the unreclaimed log says.
-return { 0, wait_for(budget, permits - (config.rate - logged), config.interval, now) }
+local start = earliest(group, permits, now, logged) or now
+return { 0, start - now }
