@@ -30,6 +30,8 @@ PAUSE_STATUSES = frozenset({429, 503})
 """Statuses whose ``Retry-After`` pauses every caller."""
 
 _LONGEST_PAUSE = MAX_DURATION.total_seconds()
+# An acquire that took longer than this slept for a reserved slot, rather than one round trip.
+_LOOK_AGAIN_AFTER = 0.01
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -100,6 +102,10 @@ class SharedPause:
         return True
 
 
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
+
+
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
@@ -128,12 +134,19 @@ class CallGuard:
     async def before_call(self) -> None:
         """Waits out any pause, then for the permits; :class:`RateLimited` when that would
         take longer than the timeout."""
-        started = time.monotonic()
-        if not await self.pause.wait(self.timeout):
-            raise RateLimited(self.limiter.name, await self.pause.remaining())
-        left = None if self.timeout is None else max(self.timeout - (time.monotonic() - started), 0)
-        if not await self.limiter.try_acquire(self.permits, timeout=left):
-            raise RateLimited(self.limiter.name, await self.limiter.wait_time(self.permits))
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            if not await self.pause.wait(_left(deadline)):
+                raise RateLimited(self.limiter.name, await self.pause.remaining())
+            asked = time.monotonic()
+            if not await self.limiter.try_acquire(self.permits, timeout=_left(deadline)):
+                raise RateLimited(self.limiter.name, await self.limiter.wait_time(self.permits))
+            if time.monotonic() - asked <= _LOOK_AGAIN_AFTER or not await self.pause.remaining():
+                return
+            # It slept in a reserved slot, and a pause began meanwhile: sent after the pause,
+            # with everyone else's, it would break the rate. Its permit goes back, and it
+            # queues again once the pause is over.
+            await self.limiter.release(self.permits)
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;

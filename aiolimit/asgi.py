@@ -71,6 +71,7 @@ OnBackendError = Literal["deny", "allow"]
 # Where the rate limit items of a request gather, so that a middleware and any dependencies
 # inside it write one set of header fields together.
 _SCOPE_KEY = "aiolimit.rate_limits"
+_GRANTS_KEY = "aiolimit.grants"
 _FIELDS = (b"ratelimit-policy", b"ratelimit")
 _LEGACY_FIELDS = (b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset")
 _UNKNOWN_CLIENT = "unknown"
@@ -315,20 +316,21 @@ class _Item(NamedTuple):
     reset: int  # whole seconds
 
 
+class _Request(NamedTuple):
+    rule: Rule
+    backend: Backend  # the store, seen by the request's client for a per-client rule
+    cost: int
+
+
 class _Verdict(NamedTuple):
     status: int  # 200 allowed, 429 refused, 503 the store failed
     retry_after: int
     items: list[_Item]
     detail: str
+    grants: list[tuple[_Request, Grant]] = []  # noqa: RUF012 - never changed
 
 
 _ALLOWED = _Verdict(200, 0, [], "")
-
-
-class _Request(NamedTuple):
-    rule: Rule
-    backend: Backend  # the store, seen by the request's client for a per-client rule
-    cost: int
 
 
 class _Gate:
@@ -469,12 +471,8 @@ class _Gate:
                 raise
             self.stats.waited += 1
         self.stats.allowed += 1
-        return _Verdict(
-            200,
-            0,
-            [_Item(r.rule, max(g.left, 0), _window(r.rule.rates[0])) for r, g in grants],
-            "",
-        )
+        items = [_Item(r.rule, max(g.left, 0), _window(r.rule.rates[0])) for r, g in grants]
+        return _Verdict(200, 0, items, "", grants)
 
     async def _attempt(self, request: _Request) -> Grant | Refusal:
         rule = request.rule
@@ -514,7 +512,8 @@ class _Gate:
         await self._hand_back(granted)
         raise failures[0]
 
-    async def _hand_back(self, grants: list[tuple[_Request, Grant]]) -> None:
+    @staticmethod
+    async def _hand_back(grants: list[tuple[_Request, Grant]]) -> None:
         """Releases exactly the grants made for a request that is not served."""
         outcomes = await asyncio.gather(
             *(r.backend.release(r.rule.name, r.cost, g.member) for r, g in grants),
@@ -594,6 +593,32 @@ def _items_of(scope: Scope) -> list[_Item]:
     return items
 
 
+def _grants_of(scope: Scope) -> list[tuple[_Request, Grant]]:
+    """The grants made for the request so far, by every middleware and dependency."""
+    grants: list[tuple[_Request, Grant]] = scope.setdefault(_GRANTS_KEY, [])
+    return grants
+
+
+async def _record(scope: Scope, verdict: _Verdict) -> None:
+    """Notes the verdict's fields and grants in the scope; a refusal hands back the grants
+    that a middleware or dependency outside made for this request, so a request refused
+    anywhere consumes nothing anywhere."""
+    items = _items_of(scope)
+    grants = _grants_of(scope)
+    if verdict.status == 200:
+        items.extend(verdict.items)
+        grants.extend(verdict.grants)
+        return
+    if grants:  # refused (429) or unchecked (503): the request is not served
+        await _Gate._hand_back(grants)
+        back = {request.rule.name: request.cost for request, _ in grants}
+        items[:] = [
+            item._replace(remaining=item.remaining + back.get(item.rule.name, 0)) for item in items
+        ]
+        grants.clear()
+    items.extend(verdict.items)
+
+
 def _refusal_headers(verdict: _Verdict, scope: Scope, legacy: bool) -> list[tuple[bytes, bytes]]:
     return [
         (b"retry-after", str(verdict.retry_after).encode()),
@@ -662,7 +687,7 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         verdict = await self._gate.check(scope)
-        _items_of(scope).extend(verdict.items)
+        await _record(scope, verdict)
         if kind == "websocket":
             if verdict.status == 200:
                 await self.app(scope, receive, send)
@@ -792,7 +817,7 @@ class RateLimit:
 
         scope = request.scope
         verdict = await self._gate.check(scope)
-        _items_of(scope).extend(verdict.items)
+        await _record(scope, verdict)
         if verdict.status != 200:
             fields = _refusal_headers(verdict, scope, self._legacy)
             raise HTTPException(

@@ -526,7 +526,7 @@ async def test_the_fastapi_dependency_answers_like_the_middleware() -> None:
 
 
 @looptime
-async def test_the_dependency_inside_the_middleware_writes_one_merged_set_of_fields() -> None:
+async def test_the_dependency_inside_the_middleware_merges_fields_and_hands_back() -> None:
     backend = MemoryBackend()
     app = fastapi_app(backend, middleware=True)
     async with client(app) as http:
@@ -540,7 +540,9 @@ async def test_the_dependency_inside_the_middleware_writes_one_merged_set_of_fie
         refused = await http.post("/login")
     assert refused.status_code == 429
     assert refused.headers.get_list("retry-after") == ["60"]
-    assert fields(refused)["limit"] == {"site": {"r": 97, "t": 60}, "login": {"r": 0, "t": 60}}
+    # the refusal in the route handed back the permit the middleware's rule gave it
+    assert fields(refused)["limit"] == {"site": {"r": 98, "t": 60}, "login": {"r": 0, "t": 60}}
+    assert await RateLimiter("site", backend).available_permits() == 98
 
 
 # -- a real redis-server ------------------------------------------------------------------------
