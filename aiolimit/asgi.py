@@ -241,8 +241,9 @@ class Rule:
         return True
 
     def cost_of(self, scope: Scope) -> int:
+        """The permits this request takes; one over the rate is refused, never granted."""
         if callable(self.cost):
-            return _check_cost(self.cost(scope), self)
+            return _check_cost(self.cost(scope), self, over_rate_ok=True)
         return self.cost
 
     def differs_from(self, stored: RateLimiterConfig) -> bool:
@@ -267,11 +268,11 @@ def _strings(values: Iterable[str], what: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _check_cost(cost: object, rule: Rule) -> int:
+def _check_cost(cost: object, rule: Rule, over_rate_ok: bool = False) -> int:
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
         raise InvalidArgumentError(f"cost must be an int >= 0, not {shown(cost)}")
     most = min(rate.permits for rate in rule.rates)
-    if cost > most:
+    if cost > most and not over_rate_ok:
         raise InvalidArgumentError(
             f"cost ({cost}) exceeds the rate of rule {rule.name!r} ({most}): never granted"
         )
@@ -432,7 +433,10 @@ class _Gate:
                 client = rule.key(scope)
                 if client is None:
                     continue
-                backend = backend.with_client(client or _UNKNOWN_CLIENT)
+                try:
+                    backend = backend.with_client(client or _UNKNOWN_CLIENT)
+                except InvalidArgumentError:  # text that is no client id (lone surrogates)
+                    backend = backend.with_client(_UNKNOWN_CLIENT)
             cost = rule.cost_of(scope)
             if cost:
                 requests.append(_Request(rule, backend, cost))
