@@ -15,6 +15,7 @@ from .errors import (
     InvalidArgumentError,
     LimiterError,
     NotConfiguredError,
+    RateLimited,
 )
 
 __version__ = "0.1.0"
@@ -31,6 +32,7 @@ __all__ = [
     "MemoryBackend",
     "NotConfiguredError",
     "Rate",
+    "RateLimited",
     "RateLimiter",
     "RateLimiterConfig",
     "RateType",

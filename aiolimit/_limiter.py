@@ -10,12 +10,14 @@ per shard for ``ShardedRateLimiter``.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import random
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 from ._types import (
     MAX_RATE,
@@ -30,7 +32,13 @@ from ._types import (
     to_micros,
 )
 from .backends.base import Backend, Grant, SetMode
-from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .errors import (
+    BackendError,
+    InvalidArgumentError,
+    LimiterError,
+    NotConfiguredError,
+    RateLimited,
+)
 
 __all__ = ["RateLimiter", "ShardedRateLimiter"]
 
@@ -72,6 +80,7 @@ async def _sleep_out(backend: Backend, name: str, grant: Grant) -> None:
 
 _L = TypeVar("_L", bound="_Limiter")
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 # Configs try_set_rate found different from the one asked for, each warned about once.
 _warned: set[tuple[str, RateLimiterConfig, RateLimiterConfig]] = set()
@@ -218,6 +227,34 @@ class _Limiter:
     def permits(self, permits: int) -> _Permits:
         """``async with limiter.permits(3):`` takes 3 permits, then runs the block."""
         return _Permits(self, _check_permits(permits))
+
+    def limit(
+        self, permits: int = 1, *, timeout: Duration | None = None
+    ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
+        """A decorator: every call of the async function first takes ``permits``.
+
+        >>> @limiter.limit(timeout=5)
+        ... async def call_partner(order: int) -> dict: ...
+
+        Waits like :meth:`acquire`; when the permits cannot be had within ``timeout``
+        seconds, the call raises :class:`~aiolimit.RateLimited` (with ``retry_after`` and
+        ``name``) without running the function."""
+        permits = _check_permits(permits)
+        _max_wait(timeout)  # a bad timeout fails here, not at the first call
+
+        def decorate(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+            if not inspect.iscoroutinefunction(func):
+                raise InvalidArgumentError(f"limit() decorates async functions, not {func!r}")
+
+            @functools.wraps(func)
+            async def limited(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+                if not await self.try_acquire(permits, timeout=timeout):
+                    raise RateLimited(self._name, await self.wait_time(permits))
+                return await func(*args, **kwargs)
+
+            return limited
+
+        return decorate
 
     async def __aenter__(self: _L) -> _L:
         await self.try_acquire(1, timeout=None)

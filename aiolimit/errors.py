@@ -7,6 +7,7 @@ __all__ = [
     "InvalidArgumentError",
     "LimiterError",
     "NotConfiguredError",
+    "RateLimited",
 ]
 
 
@@ -31,3 +32,22 @@ class BackendError(LimiterError):
 
     The original exception is chained as ``__cause__``.
     """
+
+
+class RateLimited(LimiterError):
+    """No permit could be had within the caller's timeout.
+
+    >>> try:
+    ...     await client.get("https://partner.example/orders")
+    ... except RateLimited as exc:
+    ...     print(f"{exc.name}: try again in {exc.retry_after:.1f} s")
+    """
+
+    def __init__(self, name: str, retry_after: float) -> None:
+        super().__init__(
+            f"rate limiter {name!r} has no permit within the timeout: "
+            f"retry after {retry_after:.3g} s"
+        )
+        self.name = name
+        self.retry_after = retry_after
+        """Seconds until the permits asked for could be granted."""

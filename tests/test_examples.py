@@ -99,3 +99,38 @@ def test_several_limits_on_the_memory_backend():
 
 def test_several_limits_on_redis_server(redis_server: LocalRedis):
     check_several_limits(run_example("several_limits.py", "--redis", redis_server.url))
+
+
+def check_fastapi_app(out: str) -> None:
+    lines = out.splitlines()
+    codes = [line.split("-> ")[1][:3] for line in lines]
+    assert codes == ["200"] * 5 + ["429"] + ["200"] * 3 + ["429"]
+    assert '"example-per-client";r=0;t=1' in lines[4]
+    assert lines[5].endswith("Retry-After: 1")
+    assert '"example-login";r=0;t=60' in lines[9]
+    assert lines[9].endswith("Retry-After: 60")
+
+
+def test_fastapi_app_on_the_memory_backend():
+    check_fastapi_app(run_example("fastapi_app.py", env={"AIOLIMIT_REDIS_URL": ""}))
+
+
+def test_fastapi_app_on_redis_server(redis_server: LocalRedis):
+    check_fastapi_app(run_example("fastapi_app.py", env={"AIOLIMIT_REDIS_URL": redis_server.url}))
+
+
+def check_partner_api(out: str) -> None:
+    assert "429s for the partner's quota: 0" in out
+    assert "forced 429 (Retry-After: 1), then calls during the pause: 0" in out
+    assert "calls answered 200 in this process: 36 of 36" in out
+    assert out.splitlines()[-1] == "OK: no 429 for the quota, and every worker paused"
+
+
+def test_partner_api_in_memory():
+    check_partner_api(run_example("partner_api.py"))
+
+
+def test_partner_api_in_two_processes_through_redis(redis_server: LocalRedis):
+    out = run_example("partner_api.py", "--redis", redis_server.url)
+    assert out.startswith("two processes, 12 workers: 73 calls reached the partner")
+    check_partner_api(out)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import re
-import time
 import secrets
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
@@ -109,6 +109,11 @@ class RedisBackend(Backend):
             self._redis, client_id=client_id, prefix=self._prefix, timeout=self._timeout
         )
         other._clock = self._clock
+        # One store, one key layout: the view shares what this backend learnt of each limiter
+        # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
+        # trip, not two. An ASGI middleware makes a view per request.
+        other._keys = self._keys
+        other._types = self._types
         return other
 
     @property

@@ -1,0 +1,231 @@
+"""The httpx transport and the aiohttp middleware against a real local HTTP server (aiohttp's)
+that answers 429 with Retry-After: a permit before every request, a pause every caller obeys,
+one retry after it.
+
+Pauses here are tenths of a second (Retry-After read as a decimal), so these tests run in real
+time yet take about a second each at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+from aiolimit import MemoryBackend, RateLimited, RateLimiter, RateType, RedisBackend
+from aiolimit._calls import SharedPause, retry_after_seconds
+from aiolimit._tools import LocalRedis, free_port
+from aiolimit.aiohttp import RateLimitedMiddleware
+from aiolimit.httpx import RateLimitedTransport
+
+
+class Partner:
+    """A partner API on 127.0.0.1: records when each request arrived, and answers the next
+    ``refusals`` requests with ``status`` and ``Retry-After: retry_after``."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        self.refusals = 0
+        self.status = 429
+        self.retry_after = "0.3"
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.arrivals.append(time.monotonic())
+        if self.refusals:
+            self.refusals -= 1
+            return web.json_response(
+                {"detail": "slow down"},
+                status=self.status,
+                headers={"Retry-After": self.retry_after},
+            )
+        return web.json_response({"n": len(self.arrivals)})
+
+
+@pytest.fixture
+async def partner() -> AsyncIterator[Partner]:
+    state = Partner()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    state.url = f"http://127.0.0.1:{port}"
+    yield state
+    await runner.cleanup()
+
+
+async def limiter_of(backend: Any, rate: int = 100, name: str = "partner") -> RateLimiter:
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    return limiter
+
+
+def httpx_client(limiter: RateLimiter, **options: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=RateLimitedTransport(limiter, **options))
+
+
+# -- Retry-After ----------------------------------------------------------------------------------
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    assert retry_after_seconds("120") == 120.0
+    assert retry_after_seconds(" 0.25 ") == 0.25
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412500.0) == 0.0
+    for unreadable in (None, "", "soon", "-5", "nan", "inf"):
+        assert retry_after_seconds(unreadable) is None
+
+
+# -- httpx --------------------------------------------------------------------------------------
+
+
+async def test_httpx_takes_a_permit_per_request_and_raises_rate_limited_past_the_timeout(
+    partner: Partner,
+) -> None:
+    limiter = await limiter_of(MemoryBackend(), rate=3)
+    async with httpx_client(limiter, timeout=0.1) as client:
+        answers = [await client.get(partner.url) for _ in range(3)]
+        with pytest.raises(RateLimited) as refused:
+            await client.get(partner.url)
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert len(partner.arrivals) == 3  # the fourth never left
+    assert refused.value.name == "partner"
+    assert 59 < refused.value.retry_after <= 60
+
+
+async def test_httpx_obeys_a_429_pauses_every_caller_and_retries_once(partner: Partner) -> None:
+    backend = MemoryBackend()
+    limiter = await limiter_of(backend)
+    partner.refusals = 1
+    async with httpx_client(limiter) as first, httpx_client(limiter) as second:
+        answer = await first.get(partner.url)
+        assert answer.status_code == 200  # the retry, after the pause
+        assert answer.json() == {"n": 2}
+        refused_at, retried_at = partner.arrivals
+        assert retried_at - refused_at >= 0.29
+        # another client of the limiter starting during a new pause waits for it too
+        partner.refusals = 1
+        task = asyncio.ensure_future(first.get(partner.url))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        assert (await second.get(partner.url)).status_code == 200
+        assert time.monotonic() - started >= 0.15
+        assert (await task).status_code == 200
+    assert await limiter.available_permits() == 100 - 5  # every request took its permit
+
+
+async def test_httpx_with_retry_off_returns_the_429_and_still_pauses(partner: Partner) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.status = 1, 503
+    async with httpx_client(limiter, retry=False) as client:
+        answer = await client.get(partner.url)
+        assert answer.status_code == 503
+        started = time.monotonic()
+        assert (await client.get(partner.url)).status_code == 200
+    assert time.monotonic() - started >= 0.25
+
+
+async def test_httpx_retries_once_only_and_not_without_retry_after(partner: Partner) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 5, "0.1"
+    async with httpx_client(limiter) as client:
+        assert (await client.get(partner.url)).status_code == 429
+        assert len(partner.arrivals) == 2
+        partner.retry_after = "whenever"  # unreadable: no pause, no retry
+        assert (await client.get(partner.url)).status_code == 429
+        assert len(partner.arrivals) == 3
+
+
+async def test_httpx_does_not_resend_a_streamed_body(partner: Partner) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals = 1
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"once"
+
+    async with httpx_client(limiter) as client:
+        answer = await client.post(partner.url, content=body())
+    assert answer.status_code == 429
+    assert len(partner.arrivals) == 1
+
+
+async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Partner) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    await SharedPause(limiter).start(30)
+    async with httpx_client(limiter, timeout=1) as client:
+        with pytest.raises(RateLimited) as refused:
+            await client.get(partner.url)
+    assert 29 < refused.value.retry_after <= 30
+    assert partner.arrivals == []
+
+
+# -- aiohttp ------------------------------------------------------------------------------------
+
+
+def session(limiter: RateLimiter, **options: Any) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(middlewares=(RateLimitedMiddleware(limiter, **options),))
+
+
+async def test_aiohttp_takes_a_permit_per_request_and_raises_rate_limited(
+    partner: Partner,
+) -> None:
+    limiter = await limiter_of(MemoryBackend(), rate=2)
+    async with session(limiter, timeout=0) as client:
+        for _ in range(2):
+            async with client.get(partner.url) as answer:
+                assert answer.status == 200
+        with pytest.raises(RateLimited):
+            await client.get(partner.url)
+    assert len(partner.arrivals) == 2
+
+
+async def test_aiohttp_obeys_a_429_and_retries_once_after_the_pause(partner: Partner) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 1, "0.3"
+    async with session(limiter) as client, client.get(partner.url) as answer:
+        assert answer.status == 200
+        assert await answer.json() == {"n": 2}
+    refused_at, retried_at = partner.arrivals
+    assert retried_at - refused_at >= 0.29
+    partner.refusals = 1
+    async with session(limiter, retry=False) as client, client.get(partner.url) as answer:
+        assert answer.status == 429
+
+
+# -- several processes: the pause lives in Redis --------------------------------------------------
+
+
+async def test_a_pause_reaches_every_process_through_redis(
+    partner: Partner, redis_server: LocalRedis
+) -> None:
+    # Two Redis clients and two backends: what two processes would have.
+    clients = [Redis.from_url(redis_server.url) for _ in range(2)]
+    await clients[0].flushall()
+    limiters: list[RateLimiter] = [
+        await limiter_of(RedisBackend(redis), name="shared-partner") for redis in clients
+    ]
+    partner.refusals, partner.retry_after = 1, "1"
+    make: Callable[[RateLimiter], httpx.AsyncClient] = httpx_client
+    try:
+        async with make(limiters[0]) as one, make(limiters[1]) as other:
+            first = asyncio.ensure_future(one.get(partner.url))
+            while not partner.arrivals:  # noqa: ASYNC110 - the server has no event for it
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.1)
+            started = time.monotonic()
+            assert (await other.get(partner.url)).status_code == 200
+            assert time.monotonic() - started >= 0.8  # it waited for the other's pause
+            assert (await first).status_code == 200
+        assert await SharedPause(limiters[1]).remaining() == 0
+    finally:
+        for redis in clients:
+            await redis.aclose()
