@@ -5,6 +5,7 @@
     aiolimit soak --fault restart --persistence aof      # crash + restart, AOF fsync always
     aiolimit soak --fault clock-skew --clock client      # one process's clock is 1 h ahead
     aiolimit soak --big                                  # one task asks for the whole rate
+    aiolimit soak --algorithm token_bucket --rates "50/second;1000/minute" --min-spacing 0.005
     python -m aiolimit._tools.soak --json ...            # the same, machine-readable
 
 Without ``--redis URL`` it starts its own redis-server on a free 127.0.0.1 port and stops it
@@ -27,12 +28,35 @@ The parent then checks, per budget (the whole limiter for ``overall``, each proc
 
 Both are :func:`aiolimit._tools.audit.busiest_window`, over times and over spans.
 
+With ``--rates`` (several rates, all of which must allow a grant), ``--algorithm`` and
+``--min-spacing``, each rate is checked against its own bound, per budget:
+
+* ``sliding_window``: the two checks above, with that rate's permits and interval.
+* ``fixed_window``: at most ``permits`` in each window aligned to a multiple of the interval
+  since the Unix epoch, on the limiter's clock (the grant times the workers recorded are on
+  it), :func:`~aiolimit._tools.audit.busiest_fixed_window`. The wall clock cannot see that
+  alignment; its check is the boundary burst: at most ``2 * permits`` in any one interval.
+* ``token_bucket``: for every pair of grants i <= j (limiter time), the permits granted in
+  ``[t_i, t_j]`` are at most ``permits + permits * (t_j - t_i) / interval``
+  (:func:`~aiolimit._tools.audit.fullest_bucket`, exact, O(n log n)); the figure shown is the
+  largest ``permits in the span - refill in the span``, at most ``permits``. The wall-clock
+  check: at most ``2 * permits - 1`` in any one interval.
+* ``--min-spacing``: the starts of consecutive grants (limiter time) are at least the spacing
+  apart (:func:`~aiolimit._tools.audit.closest_grants`); on the wall clock, no two grants
+  whose stamps all fit in less than the spacing.
+
+The new checks allow ``TOLERANCE_US`` (1 µs) of rounding: grant times and the config are whole
+microseconds and the limiter rounds a refill up, so an honest limiter never needs it.
+
 Other figures:
 
 * utilisation = permits granted during the run (limiter time, mapped from the run's wall
   clock start and end) / what the rate allows in a run of D seconds, ``rate * ceil(D /
   interval)`` per budget (a saturated limiter grants ``rate`` at once, then ``rate`` more
-  each interval).
+  each interval). With several rates or another algorithm: against the tightest rate, the
+  one allowing the fewest permits in the run (sliding window as above; fixed window:
+  ``permits`` per aligned window the run touches; token bucket: ``permits + permits * D /
+  interval``).
 * per-process share, and Jain's fairness index ``(sum x)^2 / (n * sum x^2)`` over the
   permits x of each process (1.0 = equal shares, 1/n = one process got everything).
 * waiter lateness: for a grant g of p permits at limiter time t_g, ``free(g)`` is the earliest
@@ -42,16 +66,20 @@ Other figures:
   moment k left the window; from then on the grants after k, all of them still before g,
   leave room for p). The request's time is mapped to
   limiter time with the process's clock offset (median of ``t - (sent + replied) / 2`` over
-  grants decided while their script call was in flight).
+  grants decided while their script call was in flight: their caller returned at once
+  rather than sleeping until a reserved slot).
   A grant *waited* if ``free(g)`` is later than its request; its lateness is
   ``t_g - free(g)``: how long enough permits sat free before this waiter took them. p50/p99
-  are over waiters only.
+  are over waiters only. With several rates ``free(g)`` is the latest of each rate's; a token
+  bucket's is when the bucket, replayed over the earlier grants, held p tokens; a fixed
+  window's is the start of the run of windows up to g's that had room for p; the spacing's
+  is the previous grant's time plus the spacing.
 * Redis commands per granted permit, from ``INFO commandstats`` deltas (summed across
   restarts), leaving out the commands the tool itself sends (``info``, ``script|flush``,
   ``client|list``, ``client|kill``).
 * errors surfaced to callers, by exception type. A refused ``try_acquire`` is not an error.
 
-Exit status: 0 when no window holds more than the rate, 1 on any over-admission, except that
+Exit status: 0 when no bound is exceeded, 1 on any over-admission, except that
 ``--allow-loss`` reports (without failing) a restart of a server without persistence, which
 loses the limiter's state and so can admit up to one more rate's worth of permits.
 """
@@ -71,13 +99,18 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .audit import Window, busiest_window
+from .. import Algorithm, InvalidArgumentError, Rate
+from .audit import Window, busiest_fixed_window, busiest_window, closest_grants, fullest_bucket
 from .server import LocalRedis
 from .soak_worker import Grant, WorkerConfig, WorkerResult, run_worker
 
 __all__ = ["Progress", "add_arguments", "audit_grants", "main", "run", "soak"]
 
 FAULTS = ("script-flush", "client-kill", "restart", "clock-skew")
+ALGORITHMS = tuple(a.value.lower() for a in Algorithm)
+TOLERANCE_US = 1
+"""Rounding the token-bucket and spacing checks allow (grant times are whole microseconds)."""
+DEFAULT_RATE, DEFAULT_INTERVAL = 200, 1.0
 # Commands the tool itself sends to watch and disturb the server; not the limiter's cost.
 _OWN_COMMANDS = {"info", "script|flush", "client|list", "client|kill", "ping"}
 
@@ -90,8 +123,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--type", choices=("overall", "per-client"), default="overall", dest="rate_type"
     )
-    parser.add_argument("--rate", type=int, default=200, help="permits per interval (200)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds (1)")
+    parser.add_argument("--rate", type=int, default=None, help="permits per interval (200)")
+    parser.add_argument("--interval", type=float, default=None, help="seconds (1)")
+    parser.add_argument(
+        "--rates",
+        metavar="TEXT",
+        help='several rates, all of which must allow a grant, e.g. "3/second;20/minute" '
+        "(read by Rate.parse; replaces --rate and --interval)",
+    )
+    parser.add_argument(
+        "--algorithm",
+        type=str.lower,
+        choices=ALGORITHMS,
+        default="sliding_window",
+        help="the limiter's algorithm (sliding_window)",
+    )
+    parser.add_argument(
+        "--min-spacing",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="least time between the starts of consecutive grants (none)",
+    )
     parser.add_argument(
         "--mix",
         default="60,25,15",
@@ -145,24 +198,110 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", "-q", action="store_true", help="no progress line")
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What the soaked limiter is set to: its rates, algorithm and spacing (seconds, 0: none)."""
+
+    rates: tuple[Rate, ...]
+    algorithm: Algorithm = Algorithm.SLIDING_WINDOW
+    min_spacing: float = 0.0
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> Limits:
+        """From the command line (InvalidArgumentError for rates it cannot read)."""
+        if args.rates:
+            rates = Rate.parse(args.rates)
+        else:
+            rate = DEFAULT_RATE if args.rate is None else args.rate
+            interval = DEFAULT_INTERVAL if args.interval is None else args.interval
+            rates = (Rate(rate, interval),)
+        return cls(rates, Algorithm(args.algorithm.upper()), args.min_spacing or 0.0)
+
+    @property
+    def max_permits(self) -> int:
+        """The most one request may ask for: the smallest rate's permits."""
+        return min(r.permits for r in self.rates)
+
+    @property
+    def shortest(self) -> float:
+        """The shortest interval, in seconds: the workload's pace (timeouts, grace)."""
+        return min(r.interval_us for r in self.rates) / 1e6
+
+    @property
+    def text(self) -> str:
+        """The rates as ``Rate.parse`` reads them."""
+        return "; ".join(str(r) for r in self.rates)
+
+    def interval_bound(self, rate: Rate) -> int:
+        """The most permits one interval of ``rate`` may hold under this algorithm."""
+        if self.algorithm is Algorithm.FIXED_WINDOW:
+            return 2 * rate.permits  # the boundary burst
+        if self.algorithm is Algorithm.TOKEN_BUCKET:
+            return 2 * rate.permits - 1
+        return rate.permits
+
+
+def rate_label(rate: Rate) -> str:
+    """``200/1s``, ``20/60s``: short, with the interval in seconds."""
+    return f"{rate.permits}/{rate.interval_us / 1e6:g}s"
+
+
 # -- the audit ---------------------------------------------------------------------------------
 
 
 def clock_offsets(grants: Sequence[Grant]) -> dict[int, float]:
-    """Per process: microseconds to add to its wall clock to get the limiter's clock."""
-    by_process: dict[int, list[float]] = defaultdict(list)
+    """Per process: microseconds to add to its wall clock to get the limiter's clock.
+
+    The median of ``t - (sent + replied) / 2`` over the grants decided while their script
+    call was in flight: those whose caller returned at once (within ``_IN_FLIGHT`` s of the
+    reply), not a reserved future slot it then slept until. A process with none of those
+    gets the least ``t - sent``: every grant starts no earlier than its call reached the
+    limiter, so that is the offset plus at most one call's latency."""
+    in_flight: dict[int, list[float]] = defaultdict(list)
+    earliest: dict[int, float] = {}
     for g in grants:
-        offset = g.limiter_time - (g.sent + g.replied) / 2 * 1e6
-        # Only grants stamped while the call was in flight (not a reserved future slot).
-        if g.limiter_time <= g.replied * 1e6 + abs(offset) or not by_process[g.process]:
-            by_process[g.process].append(offset)
-    return {process: statistics.median(values) for process, values in by_process.items()}
+        if g.received - g.replied <= _IN_FLIGHT:
+            in_flight[g.process].append(g.limiter_time - (g.sent + g.replied) / 2 * 1e6)
+        ahead = g.limiter_time - g.sent * 1e6
+        earliest[g.process] = min(earliest.get(g.process, ahead), ahead)
+    return {
+        process: statistics.median(in_flight[process]) if in_flight[process] else ahead
+        for process, ahead in earliest.items()
+    }
 
 
-def lateness(grants: Sequence[Grant], rate: int, interval_us: int) -> list[float]:
+_IN_FLIGHT = 0.002
+"""Seconds between a grant's reply and its caller's return within which it was not a wait."""
+
+
+def lateness(grants: Sequence[Grant], limits: Limits) -> list[float]:
     """Seconds each waiter's permits sat free before it got them (see the module docstring)."""
     offsets = clock_offsets(grants)
     ordered = sorted(grants, key=lambda g: g.limiter_time)
+    requested = [g.requested * 1e6 + offsets[g.process] for g in ordered]
+    free = [-math.inf] * len(ordered)
+    for rate in limits.rates:
+        if limits.algorithm is Algorithm.TOKEN_BUCKET:
+            found = _free_in_bucket(ordered, rate)
+        elif limits.algorithm is Algorithm.FIXED_WINDOW:
+            found = _free_in_fixed_windows(ordered, rate, requested)
+        else:
+            found = _free_in_sliding_window(ordered, rate)
+        free = [max(a, b) for a, b in zip(free, found, strict=True)]
+    spacing_us = round(limits.min_spacing * 1e6)
+    if spacing_us:
+        for index in range(1, len(ordered)):
+            free[index] = max(free[index], ordered[index - 1].limiter_time + spacing_us)
+    return [
+        max(0.0, grant.limiter_time - at) / 1e6
+        for grant, at, asked in zip(ordered, free, requested, strict=True)
+        if at > asked
+    ]
+
+
+def _free_in_sliding_window(ordered: Sequence[Grant], rate: Rate) -> list[float]:
+    """Walk back from g summing permits; the grant that leaves no room for g's permits frees
+    them when it leaves the window."""
     result = []
     for index, grant in enumerate(ordered):
         free = -math.inf
@@ -170,12 +309,41 @@ def lateness(grants: Sequence[Grant], rate: int, interval_us: int) -> list[float
         for k in range(index - 1, -1, -1):
             earlier = ordered[k]
             taken += earlier.permits
-            if taken > rate - grant.permits:
-                free = earlier.limiter_time + interval_us
+            if taken > rate.permits - grant.permits:
+                free = earlier.limiter_time + rate.interval_us
                 break
-        requested = grant.requested * 1e6 + offsets[grant.process]
-        if free > requested:
-            result.append(max(0.0, grant.limiter_time - free) / 1e6)
+        result.append(free)
+    return result
+
+
+def _free_in_bucket(ordered: Sequence[Grant], rate: Rate) -> list[float]:
+    """Replays the bucket (GCRA: the time it is full again) over the grants in order: g's
+    permits were there from ``full - interval + their refill``."""
+    per_permit = rate.interval_us / rate.permits
+    full = -math.inf
+    result = []
+    for grant in ordered:
+        cost = grant.permits * per_permit
+        result.append(full + cost - rate.interval_us)
+        full = max(full, grant.limiter_time) + cost
+    return result
+
+
+def _free_in_fixed_windows(
+    ordered: Sequence[Grant], rate: Rate, requested: Sequence[float]
+) -> list[float]:
+    """g's window had room for g from its start; so had each window before it whose grants
+    (all of them: a window's count only grows) left room for g's permits."""
+    interval = rate.interval_us
+    totals: Counter[int] = Counter()
+    for grant in ordered:
+        totals[grant.limiter_time // interval] += grant.permits
+    result = []
+    for grant, asked in zip(ordered, requested, strict=True):
+        window = grant.limiter_time // interval
+        while window * interval > asked and totals[window - 1] <= rate.permits - grant.permits:
+            window -= 1
+        result.append(float(window * interval))
     return result
 
 
@@ -194,48 +362,140 @@ def percentile(values: Sequence[float], share: float) -> float | None:
 
 def audit_grants(
     grants: Sequence[Grant],
-    rate: int,
-    interval: float,
+    limits: Limits,
     per_client: bool,
     run: tuple[float, float],
 ) -> dict[str, Any]:
-    """Window counts, utilisation and lateness per budget, from the grant records alone."""
-    interval_us = round(interval * 1e6)
+    """Each rate's bound, the spacing, utilisation and lateness per budget, from the grant
+    records alone."""
     budgets: dict[int, list[Grant]] = defaultdict(list)
     for grant in grants:
         budgets[grant.process if per_client else 0].append(grant)
-    limiter = wall = Window(0)
+    checks = [_RateCheck(rate) for rate in limits.rates]
+    spacing_us = round(limits.min_spacing * 1e6)
+    closest: float | None = None
+    too_close = too_close_wall = 0
     begin, end = run
-    # A full budget at the start, then `rate` more per interval: ceil(D / interval) rates.
-    allowed_per_budget = rate * math.ceil((end - begin) / interval - 1e-9)
     allowed = 0
     in_run = 0
     late: list[float] = []
     for budget in budgets.values():
-        # Permits in (t - interval, t] for every limiter grant time t; and the most permits
-        # whose [sent, received] wall-clock stamps all fit within less than one interval.
-        times = [(g.limiter_time, g.limiter_time, g.permits) for g in budget]
-        limiter = _worst(limiter, busiest_window(times, interval_us, rate=rate))
-        spans = [(g.sent, g.received, g.permits) for g in budget]
-        wall = _worst(wall, busiest_window(spans, interval, rate=rate))
         offset = statistics.median(clock_offsets(budget).values())
         first, last = begin * 1e6 + offset, end * 1e6 + offset
+        for check in checks:
+            check.add(budget, limits)
         in_run += sum(g.permits for g in budget if first <= g.limiter_time < last)
-        allowed += allowed_per_budget
-        late += lateness(budget, rate, interval_us)
+        allowed += min(_allowed(rate, limits.algorithm, first, last) for rate in limits.rates)
+        late += lateness(budget, limits)
+        if spacing_us:
+            times = [(g.limiter_time, g.permits) for g in budget]
+            spaced = closest_grants(times, spacing_us, slack=TOLERANCE_US)
+            if spaced.closest is not None:
+                closest = spaced.closest if closest is None else min(closest, spaced.closest)
+            too_close += spaced.too_close
+            # Two grants whose [sent, received] stamps all fit within the spacing.
+            spans = [(g.sent, g.received, 1) for g in budget]
+            too_close_wall += busiest_window(spans, limits.min_spacing, rate=1).over
+    rates = [check.report(limits) for check in checks]
     permits = sum(g.permits for g in grants)
+    tightest = min(
+        limits.rates, key=lambda r: _allowed(r, limits.algorithm, begin * 1e6, end * 1e6)
+    )
     return {
         "grants": len(grants),
         "permits": permits,
-        "most_in_window": limiter.most,
-        "windows_over_rate": limiter.over,
-        "most_in_window_wall": wall.most,
-        "windows_over_rate_wall": wall.over,
+        # The first rate's busiest window of its interval, limiter time and wall clock; and
+        # every bound exceeded, over all rates and the spacing.
+        "most_in_window": rates[0]["most_in_interval"],
+        "windows_over_rate": sum(r["over"] for r in rates) + too_close,
+        "most_in_window_wall": rates[0]["most_wall"],
+        "windows_over_rate_wall": sum(r["over_wall"] for r in rates) + too_close_wall,
+        "per_rate": rates,
+        "spacing": None
+        if not spacing_us
+        else {
+            "min_spacing_s": limits.min_spacing,
+            "closest_s": None if closest is None else round(closest / 1e6, 6),
+            "too_close": too_close,
+            "too_close_wall": too_close_wall,
+        },
         "utilisation": in_run / allowed if allowed else 0.0,
+        "utilisation_against": rate_label(tightest),
         "waiters": len(late),
         "lateness_p50_ms": _ms(percentile(late, 0.50)),
         "lateness_p99_ms": _ms(percentile(late, 0.99)),
     }
+
+
+_CHECKS = {
+    Algorithm.SLIDING_WINDOW: "any window",
+    Algorithm.FIXED_WINDOW: "aligned window",
+    Algorithm.TOKEN_BUCKET: "bucket",
+}
+
+
+@dataclass
+class _RateCheck:
+    """One rate's bound over every budget: the algorithm's own check on limiter time, the
+    busiest window of its interval (limiter time), and the wall-clock check."""
+
+    rate: Rate
+    worst: float = 0.0
+    over: int = 0
+    interval: Window = field(default_factory=lambda: Window(0))
+    wall: Window = field(default_factory=lambda: Window(0))
+
+    def add(self, budget: Sequence[Grant], limits: Limits) -> None:
+        permits, interval_us = self.rate.permits, self.rate.interval_us
+        times = [(g.limiter_time, g.limiter_time, g.permits) for g in budget]
+        bound = limits.interval_bound(self.rate)
+        # Permits in (t - interval, t] for every limiter grant time t.
+        busiest = busiest_window(times, interval_us, rate=bound)
+        self.interval = _worst(self.interval, busiest)
+        if limits.algorithm is Algorithm.FIXED_WINDOW:
+            timed = [(g.limiter_time, g.permits) for g in budget]
+            aligned = busiest_fixed_window(timed, interval_us, rate=permits)
+            self.worst = max(self.worst, aligned.most)
+            self.over += aligned.over
+        elif limits.algorithm is Algorithm.TOKEN_BUCKET:
+            timed = [(g.limiter_time, g.permits) for g in budget]
+            bucket = fullest_bucket(timed, permits, interval_us, slack=TOLERANCE_US)
+            self.worst = max(self.worst, bucket.peak)
+            self.over += bucket.over
+        else:
+            self.worst = max(self.worst, busiest.most)
+            self.over += busiest.over
+        # The most permits whose [sent, received] wall-clock stamps all fit within less than
+        # one interval: independent of any clock the limiter read.
+        spans = [(g.sent, g.received, g.permits) for g in budget]
+        self.wall = _worst(self.wall, busiest_window(spans, interval_us / 1e6, rate=bound))
+
+    def report(self, limits: Limits) -> dict[str, Any]:
+        return {
+            "rate": rate_label(self.rate),
+            "permits": self.rate.permits,
+            "interval_s": self.rate.interval_us / 1e6,
+            "check": _CHECKS[limits.algorithm],
+            "worst": round(self.worst, 3),
+            "bound": self.rate.permits,
+            "over": self.over,
+            "most_in_interval": self.interval.most,
+            "interval_bound": limits.interval_bound(self.rate),
+            "most_wall": self.wall.most,
+            "over_wall": self.wall.over,
+        }
+
+
+def _allowed(rate: Rate, algorithm: Algorithm, first: float, last: float) -> int:
+    """The most permits ``rate`` lets one budget take in ``[first, last)`` (limiter µs),
+    starting with a fresh state."""
+    interval = rate.interval_us
+    if algorithm is Algorithm.FIXED_WINDOW:
+        windows = math.floor((last - 1) / interval) - math.floor(first / interval) + 1
+        return rate.permits * max(1, windows)
+    if algorithm is Algorithm.TOKEN_BUCKET:
+        return math.floor(rate.permits + rate.permits * (last - first) / interval + 1e-9)
+    return rate.permits * math.ceil((last - first) / interval - 1e-9)
 
 
 def _worst(total: Window, budget: Window) -> Window:
@@ -324,8 +584,20 @@ class _Injector:
 def _check(args: argparse.Namespace) -> str | None:
     if args.processes < 1 or args.tasks < 1:
         return "--processes and --tasks must be at least 1"
-    if args.rate < 1 or args.interval <= 0 or args.duration <= 0:
-        return "--rate, --interval and --duration must be positive"
+    if args.rates and (args.rate is not None or args.interval is not None):
+        return "--rates replaces --rate and --interval: give one or the other"
+    if (args.rate is not None and args.rate < 1) or (
+        args.interval is not None and args.interval <= 0
+    ):
+        return "--rate and --interval must be positive"
+    if args.duration <= 0:
+        return "--duration must be positive"
+    if args.min_spacing is not None and not (0 <= args.min_spacing < math.inf):
+        return "--min-spacing must be a non-negative number of seconds"
+    try:
+        Limits.of(args)
+    except InvalidArgumentError as exc:
+        return str(exc)
     if "restart" in args.fault and args.redis:
         return "--fault restart needs the local server (leave out --redis)"
     try:
@@ -362,10 +634,11 @@ def soak(args: argparse.Namespace, url: str, server: LocalRedis | None) -> dict[
     name = f"soak-{run_id}"
     client_prefix = f"aiolimit-soak-{run_id}-"
     rate_type = "PER_CLIENT" if args.rate_type == "per-client" else "OVERALL"
-    interval = float(args.interval)
+    limits = Limits.of(args)
+    interval = limits.shortest
     mix = tuple(int(part) for part in args.mix.split(","))
     control = sync_redis.Redis.from_url(url, decode_responses=True)
-    _set_rate(url, name, rate_type, args.rate, interval)
+    _set_rate(url, name, rate_type, limits)
 
     context = multiprocessing.get_context("spawn")
     counts = context.Array("q", args.processes)
@@ -380,8 +653,11 @@ def soak(args: argparse.Namespace, url: str, server: LocalRedis | None) -> dict[
             url=url,
             name=name,
             rate_type=rate_type,
-            rate=args.rate,
+            rate=limits.max_permits,
             interval=interval,
+            rates=limits.text,
+            algorithm=limits.algorithm.value,
+            min_spacing=limits.min_spacing,
             tasks=args.tasks,
             mix=(mix[0], mix[1], mix[2]),
             max_multi=args.max_multi,
@@ -445,7 +721,7 @@ def _drain(queue: Any, timeout: float) -> Iterator[WorkerResult]:
         return
 
 
-def _set_rate(url: str, name: str, rate_type: str, rate: int, interval: float) -> None:
+def _set_rate(url: str, name: str, rate_type: str, limits: Limits) -> None:
     import asyncio
 
     from redis.asyncio import Redis
@@ -455,7 +731,12 @@ def _set_rate(url: str, name: str, rate_type: str, rate: int, interval: float) -
     async def configure() -> None:
         redis = Redis.from_url(url)
         try:
-            await RateLimiter(name, RedisBackend(redis)).set_rate(rate_type, rate, interval)
+            await RateLimiter(name, RedisBackend(redis)).set_rate(
+                rate_type,
+                limits.rates,
+                algorithm=limits.algorithm,
+                min_spacing=limits.min_spacing or None,
+            )
         finally:
             await redis.aclose()
 
@@ -465,15 +746,18 @@ def _set_rate(url: str, name: str, rate_type: str, rate: int, interval: float) -
 class Progress:
     """The progress line (stderr, about once a second): the permits granted in the last
     interval against what the rate allows in one, so the first interval's burst (a limiter
-    starts with a full budget) reads as what it is, not as over-admission."""
+    starts with a full budget) reads as what it is, not as over-admission. With several
+    rates: the first one; a fixed window allows twice its permits in one interval (the
+    boundary burst), a token bucket twice less one."""
 
     def __init__(self, args: argparse.Namespace, begin: float, end: float, counts: Any) -> None:
         self.quiet = args.quiet
         self.begin, self.end = begin, end
         self.counts = counts
-        self.interval = args.interval
+        limits = Limits.of(args)
+        self.interval = limits.rates[0].interval_us / 1e6
         budgets = args.processes if args.rate_type == "per-client" else 1
-        self.allowed = args.rate * budgets
+        self.allowed = limits.interval_bound(limits.rates[0]) * budgets
         self.tty = sys.stderr.isatty()
         self._last = -math.inf
         # (time, permits so far), the oldest no more than one interval old.
@@ -516,7 +800,8 @@ def _summarise(
 ) -> dict[str, Any]:
     grants = [g for r in worker_results for g in r.grants]
     per_client = args.rate_type == "per-client"
-    results = audit_grants(grants, args.rate, args.interval, per_client, run)
+    limits = Limits.of(args)
+    results = audit_grants(grants, limits, per_client, run)
     shares = {r.process: sum(g.permits for g in r.grants) for r in worker_results}
     errors: Counter[str] = Counter()
     error_samples: dict[str, str] = {}
@@ -533,8 +818,11 @@ def _summarise(
         {
             "scenario": _scenario(args),
             "duration_s": round(run[1] - run[0], 2),
-            "rate": args.rate,
-            "interval_s": args.interval,
+            "rate": limits.rates[0].permits,
+            "interval_s": limits.rates[0].interval_us / 1e6,
+            "rates": limits.text,
+            "algorithm": args.algorithm,
+            "min_spacing_s": limits.min_spacing or None,
             "rate_type": args.rate_type,
             "processes": args.processes,
             "tasks": args.tasks,
@@ -559,10 +847,11 @@ def _summarise(
         results["big"] = {
             "granted": len(big_waits),
             "timed_out": sum(r.big_timeouts for r in worker_results),
-            "timeout_s": 5 * args.interval,
+            "permits": limits.max_permits,
+            "timeout_s": 5 * limits.shortest,
             "p50_s": _round(percentile(big_waits, 0.5)),
             "max_s": _round(max(big_waits) if big_waits else None),
-            "within_2_intervals": sum(w <= 2 * args.interval for w in big_waits),
+            "within_2_intervals": sum(w <= 2 * limits.shortest for w in big_waits),
         }
     return results
 
@@ -576,12 +865,17 @@ def _round(value: float | None) -> float | None:
 
 
 def _scenario(args: argparse.Namespace) -> str:
+    limits = Limits.of(args)
     parts = [
         f"{args.processes}x{args.tasks}",
-        f"{args.rate}/{args.interval:g}s",
+        ";".join(rate_label(r) for r in limits.rates),
         args.rate_type,
         f"clock={args.clock}",
     ]
+    if limits.algorithm is not Algorithm.SLIDING_WINDOW:
+        parts.append(args.algorithm)
+    if limits.min_spacing:
+        parts.append(f"min-spacing={limits.min_spacing:g}s")
     if args.client_retries:
         parts.append(f"client-retries={args.client_retries}")
     if args.fault:
@@ -605,21 +899,45 @@ def format_table(results: dict[str, Any]) -> str:
 
     shares = results["shares"]
     total = max(1, sum(shares.values()))
+    per_rate = results["per_rate"]
+    plain = len(per_rate) == 1 and per_rate[0]["check"] == "any window" and not results["spacing"]
     rows = [
         ("scenario", results["scenario"]),
         ("duration", f"{results['duration_s']} s"),
         ("grants (permits)", f"{results['grants']} ({results['permits']})"),
-        (
-            "most permits in any window",
-            f"{results['most_in_window']} / rate {rate}"
-            f" ({results['windows_over_rate']} windows over)",
-        ),
-        (
-            "  same, wall-clock stamps",
-            f"{results['most_in_window_wall']} / rate {rate}"
-            f" ({results['windows_over_rate_wall']} windows over)",
-        ),
-        ("utilisation", f"{results['utilisation'] * 100:.2f} %"),
+    ]
+    if plain:  # one sliding-window rate: as the tool has always shown it
+        rows += [
+            (
+                "most permits in any window",
+                f"{results['most_in_window']} / rate {rate}"
+                f" ({results['windows_over_rate']} windows over)",
+            ),
+            (
+                "  same, wall-clock stamps",
+                f"{results['most_in_window_wall']} / rate {rate}"
+                f" ({results['windows_over_rate_wall']} windows over)",
+            ),
+        ]
+    else:
+        rows += [(f"rate {r['rate']}", _rate_row(r)) for r in per_rate]
+        spacing = results["spacing"]
+        if spacing:
+            closest = spacing["closest_s"]
+            rows.append(
+                (
+                    "spacing between grants",
+                    f"closest {'-' if closest is None else f'{closest * 1000:.3f}'} ms"
+                    f" / at least {spacing['min_spacing_s'] * 1000:g} ms"
+                    f" ({spacing['too_close']} too close; wall clock"
+                    f" {spacing['too_close_wall']})",
+                )
+            )
+    utilisation = f"{results['utilisation'] * 100:.2f} %"
+    if not plain:
+        utilisation += f" (of what {results['utilisation_against']} allows)"
+    rows += [
+        ("utilisation", utilisation),
         (
             "per-process share",
             " ".join(f"{p}:{v / total * 100:.1f}%" for p, v in shares.items()),
@@ -663,7 +981,7 @@ def format_table(results: dict[str, Any]) -> str:
                 f"max {fmt(big['max_s'])} s; {big['within_2_intervals']} within 2 intervals",
             )
         )
-    verdict = "OK: no window over the rate"
+    verdict = "OK: no window over the rate" if plain else "OK: no bound exceeded"
     if not results["grants"]:
         verdict = "FAILED: nothing was granted"
     elif results["over_admission"]:
@@ -673,6 +991,20 @@ def format_table(results: dict[str, Any]) -> str:
     rows.append(("verdict", verdict))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"{label:<{width}}  {value}" for label, value in rows)
+
+
+def _rate_row(r: dict[str, Any]) -> str:
+    """One rate's checks: its own bound on limiter time, its interval, the wall clock."""
+    interval = f"{r['interval_s']:g} s"
+    if r["check"] == "bucket":
+        own = f"bucket peak {r['worst']:.3f} / {r['bound']} ({r['over']} spans over)"
+    elif r["check"] == "aligned window":
+        own = f"{r['worst']:g} / {r['bound']} in an aligned {interval} ({r['over']} over)"
+    else:
+        own = f"{r['worst']:g} / {r['bound']} in any {interval} ({r['over']} over)"
+    if r["check"] != "any window":
+        own += f"; any {interval}: {r['most_in_interval']} / {r['interval_bound']}"
+    return f"{own}; wall clock {r['most_wall']} / {r['interval_bound']} ({r['over_wall']} over)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from .. import NotConfiguredError, RateLimiter, RateType
+from .. import NotConfiguredError, Rate, RateLimiter, RateType
 from .recording import RecordingBackend
 
 __all__ = ["Grant", "WorkerConfig", "WorkerResult", "run_worker"]
@@ -53,7 +53,9 @@ class WorkerConfig:
     name: str
     rate_type: str
     rate: int
+    """The most permits one request may ask for: the smallest rate's."""
     interval: float
+    """The shortest rate's interval, seconds: the pace of timeouts and the final grace."""
     tasks: int
     mix: tuple[int, int, int]
     """Weights of acquire(1), try_acquire(1, timeout=…), acquire(2..max_multi)."""
@@ -70,6 +72,11 @@ class WorkerConfig:
     client_retries: int
     """Retries redis-py makes on a dropped connection (0: ``Redis.from_url`` default)."""
     seed: int
+    rates: str = ""
+    """The limiter's rates, as ``Rate.parse`` reads them (empty: ``rate`` per ``interval``)."""
+    algorithm: str = "SLIDING_WINDOW"
+    min_spacing: float = 0.0
+    """Seconds between the starts of consecutive grants (0: none)."""
 
 
 @dataclass
@@ -153,7 +160,10 @@ def _pick(config: WorkerConfig, rng: random.Random) -> tuple[str, int]:
         return "acquire", 1
     if roll < acquire_weight + try_weight:
         return "try", 1
-    return "multi", rng.randint(2, max(2, min(config.max_multi, config.rate)))
+    largest = min(config.max_multi, config.rate)
+    if largest < 2:  # a rate of one permit: a request for several could never be granted
+        return "acquire", 1
+    return "multi", rng.randint(2, largest)
 
 
 async def _task(
@@ -226,6 +236,12 @@ async def _task(
 
 async def _configure(config: WorkerConfig, limiter: RateLimiter) -> None:
     try:
-        await limiter.try_set_rate(RateType(config.rate_type), config.rate, config.interval)
+        rates = Rate.parse(config.rates) if config.rates else [Rate(config.rate, config.interval)]
+        await limiter.try_set_rate(
+            RateType(config.rate_type),
+            rates,
+            algorithm=config.algorithm,
+            min_spacing=config.min_spacing or None,
+        )
     except Exception:
         await asyncio.sleep(0.02)
