@@ -82,6 +82,9 @@ _L = TypeVar("_L", bound="_Limiter")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
+# Names this process has blocked (block()): their sleepers check for a block when they wake.
+_blocked_here: set[str] = set()
+
 # Configs try_set_rate found different from the one asked for, each warned about once.
 _warned: set[tuple[str, RateLimiterConfig, RateLimiterConfig]] = set()
 
@@ -290,6 +293,22 @@ class _Limiter:
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    async def block(self, duration: Duration) -> None:
+        """No grant to anyone (every process, every client) starts before ``duration``
+        seconds from now: for a partner API that answered 429 with a ``Retry-After``.
+        Reservations already made move behind it (their callers queue again when they wake).
+        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it."""
+        if exceeds_max_duration(duration):
+            raise InvalidArgumentError(
+                f"duration must be at most 10 years (MAX_DURATION), not {shown(duration)}"
+            )
+        duration_us = to_micros(duration, "duration")
+        if duration_us < 0:
+            raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
+        for name in self._names:
+            _blocked_here.add(name)
+        await _gather(self._backend.block(name, duration_us) for name in self._names)
+
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""
         return any(await _gather(self._backend.delete(name) for name in self._names))
@@ -374,12 +393,26 @@ class RateLimiter(_Limiter):
         timeout raises InvalidArgumentError.
         """
         permits = _check_permits(permits)
-        attempt = await self._backend.try_acquire(self._name, permits, _max_wait(timeout))
-        if not isinstance(attempt, Grant):
-            return False
-        if attempt.starts_in > 0:
-            await _sleep_out(self._backend, self._name, attempt)
-        return True
+        max_wait = _max_wait(timeout)
+        backend, name = self._backend, self._name
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
+        while True:
+            attempt = await backend.try_acquire(name, permits, max_wait)
+            if not isinstance(attempt, Grant):
+                return False
+            if attempt.starts_in == 0:
+                return True
+            await _sleep_out(backend, name, attempt)
+            # A block() that came while this slept moves its reservation behind the block: it
+            # is handed back and asked for again. Only limiters that have been blocked ask.
+            if attempt.blocked_until is None and name not in _blocked_here:
+                return True
+            if await backend.block(name, None) == 0:
+                return True
+            await backend.release(name, permits, attempt.member)
+            if deadline is not None:
+                max_wait = max(round((deadline - loop.time()) * 1e6), 0)
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""

@@ -20,7 +20,7 @@ from aiohttp import web
 from redis.asyncio import Redis
 
 from aiolimit import MemoryBackend, RateLimited, RateLimiter, RateType, RedisBackend
-from aiolimit._calls import SharedPause, retry_after_seconds
+from aiolimit._calls import retry_after_seconds
 from aiolimit._tools import LocalRedis, free_port
 from aiolimit.aiohttp import RateLimitedMiddleware
 from aiolimit.httpx import RateLimitedTransport
@@ -160,7 +160,7 @@ async def test_httpx_does_not_resend_a_streamed_body(partner: Partner) -> None:
 
 async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Partner) -> None:
     limiter = await limiter_of(MemoryBackend())
-    await SharedPause(limiter).start(30)
+    await limiter.block(30)
     async with httpx_client(limiter, timeout=1) as client:
         with pytest.raises(RateLimited) as refused:
             await client.get(partner.url)
@@ -225,7 +225,7 @@ async def test_a_pause_reaches_every_process_through_redis(
             assert (await other.get(partner.url)).status_code == 200
             assert time.monotonic() - started >= 0.8  # it waited for the other's pause
             assert (await first).status_code == 200
-        assert await SharedPause(limiters[1]).remaining() == 0
+        assert await limiters[1].backend.block(limiters[1].name, None) == 0  # it is over
     finally:
         for redis in clients:
             await redis.aclose()

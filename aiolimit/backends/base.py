@@ -29,6 +29,9 @@ class Grant(NamedTuple):
     """Permits left after it (negative while reservations are queued)."""
     member: str
     """The grant's log entry: ``release(name, permits, member)`` hands back exactly it."""
+    blocked_until: int | None = None
+    """The end of the limiter's latest ``block()`` (limiter's clock), if it has one: a caller
+    that sleeps out a reservation then asks ``block_left`` whether a block came meanwhile."""
 
     @property
     def granted(self) -> Literal[True]:
@@ -125,6 +128,12 @@ class Backend(abc.ABC):
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
         """Hands back ``permits`` from the newest grants that have started, or exactly the
         grant ``member``; returns how many. Safe to send twice."""
+
+    @abc.abstractmethod
+    async def block(self, name: str, duration_us: int | None) -> int:
+        """No grant starts before now + ``duration_us`` (a later block never shortens an
+        earlier one; ``None`` only reads). Returns the microseconds until the block ends (0:
+        none). Cleared by ``delete`` and ``set_rate``."""
 
     @abc.abstractmethod
     async def delete(self, name: str) -> bool:

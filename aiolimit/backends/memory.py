@@ -31,6 +31,7 @@ class _Config:
     expires_at: float = _FOREVER
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
+    blocked_until: int | None = None  # set by block(): no grant starts before it
 
 
 @dataclass
@@ -525,7 +526,7 @@ class MemoryBackend(Backend):
             self._extend_registry(limiter, now + ttl + _ms(longest), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = now + max(_ms(config.keep_alive_us), ttl)
-        return Grant(delay, start, group.left(now), member)
+        return Grant(delay, start, group.left(now), member, stored.blocked_until)
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
@@ -547,10 +548,10 @@ class MemoryBackend(Backend):
         group = _Group(limiter, config, self._budget_key(config), False)
         used = group.reclaim(now, False)
         left = group.left(now, used if group.budgets is not None else None)
-        if config.min_spacing_us > 0:
+        if config.min_spacing_us > 0 or group.blocked_until is not None:
             start = group.earliest(1, now, used, [b.used for b in group.budgets or ()])
             if start is not None and start > now:
-                left = min(left, 0)  # the spacing holds the next grant back
+                left = min(left, 0)  # the spacing or a block holds the next grant back
         return max(left, 0)
 
     @staticmethod
@@ -589,6 +590,15 @@ class MemoryBackend(Backend):
         if group.budgets is not None or group.dirty:
             group.save(limiter, now)
         return released
+
+    async def block(self, name: str, duration_us: int | None) -> int:
+        limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)
+        stored = limiter.config
+        assert stored is not None
+        until = now if stored.blocked_until is None else stored.blocked_until
+        if duration_us is not None:
+            until = stored.blocked_until = max(until, now + duration_us)
+        return max(until - now, 0)
 
     async def delete(self, name: str) -> bool:
         if self._limiter(name, self._now()) is None:
@@ -643,6 +653,7 @@ class _Group:
     counters of a token bucket or fixed windows (``state``)."""
 
     __slots__ = (
+        "blocked_until",
         "budgets",
         "config",
         "dirty",
@@ -656,6 +667,8 @@ class _Group:
 
     def __init__(self, limiter: _Limiter, config: RateLimiterConfig, key: str | None, write: bool):
         self.config, self.key = config, key
+        assert limiter.config is not None
+        self.blocked_until = limiter.config.blocked_until
         self.dirty = False
         self.latest: int | None = None
         self.budgets: list[_Budget] | None = None
@@ -760,6 +773,8 @@ class _Group:
             last = self.state.last
         if last is not None:
             start = max(start, last + config.min_spacing_us)
+        if self.blocked_until is not None:
+            start = max(start, self.blocked_until)
         return start
 
     def commit(self, permits: int, start: int) -> str:

@@ -257,6 +257,17 @@ class RedisBackend(Backend):
         )
         return max(left, 0)
 
+    async def block(self, name: str, duration_us: int | None) -> int:
+        left = await self._run(
+            scripts.BLOCK,
+            (self.keys(name).config,),
+            ("-" if duration_us is None else duration_us, self._now_arg()),
+        )
+        if isinstance(left, NotConfigured):
+            raise NotConfiguredError(name)
+        assert isinstance(left, int)
+        return left
+
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
         # A fresh receipt per call: the script remembers it, so a resend releases nothing more.
         receipt = self.keys(name).receipt(uuid.uuid4().hex)

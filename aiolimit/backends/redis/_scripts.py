@@ -155,7 +155,9 @@ def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     raw = reply if reply.__class__ is bytes else _text(reply).encode()
     code, _, rest = raw.partition(b" ")
     if code == _GRANTED:
-        left, start, delay, member = rest.split(b" ")
+        left, start, delay, member, *blocked = rest.split(b" ")
+        if blocked:
+            return Grant(int(delay), int(start), int(left), member.decode(), int(blocked[0]))
         return Grant(int(delay), int(start), int(left), member.decode())
     if code == _REFUSED:
         wait, left, now = rest.split(b" ")
@@ -208,6 +210,8 @@ def _number(reply: Any) -> int | Trouble:
 
 # Read-only.
 AVAILABLE = Script("available", _number, resend=True)
+# A resent block sets the same end or a later one by the resend's delay: safe.
+BLOCK = Script("block", _number, resend=True)
 WAIT = Script("wait", _number, resend=True)
 # Each call carries a fresh receipt key: a resend finds the receipt and hands back nothing more.
 RELEASE = Script("release", _number, resend=True)

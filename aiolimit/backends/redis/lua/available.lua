@@ -24,7 +24,7 @@ if group.budgets then
   end
 end
 local left = group_left(group, now)
-if config.spacing > 0 and earliest(group, 1, now) > now then
-  left = math.min(left, 0) -- the spacing holds the next grant back
+if (config.spacing > 0 or config.blocked_until) and earliest(group, 1, now) > now then
+  left = math.min(left, 0) -- the spacing or a block holds the next grant back
 end
 return { 0, left }

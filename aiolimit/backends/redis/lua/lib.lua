@@ -99,7 +99,7 @@ end
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
   local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen',
-    'algorithm', 'rates', 'spacing')
+    'algorithm', 'rates', 'spacing', 'blocked_until')
   if not c[1] then
     return nil
   end
@@ -116,6 +116,8 @@ local function load_config(config_key)
     gen = c[7] or '-',
     algorithm = c[8] or 'SLIDING_WINDOW',
     spacing = tonumber(c[10] or '0'),
+    -- set by block(): no grant starts before it
+    blocked_until = c[11] and tonumber(c[11]),
   }
   if not (config.rate and config.interval and config.keep_alive and config.type and config.spacing
         and ALGORITHMS[config.algorithm]) then
@@ -531,6 +533,9 @@ local function earliest(group, permits, now, logged)
   if group.last then
     start = math.max(start, group.last + config.spacing)
   end
+  if config.blocked_until then
+    start = math.max(start, config.blocked_until)
+  end
   return start
 end
 
@@ -699,8 +704,10 @@ end
 -- grant is logged at the future time they become free, and the caller sleeps until then, so
 -- waiters are served in the order they asked, across every process, in one round trip each.
 -- The reply to a request is one string (the codes are _protocol.Reply):
---   "0 <left> <start> <delay> <member>"   granted at `start` (us), `delay` us from now
---                                         (0: now; > 0: a reservation)
+--   "0 <left> <start> <delay> <member> [<blocked until>]"
+--                                         granted at `start` (us), `delay` us from now
+--                                         (0: now; > 0: a reservation); the end of the
+--                                         limiter's latest block() when it has one
 --   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
 --   "-1"                                  no config
 --   "-2 <rate>"                           permits exceed the (smallest) rate
@@ -804,7 +811,11 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if config.type == 'PER_CLIENT' then
     group.client_id = client_id
   end
-  return '0 ' .. fmt(group_left(group, now)) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+  local reply = '0 ' .. fmt(group_left(group, now)) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+  if config.blocked_until then
+    reply = reply .. ' ' .. fmt(config.blocked_until) -- this limiter has been blocked: see block.lua
+  end
+  return reply
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.

@@ -1,0 +1,109 @@
+"""``limiter.block(duration)`` on every backend: no grant to anyone before it ends, reservations
+made before it move behind it, and ``delete``/``set_rate`` clear it."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from conformance import new_client, now, tolerance
+
+from aiolimit import (
+    Algorithm,
+    InvalidArgumentError,
+    NotConfiguredError,
+    RateLimiter,
+    RateType,
+    ShardedRateLimiter,
+)
+
+OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
+
+
+async def configured(store, name, rate, interval, rate_type=OVERALL, **options):
+    limiter = RateLimiter(name, store.backend())
+    await limiter.set_rate(rate_type, rate, interval, **options)
+    return limiter
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+async def test_no_grant_starts_before_the_block_ends(store, name, algorithm):
+    limiter = await configured(store, name, 5, 1, algorithm=algorithm)
+    await limiter.block(0.6)
+    start = now()
+    assert not await limiter.try_acquire(timeout=0.3), "granted inside the block"
+    assert await limiter.available_permits() == 0
+    assert 0.4 < await limiter.wait_time() <= 0.6 + tolerance(store).late
+    assert await limiter.try_acquire(timeout=1)
+    tolerance(store).check(now(), start + 0.6, "the first grant after the block")
+
+
+async def test_a_block_holds_back_every_client_of_a_per_client_limiter(store, name):
+    limiter = await configured(store, name, 5, 1, PER_CLIENT)
+    other = RateLimiter(name, new_client(store, "other"))
+    await limiter.block(5)
+    assert not await limiter.try_acquire()
+    assert not await other.try_acquire()
+
+
+async def test_reservations_made_before_a_block_move_behind_it(store, name):
+    limiter = await configured(store, name, 2, 0.5)
+    assert await limiter.try_acquire(2)
+    start = now()
+    waiter = asyncio.create_task(limiter.acquire())  # reserved at start + 0.5
+    await asyncio.sleep(0.1)
+    await limiter.block(1.0)  # until start + 1.1
+    await waiter
+    tol = tolerance(store)
+    assert now() >= start + 1.1 - tol.early, "a reservation made before the block ran inside it"
+    tol.check(now(), start + 1.1, "the moved reservation")
+
+
+async def test_a_block_in_another_process_moves_this_ones_reservations(store, name):
+    limiter = await configured(store, name, 2, 0.5)
+    assert await limiter.try_acquire(2)
+    other = RateLimiter(name, new_client(store))
+    start = now()
+    waiter = asyncio.create_task(limiter.acquire())
+    await asyncio.sleep(0.1)
+    await other.block(0.2)  # once blocked, this limiter's sleepers look when they wake
+    await other.block(1.0)
+    await waiter
+    assert now() >= start + 1.1 - tolerance(store).early
+
+
+async def test_a_shorter_block_never_shortens_a_longer_one(store, name):
+    limiter = await configured(store, name, 5, 1)
+    await limiter.block(30)
+    await limiter.block(1)
+    assert await limiter.wait_time() > 28
+
+
+async def test_delete_and_set_rate_clear_a_block(store, name):
+    limiter = await configured(store, name, 5, 1)
+    await limiter.block(30)
+    await limiter.set_rate(OVERALL, 5, 1)
+    assert await limiter.try_acquire()
+    await limiter.block(30)
+    await limiter.delete()
+    await limiter.set_rate(OVERALL, 5, 1)
+    assert await limiter.try_acquire()
+
+
+async def test_a_sharded_limiter_blocks_every_shard(store, name):
+    limiter = ShardedRateLimiter(name, store.backend(), shards=3)
+    await limiter.set_rate(OVERALL, 30, 1)
+    await limiter.block(5)
+    assert not await limiter.try_acquire()
+
+
+async def test_block_checks_its_argument_and_needs_a_config(store, name):
+    limiter = RateLimiter(name, store.backend())
+    with pytest.raises(NotConfiguredError):
+        await limiter.block(1)
+    await limiter.set_rate(OVERALL, 5, 1)
+    for bad in (-1, math.nan, math.inf, "1", None):
+        with pytest.raises(InvalidArgumentError):
+            await limiter.block(bad)
+    assert await limiter.try_acquire()  # nothing was blocked
