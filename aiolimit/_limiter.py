@@ -17,6 +17,8 @@ from dataclasses import replace
 from types import TracebackType
 from typing import TypeVar
 
+from . import _observe
+from ._observe import Observer
 from ._types import (
     MAX_RATE,
     Algorithm,
@@ -68,6 +70,50 @@ async def _sleep_out(backend: Backend, name: str, grant: Grant) -> None:
     except asyncio.CancelledError:
         backend.hand_back(name, grant.member)
         raise
+
+
+async def _take(
+    backend: Backend,
+    name: str,
+    permits: int,
+    max_wait: int | None,
+    observer: Observer | None,
+    label: str,
+) -> Grant | None:
+    """One attempt on ``name``, sleeping out a reservation: the grant, or None when refused.
+    An observer sees the reservation waiting (under ``label``, the limiter's own name)."""
+    attempt = await backend.try_acquire(name, permits, max_wait)
+    if not isinstance(attempt, Grant):
+        return None
+    if attempt.starts_in > 0:
+        if observer is None:
+            await _sleep_out(backend, name, attempt)
+        else:
+            observer.queued(label, 1)
+            try:
+                await _sleep_out(backend, name, attempt)
+            finally:
+                observer.queued(label, -1)
+    return attempt
+
+
+async def _observed(
+    observer: Observer, label: str, permits: int, taking: Awaitable[Grant | None]
+) -> bool:
+    """Awaits an attempt, telling ``observer`` how it ended. Only when an observer is
+    attached: the path without one measures nothing."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        grant = await taking
+    except LimiterError as exc:
+        observer.failed(label, permits, exc)
+        raise
+    if grant is None:
+        observer.refused(label, permits)
+        return False
+    observer.granted(label, permits, loop.time() - began if grant.starts_in > 0 else 0.0)
+    return True
 
 
 _L = TypeVar("_L", bound="_Limiter")
@@ -337,6 +383,11 @@ class RateLimiter(_Limiter):
         timeout raises InvalidArgumentError.
         """
         permits = _check_permits(permits)
+        observer = _observe.current
+        if observer is not None:
+            name = self._name
+            taking = _take(self._backend, name, permits, _max_wait(timeout), observer, name)
+            return await _observed(observer, name, permits, taking)
         attempt = await self._backend.try_acquire(self._name, permits, _max_wait(timeout))
         if not isinstance(attempt, Grant):
             return False
@@ -499,6 +550,15 @@ class ShardedRateLimiter(_Limiter):
         """
         permits = _check_permits(permits)
         max_wait = _max_wait(timeout)
+        observer = _observe.current
+        if observer is None:
+            return await self._try_acquire(permits, max_wait, None) is not None
+        taking = self._try_acquire(permits, max_wait, observer)
+        return await _observed(observer, self._name, permits, taking)
+
+    async def _try_acquire(
+        self, permits: int, max_wait: int | None, observer: Observer | None
+    ) -> Grant | None:
         seconds = None if max_wait is None else max_wait / 1e6
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
@@ -520,27 +580,29 @@ class ShardedRateLimiter(_Limiter):
                 continue
             if isinstance(attempt, Grant):
                 self._last = i
-                return True
+                return attempt
             waits[i] = attempt.retry_in
         if not waits and not queued:
             raise _most_telling(refusals, permits, count)
         if seconds == 0:
-            return False
+            return None
         if waits:
             best = min(waits, key=waits.__getitem__)
             if deadline is not None and loop.time() + waits[best] / 1e6 > deadline:
-                return False
+                return None
         else:
             best = min(queued, key=self._waiting.__getitem__)
-        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        remaining = None if deadline is None else _max_wait(max(deadline - loop.time(), 0.0))
         self._waiting[best] += 1
         try:
-            granted = await self._shards[best].try_acquire(permits, timeout=remaining)
+            grant = await _take(
+                self._backend, self._names[best], permits, remaining, observer, self._name
+            )
         finally:
             self._waiting[best] -= 1
-        if granted:
+        if grant is not None:
             self._last = best
-        return granted
+        return grant
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits``: the most recent grants of the shard this object granted
