@@ -147,7 +147,7 @@ async def test_nothing_is_reported_once_detached_and_only_observers_attach():
     await limiter.set_rate(RateType.OVERALL, 1, 1)
     assert await limiter.try_acquire()
     assert recorder.events == []
-    with pytest.raises(InvalidArgumentError, match="observer must be an aiolimit.Observer"):
+    with pytest.raises(InvalidArgumentError, match=r"observer must be an aiolimit\.Observer"):
         aiolimit.observe(print)  # type: ignore[arg-type]
 
 
