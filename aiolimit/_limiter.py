@@ -72,6 +72,20 @@ async def _sleep_out(backend: Backend, name: str, grant: Grant) -> None:
         raise
 
 
+async def _sleep_observed(
+    observer: Observer, backend: Backend, name: str, grant: Grant, label: str
+) -> float:
+    """Sleeps out a reservation as the observer's ``label`` waiting; returns the seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    observer.queued(label, 1)
+    try:
+        await _sleep_out(backend, name, grant)
+    finally:
+        observer.queued(label, -1)
+    return loop.time() - began
+
+
 async def _take(
     backend: Backend,
     name: str,
@@ -79,41 +93,19 @@ async def _take(
     max_wait: int | None,
     observer: Observer | None,
     label: str,
-) -> Grant | None:
-    """One attempt on ``name``, sleeping out a reservation: the grant, or None when refused.
-    An observer sees the reservation waiting (under ``label``, the limiter's own name)."""
+) -> float | None:
+    """One attempt on ``name``, sleeping out a reservation: the seconds slept (0.0: granted
+    at once), or None when refused. An observer sees the reservation waiting under
+    ``label``, the limiter's own name."""
     attempt = await backend.try_acquire(name, permits, max_wait)
     if not isinstance(attempt, Grant):
         return None
-    if attempt.starts_in > 0:
-        if observer is None:
-            await _sleep_out(backend, name, attempt)
-        else:
-            observer.queued(label, 1)
-            try:
-                await _sleep_out(backend, name, attempt)
-            finally:
-                observer.queued(label, -1)
-    return attempt
-
-
-async def _observed(
-    observer: Observer, label: str, permits: int, taking: Awaitable[Grant | None]
-) -> bool:
-    """Awaits an attempt, telling ``observer`` how it ended. Only when an observer is
-    attached: the path without one measures nothing."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    try:
-        grant = await taking
-    except LimiterError as exc:
-        observer.failed(label, permits, exc)
-        raise
-    if grant is None:
-        observer.refused(label, permits)
-        return False
-    observer.granted(label, permits, loop.time() - began if grant.starts_in > 0 else 0.0)
-    return True
+    if attempt.starts_in <= 0:
+        return 0.0
+    if observer is None:
+        await _sleep_out(backend, name, attempt)
+        return attempt.starts_in / 1e6
+    return await _sleep_observed(observer, backend, name, attempt, label)
 
 
 _L = TypeVar("_L", bound="_Limiter")
@@ -383,16 +375,26 @@ class RateLimiter(_Limiter):
         timeout raises InvalidArgumentError.
         """
         permits = _check_permits(permits)
-        observer = _observe.current
-        if observer is not None:
-            name = self._name
-            taking = _take(self._backend, name, permits, _max_wait(timeout), observer, name)
-            return await _observed(observer, name, permits, taking)
-        attempt = await self._backend.try_acquire(self._name, permits, _max_wait(timeout))
+        max_wait = _max_wait(timeout)
+        observer = _observe.current  # None unless aiolimit.observe() attached one
+        try:
+            attempt = await self._backend.try_acquire(self._name, permits, max_wait)
+        except LimiterError as exc:
+            if observer is not None:
+                observer.failed(self._name, permits, exc)
+            raise
         if not isinstance(attempt, Grant):
+            if observer is not None:
+                observer.refused(self._name, permits)
             return False
+        if observer is None:
+            if attempt.starts_in > 0:
+                await _sleep_out(self._backend, self._name, attempt)
+            return True
+        waited = 0.0
         if attempt.starts_in > 0:
-            await _sleep_out(self._backend, self._name, attempt)
+            waited = await _sleep_observed(observer, self._backend, self._name, attempt, self._name)
+        observer.granted(self._name, permits, waited)
         return True
 
     async def release(self, permits: int) -> None:
@@ -553,12 +555,21 @@ class ShardedRateLimiter(_Limiter):
         observer = _observe.current
         if observer is None:
             return await self._try_acquire(permits, max_wait, None) is not None
-        taking = self._try_acquire(permits, max_wait, observer)
-        return await _observed(observer, self._name, permits, taking)
+        try:
+            waited = await self._try_acquire(permits, max_wait, observer)
+        except LimiterError as exc:
+            observer.failed(self._name, permits, exc)
+            raise
+        if waited is None:
+            observer.refused(self._name, permits)
+            return False
+        observer.granted(self._name, permits, waited)
+        return True
 
     async def _try_acquire(
         self, permits: int, max_wait: int | None, observer: Observer | None
-    ) -> Grant | None:
+    ) -> float | None:
+        """The seconds a grant waited (0.0: at once), or None when refused."""
         seconds = None if max_wait is None else max_wait / 1e6
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
@@ -580,7 +591,7 @@ class ShardedRateLimiter(_Limiter):
                 continue
             if isinstance(attempt, Grant):
                 self._last = i
-                return attempt
+                return 0.0
             waits[i] = attempt.retry_in
         if not waits and not queued:
             raise _most_telling(refusals, permits, count)
@@ -595,14 +606,14 @@ class ShardedRateLimiter(_Limiter):
         remaining = None if deadline is None else _max_wait(max(deadline - loop.time(), 0.0))
         self._waiting[best] += 1
         try:
-            grant = await _take(
+            waited = await _take(
                 self._backend, self._names[best], permits, remaining, observer, self._name
             )
         finally:
             self._waiting[best] -= 1
-        if grant is not None:
+        if waited is not None:
             self._last = best
-        return grant
+        return waited
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits``: the most recent grants of the shard this object granted

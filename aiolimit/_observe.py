@@ -37,9 +37,8 @@ class Observer:
     __slots__ = ()
 
     def granted(self, name: str, permits: int, waited: float) -> None:
-        """``permits`` were granted to a caller of limiter ``name``. ``waited`` is how long
-        (seconds, from the call) a caller that had to wait for a reservation waited; 0.0
-        for a grant made at once."""
+        """``permits`` were granted to a caller of limiter ``name``. ``waited``: the seconds
+        a caller given a reservation slept until its slot (0.0: granted at once)."""
 
     def refused(self, name: str, permits: int) -> None:
         """A request for ``permits`` could not be granted within its timeout."""

@@ -17,9 +17,9 @@ name                            kind                  unit             attribute
                                                                        (the exception class) on
                                                                        errors
 ``aiolimit.permits``            counter               ``{permit}``     (permits granted)
-``aiolimit.wait.duration``      histogram             ``s``            (callers that waited for a
-                                                                       reservation: from the call
-                                                                       to the grant)
+``aiolimit.wait.duration``      histogram             ``s``            (callers given a
+                                                                       reservation: how long they
+                                                                       slept until their slot)
 ``aiolimit.queued``             up-down counter       ``{request}``    (callers of this process
                                                                        waiting for a reservation
                                                                        now)
@@ -66,14 +66,24 @@ class OpenTelemetryObserver(Observer):
     """Reports what limiters do as OpenTelemetry metrics (see the module's table); attach it
     with ``aiolimit.observe(OpenTelemetryObserver())``."""
 
-    __slots__ = ("_attributes", "_batch", "_permits", "_queued", "_requests", "_trips", "_wait")
+    __slots__ = (
+        "_attributes",
+        "_batch",
+        "_errors",
+        "_granted",
+        "_queued",
+        "_refused",
+        "_trips",
+        "_wait",
+    )
 
     def __init__(self, meter_provider: MeterProvider | None = None) -> None:
         meter = metrics.get_meter("aiolimit", __version__, meter_provider=meter_provider)
         # Counts kept here, read by the SDK when it collects (possibly in its own thread:
         # it copies each dict, which is atomic under the GIL, before reading it).
-        self._requests: dict[tuple[str, str, str], int] = {}  # (name, result, error type)
-        self._permits: dict[str, int] = {}
+        self._granted: dict[str, list[int]] = {}  # name -> [grants, permits]
+        self._refused: dict[str, int] = {}
+        self._errors: dict[tuple[str, str], int] = {}  # (name, error type)
         self._queued: dict[str, int] = {}
         self._trips = 0
         self._attributes: dict[str, dict[str, Any]] = {}  # name -> {LIMITER: name}
@@ -117,20 +127,20 @@ class OpenTelemetryObserver(Observer):
     # -- what limiters report (the hot path: dict updates only) ----------------------------
 
     def granted(self, name: str, permits: int, waited: float) -> None:
-        key = (name, "granted", "")
-        counts = self._requests
-        counts[key] = counts.get(key, 0) + 1
-        self._permits[name] = self._permits.get(name, 0) + permits
-        if waited > 0:
+        counts = self._granted.get(name)
+        if counts is None:
+            counts = self._granted[name] = [0, 0]
+        counts[0] += 1
+        counts[1] += permits
+        if waited:
             self._wait.record(waited, self._limiter(name))
 
     def refused(self, name: str, permits: int) -> None:
-        key = (name, "refused", "")
-        self._requests[key] = self._requests.get(key, 0) + 1
+        self._refused[name] = self._refused.get(name, 0) + 1
 
     def failed(self, name: str, permits: int, error: LimiterError) -> None:
-        key = (name, "error", type(error).__name__)
-        self._requests[key] = self._requests.get(key, 0) + 1
+        key = (name, type(error).__name__)
+        self._errors[key] = self._errors.get(key, 0) + 1
 
     def queued(self, name: str, change: int) -> None:
         self._queued[name] = self._queued.get(name, 0) + change
@@ -148,15 +158,16 @@ class OpenTelemetryObserver(Observer):
         return attributes
 
     def _observe_requests(self, options: CallbackOptions) -> Iterable[Observation]:
-        for (name, result, error), count in self._requests.copy().items():
-            attributes = {LIMITER: name, RESULT: result}
-            if error:
-                attributes[ERROR_TYPE] = error
-            yield Observation(count, attributes)
+        for name, (grants, _) in self._granted.copy().items():
+            yield Observation(grants, {LIMITER: name, RESULT: "granted"})
+        for name, count in self._refused.copy().items():
+            yield Observation(count, {LIMITER: name, RESULT: "refused"})
+        for (name, error), count in self._errors.copy().items():
+            yield Observation(count, {LIMITER: name, RESULT: "error", ERROR_TYPE: error})
 
     def _observe_permits(self, options: CallbackOptions) -> Iterable[Observation]:
-        for name, count in self._permits.copy().items():
-            yield Observation(count, self._limiter(name))
+        for name, (_, permits) in self._granted.copy().items():
+            yield Observation(permits, self._limiter(name))
 
     def _observe_queued(self, options: CallbackOptions) -> Iterable[Observation]:
         for name, count in self._queued.copy().items():
