@@ -86,7 +86,8 @@ def flush(url: str) -> None:
 
 async def throughput(
     contender: Contender, url: str, limiters: int, seconds: float
-) -> tuple[float, int]:
+) -> tuple[float, int, float]:
+    """Calls per second, calls refused, and this process's CPU time per call (µs)."""
     names = [f"bench-{i}" for i in range(limiters)]
     await contender.open(url, names, NEVER_REFUSED, 1.0)
     calls = refused = 0
@@ -104,14 +105,14 @@ async def throughput(
     tasks = [asyncio.ensure_future(task(seed)) for seed in range(TASKS)]
     await asyncio.sleep(min(0.5, seconds / 4))  # warm up: connections, script cache
     measuring = True
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.sleep(seconds)
     measuring = False
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     stopping = True
     await asyncio.gather(*tasks)
     await contender.close()
-    return calls / elapsed, refused
+    return calls / elapsed, refused, cpu * 1e6 / max(calls, 1)
 
 
 # -- (c): latency -------------------------------------------------------------------------------
@@ -406,9 +407,13 @@ def observed_round(variant: str, url: str, duration: float, latency_s: float) ->
     contender = by_name("aiolimit")
     figures: dict[str, Any] = {}
     flush(url)
-    figures["single"], _ = asyncio.run(throughput(contender, url, 1, duration))
+    figures["single"], _, figures["cpu_single"] = asyncio.run(
+        throughput(contender, url, 1, duration)
+    )
     flush(url)
-    figures["many"], _ = asyncio.run(throughput(contender, url, MANY, duration))
+    figures["many"], _, figures["cpu_many"] = asyncio.run(
+        throughput(contender, url, MANY, duration)
+    )
     flush(url)
     figures["p50"], figures["p99"] = asyncio.run(latency(contender, url, latency_s))
     if reader is not None:  # the adapter did count: every request, as granted
@@ -451,16 +456,20 @@ def observing_cost(args: argparse.Namespace) -> str:
         f"Machine: {about}. {args.rounds} rounds of {args.duration:g} s (a), (b) and "
         f"{args.latency:g} s (c) per variant, alternating; medians.",
         "",
-        "| aiolimit | (a) 64 tasks, 1 limiter, calls/s | (b) 64 tasks, 10 000 limiters, "
-        "calls/s | (c) 1 task p50 / p99 µs |",
-        "|---|--:|--:|--:|",
+        "| aiolimit | (a) 64 tasks, 1 limiter, calls/s | (a) client CPU µs / call "
+        "| (b) 64 tasks, 10 000 limiters, calls/s | (b) client CPU µs / call "
+        "| (c) 1 task p50 / p99 µs |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for _, label, _ in variants:
         single, many = median(label, "single"), median(label, "many")
         p50, p99 = median(label, "p50"), median(label, "p99")
+        cpu_single, cpu_many = median(label, "cpu_single"), median(label, "cpu_many")
         lines.append(
             f"| {label} | {single:,.0f} ({single / median(base, 'single'):.3f}x) "
+            f"| {cpu_single:.2f} ({cpu_single / median(base, 'cpu_single'):.3f}x) "
             f"| {many:,.0f} ({many / median(base, 'many'):.3f}x) "
+            f"| {cpu_many:.2f} ({cpu_many / median(base, 'cpu_many'):.3f}x) "
             f"| {p50:,.0f} / {p99:,.0f} ({median(base, 'p50') / p50:.3f}x) |"
         )
     counted = [r.get("counted", 0) for r in results[OBSERVED[1]]]
@@ -517,9 +526,9 @@ def main() -> None:
         for row in rows:
             name = row.contender.name
             flush(url)
-            row.single, refused = asyncio.run(throughput(row.contender, url, 1, args.duration))
+            row.single, refused, _ = asyncio.run(throughput(row.contender, url, 1, args.duration))
             flush(url)
-            row.many, refused_many = asyncio.run(
+            row.many, refused_many, _ = asyncio.run(
                 throughput(row.contender, url, MANY, args.duration)
             )
             row.refused = refused + refused_many
