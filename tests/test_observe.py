@@ -251,23 +251,43 @@ async def test_otel_never_carries_a_client_id(otel):
     ]
 
 
-async def test_otel_round_trips_and_batch_sizes_read_back(redis_server, otel):
+async def test_otel_round_trips_and_requests_read_back(redis_server, otel):
     redis = Redis.from_url(redis_server.url)
     try:
         limiter = RateLimiter("batched", RedisBackend(redis))
         await limiter.set_rate(RateType.OVERALL, 1000, 60)
-        before = otel.points()["aiolimit.redis.round_trips"][0].value
+        points = otel.points()
+        trips_before = points["aiolimit.redis.round_trips"][0].value
+        sent_before = points["aiolimit.redis.requests"][0].value
         assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
     finally:
         await redis.aclose()
     points = otel.points()
-    trips = points["aiolimit.redis.round_trips"][0]
-    assert dict(trips.attributes) == {}
+    (trips,) = points["aiolimit.redis.round_trips"]
+    (sent,) = points["aiolimit.redis.requests"]
+    assert dict(trips.attributes) == {} and dict(sent.attributes) == {}
+    assert sent.value - sent_before == 40  # each request in exactly one round trip
+    assert 1 <= trips.value - trips_before < 40  # shared
+    assert "aiolimit.redis.batch.size" not in points  # off by default: a record per trip
+
+
+async def test_otel_batch_size_histogram_when_asked(redis_server):
+    metrics = Metrics()
+    aiolimit.observe(OpenTelemetryObserver(metrics.provider, batch_sizes=True))
+    redis = Redis.from_url(redis_server.url)
+    try:
+        limiter = RateLimiter("histogram", RedisBackend(redis))
+        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
+    finally:
+        aiolimit.observe(None)
+        await redis.aclose()
+    points = metrics.points()
     (batch,) = points["aiolimit.redis.batch.size"]
-    assert batch.count == trips.value  # one batch size per round trip
-    assert 1 <= trips.value - before < 40
-    assert batch.sum == 40 + before  # set_rate's round trips carried one request each
+    assert batch.count == points["aiolimit.redis.round_trips"][0].value
+    assert batch.sum == points["aiolimit.redis.requests"][0].value == 40 + 1  # and set_rate
     assert batch.max > 1
+    metrics.provider.shutdown()
 
 
 # -- logs ---------------------------------------------------------------------------------------
