@@ -194,7 +194,7 @@ def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, n
 def test_set_rate_keeps_the_limiter_s_rate_type_unless_told(capsys, url, name):
     assert aiolimit(capsys, url, "set-rate", name, "3/hour", "--type", "per_client")[0] == 0
     code, out, _ = aiolimit(capsys, url, "set-rate", name, "4/hour", "--keep-alive", "7200")
-    assert (code, out) == (0, f"{name}: 4/hour (SLIDING_WINDOW, PER_CLIENT)\n")
+    assert (code, out) == (0, f"{name}: 4/hour (SLIDING_WINDOW, PER_CLIENT, keep_alive 7,200 s)\n")
     code, out, _ = aiolimit(capsys, url, "inspect", name)
     assert field(out, "keep_alive") == "7,200 s"
 

@@ -119,6 +119,16 @@ def _rates(config: RateLimiterConfig) -> str:
     return "; ".join(str(rate) for rate in config.rates)
 
 
+def _described(config: RateLimiterConfig) -> str:
+    """``10/second; 100/minute (SLIDING_WINDOW, OVERALL)``, with keep_alive and spacing."""
+    more = [config.algorithm.value, config.rate_type.value]
+    if config.keep_alive is not None:
+        more.append(f"keep_alive {_seconds(config.keep_alive.total_seconds())}")
+    if config.min_spacing is not None:
+        more.append(f"min spacing {_seconds(config.min_spacing.total_seconds())}")
+    return f"{_rates(config)} ({', '.join(more)})"
+
+
 def _seconds(value: float) -> str:
     return f"{value:.3f} s" if value < 10 else f"{value:,.0f} s"
 
@@ -298,13 +308,12 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     if stored is None:
         raise _Abort(f"the config of {args.name!r} was gone right after it was set")
     print(
-        f"{_shown(args.name)}: {_rates(stored)} ({stored.algorithm.value}, "
-        f"{stored.rate_type.value})" + (", state kept" if args.keep_state else "")
+        f"{_shown(args.name)}: {_described(stored)}" + (", state kept" if args.keep_state else "")
     )
     if stored != asked:
         print(
-            f"aiolimit set-rate: the server stored {stored}, not {asked} (this version of "
-            "aiolimit stores no more of it)",
+            f"aiolimit set-rate: the server stored {_described(stored)}, not "
+            f"{_described(asked)}: this version's backend does not store all of it",
             file=sys.stderr,
         )
         return 1
