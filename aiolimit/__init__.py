@@ -8,6 +8,7 @@
 """
 
 from ._limiter import RateLimiter, ShardedRateLimiter
+from ._observe import Observer, observe
 from ._types import MAX_DURATION, MAX_RATE, Algorithm, Duration, Rate, RateLimiterConfig, RateType
 from .backends import Backend, MemoryBackend, RedisBackend
 from .errors import (
@@ -31,6 +32,7 @@ __all__ = [
     "LimiterError",
     "MemoryBackend",
     "NotConfiguredError",
+    "Observer",
     "Rate",
     "RateLimited",
     "RateLimiter",
@@ -39,4 +41,5 @@ __all__ = [
     "RedisBackend",
     "ShardedRateLimiter",
     "__version__",
+    "observe",
 ]

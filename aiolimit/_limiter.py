@@ -19,6 +19,8 @@ from dataclasses import replace
 from types import TracebackType
 from typing import ParamSpec, TypeVar
 
+from . import _observe
+from ._observe import Observer
 from ._types import (
     MAX_RATE,
     Algorithm,
@@ -76,6 +78,61 @@ async def _sleep_out(backend: Backend, name: str, grant: Grant) -> None:
     except asyncio.CancelledError:
         backend.hand_back(name, grant.member)
         raise
+
+
+async def _sleep_observed(
+    observer: Observer, backend: Backend, name: str, grant: Grant, label: str
+) -> float:
+    """Sleeps out a reservation as the observer's ``label`` waiting; returns the seconds."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    observer.queued(label, 1)
+    try:
+        await _sleep_out(backend, name, grant)
+    finally:
+        observer.queued(label, -1)
+    return loop.time() - began
+
+
+async def _take(
+    backend: Backend,
+    name: str,
+    permits: int,
+    max_wait: int | None,
+    observer: Observer | None,
+    label: str,
+) -> float | None:
+    """One attempt on ``name``, sleeping out a reservation: the seconds slept (0.0: granted
+    at once), or None when refused. An observer sees the reservation waiting under
+    ``label``, the limiter's own name."""
+    waited = 0.0
+    while True:
+        attempt = await backend.try_acquire(name, permits, max_wait)
+        if not isinstance(attempt, Grant):
+            return None
+        if attempt.starts_in <= 0:
+            return waited
+        if observer is None:
+            await _sleep_out(backend, name, attempt)
+            waited += attempt.starts_in / 1e6
+        else:
+            waited += await _sleep_observed(observer, backend, name, attempt, label)
+        if not await _moved_by_block(backend, name, permits, attempt):
+            return waited
+        if max_wait is not None:
+            max_wait = max(max_wait - attempt.starts_in, 0)  # the time it slept
+
+
+async def _moved_by_block(backend: Backend, name: str, permits: int, grant: Grant) -> bool:
+    """After sleeping out a reservation: whether a block() came meanwhile, in which case the
+    reservation is handed back, to be asked for again behind the block. Only limiters that
+    have been blocked ask (one read)."""
+    if grant.blocked_until is None and name not in _blocked_here:
+        return False
+    if await backend.block(name, None) == 0:
+        return False
+    await backend.release(name, permits, grant.member)
+    return True
 
 
 _L = TypeVar("_L", bound="_Limiter")
@@ -395,24 +452,31 @@ class RateLimiter(_Limiter):
         permits = _check_permits(permits)
         max_wait = _max_wait(timeout)
         backend, name = self._backend, self._name
-        loop = asyncio.get_running_loop()
-        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
+        observer = _observe.current  # None unless aiolimit.observe() attached one
+        waited = 0.0
         while True:
-            attempt = await backend.try_acquire(name, permits, max_wait)
+            try:
+                attempt = await backend.try_acquire(name, permits, max_wait)
+            except LimiterError as exc:
+                if observer is not None:
+                    observer.failed(name, permits, exc)
+                raise
             if not isinstance(attempt, Grant):
+                if observer is not None:
+                    observer.refused(name, permits)
                 return False
-            if attempt.starts_in == 0:
-                return True
-            await _sleep_out(backend, name, attempt)
-            # A block() that came while this slept moves its reservation behind the block: it
-            # is handed back and asked for again. Only limiters that have been blocked ask.
-            if attempt.blocked_until is None and name not in _blocked_here:
-                return True
-            if await backend.block(name, None) == 0:
-                return True
-            await backend.release(name, permits, attempt.member)
-            if deadline is not None:
-                max_wait = max(round((deadline - loop.time()) * 1e6), 0)
+            if attempt.starts_in > 0:
+                if observer is None:
+                    await _sleep_out(backend, name, attempt)
+                else:
+                    waited += await _sleep_observed(observer, backend, name, attempt, name)
+                if await _moved_by_block(backend, name, permits, attempt):
+                    if max_wait is not None:
+                        max_wait = max(max_wait - attempt.starts_in, 0)  # the time it slept
+                    continue
+            if observer is not None:
+                observer.granted(name, permits, waited)
+            return True
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""
@@ -569,6 +633,24 @@ class ShardedRateLimiter(_Limiter):
         """
         permits = _check_permits(permits)
         max_wait = _max_wait(timeout)
+        observer = _observe.current
+        if observer is None:
+            return await self._try_acquire(permits, max_wait, None) is not None
+        try:
+            waited = await self._try_acquire(permits, max_wait, observer)
+        except LimiterError as exc:
+            observer.failed(self._name, permits, exc)
+            raise
+        if waited is None:
+            observer.refused(self._name, permits)
+            return False
+        observer.granted(self._name, permits, waited)
+        return True
+
+    async def _try_acquire(
+        self, permits: int, max_wait: int | None, observer: Observer | None
+    ) -> float | None:
+        """The seconds a grant waited (0.0: at once), or None when refused."""
         seconds = None if max_wait is None else max_wait / 1e6
         loop = asyncio.get_running_loop()
         deadline = None if seconds is None else loop.time() + seconds
@@ -590,27 +672,29 @@ class ShardedRateLimiter(_Limiter):
                 continue
             if isinstance(attempt, Grant):
                 self._last = i
-                return True
+                return 0.0
             waits[i] = attempt.retry_in
         if not waits and not queued:
             raise _most_telling(refusals, permits, count)
         if seconds == 0:
-            return False
+            return None
         if waits:
             best = min(waits, key=waits.__getitem__)
             if deadline is not None and loop.time() + waits[best] / 1e6 > deadline:
-                return False
+                return None
         else:
             best = min(queued, key=self._waiting.__getitem__)
-        remaining = None if deadline is None else max(deadline - loop.time(), 0.0)
+        remaining = None if deadline is None else _max_wait(max(deadline - loop.time(), 0.0))
         self._waiting[best] += 1
         try:
-            granted = await self._shards[best].try_acquire(permits, timeout=remaining)
+            waited = await _take(
+                self._backend, self._names[best], permits, remaining, observer, self._name
+            )
         finally:
             self._waiting[best] -= 1
-        if granted:
+        if waited is not None:
             self._last = best
-        return granted
+        return waited
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits``: the most recent grants of the shard this object granted

@@ -4,6 +4,8 @@
     python benchmarks/run.py                 # about 2.5 minutes
     python benchmarks/run.py --quick         # under a minute, noisier
     python benchmarks/run.py --write docs/benchmarks.md   # also replace the table there
+    python benchmarks/run.py --otel          # aiolimit alone, with and without OpenTelemetry
+    python benchmarks/run.py --otel --baseline /tmp/aiolimit-before   # and an older checkout
 
 Starts its own redis-server on a free 127.0.0.1 port (stopped at the end) and measures every
 contender against it, one after another, in this process:
@@ -20,6 +22,12 @@ contender against it, one after another, in this process:
     moment. aiolimit is also run through its soak tool (``python -m aiolimit._tools.soak --json``).
 
 Ratios are to the best peer library (the references are left out of "best").
+
+``--otel`` measures the cost of observing instead: (a), (b) and (c) for aiolimit alone, with
+nothing attached and with ``aiolimit.otel.OpenTelemetryObserver`` on an OpenTelemetry SDK
+``MeterProvider`` (an in-memory reader, read at the end), in alternating rounds, each round
+a fresh process; ``--baseline DIR`` adds a checkout of an earlier aiolimit (imported from
+DIR), to show that nothing attached costs nothing. Medians over the rounds.
 """
 
 from __future__ import annotations
@@ -78,7 +86,8 @@ def flush(url: str) -> None:
 
 async def throughput(
     contender: Contender, url: str, limiters: int, seconds: float
-) -> tuple[float, int]:
+) -> tuple[float, int, float]:
+    """Calls per second, calls refused, and this process's CPU time per call (µs)."""
     names = [f"bench-{i}" for i in range(limiters)]
     await contender.open(url, names, NEVER_REFUSED, 1.0)
     calls = refused = 0
@@ -96,14 +105,14 @@ async def throughput(
     tasks = [asyncio.ensure_future(task(seed)) for seed in range(TASKS)]
     await asyncio.sleep(min(0.5, seconds / 4))  # warm up: connections, script cache
     measuring = True
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     await asyncio.sleep(seconds)
     measuring = False
-    elapsed = time.perf_counter() - began
+    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
     stopping = True
     await asyncio.gather(*tasks)
     await contender.close()
-    return calls / elapsed, refused
+    return calls / elapsed, refused, cpu * 1e6 / max(calls, 1)
 
 
 # -- (c): latency -------------------------------------------------------------------------------
@@ -390,6 +399,107 @@ def write(path: Path, command: str, text: str) -> None:
     path.write_text(doc)
 
 
+# -- the cost of observing (--otel) ---------------------------------------------------------------
+
+OBSERVED = ("nothing attached", "OpenTelemetryObserver attached")
+
+
+def observed_round(variant: str, url: str, duration: float, latency_s: float) -> dict[str, Any]:
+    """One round of (a), (b), (c) for aiolimit in this process, observed as ``variant`` says."""
+    reader = None
+    if variant == "otel":
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+        import aiolimit
+        from aiolimit.otel import OpenTelemetryObserver
+
+        reader = InMemoryMetricReader()
+        aiolimit.observe(OpenTelemetryObserver(MeterProvider(metric_readers=[reader])))
+    contender = by_name("aiolimit")
+    figures: dict[str, Any] = {}
+    flush(url)
+    figures["single"], _, figures["cpu_single"] = asyncio.run(
+        throughput(contender, url, 1, duration)
+    )
+    flush(url)
+    figures["many"], _, figures["cpu_many"] = asyncio.run(
+        throughput(contender, url, MANY, duration)
+    )
+    flush(url)
+    figures["p50"], figures["p99"] = asyncio.run(latency(contender, url, latency_s))
+    if reader is not None:  # the adapter did count: every request, as granted
+        data = reader.get_metrics_data()
+        assert data is not None
+        metrics = {m.name: m for s in data.resource_metrics[0].scope_metrics for m in s.metrics}
+        points = metrics["aiolimit.requests"].data.data_points
+        figures["counted"] = sum(p.value for p in points)  # type: ignore[union-attr]
+    return figures
+
+
+def observing_cost(args: argparse.Namespace) -> str:
+    variants = [("none", OBSERVED[0], None), ("otel", OBSERVED[1], None)]
+    if args.baseline:
+        variants.insert(0, ("none", f"before observe() ({args.baseline.name})", args.baseline))
+    results: dict[str, list[dict[str, Any]]] = {label: [] for _, label, _ in variants}
+    with LocalRedis() as server:
+        for round_number in range(args.rounds):
+            for variant, label, path in variants:
+                # This checkout's aiolimit, or the baseline's: never whatever is installed.
+                env = {
+                    **os.environ,
+                    "PYTHONPATH": str(path or Path(__file__).resolve().parent.parent),
+                }
+                command = [
+                    sys.executable, __file__, "--variant", variant, "--url", server.url,
+                    "--duration", str(args.duration), "--latency", str(args.latency),
+                ]  # fmt: skip
+                done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+                results[label].append(json.loads(done.stdout))
+                print(f"  round {round_number + 1}: {label} done", file=sys.stderr)
+        about = machine(server.url)
+
+    def median(label: str, key: str) -> float:
+        values = sorted(r[key] for r in results[label])
+        return values[len(values) // 2]
+
+    base = OBSERVED[0]
+    lines = [
+        f"Machine: {about}. {args.rounds} rounds of {args.duration:g} s (a), (b) and "
+        f"{args.latency:g} s (c) per variant, alternating; medians.",
+        "",
+        "| aiolimit | (a) 64 tasks, 1 limiter, calls/s | (a) client CPU µs / call "
+        "| (b) 64 tasks, 10 000 limiters, calls/s | (b) client CPU µs / call "
+        "| (c) 1 task p50 / p99 µs |",
+        "|---|--:|--:|--:|--:|--:|",
+    ]
+    for _, label, _ in variants:
+        single, many = median(label, "single"), median(label, "many")
+        p50, p99 = median(label, "p50"), median(label, "p99")
+        cpu_single, cpu_many = median(label, "cpu_single"), median(label, "cpu_many")
+        lines.append(
+            f"| {label} | {single:,.0f} ({single / median(base, 'single'):.3f}x) "
+            f"| {cpu_single:.2f} ({cpu_single / median(base, 'cpu_single'):.3f}x) "
+            f"| {many:,.0f} ({many / median(base, 'many'):.3f}x) "
+            f"| {cpu_many:.2f} ({cpu_many / median(base, 'cpu_many'):.3f}x) "
+            f"| {p50:,.0f} / {p99:,.0f} ({median(base, 'p50') / p50:.3f}x) |"
+        )
+    counted = [r.get("counted", 0) for r in results[OBSERVED[1]]]
+    lines.append("")
+    lines.append(
+        "Every round's calls, per variant: "
+        + "; ".join(
+            f"{label}: (a) "
+            + ", ".join(f"{r['single']:,.0f}" for r in results[label])
+            + " / (b) "
+            + ", ".join(f"{r['many']:,.0f}" for r in results[label])
+            for _, label, _ in variants
+        )
+        + f". Requests the adapter counted per round: {', '.join(f'{c:,}' for c in counted)}."
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per (a)/(b) run (3)")
@@ -399,7 +509,22 @@ def main() -> None:
     parser.add_argument("--only", action="append", help="run only this contender (repeatable)")
     parser.add_argument("--no-soak", action="store_true", help="skip the soak-tool row")
     parser.add_argument("--write", type=Path, metavar="FILE", help="replace the table in FILE")
+    parser.add_argument("--otel", action="store_true", help="the cost of observing, aiolimit alone")
+    parser.add_argument(
+        "--baseline", type=Path, metavar="DIR", help="with --otel: an older checkout"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="with --otel: rounds (3)")
+    parser.add_argument("--variant", choices=["none", "otel"], help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.variant:  # one round of --otel, in a process of its own
+        print(json.dumps(observed_round(args.variant, args.url, args.duration, args.latency)))
+        return
+    if args.otel:
+        if args.quick:
+            args.duration, args.latency = 1.0, 0.7
+        print(observing_cost(args))
+        return
     if args.quick:
         args.duration, args.latency, args.saturation = 1.0, 0.7, 3.0
     command = "python benchmarks/run.py " + " ".join(sys.argv[1:])
@@ -413,9 +538,9 @@ def main() -> None:
         for row in rows:
             name = row.contender.name
             flush(url)
-            row.single, refused = asyncio.run(throughput(row.contender, url, 1, args.duration))
+            row.single, refused, _ = asyncio.run(throughput(row.contender, url, 1, args.duration))
             flush(url)
-            row.many, refused_many = asyncio.run(
+            row.many, refused_many, _ = asyncio.run(
                 throughput(row.contender, url, MANY, args.duration)
             )
             row.refused = refused + refused_many

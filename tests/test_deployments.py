@@ -164,7 +164,7 @@ ACL_RULES = (
     "+evalsha +eval +hgetall +zrange +persist "
     "+time +get +set +del +unlink +exists +rename +type +hmget +hset +hdel +pexpire +pttl "
     "+zadd +zcard +zcount +zscore +zrangebyscore +zrevrangebyscore +zrem +zremrangebyrank "
-    "+zremrangebyscore"
+    "+zremrangebyscore +scan +memory|usage"
 )
 
 

@@ -8,18 +8,22 @@ connection, and, with a :class:`Batch`, how several requests for it share one ca
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
+from ... import _observe
 from ...errors import BackendError, InvalidArgumentError
-from ._compat import ANY, LOST, NO_SCRIPT, is_cluster, slot
+from ._compat import ANY, LOST, NO_SCRIPT, UNREACHABLE, is_cluster, slot
 
 __all__ = ["Batch", "Coalescer", "Key", "Operation", "Request", "coalescer"]
 
 Key = str | bytes
+
+log = logging.getLogger("aiolimit")
 
 # Pauses before sending a round trip again after a lost connection: at once (a killed
 # connection), then long enough to ride out a server restart of a few hundred ms.
@@ -166,7 +170,16 @@ class Coalescer:
     after that many seconds.
     """
 
-    __slots__ = ("__weakref__", "_cluster", "_pumps", "_queue", "_redis", "_timer", "_waiting")
+    __slots__ = (
+        "__weakref__",
+        "_cluster",
+        "_down",
+        "_pumps",
+        "_queue",
+        "_redis",
+        "_timer",
+        "_waiting",
+    )
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
@@ -177,6 +190,9 @@ class Coalescer:
         # far cheaper than a timer per call (replies mostly come in the order calls went out).
         self._waiting: deque[tuple[float, asyncio.Future[Any], Operation, float]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        # While Redis is unreachable: when that was first seen, and the requests failed since
+        # (an outage is logged once when it starts and once when it ends).
+        self._down: tuple[float, int] | None = None
 
     async def call(
         self,
@@ -267,6 +283,9 @@ class Coalescer:
         first_failure: float | None = None
         for pause in (*_RECONNECT_PAUSES, None):
             sent = loop.time()
+            observer = _observe.current
+            if observer is not None:
+                observer.round_trip(sum(len(call.requests) for call in calls))
             try:
                 replies = await self._round_trip(calls)
             except LOST as exc:
@@ -285,21 +304,50 @@ class Coalescer:
                     calls = [call for call in calls if call.operation.resend]
                     if not calls:
                         return
+                    log.debug(
+                        "connection to Redis lost (%s): sending %d calls again", exc, len(calls)
+                    )
                     await asyncio.sleep(pause)
                     continue
                 error: BaseException = exc
             except BaseException as exc:
                 error = exc
             else:
+                if self._down is not None:
+                    self._recovered(loop.time())
                 for call, reply in zip(calls, replies, strict=True):
                     call.settle(reply)
                 return
             # The whole round trip failed: every caller in it gets the error.
+            if isinstance(error, UNREACHABLE):
+                self._unreachable(error, sum(len(call.requests) for call in calls), loop.time())
             for call in calls:
                 call.settle(error)
             if not isinstance(error, Exception):
                 raise error
             return
+
+    def _unreachable(self, error: BaseException, requests: int, now: float) -> None:
+        """Logs the first failure of an outage (later ones only count)."""
+        if self._down is None:
+            self._down = (now, requests)
+            log.warning(
+                "Redis at %s is unreachable (%s); calls raise BackendError until it answers again",
+                _where(self._redis),
+                error,
+            )
+        else:
+            self._down = (self._down[0], self._down[1] + requests)
+
+    def _recovered(self, now: float) -> None:
+        assert self._down is not None
+        (since, failed), self._down = self._down, None
+        log.warning(
+            "Redis at %s answers again after %.1f s unreachable (%d requests failed)",
+            _where(self._redis),
+            now - since,
+            failed,
+        )
 
     async def _round_trip(self, calls: list[_Call]) -> list[Any]:
         if len(calls) == 1:
@@ -309,6 +357,7 @@ class Coalescer:
                     return [await self._redis.execute_command(*call.command())]
                 except NO_SCRIPT:
                     # The script cache was flushed (or this node never saw it): load it again.
+                    log.debug("NOSCRIPT: sending %s again with its source", call.operation.what)
                     return [await self._redis.execute_command(*call.command(load=True))]
             except LOST:
                 raise
@@ -322,6 +371,7 @@ class Coalescer:
             retry = [i for i, r in enumerate(replies) if isinstance(r, NO_SCRIPT)]
             if not retry:
                 break
+            log.debug("NOSCRIPT: sending %d calls of a pipeline again with sources", len(retry))
             loaded: set[tuple[str, int | None]] = set()
             loads = []
             for i in retry:
@@ -341,6 +391,16 @@ class Coalescer:
             # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
             pipe.execute_command(*call.command(load))
         return list(await pipe.execute(raise_on_error=False))
+
+
+def _where(redis: Any) -> str:
+    """Where a client connects, to name it in a log line: host:port, or the client."""
+    kwargs = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", None)
+    if isinstance(kwargs, dict) and "host" in kwargs:
+        return f"{kwargs['host']}:{kwargs.get('port', 6379)}"
+    if isinstance(kwargs, dict) and "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return type(redis).__name__
 
 
 # One coalescer per Redis client object, shared by every backend on that client.

@@ -1,0 +1,74 @@
+"""Observing limiters: one process-wide observer, attached with :func:`observe`.
+
+>>> class Grants(aiolimit.Observer):
+...     def __init__(self):
+...         self.by_name = collections.Counter()
+...     def granted(self, name, permits, waited):
+...         self.by_name[name] += permits
+>>> aiolimit.observe(Grants())
+>>> aiolimit.observe(None)           # detaches it
+
+The OpenTelemetry adapter is one such observer: ``aiolimit.observe(OpenTelemetryObserver())``
+(``aiolimit.otel``, extra ``aiolimit[otel]``).
+
+Why one observer for the whole process, not one per backend or limiter: limiters are cheap
+objects made wherever convenient (a ``PER_CLIENT`` caller may make one per user), and a
+process's round trips are shared by every backend on a Redis client; one attachment point
+sees all of it, and the hot path pays one attribute read (``_observe.current``) when nothing
+is attached. Limiters report under their own name (a ``ShardedRateLimiter`` under its name,
+not its shards'); client ids are never reported.
+
+An observer's methods run inline, on the event loop, in the call they report: they must be
+quick (count into a dict; export later) and must not raise (an exception reaches the
+caller). Subclass :class:`Observer` and override what you need: methods added to it later
+will have no-op defaults, so a subclass keeps working.
+"""
+
+from __future__ import annotations
+
+from .errors import InvalidArgumentError, LimiterError
+
+__all__ = ["Observer", "observe"]
+
+
+class Observer:
+    """What limiters report as they work; every method does nothing here."""
+
+    __slots__ = ()
+
+    def granted(self, name: str, permits: int, waited: float) -> None:
+        """``permits`` were granted to a caller of limiter ``name``. ``waited``: the seconds
+        a caller given a reservation slept until its slot (0.0: granted at once)."""
+
+    def refused(self, name: str, permits: int) -> None:
+        """A request for ``permits`` could not be granted within its timeout."""
+
+    def failed(self, name: str, permits: int, error: LimiterError) -> None:
+        """A request raised ``error`` (``BackendError``: the store failed;
+        ``NotConfiguredError``; ``InvalidArgumentError``: permits above the rate)."""
+
+    def queued(self, name: str, change: int) -> None:
+        """A caller in this process started (+1) or stopped (-1: served or cancelled)
+        waiting for a reservation: the sum is the reservations waiting here now."""
+
+    def round_trip(self, requests: int) -> None:
+        """One round trip to Redis carried ``requests`` callers' requests (of any limiters:
+        concurrent calls share round trips, so these are not per limiter). A round trip
+        sent again after a lost connection counts again."""
+
+
+current: Observer | None = None
+"""The attached observer (read on the hot path; set it with :func:`observe`)."""
+
+
+def observe(observer: Observer | None) -> Observer | None:
+    """Attaches ``observer`` to every limiter and Redis backend of this process, replacing
+    the one attached before (returned); ``None`` detaches it. To feed two, attach one that
+    calls both."""
+    global current
+    if observer is not None and not isinstance(observer, Observer):
+        raise InvalidArgumentError(
+            f"observer must be an aiolimit.Observer or None, not {type(observer).__name__}"
+        )
+    previous, current = current, observer
+    return previous

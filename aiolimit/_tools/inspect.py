@@ -1,0 +1,335 @@
+"""Looking inside live limiters on a Redis server: the one place that reads their keys for
+the command line (``aiolimit inspect``, ``list``, ``watch``).
+
+Key names come from ``Keys`` (README, "Redis layout"), the config from
+``RedisBackend.get_config`` and permits available from ``available_permits``, so this keeps
+reading correctly whatever the scripts store; what it reads directly (the value key, the
+permits ZSET, the clients registry) it reads defensively: state it cannot read counts as
+none. Every command here is read-only, and in the README's least-privilege ACL line.
+
+>>> snapshot = await inspect_limiter(backend, "partner-api")
+>>> async for name in limiter_names(backend, "partner-*"): ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .._types import RateLimiterConfig, RateType
+from ..backends._protocol import parse_member, parse_value
+from ..backends.redis import RedisBackend
+from ..backends.redis._compat import is_cluster
+
+__all__ = [
+    "Budget",
+    "Client",
+    "Reservations",
+    "Snapshot",
+    "inspect_limiter",
+    "limiter_names",
+    "unescape_tag",
+]
+
+CLIENTS_READ = 1000
+"""PER_CLIENT clients read at most (the most recent in the registry)."""
+_RESERVATIONS_READ = 10_000  # reservations whose permits are summed, at most
+_UNESCAPE = re.compile(r"%(25|7B|7D|00)")
+_UNESCAPED = {"25": "%", "7B": "{", "7D": "}", "00": "\x00"}
+
+
+def unescape_tag(tag: str) -> str:
+    """A name as ``escape_tag`` wrote it inside ``{...}``, back as the name."""
+    return _UNESCAPE.sub(lambda match: _UNESCAPED[match[1]], tag)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Reservations:
+    """Grants scored after now: callers (in any process) sleeping until their slot."""
+
+    count: int = 0
+    permits: int = 0
+    furthest_s: float = 0.0
+    """How far ahead the last reserved slot starts, in seconds."""
+    partial: bool = False
+    """More than could be summed: ``permits`` counts only the first ones."""
+
+
+@dataclass
+class Budget:
+    """One budget's state: the limiter's (OVERALL) or one client's (PER_CLIENT)."""
+
+    grants: int = 0
+    """Grants made since the config's generation began (the value key's sequence number)."""
+    reservations: Reservations = field(default_factory=Reservations)
+
+
+@dataclass
+class Client:
+    """A PER_CLIENT client, as ``inspect`` shows it."""
+
+    client_id: str
+    available: int
+    reserved: int
+    grants: int
+    last_grant_ago_s: float
+
+
+@dataclass
+class Snapshot:
+    """What ``aiolimit inspect`` shows, read at one moment (``now_us``, the server's TIME)."""
+
+    name: str
+    config: RateLimiterConfig
+    now_us: int
+    ttl_s: float | None
+    """Seconds until the config expires (``keep_alive`` or ``expire()``); None: never."""
+    available: int | None
+    """Permits a request could take now (OVERALL; None for PER_CLIENT: each client's own)."""
+    budget: Budget
+    """The OVERALL budget, or the PER_CLIENT clients' summed."""
+    clients_registered: int = 0
+    clients_read: int = 0
+    clients_with_state: int = 0
+    busiest: list[Client] = field(default_factory=list)
+    memory_bytes: int | None = None
+    """MEMORY USAGE summed over the keys read (None: the server refused MEMORY USAGE)."""
+    memory_keys: int = 0
+    slot: int = 0
+    node: str = ""
+
+    @property
+    def per_client(self) -> bool:
+        return self.config.rate_type is RateType.PER_CLIENT
+
+    @property
+    def in_window(self) -> int | None:
+        """Permits taken of the tightest rate (granted in its window, reservations
+        included; the rate itself once none is left); None for PER_CLIENT."""
+        if self.available is None:
+            return None
+        return self.config.max_permits - self.available
+
+    def as_json(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "name": self.name,
+            "config": {
+                "rates": [str(rate) for rate in config.rates],
+                "algorithm": config.algorithm.value,
+                "type": config.rate_type.value,
+                "keep_alive_s": config.keep_alive and config.keep_alive.total_seconds(),
+                "min_spacing_s": config.min_spacing and config.min_spacing.total_seconds(),
+                "expires_in_s": self.ttl_s,
+            },
+            "available": self.available,
+            "grants": self.budget.grants,
+            "reservations": {
+                "count": self.budget.reservations.count,
+                "permits": self.budget.reservations.permits,
+                "furthest_s": self.budget.reservations.furthest_s,
+            },
+            "clients": None
+            if not self.per_client
+            else {
+                "registered": self.clients_registered,
+                "read": self.clients_read,
+                "with_state": self.clients_with_state,
+                "busiest": [vars(client) for client in self.busiest],
+            },
+            "memory": {"bytes": self.memory_bytes, "keys": self.memory_keys},
+            "slot": self.slot,
+            "node": self.node,
+        }
+
+
+async def limiter_names(backend: RedisBackend, pattern: str = "*") -> AsyncIterator[str]:
+    """The names of the limiters with a config, matching the glob ``pattern``: SCAN over
+    config keys (never KEYS, which blocks the server), so a name may come twice if the
+    keyspace is resized meanwhile; sorted callers dedupe."""
+    redis = backend.redis
+    prefix = backend.keys("x").tag[: -len("{x}")]  # the prefix, as Keys writes it
+    match = f"{_glob_escape(prefix)}{{{pattern}}}:config"
+    async for key in redis.scan_iter(match=match, count=1000):
+        text = _text(key)
+        tag = text[len(prefix) :]
+        if tag.startswith("{") and tag.endswith("}:config"):
+            yield unescape_tag(tag[1 : -len("}:config")])
+
+
+def _glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+async def inspect_limiter(
+    backend: RedisBackend, name: str, *, clients: int = CLIENTS_READ, busiest: int = 5
+) -> Snapshot | None:
+    """Everything ``aiolimit inspect`` shows about ``name``; None when it has no config."""
+    config = await backend.get_config(name)
+    if config is None:
+        return None
+    redis = backend.redis
+    keys = backend.keys(name)
+    seconds, micros = await redis.time()
+    now_us = int(seconds) * 1_000_000 + int(micros)
+    (gen,), ttl_ms = await asyncio.gather(redis.hmget(keys.config, "gen"), redis.pttl(keys.config))
+    gen = _text(gen) if gen is not None else "-"
+    snapshot = Snapshot(
+        name=name,
+        config=config,
+        now_us=now_us,
+        ttl_s=ttl_ms / 1000 if ttl_ms is not None and ttl_ms >= 0 else None,
+        available=None,
+        budget=Budget(),
+        slot=backend.slot(name),
+        node=_node(redis, keys.config),
+    )
+    memory_keys = [keys.config]
+    if config.rate_type is RateType.OVERALL:
+        snapshot.available = await backend.available_permits(name)
+        snapshot.budget = await _budget(redis, keys.value, keys.permits, gen, now_us)
+        memory_keys += [keys.value, keys.permits]
+    else:
+        read = await _clients(backend, snapshot, gen, clients, busiest)
+        memory_keys += [keys.registry, *keys.clients(read)]
+    snapshot.memory_bytes, snapshot.memory_keys = await _memory(redis, memory_keys)
+    return snapshot
+
+
+async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConfig) -> Budget:
+    """The grants and reservations of a limiter now (PER_CLIENT: its clients' summed, over
+    the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``."""
+    redis = backend.redis
+    keys = backend.keys(name)
+    seconds, micros = await redis.time()
+    now_us = int(seconds) * 1_000_000 + int(micros)
+    (gen,) = await redis.hmget(keys.config, "gen")
+    gen = _text(gen) if gen is not None else "-"
+    if config.rate_type is RateType.OVERALL:
+        return await _budget(redis, keys.value, keys.permits, gen, now_us)
+    ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
+    budgets = await asyncio.gather(
+        *(_budget(redis, keys.client_value(c), keys.client_permits(c), gen, now_us) for c, _ in ids)
+    )
+    total = Budget()
+    for budget in budgets:
+        total.grants += budget.grants
+        _add(total.reservations, budget.reservations)
+    return total
+
+
+def _add(total: Reservations, more: Reservations) -> None:
+    total.count += more.count
+    total.permits += more.permits
+    total.furthest_s = max(total.furthest_s, more.furthest_s)
+    total.partial = total.partial or more.partial
+
+
+async def _budget(redis: Any, value_key: str, permits_key: str, gen: str, now_us: int) -> Budget:
+    """A budget's grant count (its value key) and reservations (its permits ZSET, members
+    scored after now); state of another generation is dead, so counts as none."""
+    raw = await redis.get(value_key)
+    if raw is None:
+        return Budget()
+    try:
+        state_gen, _used, seq, _cursor = parse_value(_text(raw))
+    except ValueError:
+        return Budget()  # a value this version cannot read: not counted
+    if state_gen != gen:
+        return Budget()
+    budget = Budget(grants=seq)
+    ahead = budget.reservations
+    ahead.count = int(await redis.zcount(permits_key, f"({now_us}", "+inf"))
+    if ahead.count:
+        reserved = await redis.zrangebyscore(
+            permits_key, f"({now_us}", "+inf", start=0, num=_RESERVATIONS_READ, withscores=True
+        )
+        for member, score in reserved:
+            try:
+                ahead.permits += parse_member(_text(member))[0]
+            except ValueError:
+                continue
+            ahead.furthest_s = max(ahead.furthest_s, (score - now_us) / 1e6)
+        ahead.partial = ahead.count > len(reserved)
+    return budget
+
+
+async def _recent_clients(redis: Any, registry: str, most: int) -> list[tuple[str, float]]:
+    """The ``most`` clients with the latest grants: (client id, latest grant in µs)."""
+    # ZRANGE by rank from the end (not ZREVRANGE): in the least-privilege ACL line.
+    reply = list(await redis.execute_command("ZRANGE", registry, -most, -1, "WITHSCORES"))
+    if reply and isinstance(reply[0], (list, tuple)):  # RESP3: pairs
+        reply = [item for pair in reply for item in pair]
+    return [
+        (_text(client), float(score)) for client, score in zip(reply[::2], reply[1::2], strict=True)
+    ]
+
+
+async def _clients(
+    backend: RedisBackend, snapshot: Snapshot, gen: str, most: int, busiest: int
+) -> list[str]:
+    """Reads the ``most`` most recent clients into ``snapshot``; returns their ids."""
+    redis = backend.redis
+    name = snapshot.name
+    keys = backend.keys(name)
+    snapshot.clients_registered = int(await redis.zcard(keys.registry))
+    recent = await _recent_clients(redis, keys.registry, most)
+    snapshot.clients_read = len(recent)
+    ids = [client for client, _ in recent]
+    budgets, available = await asyncio.gather(
+        asyncio.gather(
+            *(
+                _budget(redis, keys.client_value(c), keys.client_permits(c), gen, snapshot.now_us)
+                for c in ids
+            )
+        ),
+        asyncio.gather(*(backend.with_client(c).available_permits(name) for c in ids)),
+    )
+    rows = []
+    for (client, last_us), budget, left in zip(recent, budgets, available, strict=True):
+        snapshot.budget.grants += budget.grants
+        _add(snapshot.budget.reservations, budget.reservations)
+        if budget.grants:
+            snapshot.clients_with_state += 1
+            rows.append(
+                Client(
+                    client,
+                    left,
+                    budget.reservations.permits,
+                    budget.grants,
+                    max(0.0, (snapshot.now_us - last_us) / 1e6),
+                )
+            )
+    rows.sort(key=lambda row: (row.available - row.reserved, -row.grants))
+    snapshot.busiest = rows[:busiest]
+    return ids
+
+
+async def _memory(redis: Any, keys: list[str]) -> tuple[int | None, int]:
+    """MEMORY USAGE summed over the keys that exist, and how many do; None when refused."""
+    try:
+        sizes = await asyncio.gather(*(redis.memory_usage(key) for key in keys))
+    except ResponseError:  # NOPERM: a user without +memory|usage; or a server without it
+        return None, 0
+    present = [size for size in sizes if size is not None]
+    return sum(present), len(present)
+
+
+def _node(redis: Any, key: str) -> str:
+    """host:port of the server holding ``key``."""
+    if is_cluster(redis):
+        node = redis.get_node_from_key(key)
+        return f"{node.host}:{node.port}"
+    kwargs = redis.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"

@@ -1,0 +1,382 @@
+"""``aiolimit inspect``, ``list``, ``set-rate``, ``delete`` and ``watch`` against a real
+redis-server: what they print, their exit codes, and the least-privilege ACL user.
+
+State is made through the library first (reservations straight from ``Backend.try_acquire``,
+which reserves without sleeping), then the command runs in this process through
+``cli.main`` (stdout captured), or as a subprocess where stderr and tracebacks matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+import redis as sync_redis
+from redis.asyncio import Redis
+
+from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit._tools import LocalRedis, cli, free_port
+from aiolimit.backends.base import Grant
+
+T = TypeVar("T")
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def on_server(url: str, work: Callable[[RedisBackend], Awaitable[T]]) -> T:
+    """Runs ``work`` on a backend of the server at ``url``, in an event loop of its own."""
+
+    async def run() -> T:
+        redis = Redis.from_url(url)
+        try:
+            return await work(RedisBackend(redis))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def aiolimit(capsys: pytest.CaptureFixture[str], url: str, *args: str) -> tuple[int, str, str]:
+    code = cli.main([*args, "--redis", url])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def field(out: str, label: str) -> str:
+    (line,) = [line for line in out.splitlines() if line.startswith(f"{label} ")]
+    return line[len(label) :].strip()
+
+
+@pytest.fixture
+def url(redis_server: LocalRedis) -> str:
+    return redis_server.url
+
+
+# -- inspect ------------------------------------------------------------------------------------
+
+
+async def _full_with_a_reservation(backend: RedisBackend, name: str) -> Grant:
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(RateType.OVERALL, 10, 60)
+    assert await limiter.try_acquire(10)
+    reserved = await backend.try_acquire(name, 3, None)  # starts in about 60 s; no sleep
+    assert isinstance(reserved, Grant) and reserved.starts_in > 59_000_000
+    assert await limiter.expire(300)
+    return reserved
+
+
+def test_inspect_shows_config_permits_reservations_memory_and_slot(capsys, url, name):
+    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    code, out, err = aiolimit(capsys, url, "inspect", name)
+    assert (code, err) == (0, "")
+    assert field(out, "limiter") == name
+    assert field(out, "rates") == "10/minute (SLIDING_WINDOW, OVERALL)"
+    assert field(out, "keep_alive") == "none"
+    expires = float(re.fullmatch(r"in (\d+) s", field(out, "expires"))[1])  # type: ignore[index]
+    assert 295 <= expires <= 300
+    assert field(out, "available") == "0 of 10 permits now"
+    assert field(out, "in window") == "10 of 10 permits taken"
+    queued = re.fullmatch(
+        r"1 waiting \(3 permits\), the furthest starts in ([\d.]+) s", field(out, "reservations")
+    )
+    assert queued is not None and 58 <= float(queued[1]) <= 60
+    assert field(out, "grants") == "2 since the state began"
+    memory = re.fullmatch(r"(\d+) B in 3 keys", field(out, "memory"))
+    assert memory is not None and int(memory[1]) > 0
+    slot = on_server(url, lambda backend: _slot(backend, name))
+    port = url.rsplit(":", 1)[1]
+    assert field(out, "slot") == f"{slot} on 127.0.0.1:{port}"
+
+
+async def _slot(backend: RedisBackend, name: str) -> int:
+    return backend.slot(name)
+
+
+def test_inspect_json_carries_the_same_figures(capsys, url, name):
+    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["config"]["rates"] == ["10/minute"]
+    assert shown["config"]["type"] == "OVERALL"
+    assert shown["available"] == 0
+    assert shown["grants"] == 2
+    assert shown["reservations"]["count"] == 1
+    assert shown["reservations"]["permits"] == 3
+    assert 58 <= shown["reservations"]["furthest_s"] <= 60
+    assert shown["memory"]["keys"] == 3 and shown["memory"]["bytes"] > 0
+    assert shown["clients"] is None
+
+
+async def _three_clients(backend: RedisBackend, name: str) -> None:
+    await RateLimiter(name, backend).set_rate(RateType.PER_CLIENT, 3, 60)
+    for client, grants in (("bob", 1), ("alice", 3), ("carol", 2)):
+        limiter = RateLimiter(name, backend.with_client(client))
+        for _ in range(grants):
+            assert await limiter.try_acquire()
+
+
+def test_inspect_per_client_lists_the_busiest_clients_first(capsys, url, name):
+    on_server(url, lambda backend: _three_clients(backend, name))
+    code, out, _ = aiolimit(capsys, url, "inspect", name)
+    assert code == 0
+    assert field(out, "clients") == "3 in the registry, 3 read, 3 with state"
+    assert field(out, "grants") == "6 since the state began"
+    assert "available now" not in out  # each client has its own budget
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("busiest"))
+    rows = [line.split()[:4] for line in lines[header + 1 : header + 4]]
+    assert rows == [["alice", "0", "0", "3"], ["carol", "1", "0", "2"], ["bob", "2", "0", "1"]]
+    assert re.search(r"memory +\d+(\.\d)? (B|KiB) in 8 keys", out)  # config, registry, 3 x 2
+
+
+# -- list ---------------------------------------------------------------------------------------
+
+
+def test_list_scans_config_keys_never_keys_and_reads_odd_names(capsys, url):
+    prefix = f"list{free_port()}:"
+
+    async def make(backend: RedisBackend) -> None:
+        backend = RedisBackend(backend.redis, prefix=prefix)
+        for limiter_name, rate in (("api", 5), ("api {v2}", 7), ("100%", 9), ("other", 1)):
+            await RateLimiter(limiter_name, backend).set_rate(RateType.OVERALL, rate, 1)
+
+    on_server(url, make)
+    with sync_redis.Redis.from_url(url) as admin:
+        admin.config_resetstat()
+    code, out, _ = aiolimit(capsys, url, "list", "--prefix", prefix)
+    assert code == 0
+    assert [line.split("  ")[0].strip() for line in out.splitlines()] == [
+        "100%",
+        "api",
+        "api {v2}",
+        "other",
+    ]
+    assert "api {v2}  7/second  SLIDING_WINDOW  OVERALL" in out
+    code, out, _ = aiolimit(capsys, url, "list", "api*", "--prefix", prefix)
+    assert [line.split("  ")[0].strip() for line in out.splitlines()] == ["api", "api {v2}"]
+    with sync_redis.Redis.from_url(url) as admin:
+        stats = admin.info("commandstats")
+    assert "cmdstat_scan" in stats
+    assert "cmdstat_keys" not in stats
+
+
+# -- set-rate, delete ---------------------------------------------------------------------------
+
+
+def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, name):
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "5/second")
+    assert (code, out) == (0, f"{name}: 5/second (SLIDING_WINDOW, OVERALL)\n")
+
+    async def take_three(backend: RedisBackend) -> None:
+        assert await RateLimiter(name, backend).try_acquire(3)
+
+    async def available(backend: RedisBackend) -> int:
+        return await RateLimiter(name, backend).available_permits()
+
+    on_server(url, take_three)
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20 / minute", "--keep-state")
+    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL), state kept\n")
+    assert on_server(url, available) == 17
+    code, _, _ = aiolimit(capsys, url, "set-rate", name, "20/minute")
+    assert code == 0
+    assert on_server(url, available) == 20
+
+
+def test_set_rate_keeps_the_limiter_s_rate_type_unless_told(capsys, url, name):
+    assert aiolimit(capsys, url, "set-rate", name, "3/hour", "--type", "per_client")[0] == 0
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "4/hour", "--keep-alive", "7200")
+    assert (code, out) == (0, f"{name}: 4/hour (SLIDING_WINDOW, PER_CLIENT, keep_alive 7,200 s)\n")
+    code, out, _ = aiolimit(capsys, url, "inspect", name)
+    assert field(out, "keep_alive") == "7,200 s"
+
+
+def test_delete_removes_the_limiter_and_a_second_delete_is_an_error(capsys, url, name):
+    assert aiolimit(capsys, url, "set-rate", name, "1/second")[0] == 0
+    assert aiolimit(capsys, url, "delete", name)[:2] == (0, f"deleted {name}\n")
+    code, out, err = aiolimit(capsys, url, "delete", name)
+    assert (code, out) == (2, "")
+    assert err == f"aiolimit delete: error: no limiter {name!r} on {url} (prefix 'aiolimit:')\n"
+
+
+# -- watch --------------------------------------------------------------------------------------
+
+
+WATCH_LINE = re.compile(
+    r"\d\d:\d\d:\d\d  +(?P<rate>-|\d+\.\d) grants/s  window +(?P<taken>\d+)/(?P<rate_of>\d+) "
+    r"\[(?P<bar>[#-]{20})\]  queued (?P<queued>\d+)(?: \(\+(?P<ahead>[\d.]+) s\))?"
+)
+
+
+def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
+    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.05")
+    assert (code, err) == (0, "")
+    assert "\x1b" not in out and "\r" not in out
+    lines = out.splitlines()
+    assert len(lines) == 3
+    seen = [WATCH_LINE.fullmatch(line) for line in lines]
+    assert all(seen), lines
+    first, *later = seen
+    assert first is not None and first["rate"] == "-"  # no earlier reading to compare with
+    for match in later:
+        assert match is not None and match["rate"] == "0.0"  # no grants meanwhile
+    for match in seen:
+        assert match is not None
+        assert (match["taken"], match["rate_of"], match["bar"]) == ("10", "10", "#" * 20)
+        assert match["queued"] == "1" and 58 <= float(match["ahead"]) <= 60
+
+
+def test_watch_counts_grants_per_second(capsys, url, name):
+    async def grant_between_ticks(backend: RedisBackend) -> int:
+        limiter = RateLimiter(name, backend)
+        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        watcher = asyncio.create_task(
+            asyncio.to_thread(cli.main, ["watch", name, "--count", "2", "--redis", url])
+        )
+        await asyncio.sleep(0.5)  # the first tick is at once; the second 1 s later
+        assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
+        return await watcher
+
+    assert on_server(url, grant_between_ticks) == 0
+    lines = capsys.readouterr().out.splitlines()
+    second = WATCH_LINE.fullmatch(lines[1])
+    assert second is not None
+    assert 30 <= float(second["rate"]) <= 41  # 40 grants in one tick of 1 s and a bit
+    assert second["taken"] == "40"
+
+
+def test_watch_on_a_tty_redraws_one_line(monkeypatch, url, name):
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1))
+    assert cli.main(["watch", name, "--count", "2", "--interval", "0.05", "--redis", url]) == 0
+    shown = terminal.getvalue()
+    assert shown.count("\r\x1b[K") == 2
+    assert shown.endswith("\n") and shown.count("\n") == 1
+
+
+# -- errors -------------------------------------------------------------------------------------
+
+
+def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aiolimit", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["inspect", "no-such-limiter"], "aiolimit inspect: error: no limiter 'no-such-limiter'"),
+        (["watch", "no-such-limiter"], "aiolimit watch: error: no limiter 'no-such-limiter'"),
+        (["set-rate", "x", "10/fortnight"], "cannot read the rate '10/fortnight'"),
+        (["set-rate", "x", "0/second"], "permits must be an int from 1"),
+        (["set-rate", "x", "1/second", "--algorithm", "leaky"], "expected one of sliding_window"),
+        (["watch", "x", "--count", "0"], "argument --count: must be at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_on_stderr_and_exit_code_2(url, args, message):
+    result = run_command(*args, "--redis", url)
+    assert result.returncode == 2
+    assert message in result.stderr
+    # one line says what is wrong (argparse puts its usage before it)
+    (said,) = [line for line in result.stderr.splitlines() if f"aiolimit {args[0]}: error:" in line]
+    assert message in said
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("command", [["inspect", "x"], ["list"], ["watch", "x"], ["delete", "x"]])
+def test_an_unreachable_server_is_one_line_and_exit_code_2(command):
+    url = f"redis://:secret@127.0.0.1:{free_port()}"
+    result = run_command(*command, "--redis", url)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"aiolimit {command[0]}: error: cannot reach Redis at redis://:***@")
+    assert "secret" not in result.stderr
+
+
+def test_the_server_comes_from_aiolimit_redis_url_unless_given(url, name):
+    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 2, 1))
+    result = run_command("list", name, env={"AIOLIMIT_REDIS_URL": url})
+    assert (result.returncode, result.stdout) == (0, f"{name}  2/second  SLIDING_WINDOW  OVERALL\n")
+    result = run_command("list", env={"AIOLIMIT_REDIS_URL": ""})
+    assert result.returncode == 2
+    assert result.stderr == (
+        "aiolimit list: error: no Redis server: pass --redis URL or set AIOLIMIT_REDIS_URL\n"
+    )
+
+
+def test_there_is_no_block_command():
+    result = run_command("block", "x", "10")
+    assert result.returncode == 2
+    assert "invalid choice: 'block'" in result.stderr
+
+
+# -- the least-privilege ACL user ---------------------------------------------------------------
+
+
+def readme_acl_rules() -> list[str]:
+    lines = README.read_text().splitlines()
+    (line,) = [acl for acl in lines if acl.startswith("ACL SETUSER limiter")]
+    return line.removeprefix("ACL SETUSER limiter ").replace(">PASSWORD", ">s3cret").split()
+
+
+@pytest.fixture(scope="module")
+def acl_url() -> Iterator[str]:
+    with LocalRedis() as server:
+        with sync_redis.Redis(port=server.port) as admin:
+            admin.execute_command("ACL", "SETUSER", "limiter", *readme_acl_rules())
+        yield f"redis://limiter:s3cret@127.0.0.1:{server.port}"
+
+
+def test_the_readme_s_acl_user_can_run_every_command(capsys, acl_url, name):
+    assert aiolimit(capsys, acl_url, "set-rate", name, "3/minute", "--type", "per_client")[0] == 0
+    on_server(acl_url, lambda backend: _three_clients(backend, f"{name}-clients"))
+    on_server(acl_url, lambda backend: _full_with_a_reservation(backend, name + "-full"))
+    for args in (
+        ["inspect", name + "-full"],
+        ["inspect", f"{name}-clients"],
+        ["inspect", name, "--json"],
+        ["list"],
+        ["watch", name + "-full", "--count", "2", "--interval", "0.05"],
+        ["delete", name],
+    ):
+        code, out, err = aiolimit(capsys, acl_url, *args)
+        assert (code, err) == (0, ""), args
+        assert "n/a" not in out, out  # MEMORY USAGE was allowed
+    code, out, _ = aiolimit(capsys, acl_url, "inspect", f"{name}-clients")
+    assert field(out, "clients") == "3 in the registry, 3 read, 3 with state"
+
+
+def test_without_the_readme_s_additions_list_and_memory_are_refused(capsys, name):
+    rules = [r for r in readme_acl_rules() if r not in ("+scan", "+memory|usage")]
+    with LocalRedis() as server:
+        with sync_redis.Redis(port=server.port) as admin:
+            admin.execute_command("ACL", "SETUSER", "limiter", *rules)
+        url = f"redis://limiter:s3cret@127.0.0.1:{server.port}"
+        assert aiolimit(capsys, url, "set-rate", name, "1/second")[0] == 0
+        code, out, _ = aiolimit(capsys, url, "inspect", name)
+        assert code == 0
+        assert field(out, "memory") == "n/a (MEMORY USAGE refused)"
+        code, _, err = aiolimit(capsys, url, "list")
+        assert code == 2
+        assert "refused a command" in err and "scan" in err
