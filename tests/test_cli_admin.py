@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import TypeVar
 
@@ -23,7 +24,7 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import LocalRedis, cli, free_port
 from aiolimit.backends.base import Grant
 
@@ -191,6 +192,26 @@ def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, n
     assert on_server(url, available) == 20
 
 
+def test_set_rate_writes_several_rates_an_algorithm_and_a_spacing(capsys, url, name):
+    code, out, err = aiolimit(
+        capsys, url, "set-rate", name, "10/second; 100/minute", "--algorithm", "token_bucket",
+        "--min-spacing", "0.05",
+    )  # fmt: skip
+    assert (code, err) == (0, ""), err
+    assert out.startswith(f"{name}: 10/second; 100/minute (TOKEN_BUCKET, OVERALL")
+
+    async def config(backend: RedisBackend) -> RateLimiterConfig | None:
+        return await RateLimiter(name, backend).get_config()
+
+    stored = on_server(url, config)
+    assert stored is not None
+    assert stored.rates == Rate.parse("10/second; 100/minute")
+    assert stored.algorithm is Algorithm.TOKEN_BUCKET
+    assert stored.min_spacing == timedelta(seconds=0.05)
+    code, out, _ = aiolimit(capsys, url, "inspect", name)
+    assert code == 0 and "10/second; 100/minute (TOKEN_BUCKET, OVERALL" in out, out
+
+
 def test_set_rate_keeps_the_limiter_s_rate_type_unless_told(capsys, url, name):
     assert aiolimit(capsys, url, "set-rate", name, "3/hour", "--type", "per_client")[0] == 0
     code, out, _ = aiolimit(capsys, url, "set-rate", name, "4/hour", "--keep-alive", "7200")
@@ -325,10 +346,23 @@ def test_the_server_comes_from_aiolimit_redis_url_unless_given(url, name):
     )
 
 
-def test_there_is_no_block_command():
-    result = run_command("block", "x", "10")
-    assert result.returncode == 2
-    assert "invalid choice: 'block'" in result.stderr
+def test_block_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
+    assert aiolimit(capsys, url, "set-rate", name, "5/second")[0] == 0
+    code, out, _ = aiolimit(capsys, url, "block", name, "30")
+    assert code == 0
+    assert re.fullmatch(rf"blocked {name}: no grant for (29|30) s\n", out), out
+
+    async def attempt(backend: RedisBackend) -> tuple[bool, float]:
+        limiter = RateLimiter(name, backend)
+        return await limiter.try_acquire(), await limiter.wait_time()
+
+    granted, wait = on_server(url, attempt)
+    assert not granted and 29 < wait <= 30
+    code, out, err = aiolimit(capsys, url, "block", name + "-none", "1")
+    assert (code, out) == (2, "")
+    assert err.startswith(f"aiolimit block: error: no limiter '{name}-none'")
+    result = run_command("block", name, "soon", "--redis", url)
+    assert result.returncode == 2 and "expected seconds, got 'soon'" in result.stderr
 
 
 # -- the least-privilege ACL user ---------------------------------------------------------------

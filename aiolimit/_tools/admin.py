@@ -1,12 +1,12 @@
 """Operating live limiters on a Redis server: ``aiolimit inspect``, ``list``, ``set-rate``,
-``delete`` and ``watch``. Each command's ``run`` returns the exit code: 0, 1 (``set-rate``: the
-server stored another config than the one asked for) or 2 (bad input, no such limiter, the
-server unreachable or refusing), with a one-line message on stderr and never a traceback.
+``delete``, ``block`` and ``watch``. Each command's ``run`` returns the exit code: 0, 1
+(``set-rate``: the server stored another config than the one asked for) or 2 (bad input, no
+such limiter, the server unreachable or refusing), with a one-line message on stderr and
+never a traceback.
 
 The server is ``--redis URL``, by default ``$AIOLIMIT_REDIS_URL``. What the commands read is
 read by ``inspect.py``; ``inspect``, ``list`` and ``watch`` only read, so they work as the
-README's least-privilege ACL user. There is no ``block`` command: there is no ``block``
-operation to run.
+README's least-privilege ACL user.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ..backends.redis import RedisBackend
-from ..errors import BackendError, LimiterError
+from ..errors import BackendError, LimiterError, NotConfiguredError
 from .demo import masked
 from .inspect import Snapshot, budget_state, inspect_limiter, limiter_names
 
-__all__ = ["DELETE", "INSPECT", "LIST", "SET_RATE", "WATCH", "Command"]
+__all__ = ["BLOCK", "DELETE", "INSPECT", "LIST", "SET_RATE", "WATCH", "Command"]
 
 URL_VARIABLE = "AIOLIMIT_REDIS_URL"
 _BAR_WIDTH = 20
@@ -186,8 +186,13 @@ def render(snapshot: Snapshot) -> list[str]:
     queued = f"{ahead.count} waiting ({ahead.permits}{'+' if ahead.partial else ''} permits)"
     if ahead.count:
         queued += f", the furthest starts in {_seconds(ahead.furthest_s)}"
-    lines.append(f"reservations  {queued}")
-    lines.append(f"grants        {snapshot.budget.grants} since the state began")
+    if snapshot.config.algorithm is Algorithm.SLIDING_WINDOW:
+        lines.append(f"reservations  {queued}")
+        lines.append(f"grants        {snapshot.budget.grants} since the state began")
+    else:  # a token bucket or fixed windows keep a few numbers, not a log of grants
+        kept = f"not kept ({snapshot.config.algorithm.value} keeps a few numbers, not a log)"
+        lines.append(f"reservations  {kept}")
+        lines.append(f"grants        {kept}")
     if snapshot.per_client:
         lines.append(
             f"clients       {snapshot.clients_registered} in the registry, "
@@ -334,6 +339,27 @@ async def _delete(args: argparse.Namespace, backend: RedisBackend) -> int:
     return 0
 
 
+# -- block ---------------------------------------------------------------------------------------
+
+
+def _block_arguments(parser: argparse.ArgumentParser) -> None:
+    _name_argument(parser)
+    parser.add_argument(
+        "seconds", type=_seconds_argument, help="no grant to anyone before this many seconds"
+    )
+
+
+async def _block(args: argparse.Namespace, backend: RedisBackend) -> int:
+    limiter = RateLimiter(args.name, backend)
+    try:
+        await limiter.block(args.seconds)
+    except NotConfiguredError:
+        raise _no_limiter(args) from None
+    left = await backend.block(args.name, None)
+    print(f"blocked {_shown(args.name)}: no grant for {_seconds(left / 1e6)}")
+    return 0
+
+
 # -- watch ---------------------------------------------------------------------------------------
 
 
@@ -421,4 +447,5 @@ INSPECT = _command("inspect", _inspect_arguments, _inspect)
 LIST = _command("list", _list_arguments, _list)
 SET_RATE = _command("set-rate", _set_rate_arguments, _set_rate)
 DELETE = _command("delete", _name_argument, _delete)
+BLOCK = _command("block", _block_arguments, _block)
 WATCH = _command("watch", _watch_arguments, _watch)

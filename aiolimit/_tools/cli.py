@@ -31,6 +31,7 @@ COMMANDS = {
         'change a limiter\'s rates: "10/second; 100/minute"',
     ),
     "delete": ("aiolimit._tools.admin:DELETE", "remove a limiter's config and state"),
+    "block": ("aiolimit._tools.admin:BLOCK", "no grant to anyone for SECONDS (every process)"),
     "watch": ("aiolimit._tools.admin:WATCH", "grants/s, the window and the queue, once a second"),
 }
 
