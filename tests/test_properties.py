@@ -1,6 +1,8 @@
 """Random operation sequences on the memory backend and on a real redis-server, driven by one
-fake clock: every result must agree, both must hold the same keys with the same TTLs, and no
-grant may push a sliding window over the rate.
+fake clock: every result must agree, both must hold the same keys with the same TTLs and the
+same state, and no grant may break its algorithm's bound in any of the limiter's rates, nor
+the minimum spacing (see ``Audit``). Every example draws an algorithm, sometimes several rates
+and sometimes a spacing.
 
 Both backends read the same controllable clock (``clock=`` a callable), so the Lua scripts
 and their Python twin see identical times. The clock moves forward, and also back (a client
@@ -40,9 +42,11 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 from aiolimit import (
+    Algorithm,
     InvalidArgumentError,
     MemoryBackend,
     NotConfiguredError,
+    Rate,
     RateLimiter,
     RateLimiterConfig,
     RateType,
@@ -59,16 +63,32 @@ FOREVER = math.inf
 MARK_MS = 10**10  # the TTL that parks a Redis key between operations (~115 days)
 _names = itertools.count()
 
-Config = tuple[RateType, int, int, float | None]  # (type, rate, interval_us, keep_alive x)
+# (type, rate, interval_us, keep_alive x[, algorithm, more rates, min_spacing_us]): the first
+# rate, then any further ones as (permits, interval_us); keep_alive is in times the longest
+# interval. Four fields: one rate, a sliding window, no spacing.
+Config = tuple[Any, ...]
+SPACINGS_US = (None, None, None, 1, 2_500_000, 7_000_000)  # all below the shortest interval
 
 client = st.sampled_from(CLIENTS)
 permits = st.one_of(st.integers(1, 2), st.integers(1, 5))  # more often within the rate
-config = st.tuples(
-    st.sampled_from(RateType),
-    st.integers(1, 4),
-    st.sampled_from(INTERVALS_US),
-    st.sampled_from(KEEP_ALIVES),
-)
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> Config:
+    intervals = draw(st.permutations(INTERVALS_US))  # several rates: different intervals
+    more = draw(st.sampled_from([0, 0, 0, 1, 2]))
+    return (
+        draw(st.sampled_from(RateType)),
+        draw(st.integers(1, 4)),
+        intervals[0],
+        draw(st.sampled_from(KEEP_ALIVES)),
+        draw(st.sampled_from(Algorithm)),
+        tuple((draw(st.integers(1, 6)), interval) for interval in intervals[1 : 1 + more]),
+        draw(st.sampled_from(SPACINGS_US)),
+    )
+
+
+config = configs()
 # Steps of the fake clock; the named ones sit on the window's edges.
 edges = st.sampled_from(["zero", "1us", "interval", "interval-1us", "interval+1us", "half"])
 advance = st.one_of(edges, edges, edges, st.floats(0, 2.5))  # named or a fraction of interval
@@ -113,13 +133,24 @@ CLIENT_OPERATIONS = {
 }
 
 
+def parts(new: Config) -> tuple[RateType, list[tuple[int, int]], Algorithm, int, float | None]:
+    """(type, every rate as (permits, interval_us), algorithm, spacing_us, keep_alive x)."""
+    rate_type, rate, interval_us, keep_alive = new[:4]
+    algorithm, more, spacing = (*new[4:], *(Algorithm.SLIDING_WINDOW, (), None)[len(new) - 4 :])
+    return rate_type, [(rate, interval_us), *more], algorithm, spacing or 0, keep_alive
+
+
 def built(new: Config) -> RateLimiterConfig:
-    rate_type, rate, interval_us, keep_alive = new
+    rate_type, rates, algorithm, spacing, keep_alive = parts(new)
+    longest = max(interval for _, interval in rates)
     return RateLimiterConfig.build(
         rate_type,
-        rate,
-        timedelta(microseconds=interval_us),
-        None if keep_alive is None else timedelta(microseconds=round(interval_us * keep_alive)),
+        [Rate(p, timedelta(microseconds=interval)) for p, interval in rates],
+        keep_alive=None
+        if keep_alive is None
+        else timedelta(microseconds=round(longest * keep_alive)),
+        algorithm=algorithm,
+        min_spacing=timedelta(microseconds=spacing) if spacing else None,
     )
 
 
@@ -137,25 +168,56 @@ class Logged:
     time: int
     permits: int
     member: str
-    dead: bool = False
+    live: set[int] = field(default_factory=set)  # the rates (by index) it still counts in
+
+    @property
+    def dead(self) -> bool:
+        return not self.live
+
+
+@dataclass
+class AuditConfig:
+    rate_type: RateType
+    rates: list[tuple[int, int]]  # (permits, interval_us)
+    algorithm: Algorithm
+    spacing: int  # us, 0 for none
+
+    @classmethod
+    def of(cls, new: Config) -> AuditConfig:
+        rate_type, rates, algorithm, spacing, _ = parts(new)
+        return cls(rate_type, rates, algorithm, spacing)
 
 
 @dataclass
 class Audit:
-    """Grants as the test saw them, to check the sliding-window bound independently.
+    """Grants as the test saw them, to check each algorithm's bound independently, for each
+    rate, and the spacing:
 
-    A grant stops counting ("dead") once the limiter's time has passed its time plus the
-    interval in force, even if a later, longer interval would cover it again: the backends
-    may already have dropped it from their logs, which only makes them stricter. Every grant
-    the audit holds alive is still in the backends' logs (unless released).
+    * sliding window: at most ``permits`` in any window ``(x - interval, x]``;
+    * fixed windows: at most ``permits`` in any window ``[k * interval, (k + 1) * interval)``;
+    * token bucket: at most ``permits + permits * w / interval`` in any span ``[a, a + w]``;
+    * spacing: the starts of any two grants at least ``spacing`` apart.
+
+    Sliding window: a grant stops counting in a rate once the limiter's time has passed its
+    time plus the rate's interval in force, even if a later, longer interval would cover it
+    again: the backends may already have dropped it from that rate's log, which only makes
+    them stricter. Every grant the audit holds alive in a rate is still in that rate's log
+    (unless released). The counters of a token bucket or of fixed windows cannot tell which
+    grants a release gave back, nor carry their counts over to other rates: there the audit
+    starts afresh after a release or a change of rates.
     """
 
-    config: tuple[RateType, int, int] | None = None  # (type, rate, interval_us)
+    config: AuditConfig | None = None
     budgets: dict[str | None, list[Logged]] = field(default_factory=dict)
+
+    @property
+    def sliding(self) -> bool:
+        assert self.config is not None
+        return self.config.algorithm is Algorithm.SLIDING_WINDOW
 
     def budget(self, client_id: str) -> list[Logged]:
         assert self.config is not None
-        key = client_id if self.config[0] is RateType.PER_CLIENT else None
+        key = client_id if self.config.rate_type is RateType.PER_CLIENT else None
         return self.budgets.setdefault(key, [])
 
     def vanish(self) -> None:
@@ -165,37 +227,70 @@ class Audit:
         self.budgets.clear()
 
     def expire(self, now: int) -> None:
-        if self.config is None:
+        if self.config is None or not self.sliding:
             return
         for budget in self.budgets.values():
             for grant in budget:
-                if now - grant.time >= self.config[2]:
-                    grant.dead = True
+                for i in list(grant.live):
+                    if now - grant.time >= self.config.rates[i][1]:
+                        grant.live.discard(i)
 
-    def in_window(self, client_id: str, now: int) -> int:
+    def in_window(self, client_id: str, now: int, i: int) -> int:
+        """Permits rate ``i`` counts at ``now`` (sliding: its window; fixed: the current
+        window; token bucket: none known)."""
         assert self.config is not None
-        start = now - self.config[2]
-        return sum(
-            g.permits for g in self.budget(client_id) if not g.dead and start < g.time <= now
-        )
+        interval = self.config.rates[i][1]
+        budget = self.budget(client_id)
+        if self.sliding:
+            return sum(g.permits for g in budget if i in g.live and now - interval < g.time <= now)
+        if self.config.algorithm is Algorithm.FIXED_WINDOW:
+            return sum(g.permits for g in budget if g.time // interval == now // interval)
+        return 0
 
     def grant(self, client_id: str, permits: int, start: int, member: str) -> None:
-        """Notes a grant (a reservation starts in the future) and checks every window that
-        holds it: (x - interval, x] for each grant time x in [start, start + interval)."""
-        assert self.config is not None
+        """Notes a grant (a reservation starts in the future) and checks every bound that
+        it takes part in."""
+        config = self.config
+        assert config is not None
         budget = self.budget(client_id)
-        budget.append(Logged(start, permits, member))
+        if config.spacing:
+            for other in budget:
+                gap = start - other.time
+                assert gap >= config.spacing, f"grants at {other.time} and {start}: {gap} us"
+        budget.append(Logged(start, permits, member, set(range(len(config.rates)))))
         budget.sort(key=lambda grant: (grant.time, grant.member))  # as a ZSET orders them
-        for end in {g.time for g in budget if start <= g.time < start + self.config[2]}:
-            held = self.in_window(client_id, end)
-            assert held <= self.config[1], f"{held} permits in the window ending {end}"
+        for i, (rate, interval) in enumerate(config.rates):
+            if config.algorithm is Algorithm.SLIDING_WINDOW:
+                # every window (x - interval, x] for each grant time x in [start, start + interval)
+                for end in {g.time for g in budget if start <= g.time < start + interval}:
+                    held = self.in_window(client_id, end, i)
+                    assert held <= rate, f"rate {i}: {held} permits in the window ending {end}"
+            elif config.algorithm is Algorithm.FIXED_WINDOW:
+                held = self.in_window(client_id, start, i)
+                assert held <= rate, f"rate {i}: {held} permits in the window of {start}"
+            else:
+                for first in budget:
+                    for last in budget:
+                        if first.time <= start <= last.time:
+                            span = [g.permits for g in budget if first.time <= g.time <= last.time]
+                            allowed = rate + rate * (last.time - first.time) / interval
+                            assert sum(span) <= allowed, (
+                                f"rate {i}: {sum(span)} permits from {first.time} to "
+                                f"{last.time}, more than {allowed}"
+                            )
 
     def release(self, client_id: str, asked: int, released: int, now: int) -> None:
         """Takes ``released`` permits from the newest grants that have started (reservations
         are not released), splitting the last one as the backends do."""
         budget = self.budget(client_id)
+        if not self.sliding:
+            assert 0 <= released <= asked
+            if released:
+                budget.clear()
+            return
         started = [grant for grant in budget if grant.time <= now]
-        live = sum(g.permits for g in started if not g.dead)
+        # Each rate's log gives back from its own newest grants: as many as the fullest has.
+        live = max(sum(g.permits for g in started if i in g.live) for i in range(len(self.rates)))
         logged = sum(g.permits for g in started)
         assert min(asked, live) <= released <= min(asked, logged), (asked, live, logged)
         while released:
@@ -209,9 +304,19 @@ class Audit:
                 budget.remove(newest)
         budget.sort(key=lambda grant: (grant.time, grant.member))
 
+    @property
+    def rates(self) -> list[tuple[int, int]]:
+        assert self.config is not None
+        return self.config.rates
+
     def release_member(self, client_id: str, member: str, released: int) -> None:
         """Removes exactly the grant ``member`` (a reservation too), if it is still logged."""
         budget = self.budget(client_id)
+        if not self.sliding:
+            assert 0 <= released <= int(member.partition(":")[0])
+            if released:
+                budget.clear()
+            return
         matches = [g for g in budget if g.member == member]
         live = [g for g in matches if not g.dead]
         if live:
@@ -222,9 +327,28 @@ class Audit:
             assert gone, f"released {released} permits of {member!r}, which is not logged"
             budget.remove(gone[-1])
 
-    def configure(self, new: tuple[RateType, int, int], keep_state: bool) -> None:
-        if not keep_state or self.config is None or self.config[0] is not new[0]:
+    def available(self, client_id: str, now: int, available: int) -> None:
+        assert self.config is not None
+        most = min(
+            rate - self.in_window(client_id, now, i) for i, (rate, _) in enumerate(self.rates)
+        )
+        assert 0 <= available <= max(most, 0), f"{available} available, at most {most}"
+
+    def configure(self, new: AuditConfig, keep_state: bool) -> None:
+        old = self.config
+        if (
+            not keep_state
+            or old is None
+            or old.rate_type is not new.rate_type
+            or old.algorithm is not new.algorithm
+            or (new.algorithm is not Algorithm.SLIDING_WINDOW and old.rates != new.rates)
+        ):
             self.budgets.clear()
+        elif new.algorithm is Algorithm.SLIDING_WINDOW:
+            # A rate the new config lacks no longer counts its log; one it adds starts empty.
+            for budget in self.budgets.values():
+                for grant in budget:
+                    grant.live &= set(range(len(new.rates)))
         self.config = new
 
 
@@ -413,7 +537,7 @@ class Twins:
 
     @property
     def interval(self) -> int:
-        return self.audit.config[2] if self.audit.config else INTERVALS_US[0]
+        return self.audit.config.rates[0][1] if self.audit.config else INTERVALS_US[0]
 
     def set_clock(self, now: int) -> None:
         self.now = now
@@ -440,23 +564,32 @@ class Twins:
         for client_id, budget in limiter.budgets.items():
             suffix = "" if client_id is None else f":{client_id}"
             keys[f"{self.tag}:value{suffix}"] = budget.expires_at
-            keys[f"{self.tag}:permits{suffix}"] = budget.expires_at
+            if not budget.n:  # (the counters of a token bucket or fixed windows: no log)
+                keys[f"{self.tag}:permits{suffix}"] = budget.expires_at
+        for (client_id, i), budget in limiter.extra.items():  # a sliding window's rate i
+            suffix = "" if client_id is None else f":{client_id}"
+            keys[f"{self.tag}:value{i}{suffix}"] = budget.expires_at
+            keys[f"{self.tag}:permits{i}{suffix}"] = budget.expires_at
         # Redis's registry outlives every client's state: its TTL is clamped to expire()'s
         # end rounded up to the ms, as the state's is. The memory backend's is clamped to the
         # end itself, and may go first (by less than 1 ms, or by the skew while the clock is
         # behind), which counts for nothing in memory; but here Redis's registry, which
         # delete() counts, must then live on with the state.
         clients = [b.expires_at for client_id, b in limiter.budgets.items() if client_id]
+        clients += [b.expires_at for (client_id, _), b in limiter.extra.items() if client_id]
         if limiter.registry or clients:
             registry = limiter.registry_expires_at if limiter.registry else -FOREVER
             keys[f"{self.tag}:clients"] = max([registry, *clients])
         return keys
 
-    def last_member(self, who: str, permits: int) -> str:
-        """The member of the grant just made (which RateLimiter.try_acquire does not say)."""
+    def last_member(self, who: str, permits: int, now: int) -> str:
+        """The member of the grant just made (which RateLimiter.try_acquire does not say): a
+        sequence number in a log, its start for the counters."""
         limiter = self.memory._shared.limiters[self.name]
         assert self.audit.config is not None
-        key = who if self.audit.config[0] is RateType.PER_CLIENT else None
+        if not self.audit.sliding:
+            return f"{permits}:{now}"
+        key = who if self.audit.config.rate_type is RateType.PER_CLIENT else None
         return f"{permits}:{limiter.budgets[key].seq}"
 
     def ms_left(self, expires_at: float, now: int | None = None) -> int:
@@ -504,9 +637,10 @@ class Twins:
 
     async def compare_state(self) -> None:
         """Both backends hold the same state: the config's end (``expires_at``) and latest
-        time (``clock``); each budget's permits, sequence number and log. (The walk cursor is
-        a cache of where the last walk stopped: Redis writes it back only with other changes,
-        so it is not compared.)"""
+        time (``clock``); each budget's permits, sequence number and log in each rate (a
+        sliding window), or its latest start and counters (a token bucket, fixed windows).
+        (The walk cursor is a cache of where the last walk stopped: Redis writes it back only
+        with other changes, so it is not compared.)"""
         limiter = self.memory._shared.limiters.get(self.name)
         if limiter is None:
             return
@@ -518,16 +652,29 @@ class Twins:
             redis = {k: int(fields[k]) if k in fields else None for k in memory}
             assert redis == memory, f"config: redis {redis}, memory {memory}"
             gen = fields["gen"]
-        for client_id, budget in limiter.budgets.items():
+        logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
+        logs += [(client_id, i, budget) for (client_id, i), budget in limiter.extra.items()]
+        for client_id, i, budget in logs:
             if budget.expires_at <= self.now:
                 continue
             suffix = "" if client_id is None else f":{client_id}"
-            value = _text(await self.redis.get(f"{self.tag}:value{suffix}"))
-            logged = await self.redis.zrange(f"{self.tag}:permits{suffix}", 0, -1, withscores=True)
-            memory_state = (budget.used, budget.seq, [(m, t) for t, m, _ in budget.live()])
-            redis_gen, used, seq, _cursor = value.split(" ", 3)
-            redis_state = (int(used), int(seq), [(_text(m), int(t)) for m, t in logged])
-            assert redis_state == memory_state, f"{suffix}: redis {redis_state}, {memory_state}"
+            value = _text(await self.redis.get(f"{self.tag}:value{i}{suffix}"))
+            if budget.n:  # a token bucket's or fixed windows' "<gen> <last> <n1> ..."
+                redis_gen, last, *numbers = value.split(" ")
+                redis_counters = (None if last == "-" else int(last), [int(n) for n in numbers])
+                assert redis_counters == (budget.last, budget.n), (
+                    f"{suffix}: redis {redis_counters}, memory {(budget.last, budget.n)}"
+                )
+            else:
+                logged = await self.redis.zrange(
+                    f"{self.tag}:permits{i}{suffix}", 0, -1, withscores=True
+                )
+                memory_state = (budget.used, budget.seq, [(m, t) for t, m, _ in budget.live()])
+                redis_gen, used, seq, _cursor = value.split(" ", 3)
+                redis_state = (int(used), int(seq), [(_text(m), int(t)) for m, t in logged])
+                assert redis_state == memory_state, (
+                    f"{i}{suffix}: redis {redis_state}, {memory_state}"
+                )
             assert gen is None or redis_gen == gen, f"{suffix}: generation {redis_gen}, not {gen}"
 
     # -- one step ---------------------------------------------------------------------------
@@ -580,13 +727,13 @@ class Twins:
         elif kind in ("acquire", "reserve") and isinstance(result, Refusal):
             assert result.at == now and result.retry_in >= 1
         elif kind == "public_try_acquire" and result is True:
-            audit.grant(who, op[2], now, self.last_member(who, op[2]))
+            audit.grant(who, op[2], now, self.last_member(who, op[2], now))
         elif kind == "release" and expected[0] == "released":
             audit.release(who, op[2], result, now)
         elif kind == "release_member" and expected[0] == "released":
             audit.release_member(who, op[3], result)
         elif kind == "configure" and result:
-            audit.configure(op[2][:3], op[3])
+            audit.configure(AuditConfig.of(op[2]), op[3])
             self.deadline = None
         elif kind == "delete":
             audit.vanish()
@@ -596,8 +743,7 @@ class Twins:
         elif kind == "clear_expire":
             self.deadline = None
         elif kind == "available" and expected[0] == "available":
-            assert audit.config is not None
-            assert 0 <= result <= max(audit.config[1] - audit.in_window(who, now), 0)
+            audit.available(who, now, result)
         return expected
 
     async def wait_then_acquire(self, who: str, permits: int) -> None:
@@ -616,7 +762,7 @@ class Twins:
 
 
 @settings(
-    max_examples=150,
+    max_examples=600,
     deadline=None,
     derandomize=True,  # the same examples on every run, in CI too
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
@@ -679,6 +825,73 @@ class Twins:
         ("delete",),
     ],
 )
+@example(  # a token bucket with two rates and a spacing: debt, a reservation, tokens back
+    first=(
+        RateType.OVERALL, 2, INTERVALS_US[0], None,
+        Algorithm.TOKEN_BUCKET, ((3, INTERVALS_US[1]),), 2_500_000,
+    ),
+    operations=[
+        ("acquire", "a", 2),
+        ("wait_then_acquire", "b", 1),
+        ("reserve", "a", 2, "forever"),
+        ("available", "b"),
+        ("wait_time", "a", 2),
+        ("release", "a", 1),
+        ("release_member", "b", 2),
+        ("advance", "half"),
+        ("wait_then_acquire", "a", 2),
+        ("configure", "update", (RateType.OVERALL, 2, INTERVALS_US[0], 3.0), True),
+        ("acquire", "a", 2),
+    ],
+)  # fmt: skip
+@example(  # fixed windows, PER_CLIENT, three rates: the next window with room in every rate
+    first=(
+        RateType.PER_CLIENT, 2, INTERVALS_US[0], 1.0,
+        Algorithm.FIXED_WINDOW, ((3, INTERVALS_US[1]), (4, INTERVALS_US[2])), None,
+    ),
+    operations=[
+        ("acquire", "a", 2),
+        ("wait_then_acquire", "a", 1),
+        ("reserve", "a", 2, "forever"),
+        ("release", "a", 1),
+        ("release_member", "a", 2),
+        ("acquire", "b", 2),
+        ("advance", "interval-1us"),
+        ("wait_then_acquire", "b", 2),
+        ("available", "a"),
+        ("expire", "interval"),
+        ("advance", "interval"),
+        ("acquire", "a", 1),
+    ],
+)  # fmt: skip
+@example(  # a sliding window with three rates and a spacing; keep_state with fewer, then more
+    first=(
+        RateType.PER_CLIENT, 3, INTERVALS_US[0], None,
+        Algorithm.SLIDING_WINDOW, ((4, INTERVALS_US[1]), (5, INTERVALS_US[2])), 7_000_000,
+    ),
+    operations=[
+        ("acquire", "a", 2),
+        ("wait_then_acquire", "a", 1),
+        ("reserve", "b", 3, "forever"),
+        ("advance", "interval"),
+        ("wait_then_acquire", "a", 3),
+        ("release", "a", 2),
+        ("release_member", "b", 2),
+        ("configure", "update", (RateType.PER_CLIENT, 3, INTERVALS_US[0], None), True),
+        ("wait_then_acquire", "a", 2),
+        ("configure", "set", (
+            RateType.PER_CLIENT, 3, INTERVALS_US[0], None,
+            Algorithm.SLIDING_WINDOW, ((2, INTERVALS_US[2]),), 1,
+        ), True),
+        ("wait_then_acquire", "b", 2),
+        ("configure", "set", (
+            RateType.PER_CLIENT, 3, INTERVALS_US[0], None,
+            Algorithm.FIXED_WINDOW, ((2, INTERVALS_US[2]),), 1,
+        ), True),
+        ("acquire", "b", 2),
+        ("delete",),
+    ],
+)  # fmt: skip
 @given(first=config, operations=st.lists(operation, min_size=5, max_size=50))
 async def test_memory_and_redis_agree_and_never_exceed_the_rate(
     redis_server: LocalRedis, first: Config, operations: list[tuple[Any, ...]]

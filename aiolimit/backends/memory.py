@@ -639,12 +639,34 @@ class MemoryBackend(Backend):
 # -- groups: every rate of one budget (lib.lua, "groups") ---------------------------------------
 
 
-def _cost(rate: Rate, permits: int) -> int:
-    """cost() in lib.lua: microseconds of refill ``permits`` tokens cost, rounded up (in
-    doubles, as Lua computes it)."""
+def _cost(rate: Rate, permits: int) -> tuple[int, int]:
+    """cost() in lib.lua: the refill ``permits`` tokens cost, in whole microseconds and the
+    rest in 1/permits of one (computed in doubles, as Lua does)."""
     interval, count = rate.interval_us, rate.permits
     q = math.floor(interval / count)
-    return int(permits * q + math.ceil(float(permits) * float(interval - q * count) / count))
+    rest = float(permits) * float(interval - q * count)
+    if rest >= _MAX_EXACT:
+        return permits * q + math.ceil(rest / count), 0
+    whole = math.floor(rest / count)
+    return permits * q + whole, int(rest - whole * count)
+
+
+def _window_of(n: list[int], i: int, interval: int) -> int:
+    """window_of() in lib.lua: the number of rate i's latest window holding grants, from its
+    end (-1: none yet)."""
+    return (n[2 * i] - 1) // interval
+
+
+def _refilled(rate: Rate, us: int, frac: int, start: int, permits: int) -> tuple[int, int]:
+    """refilled() in lib.lua: a bucket's full time moved on by ``permits`` tokens, from no
+    earlier than ``start``."""
+    if us < start or (us == start and frac == 0):
+        us, frac = start, 0
+    whole, rest = _cost(rate, permits)
+    frac += rest
+    if frac >= rate.permits:
+        us, frac = us + 1, frac - rate.permits
+    return us + whole, frac
 
 
 class _Group:
@@ -681,17 +703,23 @@ class _Group:
             self.touched = [False] * len(self.budgets)
             self.fresh = not any(self.stored)
             return
-        per = 2 if config.algorithm is Algorithm.FIXED_WINDOW else 1
+        per = 2
         state = limiter.budgets.get(key)
-        if state is not None and len(state.n) == per * len(config.rates):
+        if state is not None:
+            # Read as load_group reads the value: a copy, stored only if saved. set_rate with
+            # keep_state may have changed the rates: each keeps its own state by position, a
+            # rate added starts afresh.
+            n = [state.n[i] if i < len(state.n) else 0 for i in range(per * len(config.rates))]
+            state = _Budget(expires_at=state.expires_at, last=state.last, n=n)
+            if config.algorithm is Algorithm.TOKEN_BUCKET:
+                for i, rate in enumerate(config.rates):
+                    if state.n[2 * i + 1] >= rate.permits:  # another rate's remainder
+                        state.n[2 * i] += 1
+                        state.n[2 * i + 1] = 0
             self.state, self.fresh = state, False
             return
-        if state is not None and write:
-            del limiter.budgets[key]  # another config's
         self.fresh = True
-        self.state = _Budget(
-            n=[(-1 if i % 2 == 0 else 0) if per == 2 else 0 for i in range(per * len(config.rates))]
-        )
+        self.state = _Budget(n=[0] * (per * len(config.rates)))  # full buckets; no window yet
 
     def reclaim(self, now: int, write: bool) -> list[int]:
         """Reclaims every log (a sliding window's); returns the permits each holds after it.
@@ -717,10 +745,14 @@ class _Group:
         for i, rate in enumerate(config.rates):
             interval, count = rate.interval_us, rate.permits
             if config.algorithm is Algorithm.TOKEN_BUCKET:
-                owed = max(n[i] - now, 0)
-                lefts.append(math.floor(float(interval - owed) * count / interval))
+                tat, frac = n[2 * i], n[2 * i + 1]
+                if tat < now or (tat == now and frac == 0):
+                    lefts.append(count)
+                else:
+                    tokens = (float(interval - (tat - now)) * count - frac) / interval
+                    lefts.append(math.floor(tokens))
             else:
-                window, held = n[2 * i], n[2 * i + 1]
+                window, held = _window_of(n, i, interval), n[2 * i + 1]
                 current = now // interval
                 lefts.append(
                     count if window < current else count - held if window == current else 0
@@ -762,9 +794,10 @@ class _Group:
             for i, rate in enumerate(config.rates):
                 interval = rate.interval_us
                 if config.algorithm is Algorithm.TOKEN_BUCKET:
-                    start = max(start, max(n[i], now) + _cost(rate, permits) - interval)
+                    tat, frac = _refilled(rate, n[2 * i], n[2 * i + 1], now, permits)
+                    start = max(start, tat - interval + (1 if frac > 0 else 0))
                 else:
-                    window, held = n[2 * i], n[2 * i + 1]
+                    window, held = _window_of(n, i, interval), n[2 * i + 1]
                     if window >= now // interval:
                         if held + permits <= rate.permits:
                             start = max(start, window * interval)
@@ -796,13 +829,14 @@ class _Group:
         n = state.n
         for i, rate in enumerate(config.rates):
             if config.algorithm is Algorithm.TOKEN_BUCKET:
-                n[i] = max(n[i], start) + _cost(rate, permits)
+                n[2 * i], n[2 * i + 1] = _refilled(rate, n[2 * i], n[2 * i + 1], start, permits)
             else:
                 window = start // rate.interval_us
-                if window == n[2 * i]:
+                if window == _window_of(n, i, rate.interval_us):
                     n[2 * i + 1] += permits
                 else:
-                    n[2 * i], n[2 * i + 1] = window, permits
+                    n[2 * i + 1] = permits
+                n[2 * i] = (window + 1) * rate.interval_us
         self.dirty = True
         self.latest = start if self.latest is None else max(self.latest, start)
         return format_member(permits, start)
@@ -832,9 +866,9 @@ class _Group:
         until = state.last + config.min_spacing_us if state.last is not None else 0
         for i, rate in enumerate(config.rates):
             if config.algorithm is Algorithm.TOKEN_BUCKET:
-                until = max(until, n[i])
+                until = max(until, n[2 * i] + (1 if n[2 * i + 1] > 0 else 0))
             else:
-                until = max(until, (n[2 * i] + 1) * rate.interval_us)
+                until = max(until, (_window_of(n, i, rate.interval_us) + 1) * rate.interval_us)
         if until <= now:
             limiter.budgets.pop(key, None)
             return 0
@@ -866,12 +900,19 @@ class _Group:
         for i, rate in enumerate(config.rates):
             count, interval = 0, rate.interval_us
             if config.algorithm is Algorithm.TOKEN_BUCKET:
-                owed = n[i] - now
-                if owed > 0:
-                    count = min(wanted, math.ceil(float(owed) * rate.permits / interval))
-                    n[i] = max(n[i] - _cost(rate, wanted), now)
+                tat, frac = n[2 * i], n[2 * i + 1]
+                if tat > now or (tat == now and frac > 0):
+                    owed = float(tat - now) * rate.permits + frac
+                    count = min(wanted, math.ceil(owed / interval))
+                    whole, rest = _cost(rate, wanted)
+                    tat, frac = tat - whole, frac - rest
+                    if frac < 0:
+                        tat, frac = tat - 1, frac + rate.permits
+                    if tat < now:
+                        tat, frac = now, 0
+                    n[2 * i], n[2 * i + 1] = tat, frac
             else:
-                window = n[2 * i]
+                window = _window_of(n, i, interval)
                 if (start is not None and start // interval == window) or (
                     start is None and window == now // interval
                 ):

@@ -391,11 +391,14 @@ end
 --                   permits ZSET, rate i's (i > 1) in "<tag>:value<i>..." and
 --                   "<tag>:permits<i>..." (the same names with the rate's number after
 --                   "value"/"permits"; same hash tag, so the same slot).
---   TOKEN_BUCKET    the value key "<gen> <last> <tat 1> ... <tat n>": per rate, the time at
---                   which its bucket is full again (GCRA's theoretical arrival time); a
---                   bucket of `rate` tokens refills one token per interval/rate.
---   FIXED_WINDOW    the value key "<gen> <last> <window 1> <count 1> ... <window n> <count n>":
---                   per rate, the latest window (a multiple of the interval since the Unix
+--   TOKEN_BUCKET    the value key "<gen> <last> <tat 1> <frac 1> ... <tat n> <frac n>": per
+--                   rate, the time at which its bucket is full again (GCRA's theoretical
+--                   arrival time), exactly: tat + frac/rate microseconds; a bucket of `rate`
+--                   tokens refills one token per interval/rate.
+--   FIXED_WINDOW    the value key "<gen> <last> <end 1> <count 1> ... <end n> <count n>":
+--                   per rate, the end of the latest window holding grants (windows are
+--                   aligned to multiples of the interval since the Unix epoch; its end says
+--                   which it is under any interval, so a new interval keeps its count)
 --                   epoch) holding grants, and how many permits it holds.
 -- <last> is the start of the latest grant ("-": none), for the spacing and for FIFO.
 -- Each rate tells the earliest start at which it allows a request; every rate allows it
@@ -425,7 +428,7 @@ local function load_group(config, value_key, permits_key, write)
     end
     return group
   end
-  local per = config.algorithm == 'FIXED_WINDOW' and 2 or 1
+  local per = 2
   group.n = {}
   local raw = redis.call('GET', value_key)
   if raw then
@@ -433,11 +436,20 @@ local function load_group(config, value_key, permits_key, write)
     for field in string.gmatch(raw, '%S+') do
       table.insert(fields, field)
     end
-    if fields[1] == config.gen and #fields == 2 + per * #config.rates then
+    if fields[1] == config.gen and #fields >= 2 and #fields % 2 == 0 then
+      -- (set_rate with keep_state may have changed the rates: each keeps its own state by
+      -- position, a rate added starts afresh)
       group.fresh = nil
       group.last = tonumber(fields[2])
-      for i = 3, #fields do
-        group.n[i - 2] = tonumber(fields[i])
+      for i = 1, per * #config.rates do
+        group.n[i] = tonumber(fields[i + 2] or '0')
+      end
+      if config.algorithm == 'TOKEN_BUCKET' then
+        for i, r in ipairs(config.rates) do
+          if group.n[2 * i] >= r.rate then -- a remainder of another rate: a whole us, rounded up
+            group.n[2 * i - 1], group.n[2 * i] = group.n[2 * i - 1] + 1, 0
+          end
+        end
       end
       return group
     end
@@ -446,15 +458,40 @@ local function load_group(config, value_key, permits_key, write)
     end
   end
   for i = 1, per * #config.rates do
-    group.n[i] = per == 2 and (i % 2 == 1 and -1 or 0) or 0 -- no window yet; a full bucket
+    group.n[i] = 0 -- a full bucket; no window yet
   end
   return group
 end
 
--- Microseconds of refill that n tokens of rate r cost: n * interval / rate, rounded up.
+-- The number of rate r's latest window holding grants (from its end; -1: none yet).
+local function window_of(group, i, r)
+  return math.floor((group.n[2 * i - 1] - 1) / r.interval)
+end
+
+-- The refill that n tokens of rate r cost, n * interval / rate microseconds, exactly: whole
+-- microseconds and the rest in 1/rate of a microsecond. (Past 2^53 a product is not exact
+-- in a double: the cost is then rounded up to whole microseconds, never down.)
 local function cost(r, n)
   local q = math.floor(r.interval / r.rate)
-  return n * q + math.ceil(n * (r.interval - q * r.rate) / r.rate)
+  local rest = n * (r.interval - q * r.rate)
+  if rest >= MAX_EXACT then
+    return n * q + math.ceil(rest / r.rate), 0
+  end
+  local whole = math.floor(rest / r.rate)
+  return n * q + whole, rest - whole * r.rate
+end
+
+-- A bucket's full time (us, frac) moved on by n tokens, from no earlier than `from`.
+local function refilled(r, us, frac, from, n)
+  if us < from or (us == from and frac == 0) then
+    us, frac = from, 0
+  end
+  local whole, rest = cost(r, n)
+  frac = frac + rest
+  if frac >= r.rate then
+    us, frac = us + 1, frac - r.rate
+  end
+  return us + whole, frac
 end
 
 -- The newest grant's start in a sliding window (nil: none logged).
@@ -483,11 +520,16 @@ local function group_left(group, now)
     end
   elseif config.algorithm == 'TOKEN_BUCKET' then
     for i, r in ipairs(config.rates) do
-      least(math.floor((r.interval - math.max(group.n[i] - now, 0)) * r.rate / r.interval))
+      local tat, frac = group.n[2 * i - 1], group.n[2 * i]
+      if tat < now or (tat == now and frac == 0) then
+        least(r.rate)
+      else
+        least(math.floor(((r.interval - (tat - now)) * r.rate - frac) / r.interval))
+      end
     end
   else
     for i, r in ipairs(config.rates) do
-      local window, count = group.n[2 * i - 1], group.n[2 * i]
+      local window, count = window_of(group, i, r), group.n[2 * i]
       local current = math.floor(now / r.interval)
       least(window < current and r.rate or (window == current and r.rate - count or 0))
     end
@@ -516,11 +558,12 @@ local function earliest(group, permits, now, logged)
     end
   elseif config.algorithm == 'TOKEN_BUCKET' then
     for i, r in ipairs(config.rates) do
-      start = math.max(start, math.max(group.n[i], now) + cost(r, permits) - r.interval)
+      local tat, frac = refilled(r, group.n[2 * i - 1], group.n[2 * i], now, permits)
+      start = math.max(start, tat - r.interval + (frac > 0 and 1 or 0))
     end
   else
     for i, r in ipairs(config.rates) do
-      local window, count = group.n[2 * i - 1], group.n[2 * i]
+      local window, count = window_of(group, i, r), group.n[2 * i]
       if window >= math.floor(now / r.interval) then
         if count + permits <= r.rate then
           start = math.max(start, window * r.interval)
@@ -562,16 +605,17 @@ local function commit(group, permits, start)
   end
   if config.algorithm == 'TOKEN_BUCKET' then
     for i, r in ipairs(config.rates) do
-      group.n[i] = math.max(group.n[i], start) + cost(r, permits)
+      group.n[2 * i - 1], group.n[2 * i] = refilled(r, group.n[2 * i - 1], group.n[2 * i], start, permits)
     end
   else
     for i, r in ipairs(config.rates) do
       local window = math.floor(start / r.interval)
-      if window == group.n[2 * i - 1] then
+      if window == window_of(group, i, r) then
         group.n[2 * i] = group.n[2 * i] + permits
       else
-        group.n[2 * i - 1], group.n[2 * i] = window, permits
+        group.n[2 * i] = permits
       end
+      group.n[2 * i - 1] = (window + 1) * r.interval
     end
   end
   group.dirty = true
@@ -595,9 +639,9 @@ local function save_group(group, now)
   local until_ = group.last and (group.last + config.spacing) or 0
   for i, r in ipairs(config.rates) do
     if config.algorithm == 'TOKEN_BUCKET' then
-      until_ = math.max(until_, group.n[i])
+      until_ = math.max(until_, group.n[2 * i - 1] + (group.n[2 * i] > 0 and 1 or 0))
     else
-      until_ = math.max(until_, (group.n[2 * i - 1] + 1) * r.interval)
+      until_ = math.max(until_, (window_of(group, i, r) + 1) * r.interval)
     end
   end
   if until_ <= now then
@@ -668,13 +712,21 @@ local function release_group(group, wanted, member, now)
     local count = 0
     if config.algorithm == 'TOKEN_BUCKET' then
       -- Tokens go back, never above a full bucket.
-      local owed = group.n[i] - now
-      if owed > 0 then
-        count = math.min(wanted, math.ceil(owed * r.rate / r.interval))
-        group.n[i] = math.max(group.n[i] - cost(r, wanted), now)
+      local tat, frac = group.n[2 * i - 1], group.n[2 * i]
+      if tat > now or (tat == now and frac > 0) then
+        count = math.min(wanted, math.ceil(((tat - now) * r.rate + frac) / r.interval))
+        local whole, rest = cost(r, wanted)
+        tat, frac = tat - whole, frac - rest
+        if frac < 0 then
+          tat, frac = tat - 1, frac + r.rate
+        end
+        if tat < now then
+          tat, frac = now, 0
+        end
+        group.n[2 * i - 1], group.n[2 * i] = tat, frac
       end
     else
-      local window = group.n[2 * i - 1]
+      local window = window_of(group, i, r)
       -- Only the latest window's count is kept: a grant there (or, without a member, in the
       -- current window when nothing is reserved ahead) can go back.
       if (start and math.floor(start / r.interval) == window) or (not start and window == math.floor(now / r.interval)) then
