@@ -85,6 +85,8 @@ class CallGuard:
         if timeout is not None and to_micros(timeout, "timeout") < 0:
             raise InvalidArgumentError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
         self.limiter = limiter
+        # A 429 in any process blocks the limiter: callers sleeping here then move behind it.
+        limiter._expect_blocks()
         self.permits = permits
         self.timeout = None if timeout is None else to_micros(timeout, "timeout") / 1e6
         self.retry = retry

@@ -139,7 +139,9 @@ _L = TypeVar("_L", bound="_Limiter")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-# Names this process has blocked (block()): their sleepers check for a block when they wake.
+# Names this process has blocked (block()), or expects to be blocked (the HTTP clients'
+# limiters): their sleepers check for a block when they wake. Other names' sleepers check once
+# a grant says the limiter has been blocked.
 _blocked_here: set[str] = set()
 
 # Configs try_set_rate found different from the one asked for, each warned about once.
@@ -350,11 +352,20 @@ class _Limiter:
 
     # -- lifetime ------------------------------------------------------------------------------
 
+    def _expect_blocks(self) -> None:
+        """From now on, this process's callers that sleep out a reservation check for a
+        ``block()`` (from any process) when they wake: one read each."""
+        _blocked_here.update(self._names)
+
     async def block(self, duration: Duration) -> None:
         """No grant to anyone (every process, every client) starts before ``duration``
         seconds from now: for a partner API that answered 429 with a ``Retry-After``.
         Reservations already made move behind it (their callers queue again when they wake).
-        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it."""
+        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it.
+
+        Sleeping callers check for a block when they wake (one read) where blocks are
+        expected: in this process once it has blocked the limiter, for the HTTP clients'
+        limiters, and once a grant said the limiter had been blocked before."""
         if exceeds_max_duration(duration):
             raise InvalidArgumentError(
                 f"duration must be at most 10 years (MAX_DURATION), not {shown(duration)}"
@@ -362,8 +373,7 @@ class _Limiter:
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        for name in self._names:
-            _blocked_here.add(name)
+        self._expect_blocks()
         await _gather(self._backend.block(name, duration_us) for name in self._names)
 
     async def delete(self) -> bool:

@@ -74,6 +74,9 @@ class _Untouchable(Backend):
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
         raise AssertionError("reached the backend")
 
+    async def block(self, name: str, duration_us: int | None) -> int:
+        raise AssertionError("reached the backend")
+
     async def delete(self, name: str) -> bool:
         raise AssertionError("reached the backend")
 
