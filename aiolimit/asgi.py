@@ -22,6 +22,7 @@ which allowed responses carry too. Neither needs any dependency; the dependency 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import ipaddress
 import json
@@ -75,6 +76,7 @@ _GRANTS_KEY = "aiolimit.grants"
 _FIELDS = (b"ratelimit-policy", b"ratelimit")
 _LEGACY_FIELDS = (b"x-ratelimit-limit", b"x-ratelimit-remaining", b"x-ratelimit-reset")
 _UNKNOWN_CLIENT = "unknown"
+_CLIENT_VIEWS = 4096  # per-client backend views a middleware keeps
 
 # Close codes (RFC 6455): 1008 a policy was violated, 1013 try again later.
 _WS_POLICY_VIOLATION = 1008
@@ -339,6 +341,7 @@ class _Gate:
 
     __slots__ = (
         "_backend",
+        "_clients",
         "_configured",
         "_error_retry_after",
         "_failures",
@@ -382,6 +385,8 @@ class _Gate:
         self._on_backend_error = on_backend_error
         self._error_retry_after = _whole_seconds(retry_us)
         self._configured: set[str] = set()
+        # Backend views per client id, kept for the busiest (a view is cheap, but not free).
+        self._clients: dict[str, Backend] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._failures = 0  # in the outage under way; 0: none is
         self.stats = RateLimitStats()
@@ -433,10 +438,7 @@ class _Gate:
                 client = rule.key(scope)
                 if client is None:
                     continue
-                try:
-                    backend = backend.with_client(client or _UNKNOWN_CLIENT)
-                except InvalidArgumentError:  # text that is no client id (lone surrogates)
-                    backend = backend.with_client(_UNKNOWN_CLIENT)
+                backend = self._client(client or _UNKNOWN_CLIENT)
             cost = rule.cost_of(scope)
             if cost:
                 requests.append(_Request(rule, backend, cost))
@@ -478,9 +480,23 @@ class _Gate:
         items = [_Item(r.rule, max(g.left, 0), _window(r.rule.rates[0])) for r, g in grants]
         return _Verdict(200, 0, items, "", grants)
 
+    def _client(self, client: str) -> Backend:
+        """The backend's view for ``client`` (a PER_CLIENT rule's key)."""
+        view = self._clients.get(client)
+        if view is None:
+            try:
+                view = self._backend.with_client(client)
+            except InvalidArgumentError:  # text that is no client id (lone surrogates)
+                return self._client(_UNKNOWN_CLIENT)
+            if len(self._clients) >= _CLIENT_VIEWS:
+                del self._clients[next(iter(self._clients))]  # the oldest
+            self._clients[client] = view
+        return view
+
     async def _attempt(self, request: _Request) -> Grant | Refusal:
         rule = request.rule
-        await self._configure(rule)
+        if rule.name not in self._configured:
+            await self._configure(rule)
         for _ in range(2):
             try:
                 return await request.backend.try_acquire(rule.name, request.cost, self._max_wait_us)
@@ -565,6 +581,17 @@ def _sf_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+@functools.lru_cache(maxsize=1024)
+def _policy_of(rule: Rule) -> tuple[str, str]:
+    """A rule's ``RateLimit-Policy`` items, and its first policy's name, as sent (the same
+    for every response: worked out once per rule)."""
+    named = rule.policies()
+    policy = ", ".join(
+        f"{_sf_string(name)};q={rate.permits};w={_window(rate)}" for name, rate in named
+    )
+    return policy, _sf_string(named[0][0])
+
+
 def _header_fields(items: Sequence[_Item], legacy: bool) -> list[tuple[bytes, bytes]]:
     """The RateLimit fields for ``items`` (one per rule; the last one per rule counts)."""
     by_rule = {item.rule.name: item for item in items}
@@ -573,11 +600,9 @@ def _header_fields(items: Sequence[_Item], legacy: bool) -> list[tuple[bytes, by
     policies = []
     limits = []
     for item in by_rule.values():
-        named = item.rule.policies()
-        policies += [
-            f"{_sf_string(name)};q={rate.permits};w={_window(rate)}" for name, rate in named
-        ]
-        limits.append(f"{_sf_string(named[0][0])};r={item.remaining};t={item.reset}")
+        policy, first = _policy_of(item.rule)
+        policies.append(policy)
+        limits.append(f"{first};r={item.remaining};t={item.reset}")
     fields = [
         (b"ratelimit-policy", ", ".join(policies).encode()),
         (b"ratelimit", ", ".join(limits).encode()),

@@ -35,6 +35,13 @@ _RECONNECT_PAUSES = (0.0, 0.02, 0.1, 0.3)
 _RESEND_FOR = 1.0
 _IN_FLIGHT = 2  # round trips one Redis client may have in flight at once
 _SECOND = 16  # requests waiting that justify a second round trip in flight
+_ROUND_TRIP_MOST = 32  # requests one round trip takes while more wait (see _take)
+
+
+def _limiter_of(request: Request) -> Key | None:
+    """What a request's order matters within: its first key (a limiter's config hash, or the
+    one key of a plain command); None for a request without keys, which goes alone."""
+    return request.keys[0] if request.keys else None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -174,6 +181,7 @@ class Coalescer:
         "__weakref__",
         "_cluster",
         "_down",
+        "_flying",
         "_pumps",
         "_queue",
         "_redis",
@@ -186,6 +194,8 @@ class Coalescer:
         self._cluster = is_cluster(redis)
         self._queue: list[Request] = []
         self._pumps: set[asyncio.Task[None]] = set()
+        # The limiters of each round trip in flight (see _take).
+        self._flying: list[set[Key | None]] = []
         # Callers with a deadline, oldest first, and one timer at the oldest one's deadline:
         # far cheaper than a timer per call (replies mostly come in the order calls went out).
         self._waiting: deque[tuple[float, asyncio.Future[Any], Operation, float]] = deque()
@@ -212,7 +222,9 @@ class Coalescer:
         # hands back a grant. A second round trip may start while one is in flight once
         # enough requests wait, so this process prepares the next batch while Redis runs the
         # last one.
-        if not self._pumps or (len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND):
+        if not self._pumps or (
+            len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND and self._flying
+        ):
             self._pumps.add(loop.create_task(self._send_queued()))
         if timeout is not None:
             # A caller that stops waiting is a cancelled caller: its future is done, so the
@@ -247,8 +259,17 @@ class Coalescer:
     async def _send_queued(self) -> None:
         try:
             while self._queue:
-                batch, self._queue = self._queue, []
-                await self._send(self._calls(batch))
+                batch, more = self._take()
+                if not batch:
+                    return  # each waits for a limiter in the other round trip: it sends them
+                if more and len(self._pumps) < _IN_FLIGHT:
+                    self._pumps.add(asyncio.get_running_loop().create_task(self._send_queued()))
+                flying = {_limiter_of(request) for request in batch}
+                self._flying.append(flying)
+                try:
+                    await self._send(self._calls(batch))
+                finally:
+                    self._flying = [other for other in self._flying if other is not flying]
         except BaseException as exc:
             for request in self._queue:
                 request.settle(exc)
@@ -257,6 +278,37 @@ class Coalescer:
         finally:
             # Leave at once (not in a done callback), so a call arriving next starts a pump.
             self._pumps.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
+
+    def _take(self) -> tuple[list[Request], bool]:
+        """The requests of the next round trip, and whether others wait that a second round
+        trip could carry at once.
+
+        Two round trips in flight (at most _ROUND_TRIP_MOST requests each while more wait):
+        Redis runs one while this process reads the other's replies and prepares the next, so
+        neither waits for the other (with 64 tasks over 10 000 limiters, about twice the
+        calls/s of one round trip of 64). The two may reach Redis in either order, so a
+        limiter's requests never go in both: a request for a limiter of the other round trip
+        waits for it, and a limiter's requests go out in the order they were made."""
+        queue = self._queue
+        busy: set[Key | None] = set().union(*self._flying) if self._flying else set()
+        if not busy and len(queue) <= _ROUND_TRIP_MOST:
+            self._queue = []
+            return queue, False
+        batch: list[Request] = []
+        taken: set[Key | None] = set()
+        rest: list[Request] = []
+        for request in queue:
+            limiter = _limiter_of(request)
+            if limiter in busy or (limiter is None and busy) or None in taken:
+                rest.append(request)
+            elif len(batch) >= _ROUND_TRIP_MOST and limiter not in taken:
+                rest.append(request)
+                busy.add(limiter)  # its later requests wait too, to keep their order
+            else:
+                batch.append(request)
+                taken.add(limiter)
+        self._queue = rest
+        return batch, bool(rest)
 
     def _calls(self, requests: list[Request]) -> list[_Call]:
         calls: list[_Call] = []
