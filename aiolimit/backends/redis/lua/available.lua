@@ -18,11 +18,7 @@ if config.type ~= ARGV[2] then
 end
 local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
 local group = load_group(config, KEYS[2], KEYS[3], false)
-if group.budgets then
-  for _, budget in ipairs(group.budgets) do
-    reclaim(budget, now - budget.interval, false)
-  end
-end
+reclaim_group(group, now, false)
 local left = group_left(group, now)
 if (config.spacing > 0 or config.blocked_until) and earliest(group, 1, now) > now then
   left = math.min(left, 0) -- the spacing or a block holds the next grant back

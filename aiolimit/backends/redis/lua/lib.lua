@@ -468,6 +468,15 @@ local function window_of(group, i, r)
   return math.floor((group.n[2 * i - 1] - 1) / r.interval)
 end
 
+-- Reclaims every log of a sliding window's group (the counters have none).
+local function reclaim_group(group, now, write)
+  if group.budgets then
+    for _, budget in ipairs(group.budgets) do
+      reclaim(budget, now - budget.interval, write)
+    end
+  end
+end
+
 -- The refill that n tokens of rate r cost, n * interval / rate microseconds, exactly: whole
 -- microseconds and the rest in 1/rate of a microsecond. (Past 2^53 a product is not exact
 -- in a double: the cost is then rounded up to whole microseconds, never down.)
@@ -814,11 +823,7 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
     end
   end
   group = load_group(config, value_key, permits_key, true)
-  if group.budgets then
-    for _, budget in ipairs(group.budgets) do
-      reclaim(budget, now - budget.interval, true)
-    end
-  end
+  reclaim_group(group, now, true)
   group.now = now
   group.config_key, group.registry_key = config_key, registry_key
   batch.groups[value_key] = group

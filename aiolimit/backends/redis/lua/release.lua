@@ -30,11 +30,7 @@ end
 local now = limiter_now(config, ARGV[2])
 save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
-if group.budgets then
-  for _, budget in ipairs(group.budgets) do
-    reclaim(budget, now - budget.interval, true)
-  end
-end
+reclaim_group(group, now, true)
 local released = release_group(group, tonumber(ARGV[1]), ARGV[4], now)
 if group.budgets or group.dirty then
   save_group(group, now)
