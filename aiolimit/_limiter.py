@@ -102,9 +102,10 @@ async def _take(
     observer: Observer | None,
     label: str,
 ) -> float | None:
-    """One attempt on ``name``, sleeping out a reservation: the seconds slept (0.0: granted
-    at once), or None when refused. An observer sees the reservation waiting under
-    ``label``, the limiter's own name."""
+    """One attempt on ``name``, sleeping out a reservation (and asking again if a block()
+    came meanwhile): the seconds slept (0.0: granted at once), or None when refused. An
+    observer sees the reservation waiting under ``label``, the limiter's own name. Every
+    limiter's ``try_acquire`` comes here."""
     waited = 0.0
     while True:
         attempt = await backend.try_acquire(name, permits, max_wait)
@@ -461,32 +462,19 @@ class RateLimiter(_Limiter):
         """
         permits = _check_permits(permits)
         max_wait = _max_wait(timeout)
-        backend, name = self._backend, self._name
         observer = _observe.current  # None unless aiolimit.observe() attached one
-        waited = 0.0
-        while True:
-            try:
-                attempt = await backend.try_acquire(name, permits, max_wait)
-            except LimiterError as exc:
-                if observer is not None:
-                    observer.failed(name, permits, exc)
-                raise
-            if not isinstance(attempt, Grant):
-                if observer is not None:
-                    observer.refused(name, permits)
-                return False
-            if attempt.starts_in > 0:
-                if observer is None:
-                    await _sleep_out(backend, name, attempt)
-                else:
-                    waited += await _sleep_observed(observer, backend, name, attempt, name)
-                if await _moved_by_block(backend, name, permits, attempt):
-                    if max_wait is not None:
-                        max_wait = max(max_wait - attempt.starts_in, 0)  # the time it slept
-                    continue
+        try:
+            waited = await _take(self._backend, self._name, permits, max_wait, observer, self._name)
+        except LimiterError as exc:
             if observer is not None:
-                observer.granted(name, permits, waited)
-            return True
+                observer.failed(self._name, permits, exc)
+            raise
+        if observer is not None:
+            if waited is None:
+                observer.refused(self._name, permits)
+            else:
+                observer.granted(self._name, permits, waited)
+        return waited is not None
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""

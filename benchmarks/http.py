@@ -50,7 +50,7 @@ from typing import Any
 
 from redis import Redis
 
-from aiolimit._tools import LocalRedis, free_port
+from aiolimit._tools import LocalRedis, cpu_model, free_port
 
 CLIENTS = 64
 RATE = "1000000/second"  # never refused: far above any throughput here
@@ -320,16 +320,10 @@ def machine(url: str, args: argparse.Namespace) -> str:
 
     with Redis.from_url(url) as redis:
         version = redis.info("server")["redis_version"]
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
     loop = args.loop if args.loop != "auto" else _installed("uvloop", "asyncio")
     http = args.http if args.http != "auto" else _installed("httptools", "h11")
     return (
-        f"{os.cpu_count()} cores ({cpu}), shared by the server, the load generator and "
+        f"{os.cpu_count()} cores ({cpu_model()}), shared by the server, the load generator and "
         f"redis-server; Python {platform.python_version()}, uvicorn {uvicorn.__version__} "
         f"(1 worker, {loop} loop, {http} parser), Starlette {starlette.__version__}, "
         f"redis-server {version} on 127.0.0.1 (loopback)"

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from contenders import Contender, all_contenders, by_name
 
-from aiolimit._tools import LocalRedis
+from aiolimit._tools import LocalRedis, cpu_model
 
 NEVER_REFUSED = 1_000_000  # permits per second: far above any throughput here
 MANY = 10_000
@@ -377,15 +377,8 @@ def targets(rows: list[Row]) -> str:
 def machine(url: str) -> str:
     with Redis.from_url(url) as redis:
         version = redis.info("server")["redis_version"]
-    cpu = platform.processor() or platform.machine()
-    for line in (
-        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    ):
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
     return (
-        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, "
         f"redis-server {version} on 127.0.0.1 (loopback), every contender on the same server"
     )
 

@@ -69,7 +69,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 import aiolimit
 from aiolimit import LimiterError, NotConfiguredError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
+from aiolimit._tools import LocalRedis, cpu_model
 
 PREFIX = "aiolimit:"
 DEADLINE = 120.0  # seconds per scenario
@@ -960,14 +960,8 @@ def recover(url: str, server: LocalRedis | None, saved: dict[str, str], token: s
 def machine(url: str) -> str:
     with Redis.from_url(url, socket_timeout=10) as redis:
         version = redis.info("server")["redis_version"]
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
-        if line.startswith("model name"):
-            cpu = line.split(":", 1)[1].strip()
-            break
     return (
-        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, "
+        f"{os.cpu_count()} cores ({cpu_model()}), Python {platform.python_version()}, "
         f"redis-server {version}"
     )
 

@@ -442,7 +442,6 @@ for _, key in ipairs(redis.call('KEYS', plan[1])) do
     local kept = not asked[key] and was and was[1] == at
     table.insert(ttls, key)
     table.insert(ttls, asked[key] or (kept and was[2]) or at - began)
-    table.insert(ttls, kept and 1 or 0)
     redis.call('PEXPIRE', key, %(mark)d)
   end
 end
@@ -468,7 +467,6 @@ class OnFakeTime:
         self.pattern = pattern
         self.expired: list[str] = []  # keys to drop before the next command
         self.ttls: dict[str, int] = {}
-        self.kept: set[str] = set()  # keys whose TTL the operation's scripts left alone
         self.scripts: dict[bytes, str] = {}  # SHA1 -> the script wrapped in _AROUND
 
     def __getattr__(self, name: str) -> Any:
@@ -503,9 +501,7 @@ class OnFakeTime:
         await self.redis.delete(PLAN_KEY)
         await self.redis.rpush(PLAN_KEY, *plan)
         reply, ttls = await self.redis.eval(self.scripts[sha], *args[2:])
-        self.ttls = {_text(ttls[i]): ttls[i + 1] for i in range(0, len(ttls), 3)}
-        self.kept |= {_text(ttls[i]) for i in range(0, len(ttls), 3) if ttls[i + 2]}
-        self.kept -= {_text(ttls[i]) for i in range(0, len(ttls), 3) if not ttls[i + 2]}
+        self.ttls = {_text(ttls[i]): ttls[i + 1] for i in range(0, len(ttls), 2)}
         return reply
 
 
@@ -603,7 +599,6 @@ class Twins:
         fake = self.on_fake_time
         fake.expired = [key for key, expires_at in keys.items() if expires_at <= self.now]
         fake.ttls = {k: self.ms_left(at) for k, at in keys.items() if self.now < at < FOREVER}
-        fake.kept = set()
 
     async def compare_keys(self, now: int) -> None:
         """Both backends hold the same keys, with a TTL in the same cases, of the same length

@@ -6,7 +6,14 @@ Nothing here is stable.
 
 from .audit import Stamp, Window, busiest_window
 from .recording import GrantRecord, RecordingBackend, Request
-from .server import LocalRedis, Persistence, free_port, redis_server_binary, valkey_server_binary
+from .server import (
+    LocalRedis,
+    Persistence,
+    cpu_model,
+    free_port,
+    redis_server_binary,
+    valkey_server_binary,
+)
 
 __all__ = [
     "GrantRecord",
@@ -17,6 +24,7 @@ __all__ = [
     "Stamp",
     "Window",
     "busiest_window",
+    "cpu_model",
     "free_port",
     "redis_server_binary",
     "valkey_server_binary",

@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .. import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ..backends.redis import RedisBackend
 from ..errors import BackendError, LimiterError, NotConfiguredError
-from .demo import masked
+from .demo import masked, positive_int, positive_seconds
 from .inspect import Snapshot, budget_state, inspect_limiter, limiter_names
 
 __all__ = ["BLOCK", "DELETE", "INSPECT", "LIST", "SET_RATE", "WATCH", "Command"]
@@ -363,29 +363,16 @@ async def _block(args: argparse.Namespace, backend: RedisBackend) -> int:
 # -- watch ---------------------------------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
-    value = _seconds_argument(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def _watch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the limiter's name")
     parser.add_argument(
-        "--interval", type=_positive, default=1.0, metavar="SECONDS", help="refresh (default 1)"
+        "--interval",
+        type=positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="refresh (default 1)",
     )
-    parser.add_argument("--count", type=_count, metavar="N", help="stop after N lines")
+    parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N lines")
 
 
 async def _watch(args: argparse.Namespace, backend: RedisBackend) -> int:

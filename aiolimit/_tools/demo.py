@@ -32,7 +32,7 @@ _BAR_WIDTH = 20
 _STAMP_TOLERANCE = 0.010
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -42,7 +42,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _positive_seconds(text: str) -> float:
+def positive_seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -54,21 +54,21 @@ def _positive_seconds(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--rate", type=_positive_int, default=20, help="permits per interval (default 20)"
+        "--rate", type=positive_int, default=20, help="permits per interval (default 20)"
     )
     parser.add_argument(
         "--interval",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=1.0,
         metavar="SECONDS",
         help="sliding window length (default 1)",
     )
     parser.add_argument(
-        "--workers", type=_positive_int, default=8, help="tasks sharing the limiter (default 8)"
+        "--workers", type=positive_int, default=8, help="tasks sharing the limiter (default 8)"
     )
     parser.add_argument(
         "--duration",
-        type=_positive_seconds,
+        type=positive_seconds,
         default=5.0,
         metavar="SECONDS",
         help="how long the workers run (default 5)",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import platform
 import shutil
 import signal
 import socket
@@ -33,12 +34,22 @@ from typing import Literal
 __all__ = [
     "LocalRedis",
     "Persistence",
+    "cpu_model",
     "free_port",
     "redis_server_binary",
     "valkey_server_binary",
 ]
 
 Persistence = Literal["none", "aof"]
+
+
+def cpu_model() -> str:
+    """The processor's model name, for the machine line of a benchmark's table."""
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def free_port() -> int:

@@ -706,16 +706,23 @@ class _Group:
         per = 2
         state = limiter.budgets.get(key)
         if state is not None:
-            # Read as load_group reads the value: a copy, stored only if saved. set_rate with
-            # keep_state may have changed the rates: each keeps its own state by position, a
-            # rate added starts afresh.
-            n = [state.n[i] if i < len(state.n) else 0 for i in range(per * len(config.rates))]
-            state = _Budget(expires_at=state.expires_at, last=state.last, n=n)
-            if config.algorithm is Algorithm.TOKEN_BUCKET:
-                for i, rate in enumerate(config.rates):
-                    if state.n[2 * i + 1] >= rate.permits:  # another rate's remainder
-                        state.n[2 * i] += 1
-                        state.n[2 * i + 1] = 0
+            # set_rate with keep_state may have changed the rates: each keeps its own state
+            # by position, a rate added starts afresh; a token bucket's remainder of another
+            # rate is rounded up. As load_group reads the value, that is a copy, stored only
+            # if saved. (Otherwise the state is used as it is: only commit and release change
+            # it, and both save it.)
+            size = per * len(config.rates)
+            bucket = config.algorithm is Algorithm.TOKEN_BUCKET
+            if len(state.n) != size or (
+                bucket and any(state.n[2 * i + 1] >= r.permits for i, r in enumerate(config.rates))
+            ):
+                n = [state.n[i] if i < len(state.n) else 0 for i in range(size)]
+                state = _Budget(expires_at=state.expires_at, last=state.last, n=n)
+                if bucket:
+                    for i, rate in enumerate(config.rates):
+                        if n[2 * i + 1] >= rate.permits:
+                            n[2 * i] += 1
+                            n[2 * i + 1] = 0
             self.state, self.fresh = state, False
             return
         self.fresh = True
