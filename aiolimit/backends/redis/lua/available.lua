@@ -9,12 +9,9 @@
 -- Returns {0, left} (left may be negative while reservations are queued or after the rate
 -- was lowered), {-1} without config, {-3, type} when KEYS were built for the other rate type.
 
-local config = load_config(KEYS[1])
+local config, trouble = budget_config(KEYS[1], ARGV[2])
 if not config then
-  return { -1 }
-end
-if config.type ~= ARGV[2] then
-  return { -3, config.type }
+  return trouble
 end
 local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
 local group = load_group(config, KEYS[2], KEYS[3], false)

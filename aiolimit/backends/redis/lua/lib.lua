@@ -140,6 +140,19 @@ local function load_config(config_key)
   return config
 end
 
+-- The config a budget script acts on, or nil and the reply that says why there is none:
+-- {-1} without config, {-3, type} when the caller built the keys for the other rate type.
+local function budget_config(config_key, rate_type)
+  local config = load_config(config_key)
+  if not config then
+    return nil, { -1 }
+  end
+  if config.type ~= rate_type then
+    return nil, { -3, config.type }
+  end
+  return config
+end
+
 local function save_clock(config)
   if config.clock_moved then
     redis.call('HSET', config.key, 'clock', fmt(config.clock))

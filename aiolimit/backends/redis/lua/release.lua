@@ -20,12 +20,9 @@ local done = redis.call('GET', KEYS[4])
 if done then
   return { 0, tonumber(done) }
 end
-local config = load_config(KEYS[1])
+local config, trouble = budget_config(KEYS[1], ARGV[3])
 if not config then
-  return { -1 }
-end
-if config.type ~= ARGV[3] then
-  return { -3, config.type }
+  return trouble
 end
 local now = limiter_now(config, ARGV[2])
 save_clock(config)

@@ -10,12 +10,9 @@
 -- Returns {0, wait in us (0: now)}, {-1} without config, {-2, rate} when permits exceed the
 -- rate, {-3, type} when KEYS were built for the other rate type.
 
-local config = load_config(KEYS[1])
+local config, trouble = budget_config(KEYS[1], ARGV[3])
 if not config then
-  return { -1 }
-end
-if config.type ~= ARGV[3] then
-  return { -3, config.type }
+  return trouble
 end
 local permits = tonumber(ARGV[1])
 if permits > config.max_permits then
