@@ -363,6 +363,34 @@ def test_client_ip_from_reads_forwarded_for_only_as_far_as_trusted_proxies_wrote
         client_ip_from("10.0.0.1")
 
 
+def test_client_ip_from_reads_the_rfc_7239_forwarded_header_when_named() -> None:
+    key = client_ip_from(["10.0.0.0/8", "2001:db8::1"], header="Forwarded")
+
+    def scope(peer: str, *fields: str, name: bytes = b"forwarded") -> dict[str, Any]:
+        headers = [(name, value.encode()) for value in fields]
+        return {"type": "http", "client": (peer, 1), "headers": headers}
+
+    # from an untrusted peer the header is ignored
+    assert key(scope("192.0.2.1", "for=10.9.9.9")) == "192.0.2.1"
+    # for= among other parameters, quoted with a port, and IPv6 in brackets
+    assert key(scope("10.0.0.2", "for=6.6.6.6, for=198.51.100.4;proto=https")) == "198.51.100.4"
+    assert key(scope("10.0.0.2", 'for=6.6.6.6, for="198.51.100.4:4711"')) == "198.51.100.4"
+    assert key(scope("10.0.0.2", 'for="[2001:db8:cafe::17]:4711"')) == "2001:db8:cafe::17"
+    assert key(scope("2001:db8::1", 'For="[2001:db8::42]"')) == "2001:db8::42"
+    # two trusted hops, over two fields; a quoted comma does not split an element
+    fields = ('for=6.6.6.6;by="a,b", for=198.51.100.4', "for=10.1.1.1;proto=http")
+    assert key(scope("10.0.0.2", *fields)) == "198.51.100.4"
+    # what a trusted proxy wrote that is no address: the nearest address read is the client
+    assert key(scope("10.0.0.2", "for=unknown")) == "10.0.0.2"
+    assert key(scope("10.0.0.2", "for=198.51.100.4, for=_hidden")) == "10.0.0.2"
+    assert key(scope("10.0.0.2", "for=198.51.100.4, proto=https")) == "10.0.0.2"
+    # only the header named is read
+    assert key(scope("10.0.0.2", "198.51.100.4", name=b"x-forwarded-for")) == "10.0.0.2"
+    assert client_ip_from(["10.0.0.0/8"])(scope("10.0.0.2", "for=198.51.100.4")) == "10.0.0.2"
+    with pytest.raises(InvalidArgumentError, match="header must be"):
+        client_ip_from(["10.0.0.0/8"], header="X-Real-IP")
+
+
 @looptime
 async def test_a_spoofed_forwarded_for_does_not_buy_a_new_budget() -> None:
     app = RateLimitMiddleware(
