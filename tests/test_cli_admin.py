@@ -117,6 +117,21 @@ def test_inspect_json_carries_the_same_figures(capsys, url, name):
     assert shown["clients"] is None
 
 
+def test_inspect_counts_the_memory_of_every_rate_s_log(capsys, url, name):
+    async def two_rates(backend: RedisBackend) -> list[str]:
+        limiter = RateLimiter(name, backend)
+        await limiter.set_rate(RateType.OVERALL, [Rate(5, 1), Rate(20, 60)])
+        assert await limiter.try_acquire(2)
+        return sorted(key.decode() for key in await backend.redis.keys(f"*{{{name}}}*"))
+
+    keys = on_server(url, two_rates)
+    assert len(keys) == 5, keys  # config, and a value key and a log per rate
+    code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
+    assert code == 0
+    sizes = on_server(url, lambda backend: asyncio.gather(*map(backend.redis.memory_usage, keys)))
+    assert json.loads(out)["memory"] == {"bytes": sum(sizes), "keys": 5}
+
+
 async def _three_clients(backend: RedisBackend, name: str) -> None:
     await RateLimiter(name, backend).set_rate(RateType.PER_CLIENT, 3, 60)
     for client, grants in (("bob", 1), ("alice", 3), ("carol", 2)):

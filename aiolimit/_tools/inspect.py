@@ -21,7 +21,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._types import RateLimiterConfig, RateType
+from .._types import Algorithm, RateLimiterConfig, RateType
 from ..backends._protocol import parse_member, parse_value
 from ..backends.redis import RedisBackend
 from ..backends.redis._compat import is_cluster
@@ -201,6 +201,10 @@ async def inspect_limiter(
     else:
         read = await _clients(backend, snapshot, gen, clients, busiest)
         memory_keys += [keys.registry, *keys.clients(read)]
+    if config.algorithm is Algorithm.SLIDING_WINDOW:  # a log per rate: the others' keys too
+        budget_keys = memory_keys[1:] if config.rate_type is RateType.OVERALL else memory_keys[2:]
+        for i in range(2, len(config.rates) + 1):
+            memory_keys += [keys.for_rate(key, i) for key in budget_keys]
     snapshot.memory_bytes, snapshot.memory_keys = await _memory(redis, memory_keys)
     return snapshot
 

@@ -54,6 +54,14 @@ class Keys:
                 self._budgets[(rate_type, client_id, registry)] = keys
         return keys
 
+    def for_rate(self, key: str, i: int) -> str:
+        """The key of rate ``i`` (1: the first) of a sliding window's budget key, as lib.lua's
+        ``rate_key`` names it: ``<tag>:value:<client>`` -> ``<tag>:value2:<client>``."""
+        if i == 1:
+            return key
+        base, colon, client = key[len(self.tag) + 1 :].partition(":")
+        return f"{self.tag}:{base}{i}{colon}{client}"
+
     def retired(self, token: str) -> str:
         """Where the clients registry goes when every client's state is cleared."""
         return f"{self.tag}:retired:{token}"
