@@ -583,9 +583,7 @@ class _Gate:
         """One attempt per rule, all at once; if any fails, the others' grants go back."""
         if len(requests) == 1:
             return [await self._attempt(requests[0])]
-        outcomes = await asyncio.gather(
-            *(self._attempt(request) for request in requests), return_exceptions=True
-        )
+        outcomes = await self._all_outcomes(requests)
         attempts: list[Grant | Refusal] = []
         failures: list[BaseException] = []
         for outcome in outcomes:
@@ -602,6 +600,39 @@ class _Gate:
         ]
         await self._hand_back(granted)
         raise failures[0]
+
+    async def _all_outcomes(self, requests: list[_Request]) -> list[Grant | Refusal | Exception]:
+        """What ``gather(*attempts, return_exceptions=True)`` gives, with one task fewer: the
+        last attempt runs in this task (every attempt has made its request before any reply
+        can come, so they go to Redis together). If this task is cancelled meanwhile, the
+        attempts still running are cancelled (their grants go back), and so are grants made."""
+        loop = asyncio.get_running_loop()
+        others = [loop.create_task(self._attempt(request)) for request in requests[:-1]]
+        outcomes: list[Grant | Refusal | Exception] = []
+        last: Grant | Refusal | Exception | None = None
+        try:
+            try:
+                last = await self._attempt(requests[-1])
+            except Exception as exc:
+                last = exc
+            for task in others:
+                try:
+                    outcomes.append(await task)
+                except Exception as exc:
+                    outcomes.append(exc)
+        except BaseException:
+            made: list[tuple[_Request, object]] = [(requests[-1], last)]
+            for request, task in zip(requests, others, strict=False):
+                if not task.done():
+                    task.cancel()  # its grant, if one comes, goes back
+                elif not task.cancelled() and task.exception() is None:
+                    made.append((request, task.result()))
+            for request, outcome in made:
+                if isinstance(outcome, Grant):
+                    request.backend.hand_back(request.rule.name, outcome.member)
+            raise
+        outcomes.append(last)
+        return outcomes
 
     @staticmethod
     async def _hand_back(grants: list[tuple[_Request, Grant]]) -> None:

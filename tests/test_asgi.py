@@ -624,6 +624,58 @@ async def test_on_redis_a_refusal_hands_back_the_other_rules_grants(
     assert await RateLimiter("global", redis_backend).available_permits() == 47
 
 
+async def test_a_request_cancelled_while_its_rules_are_checked_hands_every_grant_back(
+    redis_backend: RedisBackend,
+) -> None:
+    app = RateLimitMiddleware(
+        starlette_app(),
+        backend=redis_backend,
+        rules=[Rule("global", "50/minute"), Rule("per-client", "2/minute", key=client_ip)],
+    )
+    async with client(app, "198.51.100.1") as alice:
+        assert (await alice.get("/other")).status_code == 200  # the configs are written
+
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": "/other",
+        "headers": [],
+        "client": ("198.51.100.1", 4000),
+    }
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    admin = redis_backend.redis.client()  # its own connection from the same pool settings
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the scripts wait
+    try:
+        checked = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.sleep(0.2)
+        assert not checked.done()
+        checked.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await checked
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+    assert sent == []  # nothing was answered
+
+    global_limiter = RateLimiter("global", redis_backend)
+    alice_limiter = RateLimiter("per-client", redis_backend.with_client("198.51.100.1"))
+    # The grants made while the caller was gone go back as their replies come (bounded wait).
+    deadline = asyncio.get_running_loop().time() + 5
+    while (
+        await global_limiter.available_permits(),
+        await alice_limiter.available_permits(),
+    ) != (49, 1):
+        assert asyncio.get_running_loop().time() < deadline, "the grants were not handed back"
+        await asyncio.sleep(0.05)
+
+
 async def test_a_per_client_view_takes_one_round_trip(redis_backend: RedisBackend) -> None:
     limiter = RateLimiter("pc", redis_backend)
     await limiter.set_rate(RateType.PER_CLIENT, 100, 60)
