@@ -150,7 +150,7 @@ class RedisBackend(Backend):
         orphan: Callable[[Any], None] | None = None,
     ) -> R:
         try:
-            reply = await self._pipe.call(script, keys, args, orphan, self._timeout)
+            reply = await self._pipe.submit(script, keys, args, orphan, self._timeout)
         except ANY as exc:
             raise self._error(script.what, exc) from exc
         try:

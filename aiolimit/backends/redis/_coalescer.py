@@ -214,6 +214,19 @@ class Coalescer:
     ) -> Any:
         """The raw reply of ``operation`` run on ``keys`` and ``args``. ``orphan`` gets the
         reply instead when the caller was cancelled (or gave up) before it came."""
+        return await self.submit(operation, keys, args, orphan, timeout)
+
+    def submit(
+        self,
+        operation: Operation,
+        keys: Sequence[Key],
+        args: Sequence[Any],
+        orphan: Callable[[Any], None] | None = None,
+        timeout: float | None = None,
+    ) -> asyncio.Future[Any]:
+        """:meth:`call`'s request, made now; the future of its reply (one coroutine frame
+        fewer on the hot path: the caller awaits the future itself). Cancelling the future
+        is cancelling the caller."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(Request(operation, keys, args, future, orphan))
@@ -236,7 +249,7 @@ class Coalescer:
             waiting.append((loop.time() + timeout, future, operation, timeout))
             if self._timer is None:
                 self._timer = loop.call_at(waiting[0][0], self._give_up)
-        return await future
+        return future
 
     def _give_up(self) -> None:
         """Fails the callers whose deadline has passed (oldest first), then waits for the
