@@ -108,7 +108,14 @@ async def snapshot(store, name: str) -> object:
     budgets = {**limiter.budgets, **limiter.extra}
     stored = limiter.config
     return (
-        None if stored is None else (stored.config, stored.expires_at, stored.deadline),
+        None
+        if stored is None
+        else (
+            stored.config,
+            stored.expires_at,
+            stored.deadline,
+            None if stored.state is None else (stored.state.last, stored.state.n),
+        ),
         {k: (b.used, b.seq, b.live(), b.last, b.n) for k, b in budgets.items()},
         limiter.registry,
     )

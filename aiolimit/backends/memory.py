@@ -32,11 +32,21 @@ class _Config:
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
     blocked_until: int | None = None  # set by block(): no grant starts before it
+    # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
+    # has no TTL of its own and goes with the config; see lib.lua, "groups").
+    state: _Budget | None = None
+
+
+def _in_config(config: RateLimiterConfig) -> bool:
+    """The budget's state is kept in the config (``in_hash`` in lib.lua)."""
+    return config.rate_type is RateType.OVERALL and config.algorithm is not Algorithm.SLIDING_WINDOW
 
 
 @dataclass
 class _Budget:
-    """The value key and permits ZSET of one budget (both share one TTL); see lib.lua."""
+    """The value key and permits ZSET of one budget (both share one TTL); see lib.lua. (An
+    OVERALL token bucket's or fixed windows' state is a field of the config: ``_Config.state``,
+    whose ``expires_at`` means nothing.)"""
 
     used: int = 0  # permits the log holds
     seq: int = 0  # sequence number of the last grant
@@ -406,8 +416,10 @@ class MemoryBackend(Backend):
     @staticmethod
     def _refresh_group(limiter: _Limiter, key: str | None, now: int) -> int:
         """refresh_group: one budget's keys get the TTLs the config gives them; the longest,
-        in us (0: no state)."""
+        in us (0: no state, or state kept in the config, which lives as long)."""
         assert limiter.config is not None
+        if _in_config(limiter.config.config):
+            return 0
         group = _Group(limiter, limiter.config.config, key, True)
         if group.fresh:
             return 0
@@ -469,6 +481,8 @@ class MemoryBackend(Backend):
             if clock is not None and now < clock:
                 now = clock
             clock = now
+            if _in_config(config):
+                stored.state = old.state  # the new config carries the field over
             group = _Group(limiter, config, None, True)
             group.reclaim(now, True)
             if group.budgets is not None:
@@ -704,7 +718,7 @@ class _Group:
             self.fresh = not any(self.stored)
             return
         per = 2
-        state = limiter.budgets.get(key)
+        state = limiter.config.state if _in_config(config) else limiter.budgets.get(key)
         if state is not None:
             # set_rate with keep_state may have changed the rates: each keeps its own state
             # by position, a rate added starts afresh; a token bucket's remainder of another
@@ -877,15 +891,21 @@ class _Group:
             else:
                 until = max(until, (_window_of(n, i, rate.interval_us) + 1) * rate.interval_us)
         if until <= now:
-            limiter.budgets.pop(key, None)
+            if _in_config(config):
+                stored.state = None
+            else:
+                limiter.budgets.pop(key, None)
             return 0
         ttl = _ms(until - now)
         if deadline is not None:
             ttl = max(min(ttl, _ms(deadline - now)), 1000)
         if len(config.rates) == 1 and not config.min_spacing_us:
             state.last = None  # kept only where a later request needs it (lib.lua, save_group)
-        state.expires_at = now + ttl
-        limiter.budgets[key] = state
+        if _in_config(config):
+            stored.state = state  # no TTL of its own: it goes with the config
+        else:
+            state.expires_at = now + ttl
+            limiter.budgets[key] = state
         return ttl
 
     def release(self, wanted: int, member: str | None, now: int) -> int:
