@@ -714,9 +714,7 @@ async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store,
 
 
 @COUNTERS
-async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(
-    store, name, algorithm
-):
+async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(store, name, algorithm):
     await early_in_window(store, 3600, 3)
     limiter = await configured(store, name, [Rate(5, 3600)], algorithm)
     assert await limiter.try_acquire(3)

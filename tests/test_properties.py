@@ -54,6 +54,7 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
+from aiolimit.backends._protocol import parse_counters, state_in_config
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
@@ -648,17 +649,13 @@ class Twins:
             assert redis == memory, f"config: redis {redis}, memory {memory}"
             # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
             # state has no generation, nor does its config).
-            in_hash = None
-            if "state" in fields:
-                last, *numbers = fields["state"].split(" ")
-                in_hash = (None if last == "-" else int(last), [int(n) for n in numbers])
+            in_hash = parse_counters(fields["state"]) if "state" in fields else None
             state = stored.state
             assert in_hash == (None if state is None else (state.last, state.n)), (
                 f"state: redis {in_hash}, memory {state}"
             )
             gen = fields.get("gen")
-            counters = stored.config.algorithm is not Algorithm.SLIDING_WINDOW
-            assert (gen is None) == (counters and stored.config.rate_type is RateType.OVERALL)
+            assert (gen is None) == state_in_config(stored.config)
         logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
         logs += [(client_id, i, budget) for (client_id, i), budget in limiter.extra.items()]
         for client_id, i, budget in logs:

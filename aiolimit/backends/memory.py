@@ -15,7 +15,7 @@ from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from ._protocol import MAX_EXACT as _MAX_EXACT
 from ._protocol import RECLAIM_STEPS as _RECLAIM_STEPS
 from ._protocol import WALK_STEPS as _WALK_STEPS
-from ._protocol import format_member, parse_member
+from ._protocol import format_member, parse_member, state_in_config
 from .base import Backend, Grant, Refusal, SetMode
 
 __all__ = ["MemoryBackend"]
@@ -35,11 +35,6 @@ class _Config:
     # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
     # has no TTL of its own and goes with the config; see lib.lua, "groups").
     state: _Budget | None = None
-
-
-def _in_config(config: RateLimiterConfig) -> bool:
-    """The budget's state is kept in the config (``in_hash`` in lib.lua)."""
-    return config.rate_type is RateType.OVERALL and config.algorithm is not Algorithm.SLIDING_WINDOW
 
 
 @dataclass
@@ -418,7 +413,7 @@ class MemoryBackend(Backend):
         """refresh_group: one budget's keys get the TTLs the config gives them; the longest,
         in us (0: no state, or state kept in the config, which lives as long)."""
         assert limiter.config is not None
-        if _in_config(limiter.config.config):
+        if state_in_config(limiter.config.config):
             return 0
         group = _Group(limiter, limiter.config.config, key, True)
         if group.fresh:
@@ -481,7 +476,7 @@ class MemoryBackend(Backend):
             if clock is not None and now < clock:
                 now = clock
             clock = now
-            if _in_config(config):
+            if state_in_config(config):
                 stored.state = old.state  # the new config carries the field over
             group = _Group(limiter, config, None, True)
             group.reclaim(now, True)
@@ -718,7 +713,7 @@ class _Group:
             self.fresh = not any(self.stored)
             return
         per = 2
-        state = limiter.config.state if _in_config(config) else limiter.budgets.get(key)
+        state = limiter.config.state if state_in_config(config) else limiter.budgets.get(key)
         if state is not None:
             # set_rate with keep_state may have changed the rates: each keeps its own state
             # by position, a rate added starts afresh; a token bucket's remainder of another
@@ -891,7 +886,7 @@ class _Group:
             else:
                 until = max(until, (_window_of(n, i, rate.interval_us) + 1) * rate.interval_us)
         if until <= now:
-            if _in_config(config):
+            if state_in_config(config):
                 stored.state = None
             else:
                 limiter.budgets.pop(key, None)
@@ -901,7 +896,7 @@ class _Group:
             ttl = max(min(ttl, _ms(deadline - now)), 1000)
         if len(config.rates) == 1 and not config.min_spacing_us:
             state.last = None  # kept only where a later request needs it (lib.lua, save_group)
-        if _in_config(config):
+        if state_in_config(config):
             stored.state = state  # no TTL of its own: it goes with the config
         else:
             state.expires_at = now + ttl
