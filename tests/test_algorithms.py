@@ -108,7 +108,14 @@ async def snapshot(store, name: str) -> object:
     budgets = {**limiter.budgets, **limiter.extra}
     stored = limiter.config
     return (
-        None if stored is None else (stored.config, stored.expires_at, stored.deadline),
+        None
+        if stored is None
+        else (
+            stored.config,
+            stored.expires_at,
+            stored.deadline,
+            None if stored.state is None else (stored.state.last, stored.state.n),
+        ),
         {k: (b.used, b.seq, b.live(), b.last, b.n) for k, b in budgets.items()},
         limiter.registry,
     )
@@ -375,9 +382,9 @@ async def test_a_change_of_algorithm_clears_the_state_even_with_keep_state(store
     assert (await limiter.get_config()).algorithm is new
     assert await limiter.available_permits() == 4
     assert await limiter.try_acquire(1)
-    # Only the new algorithm's keys are left: config, and the value key (plus, for a sliding
-    # window, the permits ZSET and one value key and ZSET per further rate).
-    await assert_stored_keys(store, 5 if new is SLIDING else 2)
+    # Only the new algorithm's keys are left: a sliding window's value key and permits ZSET per
+    # rate besides the config; the counters' state lives in the config hash.
+    await assert_stored_keys(store, 5 if new is SLIDING else 1)
     await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=True)  # same: kept
     assert await limiter.available_permits() == 3
     await limiter.set_rate(OVERALL, rates, algorithm=new)  # keep_state=False: cleared
@@ -652,6 +659,122 @@ async def test_every_key_of_several_sliding_rates_stays_in_the_limiters_slot(sto
     await assert_stored_keys(store, 0)
 
 
+COUNTERS = pytest.mark.parametrize("algorithm", [BUCKET, FIXED], ids=lambda a: a.name.lower())
+
+
+async def config_fields(store, name: str) -> dict[str, str]:
+    backend = store.backend()
+    assert isinstance(backend, RedisBackend)
+    fields = await backend.redis.hgetall(backend.keys(name).config)
+    return {k.decode(): v.decode() for k, v in fields.items()}
+
+
+@COUNTERS
+@pytest.mark.parametrize("store", ["fakeredis", "redis", "valkey"], indirect=True)
+async def test_an_overall_counter_keeps_its_state_in_the_config_hash(store, name, algorithm):
+    await early_in_window(store, 3600, 2)
+    limiter = await configured(store, name, [Rate(5, 3600)], algorithm)
+    assert await limiter.try_acquire(2)
+    assert await limiter.try_acquire(1)
+    await assert_stored_keys(store, 1)  # the config alone: no value key, no generation
+    fields = await config_fields(store, name)
+    assert "gen" not in fields
+    last, *numbers = fields["state"].split(" ")
+    assert last == "-" and len(numbers) == 2  # "<last> <tat> <frac>", "<last> <end> <count>"
+    if algorithm is FIXED:
+        assert numbers[1] == "3"
+    assert await limiter.available_permits() == 2
+    # PER_CLIENT counters keep a value key per client, as before.
+    per_client = await configured(store, f"{name}-pc", [Rate(5, 3600)], algorithm, PER_CLIENT)
+    assert await per_client.try_acquire()
+    await assert_stored_keys(store, 1 + 3)  # its config, registry and the client's value key
+    assert "state" not in await config_fields(store, per_client.name)
+    assert await limiter.delete()
+    assert await per_client.delete()
+    await assert_stored_keys(store, 0)
+
+
+@COUNTERS
+@pytest.mark.parametrize("store", ["redis"], indirect=True)
+async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store, algorithm):
+    # Issue 10's target, as benchmarks/memory_per_limiter.py measures it: a name of 18
+    # characters, a rate of 100 000 per hour, every permit of it taken.
+    name = f"mem-{algorithm.value}-1"
+    assert len(name) == 18
+    await early_in_window(store, 3600, 2)
+    limiter = await configured(store, name, [Rate(100_000, 3600)], algorithm)
+    for _ in range(100):
+        assert await limiter.try_acquire(1000)
+    assert await limiter.available_permits() == 0
+    backend = store.backend()
+    assert isinstance(backend, RedisBackend)
+    keys = await backend.redis.keys("*")
+    assert keys == [backend.keys(name).config.encode()]
+    assert await backend.redis.memory_usage(keys[0], samples=0) <= 200
+
+
+@COUNTERS
+async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(store, name, algorithm):
+    await early_in_window(store, 3600, 3)
+    limiter = await configured(store, name, [Rate(5, 3600)], algorithm)
+    assert await limiter.try_acquire(3)
+    await limiter.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await limiter.available_permits() == 2  # kept
+    rates = [Rate(5, 3600), Rate(4, 60)]
+    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, keep_state=True)
+    assert await limiter.available_permits() == 2  # kept; the added rate starts afresh
+    assert await limiter.try_acquire(2)
+    assert await limiter.update_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await limiter.available_permits() == 0
+    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm)
+    assert await limiter.available_permits() == 6  # without keep_state: afresh
+    await assert_stored_keys(store, 1)
+    if store.is_redis:
+        assert "state" not in await config_fields(store, name)
+    assert await limiter.try_acquire(4)
+    # expire: the state goes with the config, and comes back empty.
+    assert await limiter.expire(timedelta(milliseconds=200))
+    assert await limiter.available_permits() == 2
+    if store.is_redis:
+        backend = store.backend()
+        assert isinstance(backend, RedisBackend)
+        assert 0 < await backend.redis.pttl(backend.keys(name).config) <= 200
+    await asyncio.sleep(0.3)
+    assert await limiter.get_config() is None
+    await assert_stored_keys(store, 0)
+    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=True)
+    assert await limiter.available_permits() == 6
+    assert await limiter.try_acquire(5)
+    assert await limiter.expire(timedelta(seconds=60))
+    assert await limiter.clear_expire()
+    assert await limiter.available_permits() == 1  # the state outlives clear_expire
+    assert await limiter.delete()
+    await assert_stored_keys(store, 0)
+    assert not await limiter.delete()
+    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=True)
+    assert await limiter.available_permits() == 6  # nothing of the deleted limiter is left
+
+
+@COUNTERS
+async def test_a_counters_rate_type_change_starts_every_budget_afresh(store, name, algorithm):
+    await early_in_window(store, 3600, 2)
+    a = RateLimiter(name, new_client(store, "a"))
+    await a.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm)
+    assert await a.try_acquire(4)
+    await a.set_rate(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await a.available_permits() == 5
+    assert await a.try_acquire(3)
+    await assert_stored_keys(store, 3)  # config, registry, a's value key
+    if store.is_redis:
+        assert "state" not in await config_fields(store, name)
+    await a.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await a.available_permits() == 5
+    assert await a.try_acquire(1)
+    await assert_stored_keys(store, 1)  # a's keys are retired; the state is in the config
+    await a.set_rate(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await a.available_permits() == 5  # neither a's old value key nor the OVERALL state
+
+
 async def test_several_rates_and_a_token_bucket_on_a_real_cluster(
     redis_cluster: Cluster, cluster_redis: RedisCluster
 ) -> None:
@@ -668,9 +791,9 @@ async def test_several_rates_and_a_token_bucket_on_a_real_cluster(
     await bucket.release(2)
     assert await bucket.try_acquire(timeout=0.1)
     where = masters_holding(redis_cluster)
-    # sliding: config, registry, and per client a value key and a ZSET per rate; bucket:
-    # config and value key
-    for limiter, count in ((sliding, 2 + 2 * 2 * 2), (bucket, 2)):
+    # sliding: config, registry, and per client a value key and a ZSET per rate; bucket: the
+    # config, which holds its state
+    for limiter, count in ((sliding, 2 + 2 * 2 * 2), (bucket, 1)):
         tag = backend.keys(limiter.name).tag
         mine = [k for k in where if k.startswith(tag + ":") and ":released:" not in k]
         assert len(mine) == count, mine

@@ -54,6 +54,7 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
+from aiolimit.backends._protocol import parse_counters, state_in_config
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
@@ -646,7 +647,15 @@ class Twins:
             memory = {"expires_at": stored.deadline, "clock": stored.clock}
             redis = {k: int(fields[k]) if k in fields else None for k in memory}
             assert redis == memory, f"config: redis {redis}, memory {memory}"
-            gen = fields["gen"]
+            # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
+            # state has no generation, nor does its config).
+            in_hash = parse_counters(fields["state"]) if "state" in fields else None
+            state = stored.state
+            assert in_hash == (None if state is None else (state.last, state.n)), (
+                f"state: redis {in_hash}, memory {state}"
+            )
+            gen = fields.get("gen")
+            assert (gen is None) == state_in_config(stored.config)
         logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
         logs += [(client_id, i, budget) for (client_id, i), budget in limiter.extra.items()]
         for client_id, i, budget in logs:
@@ -837,6 +846,48 @@ class Twins:
         ("wait_then_acquire", "a", 2),
         ("configure", "update", (RateType.OVERALL, 2, INTERVALS_US[0], 3.0), True),
         ("acquire", "a", 2),
+    ],
+)  # fmt: skip
+@example(  # OVERALL counters keep their state in the config: kept, cleared, run out, retyped
+    first=(
+        RateType.OVERALL, 3, INTERVALS_US[0], None, Algorithm.FIXED_WINDOW, (), None,
+    ),
+    operations=[
+        ("acquire", "a", 2),
+        ("configure", "update", (
+            RateType.OVERALL, 4, INTERVALS_US[0], None,
+            Algorithm.FIXED_WINDOW, ((2, INTERVALS_US[1]),), None,
+        ), True),
+        ("acquire", "b", 2),
+        ("expire", "interval"),
+        ("clear_expire",),
+        ("advance", "interval"),
+        ("available", "a"),
+        ("configure", "set", (
+            RateType.OVERALL, 3, INTERVALS_US[0], None, Algorithm.FIXED_WINDOW, (), None,
+        ), True),
+        ("acquire", "a", 1),
+        ("configure", "set", (
+            RateType.OVERALL, 3, INTERVALS_US[0], None, Algorithm.TOKEN_BUCKET, (), None,
+        ), True),
+        ("acquire", "a", 3),
+        ("configure", "update", (
+            RateType.OVERALL, 3, INTERVALS_US[1], None, Algorithm.TOKEN_BUCKET, (), None,
+        ), True),
+        ("wait_then_acquire", "b", 1),
+        ("advance", "interval+1us"),
+        ("release", "a", 1),
+        ("configure", "set", (
+            RateType.PER_CLIENT, 3, INTERVALS_US[0], None, Algorithm.TOKEN_BUCKET, (), None,
+        ), True),
+        ("acquire", "a", 2),
+        ("configure", "set", (
+            RateType.OVERALL, 3, INTERVALS_US[0], 1.0, Algorithm.TOKEN_BUCKET, (), None,
+        ), True),
+        ("acquire", "b", 1),
+        ("advance", "interval+1us"),
+        ("get_config",),
+        ("delete",),
     ],
 )  # fmt: skip
 @example(  # fixed windows, PER_CLIENT, three rates: the next window with room in every rate

@@ -10,18 +10,21 @@ from typing import Any
 import fakeredis
 import pytest
 
-from aiolimit import MemoryBackend, RateLimiterConfig, RateType, RedisBackend
+from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     MAX_BATCH,
     MAX_EXACT,
     RECLAIM_STEPS,
+    STATE_FIELD,
     VALUE_FORMAT,
     WALK_STEPS,
     Reply,
     format_member,
+    parse_counters,
     parse_member,
     parse_value,
+    state_in_config,
 )
 from aiolimit.backends.redis import _scripts as scripts
 
@@ -168,6 +171,34 @@ async def test_the_state_the_scripts_write_reads_as_the_protocol_says() -> None:
     gen, used, seq, _ = parse_value((await redis.get(keys.value)).decode())
     assert (used, seq) == (5, 2)
     assert gen == (await redis.hget(keys.config, "gen")).decode()
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW])
+async def test_overall_counters_keep_their_state_in_the_config_as_the_protocol_says(
+    algorithm: Algorithm,
+) -> None:
+    assert f"'{STATE_FIELD}'" in lua("lib")
+    redis = fakeredis.FakeAsyncRedis()
+    backend = RedisBackend(redis, clock=lambda: 1000.0)
+    memory = MemoryBackend(clock=lambda: 1000.0)
+    rates = (Rate(10, 60), Rate(20, 3600))
+    for rate_type in RateType:
+        config = RateLimiterConfig.build(rate_type, rates, algorithm=algorithm)
+        for store in (backend, memory):
+            await store.set_rate("p", config, "set", False)
+            assert isinstance(await store.try_acquire("p", 2), Grant)
+        fields = await redis.hgetall(backend.keys("p").config)
+        if not state_in_config(config):
+            assert STATE_FIELD.encode() not in fields and b"gen" in fields
+            continue
+        assert b"gen" not in fields
+        last, numbers = parse_counters(fields[STATE_FIELD.encode()].decode())
+        stored = memory._shared.limiters["p"].config
+        assert stored is not None and stored.state is not None
+        assert (last, numbers) == (stored.state.last, stored.state.n) == (1000 * 10**6, numbers)
+        assert len(numbers) == 4
+        assert await redis.keys("*") == [backend.keys("p").config.encode()]
+    assert not state_in_config(RateLimiterConfig.build("OVERALL", 10, 60))
 
 
 async def test_the_memory_twin_numbers_its_grants_as_the_scripts_do() -> None:

@@ -5,7 +5,9 @@ Key names come from ``Keys`` (README, "Redis layout"), the config from
 ``RedisBackend.get_config`` and permits available from ``available_permits``, so this keeps
 reading correctly whatever the scripts store; what it reads directly (the value key, the
 permits ZSET, the clients registry) it reads defensively: state it cannot read counts as
-none. Every command here is read-only, and in the README's least-privilege ACL line.
+none. An OVERALL token bucket or fixed window has no state key: its state is a field of the
+config hash, counted in the config's memory. Every command here is read-only, and in the
+README's least-privilege ACL line.
 
 >>> snapshot = await inspect_limiter(backend, "partner-api")
 >>> async for name in limiter_names(backend, "partner-*"): ...
@@ -196,8 +198,9 @@ async def inspect_limiter(
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
-        snapshot.budget = await _budget(redis, keys.value, keys.permits, gen, now_us)
-        memory_keys += [keys.value, keys.permits]
+        if config.algorithm is Algorithm.SLIDING_WINDOW:  # (counters: state in the config)
+            snapshot.budget = await _budget(redis, keys.value, keys.permits, gen, now_us)
+            memory_keys += [keys.value, keys.permits]
     else:
         read = await _clients(backend, snapshot, gen, clients, busiest)
         memory_keys += [keys.registry, *keys.clients(read)]
@@ -219,6 +222,8 @@ async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConf
     (gen,) = await redis.hmget(keys.config, "gen")
     gen = _text(gen) if gen is not None else "-"
     if config.rate_type is RateType.OVERALL:
+        if config.algorithm is not Algorithm.SLIDING_WINDOW:
+            return Budget()  # the counters keep no grants to count (their state: the config)
         return await _budget(redis, keys.value, keys.permits, gen, now_us)
     ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
     budgets = await asyncio.gather(

@@ -18,20 +18,24 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import IntEnum
 
-from .._types import Rate, RateLimiterConfig
+from .._types import Algorithm, Rate, RateLimiterConfig, RateType
 
 __all__ = [
+    "COUNTERS_FORMAT",
     "MAX_BATCH",
     "MAX_EXACT",
     "RECLAIM_STEPS",
+    "STATE_FIELD",
     "VALUE_FORMAT",
     "WALK_STEPS",
     "Reply",
     "format_member",
     "format_rates",
+    "parse_counters",
     "parse_member",
     "parse_rates",
     "parse_value",
+    "state_in_config",
 ]
 
 MAX_EXACT = 2**53 - 1
@@ -105,3 +109,28 @@ def parse_value(value: str) -> tuple[str, int, int, tuple[int, int, int] | None]
         return gen, int(used), int(seq), None
     score, up_to, at = map(int, where.split(" "))
     return gen, int(used), int(seq), (score, up_to, at)
+
+
+STATE_FIELD = "state"
+"""The config hash's field that holds the state of an OVERALL token bucket or fixed windows
+(see :func:`state_in_config`), in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no
+generation: it goes with the config, and is absent while the state is fresh."""
+
+COUNTERS_FORMAT = "<last> <n 1> <n 2> ..."
+"""The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
+several rates or a spacing need it), then per rate two numbers: a bucket's full time (us) and
+its remainder (in 1/permits of a us), or the end of a window (us) and the permits in it. A
+PER_CLIENT client's value key holds ``"<gen> "`` and this."""
+
+
+def state_in_config(config: RateLimiterConfig) -> bool:
+    """The budget's state lives in the config hash (:data:`STATE_FIELD`), not in value keys:
+    an OVERALL token bucket or fixed windows (``config.in_hash`` in lib.lua)."""
+    return config.rate_type is RateType.OVERALL and config.algorithm is not Algorithm.SLIDING_WINDOW
+
+
+def parse_counters(text: str) -> tuple[int | None, list[int]]:
+    """``(last, numbers)`` of a token bucket's or fixed windows' state (see
+    :data:`COUNTERS_FORMAT`)."""
+    last, *numbers = text.split(" ")
+    return None if last == "-" else int(last), [int(n) for n in numbers]

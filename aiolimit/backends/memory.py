@@ -15,7 +15,7 @@ from ..errors import BackendError, InvalidArgumentError, NotConfiguredError
 from ._protocol import MAX_EXACT as _MAX_EXACT
 from ._protocol import RECLAIM_STEPS as _RECLAIM_STEPS
 from ._protocol import WALK_STEPS as _WALK_STEPS
-from ._protocol import format_member, parse_member
+from ._protocol import format_member, parse_member, state_in_config
 from .base import Backend, Grant, Refusal, SetMode
 
 __all__ = ["MemoryBackend"]
@@ -32,11 +32,16 @@ class _Config:
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
     blocked_until: int | None = None  # set by block(): no grant starts before it
+    # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
+    # has no TTL of its own and goes with the config; see lib.lua, "groups").
+    state: _Budget | None = None
 
 
 @dataclass
 class _Budget:
-    """The value key and permits ZSET of one budget (both share one TTL); see lib.lua."""
+    """The value key and permits ZSET of one budget (both share one TTL); see lib.lua. (An
+    OVERALL token bucket's or fixed windows' state is a field of the config: ``_Config.state``,
+    whose ``expires_at`` means nothing.)"""
 
     used: int = 0  # permits the log holds
     seq: int = 0  # sequence number of the last grant
@@ -406,8 +411,10 @@ class MemoryBackend(Backend):
     @staticmethod
     def _refresh_group(limiter: _Limiter, key: str | None, now: int) -> int:
         """refresh_group: one budget's keys get the TTLs the config gives them; the longest,
-        in us (0: no state)."""
+        in us (0: no state, or state kept in the config, which lives as long)."""
         assert limiter.config is not None
+        if state_in_config(limiter.config.config):
+            return 0
         group = _Group(limiter, limiter.config.config, key, True)
         if group.fresh:
             return 0
@@ -469,6 +476,8 @@ class MemoryBackend(Backend):
             if clock is not None and now < clock:
                 now = clock
             clock = now
+            if state_in_config(config):
+                stored.state = old.state  # the new config carries the field over
             group = _Group(limiter, config, None, True)
             group.reclaim(now, True)
             if group.budgets is not None:
@@ -704,7 +713,7 @@ class _Group:
             self.fresh = not any(self.stored)
             return
         per = 2
-        state = limiter.budgets.get(key)
+        state = limiter.config.state if state_in_config(config) else limiter.budgets.get(key)
         if state is not None:
             # set_rate with keep_state may have changed the rates: each keeps its own state
             # by position, a rate added starts afresh; a token bucket's remainder of another
@@ -877,15 +886,21 @@ class _Group:
             else:
                 until = max(until, (_window_of(n, i, rate.interval_us) + 1) * rate.interval_us)
         if until <= now:
-            limiter.budgets.pop(key, None)
+            if state_in_config(config):
+                stored.state = None
+            else:
+                limiter.budgets.pop(key, None)
             return 0
         ttl = _ms(until - now)
         if deadline is not None:
             ttl = max(min(ttl, _ms(deadline - now)), 1000)
         if len(config.rates) == 1 and not config.min_spacing_us:
             state.last = None  # kept only where a later request needs it (lib.lua, save_group)
-        state.expires_at = now + ttl
-        limiter.budgets[key] = state
+        if state_in_config(config):
+            stored.state = state  # no TTL of its own: it goes with the config
+        else:
+            state.expires_at = now + ttl
+            limiter.budgets[key] = state
         return ttl
 
     def release(self, wanted: int, member: str | None, now: int) -> int:

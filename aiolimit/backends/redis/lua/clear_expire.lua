@@ -1,6 +1,7 @@
 -- clear_expire: removes the config's TTL (set by expire(), or by keep_alive, which the next
 -- grant sets again), and gives the OVERALL state back the TTL it would have had without
--- expire(): one interval past its newest grant. PER_CLIENT clients' keys get theirs from
+-- expire(): one interval past its newest grant (an OVERALL token bucket's or fixed windows'
+-- state is in the config hash, and lives as long). PER_CLIENT clients' keys get theirs from
 -- the caller, in chunks (refresh.lua).
 --
 -- KEYS[1] config hash, KEYS[2] value key, KEYS[3] permits ZSET (OVERALL)

@@ -1,4 +1,5 @@
--- delete: removes the limiter: its config, the OVERALL state and the clients registry.
+-- delete: removes the limiter: its config (with an OVERALL token bucket's or fixed windows'
+-- state in it), the OVERALL state keys and the clients registry.
 --
 -- KEYS[1] config hash, KEYS[2] value key, KEYS[3] permits ZSET (OVERALL), KEYS[4] registry
 --         (the keys of a sliding window's other rates are named after KEYS[2] and KEYS[3])

@@ -21,7 +21,7 @@ config.expires_at = now + ttl * 1000
 redis.call('HSET', KEYS[1], 'expires_at', fmt(config.expires_at))
 redis.call('PEXPIRE', KEYS[1], ttl)
 -- The OVERALL state: the TTL its grants need, cut at the new end (a later end gives back
--- what an earlier expire() took).
+-- what an earlier expire() took). A token bucket's or fixed windows' is in the config hash.
 refresh_group(KEYS[2], KEYS[3], config, now)
 local current = redis.call('PTTL', KEYS[4])
 if current == -1 or current > ttl then

@@ -20,6 +20,8 @@
 -- (a new config, a rate type change, no keep_state). State of another generation belongs to
 -- no limiter: it is never counted, and is dropped when touched. So resetting or deleting a
 -- limiter with 100 000 clients is O(1); their keys are removed afterwards in small chunks.
+-- An OVERALL token bucket or fixed window keeps its state in the config hash itself (field
+-- 'state', see "groups" below): it goes with the config, so its config has no generation.
 --
 -- The reply codes, the formats and the bounds here are the protocol the Python twin follows
 -- too: aiolimit/backends/_protocol.py states them again, and tests/test_protocol.py checks
@@ -99,7 +101,7 @@ end
 -- Reads the config hash; returns nil when the limiter has no config.
 local function load_config(config_key)
   local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen',
-    'algorithm', 'rates', 'spacing', 'blocked_until')
+    'algorithm', 'rates', 'spacing', 'blocked_until', 'state')
   if not c[1] then
     return nil
   end
@@ -118,6 +120,8 @@ local function load_config(config_key)
     spacing = tonumber(c[10] or '0'),
     -- set by block(): no grant starts before it
     blocked_until = c[11] and tonumber(c[11]),
+    -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
+    state = c[12],
   }
   if not (config.rate and config.interval and config.keep_alive and config.type and config.spacing
         and ALGORITHMS[config.algorithm]) then
@@ -131,6 +135,8 @@ local function load_config(config_key)
       table.insert(config.rates, { rate = tonumber(p), interval = tonumber(i) })
     end
   end
+  -- Where the state of its budget lives: in the config hash (OVERALL counters), or in value keys.
+  config.in_hash = config.type == 'OVERALL' and config.algorithm ~= 'SLIDING_WINDOW'
   -- The most permits one request may take (the smallest rate's), and how long a grant counts.
   config.max_permits, config.longest = config.rate, config.interval
   for _, r in ipairs(config.rates) do
@@ -411,9 +417,16 @@ end
 --   FIXED_WINDOW    the value key "<gen> <last> <end 1> <count 1> ... <end n> <count n>":
 --                   per rate, the end of the latest window holding grants (windows are
 --                   aligned to multiples of the interval since the Unix epoch; its end says
---                   which it is under any interval, so a new interval keeps its count)
---                   epoch) holding grants, and how many permits it holds.
+--                   which it is under any interval, so a new interval keeps its count), and
+--                   how many permits it holds.
 -- <last> is the start of the latest grant ("-": none), for the spacing and for FIFO.
+-- An OVERALL token bucket or fixed window keeps the same numbers, without the generation, in
+-- its config hash: field 'state', "<last> <tat 1> <frac 1> ..." or "<last> <end 1> <count 1>
+-- ...". One key instead of two halves the memory of such a limiter and saves a GET per call.
+-- The field has no TTL of its own: it goes with the config (delete, set_rate without
+-- keep_state, expire, keep_alive), and state that has run out is harmless until the next
+-- write drops it: a bucket whose full time has passed is full, a window that has ended holds
+-- nothing, whatever the rates.
 -- Each rate tells the earliest start at which it allows a request; every rate allows it
 -- from then on (given that a start is never before the latest one), so the request starts at
 -- the latest of them, no earlier than the latest grant, nor than it plus the spacing.
@@ -422,6 +435,17 @@ end
 local function rate_key(config, key, base, i)
   local tag_length = #config.key - #':config'
   return string.sub(key, 1, tag_length) .. ':' .. base .. i .. string.sub(key, tag_length + #base + 2)
+end
+
+-- Removes a token bucket's or fixed windows' state.
+local function drop_counters(group)
+  local config = group.config
+  if not config.in_hash then
+    redis.call('DEL', group.value_key)
+  elseif config.state then
+    redis.call('HDEL', config.key, 'state')
+    config.state = nil
+  end
 end
 
 local function load_group(config, value_key, permits_key, write)
@@ -443,19 +467,23 @@ local function load_group(config, value_key, permits_key, write)
   end
   local per = 2
   group.n = {}
-  local raw = redis.call('GET', value_key)
+  -- at: where <last> stands (after the generation in a value key)
+  local raw, at = config.state, 1
+  if not config.in_hash then
+    raw, at = redis.call('GET', value_key), 2
+  end
   if raw then
     local fields = {}
     for field in string.gmatch(raw, '%S+') do
       table.insert(fields, field)
     end
-    if fields[1] == config.gen and #fields >= 2 and #fields % 2 == 0 then
+    if (at == 1 or fields[1] == config.gen) and #fields >= at and (#fields - at) % 2 == 0 then
       -- (set_rate with keep_state may have changed the rates: each keeps its own state by
       -- position, a rate added starts afresh)
       group.fresh = nil
-      group.last = tonumber(fields[2])
+      group.last = tonumber(fields[at])
       for i = 1, per * #config.rates do
-        group.n[i] = tonumber(fields[i + 2] or '0')
+        group.n[i] = tonumber(fields[i + at] or '0')
       end
       if config.algorithm == 'TOKEN_BUCKET' then
         for i, r in ipairs(config.rates) do
@@ -467,7 +495,7 @@ local function load_group(config, value_key, permits_key, write)
       return group
     end
     if write then
-      redis.call('DEL', value_key) -- another generation's, or another config's
+      drop_counters(group) -- another generation's, or another config's
     end
   end
   for i = 1, per * #config.rates do
@@ -667,7 +695,7 @@ local function save_group(group, now)
     end
   end
   if until_ <= now then
-    redis.call('DEL', group.value_key)
+    drop_counters(group)
     return 0
   end
   local ttl = ms(until_ - now)
@@ -678,11 +706,17 @@ local function save_group(group, now)
   -- FIFO) or a spacing; one rate keeps its requests in order by itself. (A short value is
   -- stored by Redis in one allocation.)
   local keep_last = group.last and (#config.rates > 1 or config.spacing > 0)
-  local fields = { config.gen, keep_last and fmt(group.last) or '-' }
+  local fields = { keep_last and fmt(group.last) or '-' }
   for _, n in ipairs(group.n) do
     table.insert(fields, fmt(n))
   end
-  redis.call('SET', group.value_key, table.concat(fields, ' '), 'PX', ttl)
+  if config.in_hash then
+    -- No TTL of its own: the state goes with the config (see "groups" above).
+    config.state = table.concat(fields, ' ')
+    redis.call('HSET', config.key, 'state', config.state)
+  else
+    redis.call('SET', group.value_key, config.gen .. ' ' .. table.concat(fields, ' '), 'PX', ttl)
+  end
   return ttl
 end
 
@@ -912,8 +946,12 @@ end
 -- -- many clients ----------------------------------------------------------------------------
 
 -- Gives one budget (every rate) the TTLs the current config gives it (as long as its grants
--- count, not past expire()'s end). Returns the longest TTL in ms, 0 when it has no state.
+-- count, not past expire()'s end). Returns the longest TTL in ms, 0 when it has no state (or
+-- keeps it in the config hash, whose TTL is its own).
 local function refresh_group(value_key, permits_key, config, now)
+  if config.in_hash then
+    return 0
+  end
   local group = load_group(config, value_key, permits_key, true)
   if group.fresh then
     return 0

@@ -11,7 +11,7 @@
 -- Returns the number of ids left in KEYS[2].
 
 local config = load_config(KEYS[1])
-local live = config and (config.gen .. ' ')
+local live = config and config.gen ~= '-' and (config.gen .. ' ') -- (no generation: none live)
 for i, id in ipairs(ARGV) do
   local value_key, permits_key = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local raw = redis.call('GET', value_key)

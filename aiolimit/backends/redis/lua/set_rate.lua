@@ -10,7 +10,8 @@
 -- ARGV[3] rate, ARGV[4] interval (us), ARGV[5] keep_alive (us, '0' for none)
 -- ARGV[6] keep_state: '1' keeps grants inside the new window, '0' clears every budget
 -- ARGV[7] now in microseconds, or '' to read the server's TIME
--- ARGV[8] a fresh generation, unique to this call (used when the state is cleared)
+-- ARGV[8] a fresh generation, unique to this call (used when the state is cleared; not
+--         written for an OVERALL token bucket or fixed window, whose state is in the hash)
 -- ARGV[9] algorithm: 'SLIDING_WINDOW', 'TOKEN_BUCKET' or 'FIXED_WINDOW'
 -- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
 -- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
@@ -20,12 +21,14 @@
 -- renamed to KEYS[5] for the caller to remove their keys in chunks (retire.lua). Keeping it,
 -- each client's state follows the new rate at its next grant (`used` does not depend on the
 -- rate); only a longer interval needs their TTLs lengthened, in chunks (refresh.lua).
+-- An OVERALL token bucket's or fixed windows' state is a field of the config hash: the new
+-- config carries it over when the state is kept, and simply lacks it when it is cleared.
 --
 -- Returns {written, follow}: written 1, or 0 when not written (try: a config exists; update:
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
 
 local mode = ARGV[1]
-local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates')
+local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state')
 local old_type = old[1]
 if (mode == 'try' and old_type) or (mode == 'update' and not old_type) then
   return { 0, 0 }
@@ -38,7 +41,10 @@ local rate_type, keep_alive, algorithm = ARGV[2], tonumber(ARGV[5]), ARGV[9]
 local keep = ARGV[6] == '1' and old_type == rate_type and (old[5] or 'SLIDING_WINDOW') == algorithm
 local gen = keep and old[2] or ARGV[8]
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type, 'gen', gen)
+redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
+if rate_type ~= 'OVERALL' or algorithm == 'SLIDING_WINDOW' then
+  redis.call('HSET', KEYS[1], 'gen', gen) -- the state in value keys belongs to it
+end
 if algorithm ~= 'SLIDING_WINDOW' then
   redis.call('HSET', KEYS[1], 'algorithm', algorithm)
 end
@@ -58,6 +64,7 @@ local clock = old[4]
 if keep then
   local config = load_config(KEYS[1])
   config.clock = clock and tonumber(clock)
+  config.state = config.in_hash and old[7] or nil -- written back by save_group, if it lives
   local now = limiter_now(config, ARGV[7])
   clock = config.clock and fmt(config.clock)
   local group = load_group(config, KEYS[2], KEYS[3], true)
