@@ -35,6 +35,18 @@ class Tolerance:
             f"(-{self.early} s / +{self.late} s)"
         )
 
+    def check_span(
+        self, actual: tuple[float, float], expected: tuple[float, float], what: str = "event"
+    ) -> None:
+        """Like :meth:`check` for instants known as spans (earliest, latest): a call that
+        read a clock on the server read it somewhere inside the call. The spans must meet,
+        give or take the tolerance, however long a call took (a pause of the whole process
+        included)."""
+        assert expected[0] - self.early <= actual[1] and actual[0] <= expected[1] + self.late, (
+            f"{what} at {actual[0]:.4f}..{actual[1]:.4f} s, expected "
+            f"{expected[0]:.4f}..{expected[1]:.4f} s (-{self.early} s / +{self.late} s)"
+        )
+
 
 def tolerance(store: Any) -> Tolerance:
     """Virtual time is exact but for microsecond rounding and any wake-up jitter; real
@@ -110,6 +122,14 @@ class AttemptClock:
             return None
         returned = now()
         return max(readings[-1], returned - self.late), returned
+
+
+async def when_free(limiter: RateLimiter, permits: int = 1) -> tuple[float, float]:
+    """The instant ``wait_time`` points at, on the loop's clock, as the span it may lie in
+    (the wait is counted from the moment the store read its clock, within the call)."""
+    before = now()
+    wait = await limiter.wait_time(permits)
+    return before + wait, now() + wait
 
 
 async def take(

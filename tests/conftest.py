@@ -7,6 +7,7 @@ A missing server binary is an error, never a skip.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -19,6 +20,17 @@ from aiolimit import Backend, MemoryBackend, RedisBackend
 from aiolimit._tools import LocalRedis, valkey_server_binary
 
 _names = itertools.count()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After each test module, collects its garbage and freezes what lives on (the session's
+    fixtures, imported modules, pytest's reports), so that the collector's full passes in
+    later tests walk only what those tests made: a full pass over the whole session's heap
+    stalls the event loop for 0.1-0.9 s on a loaded 2-core machine, and real-time tests
+    would read that stall as a late grant."""
+    if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
+        gc.collect()
+        gc.freeze()
 
 
 @pytest.fixture(scope="session")
