@@ -676,6 +676,49 @@ async def test_a_request_cancelled_while_its_rules_are_checked_hands_every_grant
         await asyncio.sleep(0.05)
 
 
+class _HeldBackend(MemoryBackend):
+    """A memory backend whose attempts on one limiter wait until released."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.waiting = asyncio.Event()
+        self.go = asyncio.Event()
+
+    async def try_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Any:
+        if name == self.held:
+            self.waiting.set()
+            await self.go.wait()
+        return await super().try_acquire(name, permits, max_wait_us)
+
+
+async def test_a_request_cancelled_after_one_rule_granted_hands_that_grant_back() -> None:
+    # One rule has answered (granted), the other has not when the client goes away.
+    backend = _HeldBackend(held="slow")
+    app = RateLimitMiddleware(
+        starlette_app(),
+        backend=backend,
+        rules=[Rule("quick", "5/minute"), Rule("slow", "5/minute")],
+    )
+    quick = RateLimiter("quick", backend)
+    async with client(app) as http:
+        backend.go.set()
+        assert (await http.get("/other")).status_code == 200  # (writes both configs)
+        backend.go.clear()
+        request = asyncio.ensure_future(http.get("/other"))
+        for _ in range(100):  # until the quick rule has granted (a few loop turns)
+            if backend.waiting.is_set() and await quick.available_permits() == 3:
+                break
+            await asyncio.sleep(0)
+        else:
+            pytest.fail("the quick rule never granted")
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        await asyncio.sleep(0)  # a hand-back may run in the background
+        assert await quick.available_permits() == 4
+
+
 async def test_a_per_client_view_takes_one_round_trip(redis_backend: RedisBackend) -> None:
     limiter = RateLimiter("pc", redis_backend)
     await limiter.set_rate(RateType.PER_CLIENT, 100, 60)
