@@ -603,14 +603,15 @@ async def redis_backend(redis_server: LocalRedis) -> AsyncIterator[RedisBackend]
     await redis.aclose()
 
 
+def global_and_per_client(backend: RedisBackend) -> RateLimitMiddleware:
+    rules = [Rule("global", "50/minute"), Rule("per-client", "2/minute", key=client_ip)]
+    return RateLimitMiddleware(starlette_app(), backend=backend, rules=rules)
+
+
 async def test_on_redis_a_refusal_hands_back_the_other_rules_grants(
     redis_backend: RedisBackend,
 ) -> None:
-    app = RateLimitMiddleware(
-        starlette_app(),
-        backend=redis_backend,
-        rules=[Rule("global", "50/minute"), Rule("per-client", "2/minute", key=client_ip)],
-    )
+    app = global_and_per_client(redis_backend)
     async with client(app, "198.51.100.1") as alice, client(app, "198.51.100.2") as bob:
         codes = [(await alice.get("/other")).status_code for _ in range(4)]
         assert codes == [200, 200, 429, 429]
@@ -627,11 +628,7 @@ async def test_on_redis_a_refusal_hands_back_the_other_rules_grants(
 async def test_a_request_cancelled_while_its_rules_are_checked_hands_every_grant_back(
     redis_backend: RedisBackend,
 ) -> None:
-    app = RateLimitMiddleware(
-        starlette_app(),
-        backend=redis_backend,
-        rules=[Rule("global", "50/minute"), Rule("per-client", "2/minute", key=client_ip)],
-    )
+    app = global_and_per_client(redis_backend)
     async with client(app, "198.51.100.1") as alice:
         assert (await alice.get("/other")).status_code == 200  # the configs are written
 

@@ -204,18 +204,6 @@ class Coalescer:
         # (an outage is logged once when it starts and once when it ends).
         self._down: tuple[float, int] | None = None
 
-    async def call(
-        self,
-        operation: Operation,
-        keys: Sequence[Key],
-        args: Sequence[Any],
-        orphan: Callable[[Any], None] | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """The raw reply of ``operation`` run on ``keys`` and ``args``. ``orphan`` gets the
-        reply instead when the caller was cancelled (or gave up) before it came."""
-        return await self.submit(operation, keys, args, orphan, timeout)
-
     def submit(
         self,
         operation: Operation,
@@ -224,9 +212,9 @@ class Coalescer:
         orphan: Callable[[Any], None] | None = None,
         timeout: float | None = None,
     ) -> asyncio.Future[Any]:
-        """:meth:`call`'s request, made now; the future of its reply (one coroutine frame
-        fewer on the hot path: the caller awaits the future itself). Cancelling the future
-        is cancelling the caller."""
+        """Makes the request of ``operation`` on ``keys`` and ``args`` now; returns the future
+        of its raw reply. ``orphan`` gets the reply instead when the caller was cancelled (or
+        gave up: cancelling the future is cancelling the caller) before it came."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(Request(operation, keys, args, future, orphan))
