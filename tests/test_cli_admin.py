@@ -22,11 +22,16 @@ from typing import TypeVar
 
 import pytest
 import redis as sync_redis
-from redis.asyncio import Redis
+from cluster import Cluster, cluster_client
+from redis.asyncio import Redis, RedisCluster
+from test_cluster import masters_holding
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import LocalRedis, cli, free_port
 from aiolimit.backends.base import Grant
+from aiolimit.backends.redis._compat import slot
+
+pytest_plugins = ["cluster_fixtures"]
 
 T = TypeVar("T")
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -429,3 +434,65 @@ def test_without_the_readme_s_additions_list_and_memory_are_refused(capsys, name
         code, _, err = aiolimit(capsys, url, "list")
         assert code == 2
         assert "refused a command" in err and "scan" in err
+
+
+# -- a Redis Cluster ------------------------------------------------------------------------------
+
+
+def _configure_on(cluster: Cluster, names: list[str]) -> dict[str, int]:
+    """Configures a limiter of each name (3 of 10 permits taken) on an emptied cluster; the
+    port of the master holding each, as the servers themselves say."""
+
+    async def configure() -> None:
+        redis = cluster_client(cluster)
+        try:
+            await redis.initialize()
+            await redis.flushall(target_nodes=RedisCluster.PRIMARIES)
+            backend = RedisBackend(redis)
+            for each in names:
+                limiter = RateLimiter(each, backend)
+                await limiter.set_rate(RateType.OVERALL, 10, 60)
+                assert await limiter.try_acquire(3)
+        finally:
+            await redis.aclose()
+
+    cluster.wait_healthy()
+    asyncio.run(configure())
+    where = masters_holding(cluster)
+    return {each: where[f"aiolimit:{{{each}}}:config"] for each in names}
+
+
+def test_every_command_works_on_a_cluster_with_cluster(capsys, redis_cluster: Cluster, name):
+    names = [f"{name}-{i}" for i in range(6)]
+    holders = _configure_on(redis_cluster, names)
+    assert len(set(holders.values())) > 1, holders  # the names live on several masters
+    url = redis_cluster.url
+
+    code, out, err = aiolimit(capsys, url, "list", "--cluster")
+    assert code == 0, err
+    assert [line.split()[0] for line in out.splitlines()] == sorted(names)
+    for each in names:
+        code, out, err = aiolimit(capsys, url, "inspect", each, "--cluster", "--json")
+        assert code == 0, err
+        shown = json.loads(out)
+        assert shown["available"] == 7
+        assert shown["slot"] == slot(f"aiolimit:{{{each}}}")
+        assert shown["node"] == f"127.0.0.1:{holders[each]}"
+    code, _, err = aiolimit(capsys, url, "set-rate", names[0], "20/minute", "--cluster")
+    assert code == 0, err
+    code, _, err = aiolimit(capsys, url, "delete", names[1], "--cluster")
+    assert code == 0, err
+    code, _, err = aiolimit(capsys, url, "inspect", names[1], "--cluster")
+    assert code == 2 and "no limiter" in err
+
+
+def test_a_cluster_node_without_cluster_says_to_pass_it(capsys, redis_cluster: Cluster, name):
+    names = [f"{name}-{i}" for i in range(6)]
+    holders = _configure_on(redis_cluster, names)
+    url = redis_cluster.url  # its first node
+    elsewhere = [each for each in names if holders[each] != redis_cluster.nodes[0].port]
+    assert elsewhere, holders
+    code, _, err = aiolimit(capsys, url, "inspect", elsewhere[0])
+    assert code == 2
+    assert err.strip().endswith("is a node of a Redis Cluster: pass --cluster"), err
+    assert "Traceback" not in err

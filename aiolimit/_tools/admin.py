@@ -20,9 +20,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import MovedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
@@ -59,6 +59,11 @@ def _server_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the Redis (or Valkey) server, e.g. redis://host:6379 (default: ${URL_VARIABLE})",
     )
     parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the URL is a node of a Redis Cluster: reach every node through it",
+    )
+    parser.add_argument(
         "--prefix", default="aiolimit:", help="the limiters' key prefix (default aiolimit:)"
     )
 
@@ -85,8 +90,9 @@ async def _with_backend(args: argparse.Namespace, body: Body) -> int:
     if not url:
         raise _Abort(f"no Redis server: pass --redis URL or set {URL_VARIABLE}")
     where = masked(url)
+    client = RedisCluster if args.cluster else Redis
     try:
-        redis = Redis.from_url(url, socket_connect_timeout=5)
+        redis = client.from_url(url, socket_connect_timeout=5)
     except ValueError as exc:
         raise _Abort(f"bad --redis URL {where!r}: {exc}") from None
     try:
@@ -95,12 +101,16 @@ async def _with_backend(args: argparse.Namespace, body: Body) -> int:
     except BackendError as exc:
         if isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)):
             raise _Abort(f"cannot reach Redis at {where}: {exc.__cause__}") from None
+        if isinstance(exc.__cause__, MovedError):
+            raise _Abort(f"{where} is a node of a Redis Cluster: pass --cluster") from None
         raise _Abort(str(exc)) from None
     except LimiterError as exc:
         raise _Abort(str(exc)) from None
     except (RedisConnectionError, RedisTimeoutError) as exc:
         raise _Abort(f"cannot reach Redis at {where}: {exc}") from None
     except RedisError as exc:
+        if isinstance(exc, MovedError):
+            raise _Abort(f"{where} is a node of a Redis Cluster: pass --cluster") from None
         raise _Abort(f"Redis at {where} refused a command: {exc}") from None
     finally:
         await redis.aclose()
