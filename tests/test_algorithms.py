@@ -123,10 +123,8 @@ async def snapshot(store, name: str) -> object:
 
 def check_at(store, span: tuple[float, float], offset: float, what: str) -> None:
     """Now is ``offset`` after a grant made within ``span`` (to the suite's tolerances)."""
-    tol = tolerance(store)
-    assert span[0] + offset - tol.early <= now() <= span[1] + offset + tol.late, (
-        f"{what} at {now() - span[0]:.4f} s after the first grant, expected {offset} s"
-    )
+    at = now()
+    tolerance(store).check_span((at, at), (span[0] + offset, span[1] + offset), what)
 
 
 # -- exact waits --------------------------------------------------------------------------------
@@ -196,9 +194,10 @@ async def test_min_spacing_keeps_the_starts_of_consecutive_grants_apart(store, n
         tasks.append(asyncio.create_task(waiter()))
         await asyncio.sleep(0.01)  # arrive in this order
     await asyncio.wait_for(asyncio.gather(*tasks), 2)
+    tol = tolerance(store)
     for i, at in enumerate(sorted(done)):
-        tol = tolerance(store)
-        assert first[0] + 0.1 * (i + 1) - tol.early <= at <= first[1] + 0.1 * (i + 1) + tol.late
+        due = 0.1 * (i + 1)
+        tol.check_span((at, at), (first[0] + due, first[1] + due), f"waiter {i + 1}")
 
 
 # Rates 2 per 0.3 s and 4 per 10 s, spacing 0.05 s; 2 permits at 0. When the third one is
@@ -275,9 +274,7 @@ async def test_a_big_request_amid_small_ones_is_served_first_come_first_served(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    tol = tolerance(store)
-    expected = BIG_STARTS[algorithm]
-    assert expected - tol.early <= big[0] <= expected + tol.late, f"big request at {big[0]}"
+    tolerance(store).check(big[0], BIG_STARTS[algorithm], "the big request")
     assert sorted(small) == [0, 1, 2], "a request that came after the big one went before it"
     assert all(arrived[i] < arrived[-1] for i in small)
 

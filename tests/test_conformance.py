@@ -188,8 +188,8 @@ async def test_cancelled_waiters_hold_no_permits_and_the_others_proceed(store, n
 
     await asyncio.wait_for(last, 2)
     # Served once a permit is free, and no later than its turn behind the cancelled two.
-    tol = tolerance(store)
-    assert granted[0] + 0.3 - tol.early <= now() <= granted[1] + 0.6 + tol.late
+    at = now()
+    tolerance(store).check_span((at, at), (granted[0] + 0.3, granted[1] + 0.6), "the last waiter")
     assert await limiter.available_permits() == 1
     await asyncio.sleep(0.35)
     assert await limiter.available_permits() == 2

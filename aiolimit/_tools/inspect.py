@@ -24,9 +24,10 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from .._types import Algorithm, RateLimiterConfig, RateType
-from ..backends._protocol import parse_member, parse_value
+from ..backends._protocol import parse_member, parse_value, state_in_config
 from ..backends.redis import RedisBackend
 from ..backends.redis._compat import is_cluster
+from ..backends.redis._keys import Keys
 
 __all__ = [
     "Budget",
@@ -181,10 +182,7 @@ async def inspect_limiter(
         return None
     redis = backend.redis
     keys = backend.keys(name)
-    seconds, micros = await redis.time()
-    now_us = int(seconds) * 1_000_000 + int(micros)
-    (gen,), ttl_ms = await asyncio.gather(redis.hmget(keys.config, "gen"), redis.pttl(keys.config))
-    gen = _text(gen) if gen is not None else "-"
+    (now_us, gen), ttl_ms = await asyncio.gather(_now_and_gen(redis, keys), redis.pttl(keys.config))
     snapshot = Snapshot(
         name=name,
         config=config,
@@ -198,7 +196,7 @@ async def inspect_limiter(
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
-        if config.algorithm is Algorithm.SLIDING_WINDOW:  # (counters: state in the config)
+        if not state_in_config(config):  # (counters keep theirs in the config hash)
             snapshot.budget = await _budget(redis, keys.value, keys.permits, gen, now_us)
             memory_keys += [keys.value, keys.permits]
     else:
@@ -217,13 +215,10 @@ async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConf
     the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``."""
     redis = backend.redis
     keys = backend.keys(name)
-    seconds, micros = await redis.time()
-    now_us = int(seconds) * 1_000_000 + int(micros)
-    (gen,) = await redis.hmget(keys.config, "gen")
-    gen = _text(gen) if gen is not None else "-"
+    now_us, gen = await _now_and_gen(redis, keys)
+    if state_in_config(config):
+        return Budget()  # the counters keep no grants to count (their state: the config)
     if config.rate_type is RateType.OVERALL:
-        if config.algorithm is not Algorithm.SLIDING_WINDOW:
-            return Budget()  # the counters keep no grants to count (their state: the config)
         return await _budget(redis, keys.value, keys.permits, gen, now_us)
     ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
     budgets = await asyncio.gather(
@@ -234,6 +229,12 @@ async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConf
         total.grants += budget.grants
         _add(total.reservations, budget.reservations)
     return total
+
+
+async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
+    """The server's clock (us) and the generation its config gives client state ("-": none)."""
+    (seconds, micros), (gen,) = await asyncio.gather(redis.time(), redis.hmget(keys.config, "gen"))
+    return int(seconds) * 1_000_000 + int(micros), _text(gen) if gen is not None else "-"
 
 
 def _add(total: Reservations, more: Reservations) -> None:
