@@ -99,21 +99,24 @@ async def _with_backend(args: argparse.Namespace, body: Body) -> int:
         backend = RedisBackend(redis, prefix=args.prefix)
         return await body(args, backend)
     except BackendError as exc:
-        if isinstance(exc.__cause__, (RedisConnectionError, RedisTimeoutError)):
-            raise _Abort(f"cannot reach Redis at {where}: {exc.__cause__}") from None
-        if isinstance(exc.__cause__, MovedError):
-            raise _Abort(f"{where} is a node of a Redis Cluster: pass --cluster") from None
-        raise _Abort(str(exc)) from None
+        raise (_not_there(exc.__cause__, where) or _Abort(str(exc))) from None
     except LimiterError as exc:
         raise _Abort(str(exc)) from None
-    except (RedisConnectionError, RedisTimeoutError) as exc:
-        raise _Abort(f"cannot reach Redis at {where}: {exc}") from None
     except RedisError as exc:
-        if isinstance(exc, MovedError):
-            raise _Abort(f"{where} is a node of a Redis Cluster: pass --cluster") from None
-        raise _Abort(f"Redis at {where} refused a command: {exc}") from None
+        failure = _not_there(exc, where)
+        raise (failure or _Abort(f"Redis at {where} refused a command: {exc}")) from None
     finally:
         await redis.aclose()
+
+
+def _not_there(exc: BaseException | None, where: str) -> _Abort | None:
+    """The error for a server that could not be reached, or that holds only part of a
+    cluster's keys; None for any other failure."""
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        return _Abort(f"cannot reach Redis at {where}: {exc}")
+    if isinstance(exc, MovedError):
+        return _Abort(f"{where} is a node of a Redis Cluster: pass --cluster")
+    return None
 
 
 def _shown(name: str) -> str:
