@@ -18,7 +18,8 @@ import math
 import time
 from datetime import timezone
 
-from ._limiter import RateLimiter, ShardedRateLimiter
+from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
 
@@ -28,8 +29,6 @@ PAUSE_STATUSES = frozenset({429, 503})
 """Statuses whose ``Retry-After`` pauses every caller."""
 
 _LONGEST_PAUSE = MAX_DURATION.total_seconds()
-# An acquire that took longer than this slept for a reserved slot, rather than one round trip.
-_LOOK_AGAIN_AFTER = 0.01
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -61,10 +60,6 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return min(seconds, _LONGEST_PAUSE)
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
-
-
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
@@ -85,8 +80,6 @@ class CallGuard:
         if timeout is not None and to_micros(timeout, "timeout") < 0:
             raise InvalidArgumentError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
         self.limiter = limiter
-        # A 429 in any process blocks the limiter: callers sleeping here then move behind it.
-        limiter._expect_blocks()
         self.permits = permits
         self.timeout = None if timeout is None else to_micros(timeout, "timeout") / 1e6
         self.retry = retry

@@ -1,6 +1,7 @@
-"""The limiters: ``RateLimiter`` and ``ShardedRateLimiter``, on one base.
+"""The limiters: ``RateLimiter`` here and ``ShardedRateLimiter`` (``_sharded``), on one base.
 
-A permit's path: ``RateLimiter.try_acquire`` checks its arguments, asks the backend once
+A permit's path: ``RateLimiter.try_acquire`` checks its arguments and goes through the one
+acquire (``_acquire``, which :func:`aiolimit.acquire_all` uses too): it asks the backend once
 (``Backend.try_acquire``: one Lua script, or its Python twin), and sleeps until a reserved
 slot starts. Everything else a limiter does (setting the rate, lifetime, ``async with``) lives
 in ``_Limiter`` and acts on the limiter's sub-limiter names: one for ``RateLimiter``, one
@@ -13,140 +14,41 @@ import asyncio
 import functools
 import inspect
 import logging
-import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import replace
 from types import TracebackType
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, TypeVar, overload
 
 from . import _observe
-from ._observe import Observer
+from ._acquire import acquire, check_permits, max_wait_of
+from ._breaker import Breaker, breaker_of
 from ._types import (
-    MAX_RATE,
     Algorithm,
     Duration,
     Rate,
     RateLimiterConfig,
+    Rates,
     RateType,
     check_name,
     exceeds_max_duration,
     shown,
     to_micros,
 )
-from .backends.base import Backend, Grant, SetMode
-from .errors import (
-    BackendError,
-    InvalidArgumentError,
-    LimiterError,
-    NotConfiguredError,
-    RateLimited,
-)
+from .backends.base import Backend, SetMode
+from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
 
-__all__ = ["RateLimiter", "ShardedRateLimiter"]
+__all__ = ["RateLimiter"]
 
 log = logging.getLogger("aiolimit")
-
-MAX_SHARDS = 256
-_SLOTS = 16384  # Redis Cluster's hash slots
-
-
-def _max_wait(timeout: Duration | None) -> int | None:
-    """A public timeout as the longest wait in microseconds; None waits as long as it takes.
-
-    A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
-    long, so no wait can be."""
-    if timeout is None or exceeds_max_duration(timeout):
-        return None
-    max_wait = to_micros(timeout, "timeout")
-    if max_wait < 0:
-        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
-    return max_wait
-
-
-def _check_permits(permits: object) -> int:
-    if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
-        raise InvalidArgumentError(
-            f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
-        )
-    return permits
-
-
-async def _sleep_out(backend: Backend, name: str, grant: Grant) -> None:
-    """Sleeps until a reserved grant starts; a cancelled sleeper hands its grant back."""
-    try:
-        await asyncio.sleep(grant.starts_in / 1e6)
-    except asyncio.CancelledError:
-        backend.hand_back(name, grant.member)
-        raise
-
-
-async def _sleep_observed(
-    observer: Observer, backend: Backend, name: str, grant: Grant, label: str
-) -> float:
-    """Sleeps out a reservation as the observer's ``label`` waiting; returns the seconds."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    observer.queued(label, 1)
-    try:
-        await _sleep_out(backend, name, grant)
-    finally:
-        observer.queued(label, -1)
-    return loop.time() - began
-
-
-async def _take(
-    backend: Backend,
-    name: str,
-    permits: int,
-    max_wait: int | None,
-    observer: Observer | None,
-    label: str,
-) -> float | None:
-    """One attempt on ``name``, sleeping out a reservation (and asking again if a block()
-    came meanwhile): the seconds slept (0.0: granted at once), or None when refused. An
-    observer sees the reservation waiting under ``label``, the limiter's own name. Every
-    limiter's ``try_acquire`` comes here."""
-    waited = 0.0
-    while True:
-        attempt = await backend.try_acquire(name, permits, max_wait)
-        if not isinstance(attempt, Grant):
-            return None
-        if attempt.starts_in <= 0:
-            return waited
-        if observer is None:
-            await _sleep_out(backend, name, attempt)
-            waited += attempt.starts_in / 1e6
-        else:
-            waited += await _sleep_observed(observer, backend, name, attempt, label)
-        if not await _moved_by_block(backend, name, permits, attempt):
-            return waited
-        if max_wait is not None:
-            max_wait = max(max_wait - attempt.starts_in, 0)  # the time it slept
-
-
-async def _moved_by_block(backend: Backend, name: str, permits: int, grant: Grant) -> bool:
-    """After sleeping out a reservation: whether a block() came meanwhile, in which case the
-    reservation is handed back, to be asked for again behind the block. Only limiters that
-    have been blocked ask (one read)."""
-    if grant.blocked_until is None and name not in _blocked_here:
-        return False
-    if await backend.block(name, None) == 0:
-        return False
-    await backend.release(name, permits, grant.member)
-    return True
-
 
 _L = TypeVar("_L", bound="_Limiter")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-# Names this process has blocked (block()), or expects to be blocked (the HTTP clients'
-# limiters): their sleepers check for a block when they wake. Other names' sleepers check once
-# a grant says the limiter has been blocked.
-_blocked_here: set[str] = set()
-
-# Configs try_set_rate found different from the one asked for, each warned about once.
-_warned: set[tuple[str, RateLimiterConfig, RateLimiterConfig]] = set()
+# Configs try_set_rate found different from the one asked for, each warned about once (the
+# most recent few hundred: a process that sets many names does not grow it without end).
+_warned: dict[tuple[str, RateLimiterConfig, RateLimiterConfig], None] = {}
+_WARNED_MOST = 256
 
 
 class _Limiter:
@@ -154,13 +56,14 @@ class _Limiter:
     ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
     ``try_acquire``."""
 
-    __slots__ = ("_backend", "_name", "_names")
+    __slots__ = ("_backend", "_breaker", "_name", "_names")
 
     def __init__(self, name: str, backend: Backend) -> None:
         self._name = check_name(name)
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self._backend = backend
+        self._breaker: Breaker = breaker_of(backend, self._name)
         self._names: list[str] = [self._name]  # where the state lives: one per shard
 
     @property
@@ -184,15 +87,17 @@ class _Limiter:
         keep_state: bool,
     ) -> list[bool]:
         configs = self._configs(config)
-        return await _gather(
-            self._backend.set_rate(name, sub, mode, keep_state)
-            for name, sub in zip(self._names, configs, strict=True)
+        return await self._breaker.guard(
+            _gather(
+                self._backend.set_rate(name, sub, mode, keep_state)
+                for name, sub in zip(self._names, configs, strict=True)
+            )
         )
 
     async def try_set_rate(
         self,
         rate_type: RateType | str,
-        rate: int | Sequence[Rate],
+        rate: Rates,
         interval: Duration | None = None,
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
@@ -216,7 +121,9 @@ class _Limiter:
             if stored is not None and stored != asked and (seen := (self._name, asked, stored)):
                 if seen in _warned:
                     return any(written)
-                _warned.add(seen)
+                if len(_warned) >= _WARNED_MOST:
+                    del _warned[next(iter(_warned))]  # the oldest
+                _warned[seen] = None
                 log.warning(
                     "try_set_rate(%r): kept the stored config %s, not %s (set_rate replaces it)",
                     self._name,
@@ -228,7 +135,7 @@ class _Limiter:
     async def set_rate(
         self,
         rate_type: RateType | str,
-        rate: int | Sequence[Rate],
+        rate: Rates,
         interval: Duration | None = None,
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
@@ -244,10 +151,35 @@ class _Limiter:
         )
         await self._set("set", config, keep_state)
 
+    async def ensure_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+    ) -> bool:
+        """Makes sure the stored config is this one: writes it where there is none, and
+        rewrites a stored one that differs, keeping what was granted (as ``set_rate(...,
+        keep_state=True)``); returns whether it wrote. For code that owns its limits (the
+        ASGI middleware's rules): an unchanged config costs two reads, no write."""
+        asked = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        if all(await self._set("try", asked, True)):
+            return True
+        if await self.get_config() == asked:
+            return False
+        log.info("rate limiter %r: writing the config the code gives: %s", self._name, asked)
+        await self._set("set", asked, True)
+        return True
+
     async def update_rate(
         self,
         rate_type: RateType | str,
-        rate: int | Sequence[Rate],
+        rate: Rates,
         interval: Duration | None = None,
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
@@ -264,7 +196,8 @@ class _Limiter:
     async def get_config(self) -> RateLimiterConfig | None:
         """The limiter's config (for a sharded one, the shards' rates summed); None unless it
         has one."""
-        configs = await _gather(self._backend.get_config(name) for name in self._names)
+        calls = _gather(self._backend.get_config(name) for name in self._names)
+        configs = await self._breaker.guard(calls)
         if any(config is None for config in configs):
             return None
         first = configs[0]
@@ -276,7 +209,7 @@ class _Limiter:
             for i, rate in enumerate(first.rates)
         )
         spacing = first.min_spacing and first.min_spacing / len(configs)
-        return replace(first, rate=rates[0].permits, rates=rates, min_spacing=spacing)
+        return replace(first, rates=rates, min_spacing=spacing)
 
     # -- permits -------------------------------------------------------------------------------
 
@@ -289,21 +222,39 @@ class _Limiter:
 
     def permits(self, permits: int) -> _Permits:
         """``async with limiter.permits(3):`` takes 3 permits, then runs the block."""
-        return _Permits(self, _check_permits(permits))
+        return _Permits(self, check_permits(permits))
 
+    @overload
+    def limit(self, permits: Callable[_P, Awaitable[_T]], /) -> Callable[_P, Awaitable[_T]]: ...
+
+    @overload
     def limit(
         self, permits: int = 1, *, timeout: Duration | None = None
-    ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]:
+    ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]: ...
+
+    def limit(
+        self,
+        permits: int | Callable[_P, Awaitable[_T]] = 1,
+        *,
+        timeout: Duration | None = None,
+    ) -> (
+        Callable[_P, Awaitable[_T]]
+        | Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]
+    ):
         """A decorator: every call of the async function first takes ``permits``.
 
         >>> @limiter.limit(timeout=5)
         ... async def call_partner(order: int) -> dict: ...
+        >>> @limiter.limit                  # one permit, waiting as long as it takes
+        ... async def call_other() -> dict: ...
 
         Waits like :meth:`acquire`; when the permits cannot be had within ``timeout``
         seconds, the call raises :class:`~aiolimit.RateLimited` (with ``retry_after`` and
         ``name``) without running the function."""
-        permits = _check_permits(permits)
-        _max_wait(timeout)  # a bad timeout fails here, not at the first call
+        if callable(permits):
+            return self.limit()(permits)
+        permits = check_permits(permits)
+        max_wait_of(timeout)  # a bad timeout fails here, not at the first call
 
         def decorate(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
             if not inspect.iscoroutinefunction(func):
@@ -334,7 +285,7 @@ class _Limiter:
     async def wait_time(self, permits: int = 1) -> float:
         """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
         that was refused and wants to say when to come back (``Retry-After``)."""
-        permits = _check_permits(permits)
+        permits = check_permits(permits)
         calls = (self._backend.wait_time(name, permits) for name in self._names)
         waits = await asyncio.gather(*calls, return_exceptions=True)
         served = [wait for wait in waits if isinstance(wait, int)]
@@ -353,20 +304,14 @@ class _Limiter:
 
     # -- lifetime ------------------------------------------------------------------------------
 
-    def _expect_blocks(self) -> None:
-        """From now on, this process's callers that sleep out a reservation check for a
-        ``block()`` (from any process) when they wake: one read each."""
-        _blocked_here.update(self._names)
-
     async def block(self, duration: Duration) -> None:
         """No grant to anyone (every process, every client) starts before ``duration``
         seconds from now: for a partner API that answered 429 with a ``Retry-After``.
         Reservations already made move behind it (their callers queue again when they wake).
         A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it.
 
-        Sleeping callers check for a block when they wake (one read) where blocks are
-        expected: in this process once it has blocked the limiter, for the HTTP clients'
-        limiters, and once a grant said the limiter had been blocked before."""
+        Every caller that slept out a reservation checks for a block when it wakes (one
+        read), in every process."""
         if exceeds_max_duration(duration):
             raise InvalidArgumentError(
                 f"duration must be at most 10 years (MAX_DURATION), not {shown(duration)}"
@@ -374,7 +319,6 @@ class _Limiter:
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        self._expect_blocks()
         await _gather(self._backend.block(name, duration_us) for name in self._names)
 
     async def delete(self) -> bool:
@@ -439,14 +383,25 @@ class RateLimiter(_Limiter):
     __slots__ = ()
 
     @classmethod
-    def _shard(cls, name: str, backend: Backend) -> RateLimiter:
-        """A sub-limiter of a ShardedRateLimiter: its name holds a NUL, which no plain
-        limiter's may, so no plain limiter can share its state."""
+    def _view(cls, name: str, backend: Backend, breaker: Breaker) -> RateLimiter:
+        """A limiter on ``backend`` without checking the name: a shard of a
+        ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
+        limiter can share its state) or a client's view of a limiter."""
         limiter = cls.__new__(cls)
         limiter._name = name
         limiter._backend = backend
+        limiter._breaker = breaker
         limiter._names = [name]
         return limiter
+
+    def for_client(self, client_id: str) -> RateLimiter:
+        """This limiter as client ``client_id`` sees it: for a ``PER_CLIENT`` limiter, that
+        client's budget (the backend's ``with_client`` view; one circuit breaker for all).
+
+        >>> per_user = RateLimiter("api-per-user", backend)
+        >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
+        """
+        return RateLimiter._view(self._name, self._backend.with_client(client_id), self._breaker)
 
     def __repr__(self) -> str:
         return f"RateLimiter({self._name!r}, {type(self._backend).__name__})"
@@ -460,68 +415,13 @@ class RateLimiter(_Limiter):
         reserved and this sleeps until they are free, then returns True. A negative or NaN
         timeout raises InvalidArgumentError.
         """
-        permits = _check_permits(permits)
-        max_wait = _max_wait(timeout)
-        observer = _observe.current  # None unless aiolimit.observe() attached one
-        try:
-            waited = await _take(self._backend, self._name, permits, max_wait, observer, self._name)
-        except LimiterError as exc:
-            if observer is not None:
-                observer.failed(self._name, permits, exc)
-            raise
-        if observer is not None:
-            if waited is None:
-                observer.refused(self._name, permits)
-            else:
-                observer.granted(self._name, permits, waited)
-        return waited is not None
+        permits = check_permits(permits)
+        acquired = await acquire([self], [permits], max_wait_of(timeout), _observe.current)
+        return acquired.granted
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""
-        await self._backend.release(self._name, _check_permits(permits))
-
-
-# -- sharding -------------------------------------------------------------------------------------
-
-
-def _split_rate(rate: int, shards: int) -> list[int]:
-    """Each shard's budget: ``rate // shards``, the remainder spread one by one over the
-    first shards, so the budgets sum to ``rate`` exactly (10 over 3: 4, 3, 3)."""
-    if rate < shards:
-        raise InvalidArgumentError(
-            f"a rate of {rate} cannot be split over {shards} shards: every shard needs a "
-            f"budget of at least 1 permit (use a rate >= {shards} or fewer shards)"
-        )
-    base, extra = divmod(rate, shards)
-    return [base + (1 if i < extra else 0) for i in range(shards)]
-
-
-def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
-    """The sub-limiters' names: ``f"{name}\\x00shard{i}"``, on a store spread over slots
-    (``backend.slot``) suffixed ``.<n>`` when needed so that shard ``i``'s slot lies near the
-    middle of the ``i``-th of ``shards`` equal parts of the slot space. ``redis-cli --cluster
-    create`` gives M masters M equal slot ranges, so with ``shards <= M`` every shard lands on
-    its own master. The names depend only on the name, the shard count and the store's key
-    layout: every process computes the same ones. No plain limiter's name may hold a NUL, so
-    no plain limiter can be (or touch) a shard.
-    """
-    base = [f"{name}\x00shard{i}" for i in range(shards)]
-    if backend.slot(base[0]) is None:
-        return base
-    part = _SLOTS / shards
-    reach = max(part / 4, 1.0)
-    names = []
-    for i, candidate in enumerate(base):
-        middle = part * (i + 0.5)
-        chosen = candidate
-        for n in range(1, 200_000):  # about 2 * shards tries on average
-            if abs((backend.slot(chosen) or 0) - middle) <= reach:
-                break
-            chosen = f"{candidate}.{n}"
-        else:  # pragma: no cover - not seen for any name; any slot still works
-            chosen = candidate
-        names.append(chosen)
-    return names
+        await self._backend.release(self._name, check_permits(permits))
 
 
 def _most_telling(refusals: list[LimiterError], permits: int, shards: int) -> LimiterError:
@@ -536,170 +436,3 @@ def _most_telling(refusals: list[LimiterError], permits: int, shards: int) -> Li
         if errors:
             return errors[0]
     return refusals[0]
-
-
-class ShardedRateLimiter(_Limiter):
-    """One rate split over ``shards`` sub-limiters that live on different cluster slots.
-
-    >>> limiter = ShardedRateLimiter("search-api", RedisBackend(RedisCluster(...)), shards=3)
-    >>> await limiter.try_set_rate(RateType.OVERALL, 30_000, 1)   # 10_000/s per shard
-    >>> async with limiter:
-    ...     await call_search()
-
-    One Redis node runs one limiter's scripts one at a time, which caps a plain
-    :class:`RateLimiter` at what one node serves. Here each shard is an ordinary limiter with
-    its own hash tag, placed so that with ``shards`` ≤ the number of masters (and the slot
-    layout ``redis-cli --cluster create`` makes) every shard is on its own master.
-
-    **Guarantee.** The shard budgets sum to the rate exactly (``rate // shards`` each, the
-    remainder spread over the first shards), and each shard is an exact sliding window. So in
-    any window of ``interval`` the grants of all shards together never exceed ``rate``,
-    whichever shards callers pick. While a rate change is applied shard by shard, the sum
-    never exceeds the larger of the old and new rates.
-
-    **Choosing a shard.** ``try_acquire`` tries one shard (round robin, from a random start
-    per object), and when it refuses, each other shard once, before waiting; so a permit free
-    anywhere is found, at the cost of up to ``shards`` round trips for a refusal. It then
-    waits on the shard whose wait is shortest, exactly as :class:`RateLimiter` waits.
-
-    **Trade-offs.**
-
-    - A request is served by one shard: ``permits`` may not exceed the largest shard budget
-      (``ceil(rate / shards)``), and free permits scattered over shards do not add up (with
-      rate 10 over 2 shards and 3 free on each, a request for 4 waits).
-    - Fairness is per shard: waiters on one shard in this process are served first come,
-      first served, but a waiter does not move to another shard that frees earlier, and
-      callers that find a free shard may pass waiters queued on another one. Share one
-      object per name within a process so its callers skip shards that have waiters.
-    - Minimum per-shard rate: ``rate >= shards`` (else ``InvalidArgumentError``). Small shard
-      budgets waste more to fragmentation; keep ``rate / shards`` well above the typical
-      request.
-    - ``shards`` is part of the limiter's identity (it picks the shard names). Processes
-      using different shard counts for one name each admit up to the rate; change it only
-      together with the name, or with every user stopped.
-    - ``PER_CLIENT`` gives each client id a budget of ``rate`` split the same way.
-    """
-
-    __slots__ = ("_last", "_next", "_shards", "_waiting")
-
-    def __init__(self, name: str, backend: Backend, *, shards: int) -> None:
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
-        if shards > MAX_SHARDS:
-            raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
-        super().__init__(name, backend)
-        self._names = _shard_names(self._name, shards, backend)
-        self._shards = [RateLimiter._shard(n, backend) for n in self._names]
-        self._next = random.randrange(shards)
-        self._last = 0  # the shard of this object's latest grant, where release starts
-        self._waiting = [0] * shards  # this object's tasks waiting on each shard
-
-    @property
-    def shards(self) -> Sequence[RateLimiter]:
-        """The sub-limiters, one per shard."""
-        return tuple(self._shards)
-
-    def __repr__(self) -> str:
-        return (
-            f"ShardedRateLimiter({self._name!r}, {type(self._backend).__name__}, "
-            f"shards={len(self._shards)})"
-        )
-
-    def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
-        """Each shard gets its share of every rate, and a spacing as many times longer as
-        there are shards (so that the shards together keep the spacing on average)."""
-        shards = len(self._shards)
-        shares = [_split_rate(rate.permits, shards) for rate in config.rates]
-        spacing = config.min_spacing and config.min_spacing * shards
-        configs = []
-        for i in range(shards):
-            rates = tuple(
-                Rate(share[i], rate.interval)
-                for share, rate in zip(shares, config.rates, strict=True)
-            )
-            configs.append(replace(config, rate=rates[0].permits, rates=rates, min_spacing=spacing))
-        return configs
-
-    async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
-        """Takes ``permits`` from one shard if some shard can give them within ``timeout``.
-
-        Tries every shard once (starting with the next in turn), then waits on the shard with
-        the shortest wait. ``timeout=0`` never waits; ``None`` (or a timeout longer than
-        ``MAX_DURATION``) waits as long as it takes; when even the shortest wait is longer
-        than ``timeout``, returns False at once. A shard whose node fails is skipped;
-        ``BackendError`` is raised only when no shard answers.
-        """
-        permits = _check_permits(permits)
-        max_wait = _max_wait(timeout)
-        observer = _observe.current
-        if observer is None:
-            return await self._try_acquire(permits, max_wait, None) is not None
-        try:
-            waited = await self._try_acquire(permits, max_wait, observer)
-        except LimiterError as exc:
-            observer.failed(self._name, permits, exc)
-            raise
-        if waited is None:
-            observer.refused(self._name, permits)
-            return False
-        observer.granted(self._name, permits, waited)
-        return True
-
-    async def _try_acquire(
-        self, permits: int, max_wait: int | None, observer: Observer | None
-    ) -> float | None:
-        """The seconds a grant waited (0.0: at once), or None when refused."""
-        seconds = None if max_wait is None else max_wait / 1e6
-        loop = asyncio.get_running_loop()
-        deadline = None if seconds is None else loop.time() + seconds
-
-        count = len(self._shards)
-        start = self._next
-        self._next = (start + 1) % count
-        waits: dict[int, int] = {}  # shard -> microseconds until it could grant
-        queued: list[int] = []  # shards where tasks of this process already wait
-        refusals: list[LimiterError] = []  # why the other shards cannot serve this request
-        for i in [(start + k) % count for k in range(count)]:
-            if self._waiting[i]:
-                queued.append(i)  # do not pass the tasks waiting there
-                continue
-            try:
-                attempt = await self._backend.try_acquire(self._names[i], permits)
-            except (NotConfiguredError, InvalidArgumentError, BackendError) as exc:
-                refusals.append(exc)  # no config, permits > this shard's budget, node down
-                continue
-            if isinstance(attempt, Grant):
-                self._last = i
-                return 0.0
-            waits[i] = attempt.retry_in
-        if not waits and not queued:
-            raise _most_telling(refusals, permits, count)
-        if seconds == 0:
-            return None
-        if waits:
-            best = min(waits, key=waits.__getitem__)
-            if deadline is not None and loop.time() + waits[best] / 1e6 > deadline:
-                return None
-        else:
-            best = min(queued, key=self._waiting.__getitem__)
-        remaining = None if deadline is None else _max_wait(max(deadline - loop.time(), 0.0))
-        self._waiting[best] += 1
-        try:
-            waited = await _take(
-                self._backend, self._names[best], permits, remaining, observer, self._name
-            )
-        finally:
-            self._waiting[best] -= 1
-        if waited is not None:
-            self._last = best
-        return waited
-
-    async def release(self, permits: int) -> None:
-        """Hands back ``permits``: the most recent grants of the shard this object granted
-        from last, then of the following shards, until ``permits`` are handed back."""
-        count = len(self._shards)
-        left = _check_permits(permits)
-        for k in range(count):
-            if left <= 0:
-                break
-            left -= await self._backend.release(self._names[(self._last + k) % count], left)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import httpx
 
 from ._calls import CallGuard
-from ._limiter import RateLimiter, ShardedRateLimiter
+from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedTransport"]
