@@ -9,8 +9,9 @@ from dataclasses import replace
 
 from . import _observe
 from ._acquire import Acquired, acquire, check_permits, max_wait_of
+from ._base import _Limiter, _most_telling
 from ._breaker import breaker_of
-from ._limiter import RateLimiter, _Limiter, _most_telling
+from ._limiter import RateLimiter
 from ._observe import Observer
 from ._types import Duration, Rate, RateLimiterConfig
 from .backends.base import Backend, Refusal

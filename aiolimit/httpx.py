@@ -14,7 +14,12 @@ the pause (``retry=False`` returns the response instead). Needs ``pip install ai
 
 from __future__ import annotations
 
-import httpx
+from ._extras import missing_extra
+
+try:
+    import httpx
+except ImportError as exc:
+    raise missing_extra("aiolimit.httpx", "httpx") from exc
 
 from ._calls import CallGuard
 from ._limiter import RateLimiter

@@ -200,8 +200,8 @@ async def test_paths_methods_and_cost_choose_what_a_rule_counts() -> None:
         starlette_app(),
         backend=backend,
         rules=[
-            Rule("api-posts", "10/second", paths=["/api/"], methods=["post"], cost=4),
-            Rule("heavy", "10/second", cost=lambda scope: 10 if scope["path"] == "/other" else 0),
+            Rule("api-posts", "10/second", paths=["/api/"], methods=["post"], permits=4),
+            Rule("heavy", "10/second", permits=lambda scope: 10 if scope["path"] == "/other" else 0),
         ],
     )
     async with client(app) as http:
@@ -220,7 +220,7 @@ async def test_a_cost_over_the_rate_and_a_key_that_is_no_client_id_never_make_a_
         starlette_app(),
         backend=MemoryBackend(),
         rules=[
-            Rule("big", "5/minute", cost=lambda scope: 6 if scope["path"] == "/other" else 1),
+            Rule("big", "5/minute", permits=lambda scope: 6 if scope["path"] == "/other" else 1),
             Rule("odd", "2/minute", key=lambda scope: "\udc80" if scope["path"] == "/ws" else None),
         ],
     )
@@ -502,8 +502,8 @@ def test_bad_arguments_raise_invalid_argument_error() -> None:
     backend = MemoryBackend()
     bad_rules: list[Any] = [
         lambda: Rule("r", "10 per fortnight"),
-        lambda: Rule("r", "2/second", cost=3),
-        lambda: Rule("r", "2/second", cost=-1),
+        lambda: Rule("r", "2/second", permits=3),
+        lambda: Rule("r", "2/second", permits=-1),
         lambda: Rule("r", "2/second", paths="/api/"),
         lambda: Rule("r", "2/second", paths=["api/"]),
         lambda: Rule("r", "2/second", algorithm="LEAKY"),
@@ -852,3 +852,11 @@ async def test_several_rates_on_one_rule_are_each_enforced_and_announced() -> No
         refused = await http.get("/other")  # 4 in the last minute
         assert refused.status_code == 429
         assert int(refused.headers["retry-after"]) == 59
+
+
+def test_cost_is_the_deprecated_name_of_permits() -> None:
+    with pytest.warns(DeprecationWarning, match="permits="):
+        rule = Rule("old", "5/second", cost=2)
+    assert rule.permits == 2
+    with pytest.warns(DeprecationWarning, match="permits="):
+        RateLimit("old", "5/second", backend=MemoryBackend(), cost=2)

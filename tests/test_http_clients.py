@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from aiolimit import MemoryBackend, RateLimited, RateLimiter, RateType, RedisBackend
 from aiolimit._calls import retry_after_seconds
 from aiolimit._tools import LocalRedis, free_port
-from aiolimit.aiohttp import RateLimitedMiddleware
+from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
 
 
@@ -172,7 +172,7 @@ async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Part
 
 
 def session(limiter: RateLimiter, **options: Any) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(middlewares=(RateLimitedMiddleware(limiter, **options),))
+    return aiohttp.ClientSession(middlewares=(RateLimitedClientMiddleware(limiter, **options),))
 
 
 async def test_aiohttp_takes_a_permit_per_request_and_raises_rate_limited(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Sequence
 
 from .._types import Algorithm, Rate, RateLimiterConfig, RateType, check_name, rates_of, shown
 from ..errors import InvalidArgumentError
-from ._types import KeyFunc, Scope
+from ._types import KeyFunc, PermitsFunc, Scope
 
 __all__ = ["Rule", "whole_seconds", "window"]
 
@@ -17,13 +18,14 @@ class Rule:
 
     >>> Rule("api-global", "1000/second")                          # one budget for everyone
     >>> Rule("api-per-client", "10/second; 100/minute", key=client_ip, paths=["/api/"])
-    >>> Rule("uploads", [Rate(20, 60)], key=client_ip, methods=["POST"], cost=5)
+    >>> Rule("uploads", [Rate(20, 60)], key=client_ip, methods=["POST"], permits=5)
 
     ``rates`` is text for :meth:`Rate.parse` or a sequence of :class:`Rate`. With a ``key``
     the rule is a ``PER_CLIENT`` limiter whose client id is ``key(scope)`` (None: the rule
     does not apply to this request); without one, ``OVERALL``. ``paths`` are path prefixes,
     ``methods`` HTTP methods (a websocket connects with ``GET``); None matches all.
-    ``cost`` is the permits a request takes, or a callable of the scope (0: free).
+    ``permits`` are what a request takes, or a callable of the scope (0: free); ``cost`` is
+    its old, deprecated name.
     ``algorithm`` None is the library's default. The name is the limiter's name, so a rule
     shares its budget with every process (and any ``RateLimiter``) of that name; it also
     names the rule's policy in the header fields, so it is printable ASCII.
@@ -34,14 +36,20 @@ class Rule:
     def __init__(
         self,
         name: str,
-        rates: str | Sequence[Rate],
+        rates: str | Rate | Sequence[Rate],
         *,
         key: KeyFunc | None = None,
         paths: Iterable[str] | None = None,
         methods: Iterable[str] | None = None,
-        cost: int | Callable[[Scope], int] = 1,
+        permits: int | PermitsFunc = 1,
         algorithm: Algorithm | str | None = None,
+        cost: int | PermitsFunc | None = None,
     ) -> None:
+        if cost is not None:
+            warnings.warn(
+                "Rule(cost=...) is deprecated: write Rule(permits=...)", DeprecationWarning, 2
+            )
+            permits = cost
         self.name = check_name(name)
         if not all(" " <= char <= "~" for char in name):
             raise InvalidArgumentError(
@@ -58,9 +66,9 @@ class Rule:
         self.methods = (
             None if methods is None else frozenset(m.upper() for m in _strings(methods, "methods"))
         )
-        if not callable(cost):
-            _check_cost(cost, self)
-        self.cost = cost
+        if not callable(permits):
+            _check_cost(permits, self)
+        self.cost = permits
         try:
             self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)
         except ValueError:
@@ -69,6 +77,11 @@ class Rule:
     def __repr__(self) -> str:
         rates = "; ".join(str(rate) for rate in self.rates)
         return f"Rule({self.name!r}, {rates!r}, {self.rate_type.value})"
+
+    @property
+    def permits(self) -> int | PermitsFunc:
+        """The permits a request takes, or the callable of the scope that says them."""
+        return self.cost
 
     @property
     def rate_type(self) -> RateType:
