@@ -193,21 +193,23 @@ async def _attempt_all(
 ) -> list[Attempt]:
     """One attempt per limiter, sent together; if any fails, the others' grants go back and
     the first error is raised. Calls fail at once while a limiter's breaker is open."""
-    breakers = {id(b): b for b in (limiter._breaker for limiter in limiters)}.values()
-    for breaker in breakers:
-        breaker.enter()
+    if len(limiters) == 1:
+        limiter = limiters[0]
+        call = limiter._backend.try_acquire(limiter._name, permits[0], max_wait)
+        return [await limiter._breaker.guard(call)]
+    breakers = list({id(lim._breaker): lim._breaker for lim in limiters}.values())
+    entered: list[Breaker] = []
     try:
-        if len(limiters) == 1:
-            limiter = limiters[0]
-            attempts = [await limiter._backend.try_acquire(limiter._name, permits[0], max_wait)]
-        else:
-            attempts = await _all_outcomes(limiters, permits, max_wait)
-    except BackendError as exc:
         for breaker in breakers:
+            breaker.enter()
+            entered.append(breaker)
+        attempts = await _all_outcomes(limiters, permits, max_wait)
+    except BackendError as exc:
+        for breaker in entered:
             breaker.failed(exc)
         raise
     except BaseException:
-        for breaker in breakers:
+        for breaker in entered:
             breaker.left()
         raise
     for breaker in breakers:
