@@ -242,7 +242,9 @@ def test_global_options_work_before_or_after_the_command(capsys, url, prefix, na
 def test_an_option_given_after_the_command_wins_over_one_before(capsys, url, prefix, name):
     make(url, prefix, [name])
     wrong = f"redis://127.0.0.1:{free_port()}"
-    code, out, _ = aiolimit(capsys, "--redis", wrong, "list", name, "--redis", url, "--prefix", prefix)
+    code, out, _ = aiolimit(
+        capsys, "--redis", wrong, "list", name, "--redis", url, "--prefix", prefix
+    )
     assert (code, out) == (0, f"{name}  5/second  SLIDING_WINDOW  OVERALL\n")
 
 
@@ -282,9 +284,10 @@ def _keys_of(url: str, name: str) -> list[bytes]:
 
 @pytest.mark.slow
 def test_the_demo_into_a_pipe_closed_early_exits_quietly_and_leaves_no_key(url, name):
+    # At its default rate the workers wait on reservations: stopped, they hand them back.
     demo = subprocess.Popen(
         [sys.executable, "-m", "aiolimit", "demo", "--redis", url, "--name", name,
-         "--duration", "5", "--rate", "5000"],
+         "--duration", "5"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -297,6 +300,13 @@ def test_the_demo_into_a_pipe_closed_early_exits_quietly_and_leaves_no_key(url, 
     code = demo.wait(timeout=30)
     assert err == "", err
     assert code == 141  # 128 + SIGPIPE, as a shell reports a writer killed by it
+    assert _keys_of(url, name) == []
+
+
+@pytest.mark.slow
+def test_the_demo_run_to_its_end_leaves_no_key(url, name):
+    result = run_command("demo", "--redis", url, "--name", name, "--duration", "1.5")
+    assert result.returncode == 0, result.stdout + result.stderr
     assert _keys_of(url, name) == []
 
 
