@@ -209,59 +209,73 @@ def audit_grants(
     for grant in grants:
         budgets[grant.process if per_client else 0].append(grant)
     checks = [_RateCheck(rate) for rate in limits.rates]
-    spacing_us = round(limits.min_spacing * 1e6)
-    closest: float | None = None
-    too_close = too_close_wall = 0
+    spacing = _SpacingCheck(limits.min_spacing)
     begin, end = run
-    allowed = 0
-    in_run = 0
+    allowed = in_run = 0
     late: list[float] = []
     for budget in budgets.values():
         offset = statistics.median(clock_offsets(budget).values())
         first, last = begin * 1e6 + offset, end * 1e6 + offset
         for check in checks:
             check.add(budget, limits)
+        spacing.add(budget)
         in_run += sum(g.permits for g in budget if first <= g.limiter_time < last)
         allowed += min(_allowed(rate, limits.algorithm, first, last) for rate in limits.rates)
         late += lateness(budget, limits)
-        if spacing_us:
-            times = [(g.limiter_time, g.permits) for g in budget]
-            spaced = closest_grants(times, spacing_us, slack=TOLERANCE_US)
-            if spaced.closest is not None:
-                closest = spaced.closest if closest is None else min(closest, spaced.closest)
-            too_close += spaced.too_close
-            # Two grants whose [sent, received] stamps all fit within the spacing.
-            spans = [(g.sent, g.received, 1) for g in budget]
-            too_close_wall += busiest_window(spans, limits.min_spacing, rate=1).over
     rates = [check.report(limits) for check in checks]
-    permits = sum(g.permits for g in grants)
     tightest = min(
         limits.rates, key=lambda r: _allowed(r, limits.algorithm, begin * 1e6, end * 1e6)
     )
     return {
         "grants": len(grants),
-        "permits": permits,
+        "permits": sum(g.permits for g in grants),
         # The first rate's busiest window of its interval, limiter time and wall clock; and
         # every bound exceeded, over all rates and the spacing.
         "most_in_window": rates[0]["most_in_interval"],
-        "windows_over_rate": sum(r["over"] for r in rates) + too_close,
+        "windows_over_rate": sum(r["over"] for r in rates) + spacing.too_close,
         "most_in_window_wall": rates[0]["most_wall"],
-        "windows_over_rate_wall": sum(r["over_wall"] for r in rates) + too_close_wall,
+        "windows_over_rate_wall": sum(r["over_wall"] for r in rates) + spacing.too_close_wall,
         "per_rate": rates,
-        "spacing": None
-        if not spacing_us
-        else {
-            "min_spacing_s": limits.min_spacing,
-            "closest_s": None if closest is None else round(closest / 1e6, 6),
-            "too_close": too_close,
-            "too_close_wall": too_close_wall,
-        },
+        "spacing": spacing.report(),
         "utilisation": in_run / allowed if allowed else 0.0,
         "utilisation_against": rate_label(tightest),
         "waiters": len(late),
         "lateness_p50_ms": _ms(percentile(late, 0.50)),
         "lateness_p99_ms": _ms(percentile(late, 0.99)),
     }
+
+
+@dataclass
+class _SpacingCheck:
+    """The spacing between consecutive grants over every budget (limiter time), and on the
+    wall clock: two grants whose [sent, received] stamps all fit within the spacing."""
+
+    min_spacing: float
+    closest: float | None = None
+    too_close: int = 0
+    too_close_wall: int = 0
+
+    def add(self, budget: Sequence[Grant]) -> None:
+        spacing_us = round(self.min_spacing * 1e6)
+        if not spacing_us:
+            return
+        times = [(g.limiter_time, g.permits) for g in budget]
+        spaced = closest_grants(times, spacing_us, slack=TOLERANCE_US)
+        if spaced.closest is not None and (self.closest is None or spaced.closest < self.closest):
+            self.closest = spaced.closest
+        self.too_close += spaced.too_close
+        spans = [(g.sent, g.received, 1) for g in budget]
+        self.too_close_wall += busiest_window(spans, self.min_spacing, rate=1).over
+
+    def report(self) -> dict[str, Any] | None:
+        if not round(self.min_spacing * 1e6):
+            return None
+        return {
+            "min_spacing_s": self.min_spacing,
+            "closest_s": None if self.closest is None else round(self.closest / 1e6, 6),
+            "too_close": self.too_close,
+            "too_close_wall": self.too_close_wall,
+        }
 
 
 _CHECKS = {

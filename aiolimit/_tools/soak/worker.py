@@ -189,13 +189,7 @@ async def _task(
         requested = time.time()
         try:
             with backend.request() as request:
-                if kind == "try":
-                    granted = await limiter.try_acquire(permits, timeout=config.try_timeout)
-                elif kind == "big":
-                    granted = await limiter.try_acquire(permits, timeout=config.big_timeout)
-                else:
-                    await limiter.acquire(permits)
-                    granted = True
+                granted = await _ask(config, limiter, kind, permits)
         except NotConfiguredError as exc:
             # The server lost the config (a restart without persistence): set it again.
             result.errors[type(exc).__name__] += 1
@@ -232,6 +226,15 @@ async def _task(
             )
         )
         counts[process] += permits
+
+
+async def _ask(config: WorkerConfig, limiter: RateLimiter, kind: str, permits: int) -> bool:
+    if kind == "try":
+        return await limiter.try_acquire(permits, timeout=config.try_timeout)
+    if kind == "big":
+        return await limiter.try_acquire(permits, timeout=config.big_timeout)
+    await limiter.acquire(permits)
+    return True
 
 
 async def _configure(config: WorkerConfig, limiter: RateLimiter) -> None:
