@@ -162,11 +162,13 @@ def test_inspect_and_watch_show_a_block_and_its_time_left(capsys, url, prefix, n
     assert aiolimit(capsys, "block", name, "30", *options)[0] == 0
     code, out, _ = aiolimit(capsys, "inspect", name, *options)
     left = re.fullmatch(r"for ([\d.]+) s more: no grant to anyone", field(out, "blocked"))
-    assert left is not None and 29 < float(left[1]) <= 30, out
+    assert left is not None and 29 <= float(left[1]) <= 30, out
+    assert field(out, "available") == "0 of 5 permits now"
+    assert "in window" not in out  # nothing was taken: the block holds every permit back
     shown = json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])
     assert 29 < shown["blocked_s"] <= 30
     code, out, _ = aiolimit(capsys, "watch", name, "--count", "1", *options)
-    blocked = re.search(r"  blocked ([\d.]+) s$", out.rstrip("\n"))
+    blocked = re.search(r"grants/s  queued 0  blocked ([\d.]+) s$", out.rstrip("\n"))
     assert code == 0 and blocked is not None and 29 < float(blocked[1]) <= 30, out
 
 

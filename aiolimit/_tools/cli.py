@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
-from .options import DEFAULT_URL, GLOBAL, URL_VARIABLE, add_global, fill_defaults
+from .options import GLOBAL, add_global, fill_defaults
 
 __all__ = ["build_parser", "main", "parse"]
 
@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiolimit",
         description="aiolimit: an asyncio-native, Redis-backed distributed rate limiter.",
-        epilog=f"The server options go before or after the command. The server: --redis URL, "
-        f"else ${URL_VARIABLE}, else {DEFAULT_URL}.",
+        epilog="aiolimit COMMAND --help: the command's own options.",
     )
     parser.add_argument("--version", action="version", version=f"aiolimit {__version__}")
     server = parser.add_argument_group("server options (before or after the command)")

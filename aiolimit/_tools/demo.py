@@ -22,7 +22,7 @@ from ..backends import Backend, MemoryBackend, RedisBackend
 from ..errors import LimiterError
 from .audit import busiest_window
 from .options import masked, server_options
-from .text import plural
+from .text import plural, shown
 
 __all__ = ["Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
 
@@ -222,7 +222,9 @@ async def _demo(args: argparse.Namespace) -> int:
         # set_rate, not try_set_rate: start from a full budget whatever an earlier run left.
         await limiter.set_rate(RateType.OVERALL, args.rate, args.interval)
         print(
-            f"aiolimit demo: {args.workers} workers share limiter {args.name!r}, "
+            f"aiolimit demo: {plural(args.workers, 'worker')} "
+            f"{'shares' if args.workers == 1 else 'share'} limiter "
+            f"'{shown(args.name)}', "
             f"{plural(args.rate, 'permit')} per {_seconds(args.interval)}, "
             f"for {_seconds(args.duration)} ({where})",
             flush=True,

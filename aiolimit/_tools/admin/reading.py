@@ -122,8 +122,9 @@ class Snapshot:
     @property
     def in_window(self) -> int | None:
         """Permits taken of the tightest rate (granted in its window, reservations
-        included; the rate itself once none is left); None for PER_CLIENT."""
-        if self.available is None:
+        included; the rate itself once none is left); None for PER_CLIENT, and while a
+        block holds every permit back."""
+        if self.available is None or self.blocked_s is not None:
             return None
         return self.config.max_permits - self.available
 

@@ -63,6 +63,7 @@ def render(snapshot: Snapshot) -> list[str]:
     most = config.max_permits
     if snapshot.available is not None:
         lines.append(f"available     {snapshot.available} of {plural(most, 'permit')} now")
+    if snapshot.in_window is not None:
         lines.append(f"in window     {snapshot.in_window} of {plural(most, 'permit')} taken")
     if snapshot.keeps_a_log:
         lines.append(f"reservations  {_queued(snapshot)}")

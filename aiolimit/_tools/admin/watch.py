@@ -92,11 +92,14 @@ async def _read(
 
 def watch_line(config: RateLimiterConfig, reading: Reading) -> str:
     """One line of ``aiolimit watch``: the time, grants per second, the permits taken of the
-    tightest rate with a bar (OVERALL), the reservations waiting, any block's time left."""
+    tightest rate with a bar (OVERALL, unless a block holds them all back), the reservations
+    waiting, any block's time left."""
     shown_rate = "      -" if reading.rate is None else f"{reading.rate:7.1f}"
     parts = [time.strftime("%H:%M:%S"), f"{shown_rate} grants/s"]
     most = config.max_permits
-    if reading.available is not None:
+    if reading.blocked_s is not None:
+        pass  # nothing is available, whatever the window holds
+    elif reading.available is not None:
         taken = most - reading.available
         width = len(str(most))
         parts.append(f"window {taken:>{width}}/{most} {bar(taken, most)}")
