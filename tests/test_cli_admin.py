@@ -467,6 +467,8 @@ def test_every_command_works_on_a_cluster_with_cluster(capsys, redis_cluster: Cl
     code, out, err = aiolimit(capsys, url, "list", "--cluster")
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()] == sorted(names)
+    assert cli.main(["--cluster", "--redis", url, "list"]) == 0  # the options first
+    assert capsys.readouterr().out == out
     for each in names:
         code, out, err = aiolimit(capsys, url, "inspect", each, "--cluster", "--json")
         assert code == 0, err

@@ -327,3 +327,34 @@ def test_list_into_a_pipe_closed_early_exits_quietly(url, prefix):
     lister.stdout.close()
     err = lister.stderr.read().decode()
     assert (lister.wait(timeout=30), err) == (141, "")
+
+
+# -- PER_CLIENT counters; client ids ------------------------------------------------------------
+
+
+def test_inspect_counts_the_clients_of_a_per_client_token_bucket(capsys, url, prefix, name):
+    async def two_clients(backend: RedisBackend) -> None:
+        await RateLimiter(name, backend).set_rate(
+            RateType.PER_CLIENT, 5, 60, algorithm=Algorithm.TOKEN_BUCKET
+        )
+        for client, permits in (("amy", 4), ("red\x1b[31m", 1)):
+            assert await RateLimiter(name, backend.with_client(client)).try_acquire(permits)
+
+    on_server(url, two_clients, prefix)
+    options = ["--redis", url, "--prefix", prefix]
+    code, out, _ = aiolimit(capsys, "inspect", name, *options)
+    assert code == 0 and "\x1b" not in out
+    assert field(out, "clients") == "2 in the registry, 2 read, 2 with state"
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("busiest"))
+    assert lines[header].split() == ["busiest", "client", "available"]
+    assert [line.split() for line in lines[header + 1 : header + 3]] == [
+        ["amy", "1"],
+        [r"red\x1b[31m", "4"],
+    ]
+    shown = json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])
+    assert shown["clients"]["with_state"] == 2
+    assert shown["clients"]["busiest"] == [
+        {"client_id": "amy", "available": 1},
+        {"client_id": "red\x1b[31m", "available": 4},
+    ]
