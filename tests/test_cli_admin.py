@@ -37,13 +37,15 @@ T = TypeVar("T")
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def on_server(url: str, work: Callable[[RedisBackend], Awaitable[T]]) -> T:
+def on_server(
+    url: str, work: Callable[[RedisBackend], Awaitable[T]], prefix: str = "aiolimit:"
+) -> T:
     """Runs ``work`` on a backend of the server at ``url``, in an event loop of its own."""
 
     async def run() -> T:
         redis = Redis.from_url(url)
         try:
-            return await work(RedisBackend(redis))
+            return await work(RedisBackend(redis, prefix=prefix))
         finally:
             await redis.aclose()
 

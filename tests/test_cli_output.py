@@ -6,57 +6,23 @@ redis-server (the session's), each test with limiter names of its own.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import re
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import pytest
 import redis as sync_redis
-from redis.asyncio import Redis
+from test_cli_admin import field, on_server, run_command
 
 from aiolimit import Algorithm, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import LocalRedis, cli, free_port
-
-T = TypeVar("T")
-
-
-def on_server(url: str, work: Callable[[RedisBackend], Awaitable[T]], prefix: str = "") -> T:
-    async def run() -> T:
-        redis = Redis.from_url(url)
-        try:
-            backend = RedisBackend(redis, prefix=prefix) if prefix else RedisBackend(redis)
-            return await work(backend)
-        finally:
-            await redis.aclose()
-
-    return asyncio.run(run())
 
 
 def aiolimit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = cli.main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiolimit", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-
-
-def field(out: str, label: str) -> str:
-    (line,) = [line for line in out.splitlines() if line.startswith(f"{label} ")]
-    return line[len(label) :].strip()
 
 
 @pytest.fixture
