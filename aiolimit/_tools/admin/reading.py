@@ -6,8 +6,9 @@ Key names come from ``Keys`` (README, "Redis layout"), the config from
 reading correctly whatever the scripts store; what it reads directly (the value key, the
 permits ZSET, the clients registry) it reads defensively: state it cannot read counts as
 none. An OVERALL token bucket or fixed window has no state key: its state is a field of the
-config hash, counted in the config's memory. Every command here is read-only, and in the
-README's least-privilege ACL line.
+config hash, counted in the config's memory. A block's time left is the backend's
+(``block(name, None)`` reads it). Every command here is read-only, and in the README's
+least-privilege ACL line.
 
 >>> snapshot = await inspect_limiter(backend, "partner-api")
 >>> async for name in limiter_names(backend, "partner-*"): ...
