@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from servers import valkey_server_binary
 
 from aiolimit import Backend, MemoryBackend, RedisBackend
-from aiolimit._tools import LocalRedis, valkey_server_binary
+from aiolimit._tools import LocalRedis
 
 _names = itertools.count()
 

@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 import pytest
 from cluster import Cluster, cluster_client, wait_until
+from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import GrantRecord, RecordingBackend, busiest_window
+from aiolimit._tools import busiest_window
 
 pytest_plugins = ["cluster_fixtures"]
 

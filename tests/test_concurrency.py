@@ -13,10 +13,11 @@ import os
 import random
 
 import pytest
+from recording import GrantRecord, RecordingBackend
 from redis.asyncio import Redis
 
 from aiolimit import RateLimiter, RateType
-from aiolimit._tools import GrantRecord, LocalRedis, RecordingBackend, busiest_window
+from aiolimit._tools import LocalRedis, busiest_window
 
 RATE = 50
 INTERVAL_US = 500_000

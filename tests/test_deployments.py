@@ -21,6 +21,7 @@ from cluster import wait_until
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import NoPermissionError
+from servers import Server
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import LocalRedis, free_port
@@ -43,7 +44,7 @@ def sentinel_setup() -> Iterator[tuple[LocalRedis, LocalRedis, LocalRedis]]:
     with (
         LocalRedis("--repl-diskless-sync-delay", "0") as master,
         LocalRedis("--replicaof", "127.0.0.1", str(master.port)) as replica,
-        LocalRedis.sentinel(master.port) as sentinel,
+        Server.sentinel(master.port) as sentinel,
     ):
         wait_until(lambda: replica_linked(replica), 10, "the replica to sync")
         wait_until(lambda: sentinel_master_port(sentinel) == master.port, 10, "the sentinel")
@@ -121,7 +122,7 @@ def tls_server() -> Iterator[tuple[int, str]]:
         timeout=30,
     )  # fmt: skip
     try:
-        with LocalRedis(tls=(str(cert), str(key))) as server:
+        with Server(tls=(str(cert), str(key))) as server:
             yield server.port, str(cert)
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -19,6 +19,7 @@ import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
+from servers import valkey_server_binary
 
 import aiolimit
 from aiolimit import (
@@ -30,7 +31,7 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis, free_port, redis_server_binary, valkey_server_binary
+from aiolimit._tools import LocalRedis, free_port, redis_server_binary
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import parse_member, parse_value
 

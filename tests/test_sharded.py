@@ -10,6 +10,7 @@ import time
 
 import pytest
 from cluster import Cluster, cluster_client
+from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
 from test_cluster import HOSTILE_NAMES, masters_holding
 
@@ -21,7 +22,7 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
-from aiolimit._tools import GrantRecord, RecordingBackend, busiest_window
+from aiolimit._tools import busiest_window
 from aiolimit.backends import Attempt
 
 pytest_plugins = ["cluster_fixtures"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -15,7 +16,10 @@ import pytest
 from aiolimit import Algorithm, Rate
 from aiolimit._tools import LocalRedis, soak
 from aiolimit._tools.audit import fullest_bucket
-from aiolimit._tools.soak_worker import Grant
+from aiolimit._tools.soak.audit import audit_grants, lateness
+from aiolimit._tools.soak.limits import TOLERANCE_US, Limits
+from aiolimit._tools.soak.progress import Progress
+from aiolimit._tools.soak.worker import Grant
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -63,13 +67,13 @@ def grant(at: float, permits: int = 1, process: int = 0, requested: float | None
     return Grant(process, permits, "acquire", asked, at, at + 0.001, at + 0.001, round(at * 1e6))
 
 
-def limits(rates: str, algorithm: str = "sliding_window", spacing: float = 0.0) -> soak.Limits:
-    return soak.Limits(Rate.parse(rates), Algorithm(algorithm.upper()), spacing)
+def limits(rates: str, algorithm: str = "sliding_window", spacing: float = 0.0) -> Limits:
+    return Limits(Rate.parse(rates), Algorithm(algorithm.upper()), spacing)
 
 
-def audit(grants: list[Grant], how: soak.Limits, per_client: bool = False) -> dict[str, Any]:
+def audit(grants: list[Grant], how: Limits, per_client: bool = False) -> dict[str, Any]:
     times = [g.limiter_time / 1e6 for g in grants]
-    return soak.audit_grants(grants, how, per_client, (min(times), max(times) + 0.01))
+    return audit_grants(grants, how, per_client, (min(times), max(times) + 0.01))
 
 
 def test_audit_counts_a_window_over_the_rate() -> None:
@@ -177,20 +181,20 @@ def test_lateness_follows_each_algorithm() -> None:
     # A waiter asking at 0.1 for a third permit of 2 per second: the bucket has its token at
     # 0.5; a fixed window (aligned at 0) has room at 1.0. Granted 30 ms later than that.
     bucket = [grant(0.0, 2), grant(0.53, requested=0.1)]
-    assert soak.lateness(bucket, limits("2/second", "token_bucket")) == [pytest.approx(0.03)]
+    assert lateness(bucket, limits("2/second", "token_bucket")) == [pytest.approx(0.03)]
     windows = [grant(0.0, 2), grant(1.03, requested=0.1)]
-    assert soak.lateness(windows, limits("2/second", "fixed_window")) == [pytest.approx(0.03)]
+    assert lateness(windows, limits("2/second", "fixed_window")) == [pytest.approx(0.03)]
     # The spacing: the second grant could start at 0.2.
     spaced = [grant(0.0), grant(0.23, requested=0.1)]
-    assert soak.lateness(spaced, limits("9/second", spacing=0.2)) == [pytest.approx(0.03)]
+    assert lateness(spaced, limits("9/second", spacing=0.2)) == [pytest.approx(0.03)]
 
 
 def test_the_command_line_reads_algorithm_rates_and_spacing() -> None:
     args = _args("--algorithm", "TOKEN_BUCKET", "--rates", "3/second;20/minute")
     assert args.algorithm == "token_bucket"
-    how = soak.Limits.of(_args("--algorithm", "Fixed_Window", "--min-spacing", "0.2"))
-    assert how == soak.Limits((Rate(200, 1),), Algorithm.FIXED_WINDOW, 0.2)
-    assert soak.Limits.of(args).rates == (Rate(3, 1), Rate(20, 60))
+    how = Limits.of(_args("--algorithm", "Fixed_Window", "--min-spacing", "0.2"))
+    assert how == Limits((Rate(200, 1),), Algorithm.FIXED_WINDOW, 0.2)
+    assert Limits.of(args).rates == (Rate(3, 1), Rate(20, 60))
 
 
 @pytest.mark.parametrize(
@@ -229,7 +233,7 @@ def _assert_every_bound_kept(results: dict[str, Any]) -> None:
         assert rate["most_in_interval"] <= rate["interval_bound"], rate
     spacing = results["spacing"]
     assert spacing["too_close"] == spacing["too_close_wall"] == 0
-    assert spacing["closest_s"] >= 0.01 - soak.TOLERANCE_US / 1e6
+    assert spacing["closest_s"] >= 0.01 - TOLERANCE_US / 1e6
     assert results["windows_over_rate"] == results["windows_over_rate_wall"] == 0
     assert results["exit_code"] == 0
 
@@ -267,10 +271,10 @@ def test_the_progress_line_counts_the_last_interval_so_the_first_burst_is_no_ove
     # each time those leave the window.
     begin = 1000.0
     counts = [0, 0]
-    progress = soak.Progress(_args("--rate", "200", "--duration", "3"), begin, begin + 3, counts)
+    progress = Progress(_args("--rate", "200", "--duration", "3"), begin, begin + 3, counts)
     for tenth in range(2, 31):  # the tool looks every 0.1 s and prints about once a second
         counts[0] = 200 * ((tenth - 1) // 10 + 1)  # bursts at 0.1, 1.1 and 2.1 s
-        progress.show(begin + tenth / 10, soak.Counter())
+        progress.show(begin + tenth / 10, Counter())
     lines = capsys.readouterr().err.splitlines()
     assert [line.split("  ")[-1] for line in lines] == ["last 1 s: 200/200"] * 3, lines
     # Not a running average, which reads as over-admission: 400 in 1.2 s, "333/s, rate 200/s".
@@ -281,5 +285,5 @@ def test_the_progress_line_allows_one_budget_per_process_for_per_client_limiters
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = _args("--type", "per-client", "--rate", "50", "--duration", "2")
-    soak.Progress(args, 0.0, 2.0, [50, 50]).show(0.5, soak.Counter())
+    Progress(args, 0.0, 2.0, [50, 50]).show(0.5, Counter())
     assert capsys.readouterr().err.rstrip().endswith("last 1 s: 100/100")

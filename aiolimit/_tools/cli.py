@@ -1,8 +1,11 @@
 """The ``aiolimit`` command line: ``demo`` and ``soak``; ``inspect``, ``list``, ``set-rate``,
-``delete`` and ``watch`` for live limiters on a Redis server.
+``delete``, ``block``, ``unblock`` and ``watch`` for live limiters on a Redis server.
 
 Each subcommand is a tool module, or an object in one (``"module:NAME"``), exposing
-``add_arguments(parser)`` and ``run(args) -> int`` (the exit code).
+``add_arguments(parser)`` and ``run(args) -> int`` (the exit code). The server options
+(``--redis``, ``--cluster``, ``--prefix``: ``options.py``) go before or after the command.
+Output into a pipe closed early (``aiolimit list | head``) ends the command quietly, with
+exit code 141 (128 + SIGPIPE) as a shell reports it.
 """
 
 from __future__ import annotations
@@ -11,11 +14,16 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
+import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
+from .options import GLOBAL, add_global, fill_defaults
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse"]
+
+BROKEN_PIPE = 141
 
 # name -> (module, one-line help). A module that is not there is simply not offered.
 COMMANDS = {
@@ -23,7 +31,7 @@ COMMANDS = {
     "soak": ("aiolimit._tools.soak", "multi-process soak test with fault injection and an audit"),
     "inspect": (
         "aiolimit._tools.admin:INSPECT",
-        "a live limiter's config, state, queue and memory",
+        "a live limiter's config, state, block, queue and memory",
     ),
     "list": ("aiolimit._tools.admin:LIST", "the limiters on the server, one line each"),
     "set-rate": (
@@ -32,7 +40,11 @@ COMMANDS = {
     ),
     "delete": ("aiolimit._tools.admin:DELETE", "remove a limiter's config and state"),
     "block": ("aiolimit._tools.admin:BLOCK", "no grant to anyone for SECONDS (every process)"),
-    "watch": ("aiolimit._tools.admin:WATCH", "grants/s, the window and the queue, once a second"),
+    "unblock": ("aiolimit._tools.admin:UNBLOCK", "end a limiter's block now"),
+    "watch": (
+        "aiolimit._tools.admin:WATCH",
+        "grants/s, the window, the queue and any block, once a second",
+    ),
 }
 
 
@@ -40,8 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiolimit",
         description="aiolimit: an asyncio-native, Redis-backed distributed rate limiter.",
+        epilog="aiolimit COMMAND --help: the command's own options.",
     )
     parser.add_argument("--version", action="version", version=f"aiolimit {__version__}")
+    server = parser.add_argument_group("server options (before or after the command)")
+    for dest in GLOBAL:
+        add_global(server, dest)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     for name, (target, summary) in COMMANDS.items():
@@ -57,8 +73,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class _Refused(Exception):
+    """A server option given before a command that does not take it."""
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line read, each server option given or the command's default."""
     args = build_parser().parse_args(argv)
+    defaults: dict[str, object] = getattr(args, "global_defaults", {})
+    for dest in GLOBAL:
+        if dest not in defaults and hasattr(args, dest):
+            flag = GLOBAL[dest][0][0]
+            raise _Refused(f"aiolimit {args.command}: error: {args.command} takes no {flag}")
+    return fill_defaults(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parse(argv)
+    except _Refused as exc:
+        print(exc, file=sys.stderr)
+        return 2
     run: Callable[[argparse.Namespace], int] = args.run
     log = logging.getLogger("aiolimit")
     if not log.handlers:
@@ -69,3 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``| head``): no traceback, and no second error when
+    the interpreter flushes stdout at exit."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return BROKEN_PIPE

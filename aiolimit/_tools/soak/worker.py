@@ -1,7 +1,7 @@
 """One worker process of the soak tool: T tasks hammering one limiter, recording every grant.
 
 The workload goes through the public :class:`~aiolimit.RateLimiter`. To learn the limiter's
-own grant time, the backend is a :class:`~aiolimit._tools.recording.RecordingBackend`: each
+own grant time, the backend is a :class:`~aiolimit._tools.soak.stamping.StampingBackend`: each
 request notes the grant made for it (its limiter time, and this process's wall clock just
 before and just after the script call), and keeps it only if the limiter call then returns
 True, so a grant a cancelled caller handed back is never counted.
@@ -15,14 +15,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from .. import NotConfiguredError, Rate, RateLimiter, RateType
-from .recording import RecordingBackend
+from ... import NotConfiguredError, Rate, RateLimiter, RateType
+from .stamping import StampingBackend
 
 __all__ = ["Grant", "WorkerConfig", "WorkerResult", "run_worker"]
 
@@ -116,11 +116,11 @@ async def _main(
         backoff = ExponentialWithJitterBackoff(base=0.01, cap=0.5)
         options["retry"] = Retry(backoff, config.client_retries)
     redis = Redis.from_url(config.url, client_name=config.client_name, **options)
-    clock: str | Callable[[], float] = "server"
+    clock: Literal["server", "client"] | Callable[[], float] = "server"
     if config.clock == "client":
         skew = config.skew
         clock = (lambda: time.time() + skew) if skew else "client"
-    backend = RecordingBackend(redis, client_id=f"soak-process-{process}", clock=clock)
+    backend = StampingBackend(redis, client_id=f"soak-process-{process}", clock=clock)
     # Grants are audited on the true clock, not the one this worker skewed.
     skew_us = round(config.skew * 1_000_000) if config.clock == "client" else 0
     limiter = RateLimiter(config.name, backend)
@@ -168,7 +168,7 @@ def _pick(config: WorkerConfig, rng: random.Random) -> tuple[str, int]:
 
 async def _task(
     config: WorkerConfig,
-    backend: RecordingBackend,
+    backend: StampingBackend,
     limiter: RateLimiter,
     process: int,
     index: int,
@@ -189,13 +189,7 @@ async def _task(
         requested = time.time()
         try:
             with backend.request() as request:
-                if kind == "try":
-                    granted = await limiter.try_acquire(permits, timeout=config.try_timeout)
-                elif kind == "big":
-                    granted = await limiter.try_acquire(permits, timeout=config.big_timeout)
-                else:
-                    await limiter.acquire(permits)
-                    granted = True
+                granted = await _ask(config, limiter, kind, permits)
         except NotConfiguredError as exc:
             # The server lost the config (a restart without persistence): set it again.
             result.errors[type(exc).__name__] += 1
@@ -232,6 +226,15 @@ async def _task(
             )
         )
         counts[process] += permits
+
+
+async def _ask(config: WorkerConfig, limiter: RateLimiter, kind: str, permits: int) -> bool:
+    if kind == "try":
+        return await limiter.try_acquire(permits, timeout=config.try_timeout)
+    if kind == "big":
+        return await limiter.try_acquire(permits, timeout=config.big_timeout)
+    await limiter.acquire(permits)
+    return True
 
 
 async def _configure(config: WorkerConfig, limiter: RateLimiter) -> None:

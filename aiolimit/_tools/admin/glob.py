@@ -1,0 +1,93 @@
+"""``aiolimit list PATTERN``: a Redis glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``)
+matched against limiter names, not against the keys they are stored under, which escape
+``%``, ``{`` and ``}`` (``we{ir}d`` is ``{we%7Bir%7Dd}``: ``_keys.escape_tag``).
+
+The server is asked (SCAN MATCH) only for the pattern's literal start, escaped as stored;
+the whole pattern is then matched here against each name it returns.
+
+>>> names("we{*").match, names("we{*").pattern.fullmatch("we{ir}d") is not None
+('we%7B*', True)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from ...backends.redis._keys import escape_tag
+
+__all__ = ["NamePattern", "names"]
+
+_SPECIAL = "*?["
+
+
+class NamePattern(NamedTuple):
+    match: str
+    """What SCAN MATCH is given for the part inside the hash tag (the stored form)."""
+    pattern: re.Pattern[str]
+    """The glob, as a regular expression to match whole names."""
+
+
+def names(glob: str) -> NamePattern:
+    literal = _literal_start(glob)
+    return NamePattern(redis_escape(escape_tag(literal)) + "*", _regex(glob))
+
+
+def redis_escape(text: str) -> str:
+    """``text`` matched literally in a Redis glob."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def _literal_start(glob: str) -> str:
+    """The characters every match starts with: up to the first wildcard, escapes undone."""
+    start = []
+    index = 0
+    while index < len(glob) and glob[index] not in _SPECIAL:
+        if glob[index] == "\\" and index + 1 < len(glob):
+            index += 1
+        start.append(glob[index])
+        index += 1
+    return "".join(start)
+
+
+def _regex(glob: str) -> re.Pattern[str]:
+    parts = []
+    index = 0
+    while index < len(glob):
+        char = glob[index]
+        if char == "\\" and index + 1 < len(glob):
+            index += 1
+            parts.append(re.escape(glob[index]))
+        elif char == "*":
+            parts.append(".*")
+        elif char == "?":
+            parts.append(".")
+        elif char == "[" and "]" in glob[index + 1 :]:
+            part, index = _bracket(glob, index + 1)
+            parts.append(part)
+        else:
+            parts.append(re.escape(char))
+        index += 1
+    return re.compile("".join(parts), re.DOTALL)
+
+
+def _bracket(glob: str, index: int) -> tuple[str, int]:
+    """A ``[...]`` starting after its ``[``, as Redis reads it: ``^`` negates, ``a-z`` is a
+    range (either way round), ``\\x`` is x. Returns the regex and the index of its ``]``."""
+    negate = glob[index] == "^"
+    index += negate
+    members = []
+    while index < len(glob) and glob[index] != "]":
+        if glob[index] == "\\" and index + 1 < len(glob):
+            index += 1
+            members.append(re.escape(glob[index]))
+        elif index + 2 < len(glob) and glob[index + 1] == "-" and glob[index + 2] != "]":
+            low, high = sorted((glob[index], glob[index + 2]))
+            members.append(f"{re.escape(low)}-{re.escape(high)}")
+            index += 2
+        else:
+            members.append(re.escape(glob[index]))
+        index += 1
+    if not members:
+        return ("." if negate else "(?!)"), index
+    return f"[{'^' if negate else ''}{''.join(members)}]", index

@@ -1,0 +1,117 @@
+"""``aiolimit watch NAME``: once a second, grants per second, the permits taken of the
+tightest rate, the reservations waiting and any block; one line redrawn on a terminal, a line
+per tick otherwise. It only reads."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import NamedTuple
+
+from ..._types import RateLimiterConfig, RateType
+from ...backends.redis import RedisBackend
+from ..demo import positive_int, positive_seconds
+from ..text import bar
+from .connect import command, name_argument, no_limiter
+from .reading import Reservations, budget_state
+
+__all__ = ["WATCH", "Reading", "watch_line"]
+
+
+class Reading(NamedTuple):
+    """What one tick of ``watch`` read."""
+
+    rate: float | None
+    """Grants per second since the previous tick (None: the first tick)."""
+    available: int | None
+    """Permits available now (None: PER_CLIENT, each client its own)."""
+    ahead: Reservations
+    blocked_s: float | None = None
+    """Seconds until the limiter's block ends (None: not blocked)."""
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    name_argument(parser)
+    parser.add_argument(
+        "--interval",
+        type=positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="refresh (default 1)",
+    )
+    parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N lines")
+
+
+async def _watch(args: argparse.Namespace, backend: RedisBackend) -> int:
+    loop = asyncio.get_running_loop()
+    tty = sys.stdout.isatty()
+    previous: tuple[float, int] | None = None
+    began = loop.time()
+    tick = 0
+    try:
+        while args.count is None or tick < args.count:
+            await asyncio.sleep(max(0.0, began + tick * args.interval - loop.time()))
+            tick += 1
+            config = await backend.get_config(args.name)
+            if config is None:
+                raise no_limiter(args)
+            reading, previous = await _read(backend, args.name, config, previous, loop.time())
+            line = watch_line(config, reading)
+            if tty:
+                sys.stdout.write("\r\x1b[K" + line)
+                sys.stdout.flush()
+            else:
+                print(line, flush=True)
+    finally:
+        if tty:
+            print()
+    return 0
+
+
+async def _read(
+    backend: RedisBackend,
+    name: str,
+    config: RateLimiterConfig,
+    previous: tuple[float, int] | None,
+    now: float,
+) -> tuple[Reading, tuple[float, int]]:
+    """One tick's reading, and the (time, grants) the next compares with."""
+    budget = await budget_state(backend, name, config)
+    rate = None
+    if previous is not None and budget.grants >= previous[1]:
+        rate = (budget.grants - previous[1]) / (now - previous[0])
+    available = None
+    if config.rate_type is RateType.OVERALL:
+        available = await backend.available_permits(name)
+    blocked_us = await backend.block(name, None)
+    blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    return Reading(rate, available, budget.reservations, blocked_s), (now, budget.grants)
+
+
+def watch_line(config: RateLimiterConfig, reading: Reading) -> str:
+    """One line of ``aiolimit watch``: the time, grants per second, the permits taken of the
+    tightest rate with a bar (OVERALL, unless a block holds them all back), the reservations
+    waiting, any block's time left."""
+    shown_rate = "      -" if reading.rate is None else f"{reading.rate:7.1f}"
+    parts = [time.strftime("%H:%M:%S"), f"{shown_rate} grants/s"]
+    most = config.max_permits
+    if reading.blocked_s is not None:
+        pass  # nothing is available, whatever the window holds
+    elif reading.available is not None:
+        taken = most - reading.available
+        width = len(str(most))
+        parts.append(f"window {taken:>{width}}/{most} {bar(taken, most)}")
+    else:
+        parts.append(f"PER_CLIENT, {most} per client")
+    queued = f"queued {reading.ahead.count}"
+    if reading.ahead.count:
+        queued += f" (+{reading.ahead.furthest_s:.2f} s)"
+    parts.append(queued)
+    if reading.blocked_s is not None:
+        parts.append(f"blocked {reading.blocked_s:.1f} s")
+    return "  ".join(parts)
+
+
+WATCH = command("watch", _watch_arguments, _watch)
