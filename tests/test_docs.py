@@ -26,7 +26,6 @@ import shlex
 import subprocess
 import sys
 import threading
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,6 +35,11 @@ import pytest
 import redis as sync_redis
 
 from aiolimit._tools import LocalRedis
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -99,6 +103,18 @@ def test_every_block_says_its_language_and_most_really_run():
         block.where for block in ALL_BLOCKS if block.skip and block.lang not in ("python", "sh")
     ]
     assert misplaced == [], "a skip marker stands before a block that never runs"
+
+
+def test_every_file_the_docs_name_exists():
+    named = {
+        (page.relative_to(ROOT), path)
+        for page in PAGES
+        for path in re.findall(
+            r"`((?:aiolimit|examples|benchmarks|tests|docs)/[\w./-]+)`", page.read_text()
+        )
+    }
+    assert len(named) >= 20
+    assert [(str(page), path) for page, path in named if not (ROOT / path).exists()] == []
 
 
 # -- python -------------------------------------------------------------------------------------
