@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
-from aiolimit._tools import LocalRedis
+from aiolimit._tools import LocalRedis, cli
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -247,19 +247,16 @@ def _check_pytest(command: list[str]) -> None:
             assert (ROOT / word.split("::")[0]).exists(), f"{command}: no {word}"
 
 
-def _run_aiolimit(command: list[str], redis_url: str) -> None:
+def _run_aiolimit(command: list[str], redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Runs the command in this process (``aiolimit`` is ``cli.main``), which saves starting
+    an interpreter per command."""
     args = command[3:] if command[:3] == ["python", "-m", "aiolimit"] else command[1:]
-    args = [arg.replace(REDIS_PLACEHOLDER, redis_url) for arg in args]
-    result = subprocess.run(
-        [sys.executable, "-m", "aiolimit", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "AIOLIMIT_REDIS_URL": redis_url},
-    )
-    assert result.returncode == 0, f"{command}\n{result.stdout}{result.stderr}"
+    try:
+        code = cli.main([arg.replace(REDIS_PLACEHOLDER, redis_url) for arg in args])
+    except SystemExit as exit:
+        code = exit.code
+    out, err = capsys.readouterr()
+    assert code == 0, f"{command} exited {code}\n{out}{err}"
 
 
 @pytest.mark.parametrize(
@@ -267,14 +264,20 @@ def _run_aiolimit(command: list[str], redis_url: str) -> None:
     [pytest.param(b, marks=[pytest.mark.slow] if _is_slow(b) else []) for b in SH_BLOCKS],
     ids=lambda block: block.where,
 )
-def test_the_commands_of_a_sh_block_run_or_name_what_exists(block: Block, redis_url: str):
+def test_the_commands_of_a_sh_block_run_or_name_what_exists(
+    block: Block,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    monkeypatch.setenv("AIOLIMIT_REDIS_URL", redis_url)
     for command in commands_of(block):
         if command[:2] == ["pip", "install"]:
             _check_pip_install(command)
         elif command[:1] == ["pytest"]:
             _check_pytest(command)
         elif command[:1] == ["aiolimit"] or command[:3] == ["python", "-m", "aiolimit"]:
-            _run_aiolimit(command, redis_url)
+            _run_aiolimit(command, redis_url, capsys)
         elif command[:2] == ["python", "-m"]:
             assert importlib.util.find_spec(command[2]), f"{block.where}: no module {command[2]}"
         elif command[:1] == ["python"] and command[1:2] and command[1].endswith(".py"):
