@@ -105,6 +105,14 @@ def test_every_block_says_its_language_and_most_really_run():
     assert misplaced == [], "a skip marker stands before a block that never runs"
 
 
+def test_the_docs_name_extras_of_this_distribution_only():
+    name = PYPROJECT["project"]["name"]
+    assert name != "aiolimit"  # "aiolimit" on the index is an unrelated project
+    for page in PAGES:
+        other = re.findall(rf"(?<![\w-])(?!{re.escape(name)}\[)[\w-]+\[\w+\]", page.read_text())
+        assert [extra for extra in other if extra.startswith("aiolimit")] == [], page
+
+
 def test_every_file_the_docs_name_exists():
     named = {
         (page.relative_to(ROOT), path)
