@@ -34,7 +34,7 @@ from aiolimit.backends.redis._compat import slot
 pytest_plugins = ["cluster_fixtures"]
 
 T = TypeVar("T")
-README = Path(__file__).resolve().parent.parent / "README.md"
+ACL_PAGE = Path(__file__).resolve().parent.parent / "docs" / "deployments.md"
 
 
 def on_server(
@@ -387,7 +387,7 @@ def test_block_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
 
 
 def readme_acl_rules() -> list[str]:
-    lines = README.read_text().splitlines()
+    lines = ACL_PAGE.read_text().splitlines()
     (line,) = [acl for acl in lines if acl.startswith("ACL SETUSER limiter")]
     return line.removeprefix("ACL SETUSER limiter ").replace(">PASSWORD", ">s3cret").split()
 
