@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
 
-from ._calls import CallGuard
+from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._limiter import RateLimiter, ShardedRateLimiter
 from ._types import Duration
 
@@ -30,7 +30,9 @@ class RateLimitedMiddleware:
 
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with
-    ``retry_after``.
+    ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
+    minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
+    ``aiolimit``) and cut to it.
     """
 
     __slots__ = ("_guard",)
@@ -42,8 +44,11 @@ class RateLimitedMiddleware:
         permits: int = 1,
         timeout: Duration | None = None,
         retry: bool = True,
+        max_pause: Duration = DEFAULT_MAX_PAUSE,
     ) -> None:
-        self._guard = CallGuard(limiter, permits=permits, timeout=timeout, retry=retry)
+        self._guard = CallGuard(
+            limiter, permits=permits, timeout=timeout, retry=retry, max_pause=max_pause
+        )
 
     @property
     def limiter(self) -> RateLimiter | ShardedRateLimiter:
