@@ -19,7 +19,8 @@ from fastapi import Depends, FastAPI
 from redis.asyncio import Redis
 
 from aiolimit import Backend, MemoryBackend, RedisBackend
-from aiolimit.asgi import RateLimit, RateLimitMiddleware, Rule, client_ip
+from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
+from aiolimit.fastapi import RateLimit
 
 redis_url = os.environ.get("AIOLIMIT_REDIS_URL")
 backend: Backend = RedisBackend(Redis.from_url(redis_url)) if redis_url else MemoryBackend()

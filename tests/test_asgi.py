@@ -37,12 +37,12 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis, free_port
 from aiolimit.asgi import (
-    RateLimit,
     RateLimitMiddleware,
     Rule,
     client_ip,
     client_ip_from,
 )
+from aiolimit.fastapi import RateLimit
 
 looptime = pytest.mark.looptime
 

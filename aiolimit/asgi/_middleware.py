@@ -1,0 +1,132 @@
+"""The ASGI middleware: every HTTP request and websocket connection checked against rules."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+
+from ..backends.base import Backend
+from ._fields import header_fields, items_of, with_fields
+from ._gate import Gate, RateLimitStats, Verdict, record, refusal_headers
+from ._rules import Rule
+from ._types import ASGIApp, Message, OnBackendError, Receive, Scope, Send
+
+__all__ = ["RateLimitMiddleware"]
+
+# Close codes (RFC 6455): 1008 a policy was violated, 1013 try again later.
+_WS_POLICY_VIOLATION = 1008
+_WS_TRY_AGAIN_LATER = 1013
+
+
+class RateLimitMiddleware:
+    """Checks every HTTP request and websocket connection against ``rules``.
+
+    >>> app = RateLimitMiddleware(app, backend=RedisBackend(redis), rules=[
+    ...     Rule("api-global", "1000/second"),
+    ...     Rule("api-per-client", "10/second", key=client_ip, paths=["/api/"]),
+    ... ], wait=0.5, on_backend_error="deny")
+
+    A refused request is answered ``429`` with ``Retry-After`` (whole seconds, rounded up,
+    at least 1), the RateLimit fields and a JSON body ``{"detail": ...}``; it consumes no
+    permit of any rule. ``wait`` (seconds): a request whose permits are free within it is
+    reserved and served then instead of refused. ``on_backend_error``: when the store
+    fails, ``"deny"`` answers ``503`` with ``Retry-After: error_retry_after``, ``"allow"``
+    lets the request through; either way each outage is logged once (logger ``aiolimit``)
+    and counted in :attr:`stats`. ``headers``: the RateLimit fields on allowed responses
+    too; ``legacy_headers``: also ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset``
+    (Unix time) for the most constraining rule. The fields are written once per response,
+    replacing any of the same name the app set. Websocket connections are checked at
+    connect and refused with close code 1008 (1013 when the store fails and ``"deny"``);
+    ``lifespan`` passes through, and startup writes the rules' configs.
+    """
+
+    __slots__ = ("_gate", "_headers", "_legacy", "app")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        backend: Backend,
+        rules: Sequence[Rule],
+        wait: float | timedelta = 0,
+        on_backend_error: OnBackendError = "deny",
+        error_retry_after: float = 1,
+        headers: bool = True,
+        legacy_headers: bool = False,
+    ) -> None:
+        self.app = app
+        self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after)
+        self._headers = headers
+        self._legacy = legacy_headers
+
+    @property
+    def stats(self) -> RateLimitStats:
+        return self._gate.stats
+
+    @property
+    def rules(self) -> tuple[Rule, ...]:
+        return self._gate.rules
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self.app(scope, self._configure_at_startup(receive), send)
+            return
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        verdict = await self._gate.check(scope)
+        await record(scope, verdict)
+        if kind == "websocket":
+            if verdict.status == 200:
+                await self.app(scope, receive, send)
+            else:
+                await _refuse_websocket(verdict, receive, send)
+            return
+        if verdict.status != 200:
+            await self._refuse(verdict, scope, send)
+        elif self._headers:
+            await self.app(scope, receive, self._adding_fields(scope, send))
+        else:
+            await self.app(scope, receive, send)
+
+    def _configure_at_startup(self, receive: Receive) -> Receive:
+        async def receive_then_configure() -> Message:
+            message = await receive()
+            if message.get("type") == "lifespan.startup":
+                await self._gate.configure_all()
+            return message
+
+        return receive_then_configure
+
+    def _adding_fields(self, scope: Scope, send: Send) -> Send:
+        legacy = self._legacy
+
+        async def send_with_fields(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = with_fields(message, header_fields(items_of(scope), legacy))
+            await send(message)
+
+        return send_with_fields
+
+    async def _refuse(self, verdict: Verdict, scope: Scope, send: Send) -> None:
+        body = json.dumps({"detail": verdict.detail}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            *refusal_headers(verdict, scope, self._legacy),
+        ]
+        await send({"type": "http.response.start", "status": verdict.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse_websocket(verdict: Verdict, receive: Receive, send: Send) -> None:
+    """Accepts, then closes with the reason: a close before the handshake completes reaches a
+    browser as a bare 403, without the code or the wait."""
+    message = await receive()
+    if message["type"] != "websocket.connect":
+        return  # the client is gone already
+    code = _WS_POLICY_VIOLATION if verdict.status == 429 else _WS_TRY_AGAIN_LATER
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": code, "reason": verdict.detail[:120]})

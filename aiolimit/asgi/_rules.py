@@ -1,0 +1,136 @@
+"""Rules: which requests a limit applies to, what it counts by, and what a request costs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+from .._types import Algorithm, Rate, RateLimiterConfig, RateType, check_name, rates_of, shown
+from ..errors import InvalidArgumentError
+from ._types import KeyFunc, Scope
+
+__all__ = ["Rule", "whole_seconds", "window"]
+
+
+class Rule:
+    """One limit on the requests it matches.
+
+    >>> Rule("api-global", "1000/second")                          # one budget for everyone
+    >>> Rule("api-per-client", "10/second; 100/minute", key=client_ip, paths=["/api/"])
+    >>> Rule("uploads", [Rate(20, 60)], key=client_ip, methods=["POST"], cost=5)
+
+    ``rates`` is text for :meth:`Rate.parse` or a sequence of :class:`Rate`. With a ``key``
+    the rule is a ``PER_CLIENT`` limiter whose client id is ``key(scope)`` (None: the rule
+    does not apply to this request); without one, ``OVERALL``. ``paths`` are path prefixes,
+    ``methods`` HTTP methods (a websocket connects with ``GET``); None matches all.
+    ``cost`` is the permits a request takes, or a callable of the scope (0: free).
+    ``algorithm`` None is the library's default. The name is the limiter's name, so a rule
+    shares its budget with every process (and any ``RateLimiter``) of that name; it also
+    names the rule's policy in the header fields, so it is printable ASCII.
+    """
+
+    __slots__ = ("algorithm", "cost", "key", "methods", "name", "paths", "rates")
+
+    def __init__(
+        self,
+        name: str,
+        rates: str | Sequence[Rate],
+        *,
+        key: KeyFunc | None = None,
+        paths: Iterable[str] | None = None,
+        methods: Iterable[str] | None = None,
+        cost: int | Callable[[Scope], int] = 1,
+        algorithm: Algorithm | str | None = None,
+    ) -> None:
+        self.name = check_name(name)
+        if not all(" " <= char <= "~" for char in name):
+            raise InvalidArgumentError(
+                f"a rule's name goes into the RateLimit header fields: printable ASCII only, "
+                f"not {name!r}"
+            )
+        self.rates: tuple[Rate, ...] = rates_of(rates, None)
+        if key is not None and not callable(key):
+            raise InvalidArgumentError(f"key must be a callable of the scope, not {shown(key)}")
+        self.key = key
+        self.paths = None if paths is None else _strings(paths, "paths")
+        if self.paths is not None and not all(p.startswith("/") for p in self.paths):
+            raise InvalidArgumentError(f"paths are prefixes starting with '/', not {self.paths}")
+        self.methods = (
+            None if methods is None else frozenset(m.upper() for m in _strings(methods, "methods"))
+        )
+        if not callable(cost):
+            _check_cost(cost, self)
+        self.cost = cost
+        try:
+            self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)
+        except ValueError:
+            raise InvalidArgumentError(f"unknown algorithm {algorithm!r}") from None
+
+    def __repr__(self) -> str:
+        rates = "; ".join(str(rate) for rate in self.rates)
+        return f"Rule({self.name!r}, {rates!r}, {self.rate_type.value})"
+
+    @property
+    def rate_type(self) -> RateType:
+        return RateType.OVERALL if self.key is None else RateType.PER_CLIENT
+
+    def matches(self, scope: Scope) -> bool:
+        """Whether the request's path and method are this rule's (its key is not asked)."""
+        if self.paths is not None:
+            path = scope.get("path", "")
+            if not any(path.startswith(prefix) for prefix in self.paths):
+                return False
+        if self.methods is not None:
+            method = scope.get("method", "GET")  # a websocket handshake is a GET
+            if method not in self.methods:
+                return False
+        return True
+
+    def cost_of(self, scope: Scope) -> int:
+        """The permits this request takes; one over the rate is refused, never granted."""
+        if callable(self.cost):
+            return _check_cost(self.cost(scope), self, over_rate_ok=True)
+        return self.cost
+
+    def differs_from(self, stored: RateLimiterConfig) -> bool:
+        """Whether the stored config is not what this rule says (then it is rewritten)."""
+        return (
+            stored.rate_type is not self.rate_type
+            or stored.rates != self.rates
+            or stored.algorithm is not self.algorithm
+        )
+
+    def policies(self) -> list[tuple[str, Rate]]:
+        """The rule's quota policies for the header fields: one per rate, named after the
+        rule (with the window in seconds when it has several rates)."""
+        if len(self.rates) == 1:
+            return [(self.name, self.rates[0])]
+        return [(f"{self.name}-{window(rate)}s", rate) for rate in self.rates]
+
+
+def _strings(values: Iterable[str], what: str) -> tuple[str, ...]:
+    if isinstance(values, str) or not all(isinstance(v, str) for v in values):
+        raise InvalidArgumentError(f"{what} must be a list of str, not {shown(values)}")
+    return tuple(values)
+
+
+def _check_cost(cost: object, rule: Rule, over_rate_ok: bool = False) -> int:
+    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+        raise InvalidArgumentError(f"cost must be an int >= 0, not {shown(cost)}")
+    most = min(rate.permits for rate in rule.rates)
+    if cost > most and not over_rate_ok:
+        raise InvalidArgumentError(
+            f"cost ({cost}) exceeds the rate of rule {rule.name!r} ({most}): never granted"
+        )
+    return cost
+
+
+def window(rate: Rate) -> int:
+    """A rate's window in whole seconds (at least 1), for ``w``."""
+    return max(1, math.ceil(rate.interval_us / 1e6))
+
+
+def whole_seconds(us: int) -> int:
+    """A wait in whole seconds, rounded up, at least 1: a client that comes back then finds
+    the permits free."""
+    return max(1, -(-us // 1_000_000))
