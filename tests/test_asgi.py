@@ -353,7 +353,7 @@ def test_client_ip_from_reads_forwarded_for_only_as_far_as_trusted_proxies_wrote
     assert key(scope_from("10.0.0.2", ["6.6.6.6, 198.51.100.4"])) == "198.51.100.4"
     # two trusted hops, header split over two fields
     assert key(scope_from("10.0.0.2", ["6.6.6.6, 198.51.100.4", "10.1.1.1"])) == "198.51.100.4"
-    assert key(scope_from("2001:db8::1", ["2001:db8::42"])) == "2001:db8::42"
+    assert key(scope_from("2001:db8::1", ["2001:db8::42"])) == "2001:db8::/56"  # its /56
     # garbage where a trusted proxy writes: the proxy is the client, not the garbage
     assert key(scope_from("10.0.0.2", ["not-an-ip"])) == "10.0.0.2"
     assert key(scope_from("10.0.0.2", [])) == "10.0.0.2"
@@ -375,9 +375,9 @@ def test_client_ip_from_reads_the_rfc_7239_forwarded_header_when_named() -> None
     # for= among other parameters, quoted with a port, and IPv6 in brackets
     assert key(scope("10.0.0.2", "for=6.6.6.6, for=198.51.100.4;proto=https")) == "198.51.100.4"
     assert key(scope("10.0.0.2", 'for=6.6.6.6, for="198.51.100.4:4711"')) == "198.51.100.4"
-    assert key(scope("10.0.0.2", 'for="[2001:db8:cafe::17]:4711"')) == "2001:db8:cafe::17"
-    assert key(scope("2001:db8::1", 'For="[2001:db8::42]"')) == "2001:db8::42"
-    # two trusted hops, over two fields; a quoted comma does not split an element
+    assert key(scope("10.0.0.2", 'for="[2001:db8:cafe::17]:4711"')) == "2001:db8:cafe::/56"
+    assert key(scope("2001:db8::1", 'For="[2001:db8::42]"')) == "2001:db8::/56"
+    # two trusted hops, over two fields; a quoted comma left of them changes nothing
     fields = ('for=6.6.6.6;by="a,b", for=198.51.100.4', "for=10.1.1.1;proto=http")
     assert key(scope("10.0.0.2", *fields)) == "198.51.100.4"
     # what a trusted proxy wrote that is no address: the nearest address read is the client
