@@ -215,20 +215,16 @@ async def test_paths_methods_and_cost_choose_what_a_rule_counts() -> None:
 
 
 @looptime
-async def test_a_cost_over_the_rate_and_a_key_that_is_no_client_id_never_make_a_500() -> None:
+async def test_a_key_that_is_no_client_id_never_makes_a_500() -> None:
+    # (a callable cost over the rate is the app's error: tests/test_asgi_edge.py)
     app = RateLimitMiddleware(
         starlette_app(),
         backend=MemoryBackend(),
         rules=[
-            Rule("big", "5/minute", cost=lambda scope: 6 if scope["path"] == "/other" else 1),
             Rule("odd", "2/minute", key=lambda scope: "\udc80" if scope["path"] == "/ws" else None),
         ],
     )
     async with client(app) as http:
-        over = await http.get("/other")
-        assert over.status_code == 429
-        assert over.headers["retry-after"] == "60"
-        assert (await http.get("/api/items")).status_code == 200  # nothing was taken
         # an id that cannot be a client id counts in the shared "unknown" budget
         assert [(await http.get("/ws")).status_code for _ in range(3)] == [404, 404, 429]
 
