@@ -20,13 +20,14 @@ import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from aiolimit import InvalidArgumentError, MemoryBackend, RateLimiter
-from aiolimit._tools import free_port
+from aiolimit import BackendError, InvalidArgumentError, MemoryBackend, RateLimiter, RedisBackend
+from aiolimit._tools import LocalRedis, free_port
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip, client_ip_from
 
 looptime = pytest.mark.looptime
@@ -344,6 +345,48 @@ async def test_the_legacy_fields_follow_the_policy_that_binds() -> None:
         answers = [await http.get("/other") for _ in range(4)]
     assert answers[3].status_code == 429
     assert answers[3].headers["x-ratelimit-limit"] == "8"
+
+
+async def test_the_binding_policy_of_a_per_client_rule_on_redis(redis_server: LocalRedis) -> None:
+    redis = Redis.from_url(redis_server.url)
+    await redis.flushall()
+    app = RateLimitMiddleware(
+        Endpoint().app(),
+        backend=RedisBackend(redis),
+        rules=[Rule("burst", "5/second; 8/minute", key=client_ip)],
+    )
+    try:
+        async with asgi_client(app) as http:
+            first = [await http.get("/other") for _ in range(5)]
+            assert limit_field(first[4]) == {"burst-1s": {"r": 0, "t": 1}}
+            await asyncio.sleep(1.1)
+            then = [await http.get("/other") for _ in range(4)]
+    finally:
+        await redis.aclose()
+    assert [a.status_code for a in then] == [200, 200, 200, 429]
+    for answer in then[2:]:
+        [(name, params)] = limit_field(answer).items()
+        assert name == "burst-60s" and params["r"] == 0 and 57 <= params["t"] <= 59
+
+
+class NoWaitTime(MemoryBackend):
+    """A store whose wait reads fail (grants work)."""
+
+    async def wait_time(self, name: str, permits: int) -> int:
+        raise BackendError("wait_time failed")
+
+
+@looptime
+async def test_a_failed_read_of_the_binding_policy_still_serves_the_request() -> None:
+    endpoint = Endpoint()
+    app = RateLimitMiddleware(
+        endpoint.app(), backend=NoWaitTime(), rules=[Rule("burst", "2/second; 3/minute")]
+    )
+    async with asgi_client(app) as http:
+        answers = [await http.get("/other") for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert limit_field(answers[1]) == {"burst-1s": {"r": 0, "t": 1}}  # the first policy
+    assert endpoint.runs == 2
 
 
 # -- item 14: a callable cost the app got wrong ---------------------------------------------------

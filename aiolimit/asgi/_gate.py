@@ -14,7 +14,7 @@ from .._types import shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
-from ._fields import Item, header_fields, items_of
+from ._fields import Item, granted_items, header_fields, items_of, refused_item
 from ._rules import Rule, whole_seconds, window
 from ._types import Scope
 
@@ -180,7 +180,7 @@ class Gate:
             await self._hand_back(grants)
             retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
             items = [
-                Item(r.rule, 0, whole_seconds(a.retry_in))
+                refused_item(r.rule, a.retry_in)
                 if isinstance(a, Refusal)
                 else Item(r.rule, max(a.left + r.cost, 0), window(r.rule.rates[0]))
                 for r, a in pairs
@@ -200,7 +200,7 @@ class Gate:
                 raise
             self.stats.waited += 1
         self.stats.allowed += 1
-        items = [Item(r.rule, max(g.left, 0), window(r.rule.rates[0])) for r, g in grants]
+        items = await granted_items([(r.rule, r.backend, g.left) for r, g in grants])
         return Verdict(200, 0, items, "", grants)
 
     def _client(self, client: str) -> Backend:
