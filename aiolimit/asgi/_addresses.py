@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 
 from .._types import shown
 from ..errors import InvalidArgumentError
@@ -88,14 +89,11 @@ def client_ip_from(
         peer = _canonical(_peer(scope))
         if peer is None or not trusted(peer):
             return _peer_key(scope, ipv6_prefix)
-        hops = [
-            hop
-            for name, value in scope.get("headers", ())
-            if name.lower() == field_name
-            for hop in hops_in(value.decode("latin-1"))
-        ]
+        fields = [value for name, value in scope.get("headers", ()) if name.lower() == field_name]
+        # from the right, and only as far as needed: what a client wrote is never parsed
+        hops = chain.from_iterable(hops_in(value.decode("latin-1")) for value in reversed(fields))
         nearest = peer
-        for hop in reversed(hops):
+        for hop in hops:
             ip = _canonical(hop)
             if ip is None:
                 break  # no address where a trusted proxy should have written one
@@ -181,10 +179,10 @@ def _key_of(ip: _IP, ipv6_prefix: int) -> str:
 # or names no address a proxy could have connected from.
 
 
-def _x_forwarded_for(value: str) -> list[str | None]:
-    """The hops of one ``X-Forwarded-For`` field, leftmost first (empty entries skipped)."""
-    hops = (hop.strip(" \t") for hop in value.split(","))
-    return [hop for hop in hops if hop]
+def _x_forwarded_for(value: str) -> Iterator[str | None]:
+    """The hops of one ``X-Forwarded-For`` field, rightmost first (empty entries skipped)."""
+    hops = (hop.strip(" \t") for hop in reversed(value.split(",")))
+    return (hop for hop in hops if hop)
 
 
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
@@ -194,12 +192,13 @@ _PAIR = re.compile(rf"[ \t]*(?:({_TOKEN})=({_TOKEN}|{_QUOTED})[ \t]*)?")
 _ESCAPE = re.compile(r"\\(.)")
 
 
-def _forwarded(value: str) -> list[str | None]:
-    """The ``for=`` node of each element of one RFC 7239 ``Forwarded`` field, leftmost first
+def _forwarded(value: str) -> Iterator[str | None]:
+    """The ``for=`` node of each element of one RFC 7239 ``Forwarded`` field, rightmost first
     (empty elements skipped): the address without port or brackets, else the node as
     written (``unknown``, ``_hidden``), None for an element that is malformed or has no
     ``for=``. Elements end at every comma (see :func:`client_ip_from`)."""
-    return [_for_node(element) for element in value.split(",") if element.strip(" \t")]
+    elements = reversed(value.split(","))
+    return (_for_node(element) for element in elements if element.strip(" \t"))
 
 
 def _for_node(element: str) -> str | None:
@@ -239,7 +238,7 @@ def _node_address(node: str) -> str | None:
     return name[1:-1] if name.startswith("[") else name
 
 
-_FORWARDING_HEADERS: dict[str, Callable[[str], list[str | None]]] = {
+_FORWARDING_HEADERS: dict[str, Callable[[str], Iterator[str | None]]] = {
     "x-forwarded-for": _x_forwarded_for,
     "forwarded": _forwarded,
 }

@@ -146,8 +146,8 @@ def _check_cost(cost: object, rule: Rule, what: str = "cost is") -> int:
     most = min(rate.permits for rate in rule.rates)
     if cost > most:
         raise InvalidArgumentError(
-            f"rule {rule.name!r}: {what} {cost}, which exceeds the rate of the rule ({most}): "
-            f"no request could ever be granted"
+            f"rule {rule.name!r}: {what} {shown(cost)}, which exceeds the rate of the rule "
+            f"({most}): no request could ever be granted"
         )
     return cost
 
