@@ -5,12 +5,31 @@
 >>> await limiter.try_set_rate(RateType.OVERALL, 100, timedelta(hours=1))
 >>> async with limiter:
 ...     await call_partner()
+
+``RedisBackend`` is imported when first used (``from aiolimit import RedisBackend`` works as
+ever): a process that only uses ``MemoryBackend`` does not import ``redis.asyncio``.
 """
 
-from ._limiter import RateLimiter, ShardedRateLimiter
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._acquire import Acquired, acquire_all
+from ._breaker import Breaker, breaker_of
+from ._limiter import RateLimiter
 from ._observe import Observer, observe
-from ._types import MAX_DURATION, MAX_RATE, Algorithm, Duration, Rate, RateLimiterConfig, RateType
-from .backends import Backend, MemoryBackend, RedisBackend
+from ._sharded import ShardedRateLimiter
+from ._types import (
+    MAX_DURATION,
+    MAX_RATE,
+    Algorithm,
+    Duration,
+    Rate,
+    RateLimiterConfig,
+    Rates,
+    RateType,
+)
+from .backends import Backend, MemoryBackend
 from .errors import (
     BackendError,
     InvalidArgumentError,
@@ -19,14 +38,19 @@ from .errors import (
     RateLimited,
 )
 
+if TYPE_CHECKING:
+    from .backends.redis import RedisBackend
+
 __version__ = "0.1.0"
 
 __all__ = [
     "MAX_DURATION",
     "MAX_RATE",
+    "Acquired",
     "Algorithm",
     "Backend",
     "BackendError",
+    "Breaker",
     "Duration",
     "InvalidArgumentError",
     "LimiterError",
@@ -38,8 +62,20 @@ __all__ = [
     "RateLimiter",
     "RateLimiterConfig",
     "RateType",
+    "Rates",
     "RedisBackend",
     "ShardedRateLimiter",
     "__version__",
+    "acquire_all",
+    "breaker_of",
     "observe",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "RedisBackend":
+        from .backends.redis import RedisBackend
+
+        globals()["RedisBackend"] = RedisBackend
+        return RedisBackend
+    raise AttributeError(f"module 'aiolimit' has no attribute {name!r}")

@@ -21,7 +21,8 @@ import re
 import time
 from datetime import timezone
 
-from ._limiter import RateLimiter, ShardedRateLimiter
+from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
 
@@ -38,8 +39,6 @@ DEFAULT_MAX_PAUSE = 15 * 60
 _LONGEST_PAUSE = MAX_DURATION.total_seconds()
 # RFC 9110 delta-seconds (ASCII digits only), with a decimal part read too.
 _DELTA_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
-# An acquire that took longer than this slept for a reserved slot, rather than one round trip.
-_LOOK_AGAIN_AFTER = 0.01
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -68,10 +67,6 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return min(max(seconds, 0.0), _LONGEST_PAUSE)
 
 
-def _left(deadline: float | None) -> float | None:
-    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
-
-
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
@@ -93,8 +88,6 @@ class CallGuard:
         if timeout is not None and to_micros(timeout, "timeout") < 0:
             raise InvalidArgumentError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
         self.limiter = limiter
-        # A 429 in any process blocks the limiter: callers sleeping here then move behind it.
-        limiter._expect_blocks()
         self.permits = permits
         self.timeout = None if timeout is None else to_micros(timeout, "timeout") / 1e6
         self.retry = retry

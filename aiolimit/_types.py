@@ -4,7 +4,7 @@ import enum
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from .errors import InvalidArgumentError
@@ -20,6 +20,7 @@ __all__ = [
     "Rate",
     "RateLimiterConfig",
     "RateType",
+    "Rates",
 ]
 
 # Lua numbers are doubles, exact for integers up to 2**53. Every number the scripts see stays
@@ -142,6 +143,11 @@ class Rate:
         return tuple(rates)
 
 
+Rates = int | str | Rate | Sequence[Rate]
+"""A limiter's rates, as every public signature takes them: an int with its interval, text
+for :meth:`Rate.parse` (``"10/second; 100/minute"``), one :class:`Rate`, or a sequence."""
+
+
 def rates_of(rate: object, interval: Duration | None) -> tuple[Rate, ...]:
     """The rates a public ``rate`` argument describes: an int with ``interval``, a sequence of
     :class:`Rate` without one, or (a convenience) one :class:`Rate` or a rate string."""
@@ -172,28 +178,70 @@ MAX_RATES = 8
 """The most rates one limiter applies at once."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False, repr=False)
 class RateLimiterConfig:
-    """A limiter's rates, algorithm and spacing. ``rate`` and ``interval`` are those of the
-    first rate (the only one, for a limiter set with an int rate)."""
+    """A limiter's rates, algorithm and spacing. ``rates`` holds them all; ``rate`` and
+    ``interval`` are those of the first (the only one, for a limiter set with an int rate).
+
+    >>> RateLimiterConfig(RateType.OVERALL, 5, timedelta(seconds=1))    # one rate
+    >>> RateLimiterConfig(RateType.OVERALL, rates=Rate.parse("5/second; 100/minute"))
+    """
 
     rate_type: RateType
-    rate: int
-    interval: timedelta
-    keep_alive: timedelta | None = None
-    rates: tuple[Rate, ...] = field(default=())
-    algorithm: Algorithm = Algorithm.SLIDING_WINDOW
-    min_spacing: timedelta | None = None
+    keep_alive: timedelta | None
+    rates: tuple[Rate, ...]
+    algorithm: Algorithm
+    min_spacing: timedelta | None
 
-    def __post_init__(self) -> None:
-        if not self.rates:
-            object.__setattr__(self, "rates", (Rate(self.rate, self.interval),))
+    def __init__(
+        self,
+        rate_type: RateType,
+        rate: int | None = None,
+        interval: timedelta | None = None,
+        keep_alive: timedelta | None = None,
+        rates: Sequence[Rate] = (),
+        algorithm: Algorithm = Algorithm.SLIDING_WINDOW,
+        min_spacing: timedelta | None = None,
+    ) -> None:
+        if not rates:
+            if rate is None or interval is None:
+                raise InvalidArgumentError("a config needs its rates (or a rate and an interval)")
+            rates = (Rate(rate, interval),)
+        elif (rate is not None and rate != rates[0].permits) or (
+            interval is not None and interval != rates[0].interval
+        ):
+            raise InvalidArgumentError(
+                f"rate and interval ({rate}, {interval}) are not those of the first rate "
+                f"({rates[0]}): give the rates only"
+            )
+        object.__setattr__(self, "rate_type", rate_type)
+        object.__setattr__(self, "keep_alive", keep_alive)
+        object.__setattr__(self, "rates", tuple(rates))
+        object.__setattr__(self, "algorithm", algorithm)
+        object.__setattr__(self, "min_spacing", min_spacing)
+
+    @property
+    def rate(self) -> int:
+        """The permits of the first rate."""
+        return self.rates[0].permits
+
+    @property
+    def interval(self) -> timedelta:
+        """The interval of the first rate."""
+        return self.rates[0].interval
+
+    def __repr__(self) -> str:
+        return (
+            f"RateLimiterConfig(rate_type={self.rate_type!r}, rate={self.rate}, "
+            f"interval={self.interval!r}, keep_alive={self.keep_alive!r}, rates={self.rates!r}, "
+            f"algorithm={self.algorithm!r}, min_spacing={self.min_spacing!r})"
+        )
 
     @classmethod
     def build(
         cls,
         rate_type: RateType | str,
-        rate: int | Sequence[Rate] | Rate | str,
+        rate: Rates,
         interval: Duration | None = None,
         keep_alive: Duration | None = None,
         *,
@@ -237,12 +285,10 @@ class RateLimiterConfig:
             spacing = timedelta(microseconds=spacing_us) if spacing_us else None
         return cls(
             kind,
-            rates[0].permits,
-            rates[0].interval,
-            None if keep_alive_us is None else timedelta(microseconds=keep_alive_us),
-            rates,
-            how,
-            spacing,
+            keep_alive=None if keep_alive_us is None else timedelta(microseconds=keep_alive_us),
+            rates=rates,
+            algorithm=how,
+            min_spacing=spacing,
         )
 
     @property

@@ -1,10 +1,10 @@
 """An aiohttp client middleware that takes a permit before every request and obeys
 ``Retry-After``.
 
->>> from aiolimit.aiohttp import RateLimitedMiddleware
+>>> from aiolimit.aiohttp import RateLimitedClientMiddleware
 >>> limiter = RateLimiter("partner-api", RedisBackend(redis))
 >>> await limiter.try_set_rate(RateType.OVERALL, 100, 60)
->>> async with aiohttp.ClientSession(middlewares=[RateLimitedMiddleware(limiter)]) as session:
+>>> async with aiohttp.ClientSession(middlewares=[RateLimitedClientMiddleware(limiter)]) as session:
 ...     async with session.get("https://partner.example/orders") as response: ...
 
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
@@ -16,17 +16,23 @@ aiolimit[aiohttp]`` (aiohttp >= 3.12, which has client middlewares).
 
 from __future__ import annotations
 
-from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+from ._extras import missing_extra
+
+try:
+    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+except ImportError as exc:
+    raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
-from ._limiter import RateLimiter, ShardedRateLimiter
+from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
-__all__ = ["RateLimitedMiddleware"]
+__all__ = ["RateLimitedClientMiddleware"]
 
 
-class RateLimitedMiddleware:
-    """A client middleware: ``ClientSession(middlewares=[RateLimitedMiddleware(limiter)])``.
+class RateLimitedClientMiddleware:
+    """A client middleware: ``ClientSession(middlewares=[RateLimitedClientMiddleware(limiter)])``.
 
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with

@@ -46,7 +46,7 @@ class RateLimited(LimiterError):
     def __init__(self, name: str, retry_after: float) -> None:
         super().__init__(
             f"rate limiter {name!r} has no permit within the timeout: "
-            f"retry after {retry_after:.3g} s"
+            f"retry after {retry_after:.3f} s"
         )
         self.name = name
         self.retry_after = retry_after

@@ -12,18 +12,23 @@ This module imports Starlette (FastAPI's base); :mod:`aiolimit.asgi` imports no 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
-from datetime import timedelta
+import warnings
+from collections.abc import Sequence
 
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
+from ._extras import missing_extra
 
-from ._types import Algorithm, Rate
+try:
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import Response
+except ImportError as exc:
+    raise missing_extra("aiolimit.fastapi", "fastapi") from exc
+
+from ._types import Algorithm, Duration, Rate
 from .asgi._fields import header_fields, items_of
 from .asgi._gate import Gate, RateLimitStats, record, refusal_headers
 from .asgi._rules import Rule
-from .asgi._types import KeyFunc, OnBackendError, Scope
+from .asgi._types import KeyFunc, OnBackendError, PermitsFunc
 from .backends.base import Backend
 
 __all__ = ["RateLimit"]
@@ -48,19 +53,27 @@ class RateLimit:
     def __init__(
         self,
         name: str,
-        rates: str | Sequence[Rate],
+        rates: str | Rate | Sequence[Rate],
         *,
         backend: Backend,
         key: KeyFunc | None = None,
-        cost: int | Callable[[Scope], int] = 1,
+        permits: int | PermitsFunc = 1,
         algorithm: Algorithm | str | None = None,
-        wait: float | timedelta = 0,
+        wait: Duration = 0,
         on_backend_error: OnBackendError = "deny",
-        error_retry_after: float = 1,
+        error_retry_after: Duration = 1,
         headers: bool = True,
         legacy_headers: bool = False,
+        cost: int | PermitsFunc | None = None,
     ) -> None:
-        rule = Rule(name, rates, key=key, cost=cost, algorithm=algorithm)
+        if cost is not None:
+            warnings.warn(
+                "RateLimit(cost=...) is deprecated: write RateLimit(permits=...)",
+                DeprecationWarning,
+                2,
+            )
+            permits = cost
+        rule = Rule(name, rates, key=key, permits=permits, algorithm=algorithm)
         self._gate = Gate(backend, [rule], wait, on_backend_error, error_retry_after)
         self._headers = headers
         self._legacy = legacy_headers

@@ -14,10 +14,16 @@ the pause (``retry=False`` returns the response instead). Needs ``pip install ai
 
 from __future__ import annotations
 
-import httpx
+from ._extras import missing_extra
+
+try:
+    import httpx
+except ImportError as exc:
+    raise missing_extra("aiolimit.httpx", "httpx") from exc
 
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
-from ._limiter import RateLimiter, ShardedRateLimiter
+from ._limiter import RateLimiter
+from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedTransport"]

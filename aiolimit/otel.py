@@ -49,8 +49,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from opentelemetry import metrics
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+from ._extras import missing_extra
+
+try:
+    from opentelemetry import metrics
+    from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
+except ImportError as exc:
+    raise missing_extra("aiolimit.otel", "otel") from exc
 
 from . import __version__
 from ._observe import Observer

@@ -401,13 +401,13 @@ async def test_a_cost_callable_out_of_range_is_an_error_of_the_app_never_a_429(
     app = RateLimitMiddleware(
         endpoint.app(),
         backend=MemoryBackend(),
-        rules=[Rule("upload", "3/second", cost=lambda scope: cost)],
+        rules=[Rule("upload", "3/second", permits=lambda scope: cost)],
     )
     async with asgi_client(app) as http:
         with pytest.raises(InvalidArgumentError) as raised:
             await http.get("/other")
     message = str(raised.value)
-    assert "'upload'" in message and "cost" in message and says in message
+    assert "'upload'" in message and "permits" in message and says in message
     assert endpoint.runs == 0
 
 
@@ -418,7 +418,7 @@ async def test_a_cost_callable_out_of_range_through_uvicorn_is_a_500_with_a_log_
     app = RateLimitMiddleware(
         endpoint.app(),
         backend=MemoryBackend(),
-        rules=[Rule("upload", "3/second", cost=lambda scope: 99)],
+        rules=[Rule("upload", "3/second", permits=lambda scope: 99)],
     )
     with caplog.at_level(logging.ERROR):
         async with uvicorn_serving(app) as url, httpx.AsyncClient(base_url=url) as http:

@@ -60,3 +60,26 @@ async def test_bad_uses_raise_invalid_argument_error() -> None:
         limiter.limit(timeout=-1)
     with pytest.raises(InvalidArgumentError, match="async"):
         limiter.limit()(lambda: None)  # type: ignore[arg-type]
+
+
+async def test_the_bare_decorator_takes_one_permit_per_call() -> None:
+    limiter = RateLimiter("bare", MemoryBackend())
+    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    loop = asyncio.get_running_loop()
+
+    @limiter.limit
+    async def call(n: int) -> float:
+        return loop.time()
+
+    assert call.__name__ == "call"
+    assert [round(at, 3) for at in await asyncio.gather(*(call(n) for n in range(3)))] == [
+        0,
+        0,
+        1,
+    ]
+
+
+def test_rate_limited_says_the_wait_with_three_decimals_always() -> None:
+    assert str(RateLimited("api", 1.0)).endswith("retry after 1.000 s")
+    assert str(RateLimited("api", 0.9994)).endswith("retry after 0.999 s")
+    assert str(RateLimited("api", 12.34567)).endswith("retry after 12.346 s")

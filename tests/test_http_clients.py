@@ -32,7 +32,7 @@ from aiolimit import (
 )
 from aiolimit._calls import retry_after_seconds
 from aiolimit._tools import LocalRedis, free_port
-from aiolimit.aiohttp import RateLimitedMiddleware
+from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
 
 
@@ -198,7 +198,7 @@ async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Part
 
 
 def session(limiter: RateLimiter, **options: Any) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(middlewares=(RateLimitedMiddleware(limiter, **options),))
+    return aiohttp.ClientSession(middlewares=(RateLimitedClientMiddleware(limiter, **options),))
 
 
 async def test_aiohttp_takes_a_permit_per_request_and_raises_rate_limited(
@@ -367,4 +367,4 @@ def test_bad_max_pause_is_refused() -> None:
         with pytest.raises(InvalidArgumentError):
             RateLimitedTransport(limiter, max_pause=bad)
         with pytest.raises(InvalidArgumentError):
-            RateLimitedMiddleware(limiter, max_pause=bad)
+            RateLimitedClientMiddleware(limiter, max_pause=bad)

@@ -25,13 +25,23 @@ from ._addresses import client_ip, client_ip_from
 from ._gate import RateLimitStats
 from ._middleware import RateLimitMiddleware
 from ._rules import Rule
-from ._types import ASGIApp, KeyFunc, Message, OnBackendError, Receive, Scope, Send
+from ._types import (
+    ASGIApp,
+    KeyFunc,
+    Message,
+    OnBackendError,
+    PermitsFunc,
+    Receive,
+    Scope,
+    Send,
+)
 
 __all__ = [
     "ASGIApp",
     "KeyFunc",
     "Message",
     "OnBackendError",
+    "PermitsFunc",
     "RateLimitMiddleware",
     "RateLimitStats",
     "Receive",

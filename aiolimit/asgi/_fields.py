@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..backends.base import Backend
+from .._limiter import RateLimiter
 from ..errors import LimiterError
 from ._rules import Rule, whole_seconds, window
 from ._types import Message, Scope
@@ -56,27 +56,27 @@ def refused_item(rule: Rule, retry_in_us: int) -> Item:
     return Item(rule, 0, whole_seconds(retry_in_us), binding_policy(rule, retry_in_us))
 
 
-async def granted_items(granted: Sequence[tuple[Rule, Backend, int]]) -> list[Item]:
-    """The items of the rules that granted a request: ``(rule, the request's view of the
-    store, permits left under its tightest rate)`` each. A rule with several rates and none
-    left asks the store when the next permit frees: that names the policy that binds and
-    its reset (a rule with one rate, or permits left, costs no read)."""
+async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, int]]) -> list[Item]:
+    """The items of the rules that granted a request: ``(rule, its limiter as the request's
+    client sees it, permits left under its tightest rate)`` each. A rule with several rates
+    and none left asks when the next permit frees: that names the policy that binds and its
+    reset (a rule with one rate, or permits left, costs no read)."""
     items = [Item(rule, max(left, 0), window(rule.rates[0])) for rule, _, left in granted]
     asks = [
-        (i, rule, backend)
-        for i, (rule, backend, left) in enumerate(granted)
+        (i, rule, limiter)
+        for i, (rule, limiter, left) in enumerate(granted)
         if left <= 0 and len(rule.rates) > 1
     ]
     if asks:
         waits = await asyncio.gather(
-            *(backend.wait_time(rule.name, 1) for _, rule, backend in asks),
-            return_exceptions=True,
+            *(limiter.wait_time(1) for _, _, limiter in asks), return_exceptions=True
         )
-        for (i, rule, _), wait_us in zip(asks, waits, strict=True):
-            if isinstance(wait_us, int):  # a failed read: the fields are advice, keep them
+        for (i, rule, _), wait in zip(asks, waits, strict=True):
+            if isinstance(wait, float):  # a failed read: the fields are advice, keep them
+                wait_us = math.ceil(wait * 1_000_000)
                 items[i] = Item(rule, 0, whole_seconds(wait_us), binding_policy(rule, wait_us))
-            elif not isinstance(wait_us, LimiterError):
-                raise wait_us
+            elif not isinstance(wait, LimiterError):
+                raise wait
     return items
 
 

@@ -6,11 +6,11 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import NamedTuple
 
+from .._acquire import Acquired, acquire_all
 from .._limiter import RateLimiter
-from .._types import shown, to_micros
+from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
@@ -39,12 +39,13 @@ class RateLimitStats:
     backend_errors: int = 0
     """Requests the store failed (answered 503, or let through)."""
     outages: int = 0
-    """Runs of store failures: each is logged once, when it starts."""
+    """Runs of store failures (the backend logs each once as it starts and once as it ends;
+    the middleware says at INFO what it does meanwhile)."""
 
 
 class _Request(NamedTuple):
     rule: Rule
-    backend: Backend  # the store, seen by the request's client for a per-client rule
+    limiter: RateLimiter  # the rule's limiter, as the request's client sees it (PER_CLIENT)
     cost: int
 
 
@@ -53,24 +54,26 @@ class Verdict(NamedTuple):
     retry_after: int
     items: list[Item]
     detail: str
-    grants: list[tuple[_Request, Grant]] = []  # noqa: RUF012 - never changed
+    acquired: Acquired | None = None  # the grants, when allowed
+    costs: dict[str, int] | None = None  # permits per rule name, when allowed
 
 
 _ALLOWED = Verdict(200, 0, [], "")
 
 
 class Gate:
-    """Checks a request against rules: what the middleware and the dependency share."""
+    """Checks a request against rules: what the middleware and the dependency share. The
+    permits are taken by :func:`aiolimit.acquire_all`; the configs written by
+    :meth:`RateLimiter.ensure_rate`, once per process and rule, one call for every waiter."""
 
     __slots__ = (
-        "_backend",
         "_clients",
-        "_configured",
+        "_configuring",
         "_error_retry_after",
         "_failures",
-        "_locks",
-        "_max_wait_us",
+        "_limiters",
         "_on_backend_error",
+        "_wait",
         "rules",
         "stats",
     )
@@ -79,9 +82,9 @@ class Gate:
         self,
         backend: Backend,
         rules: Sequence[Rule],
-        wait: float | timedelta,
+        wait: Duration,
         on_backend_error: str,
-        error_retry_after: float,
+        error_retry_after: Duration,
     ) -> None:
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {shown(backend)}")
@@ -94,50 +97,45 @@ class Gate:
             raise InvalidArgumentError(
                 f"on_backend_error must be 'deny' or 'allow', not {shown(on_backend_error)}"
             )
-        wait_us = to_micros(wait, "wait")
-        if wait_us < 0:
+        if to_micros(wait, "wait") < 0:
             raise InvalidArgumentError(f"wait must be >= 0 seconds, not {shown(wait)}")
         retry_us = to_micros(error_retry_after, "error_retry_after")
         if retry_us <= 0:
             raise InvalidArgumentError(
                 f"error_retry_after must be > 0 seconds, not {shown(error_retry_after)}"
             )
-        self._backend = backend
         self.rules = tuple(rules)
-        self._max_wait_us = wait_us
+        self._limiters = {rule.name: RateLimiter(rule.name, backend) for rule in rules}
+        self._wait = wait
         self._on_backend_error = on_backend_error
         self._error_retry_after = whole_seconds(retry_us)
-        self._configured: set[str] = set()
-        # Backend views per client id, kept for the busiest (a view is cheap, but not free).
-        self._clients: dict[str, Backend] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # The configure call of each rule under way or done (a done one: configured).
+        self._configuring: dict[str, asyncio.Future[bool]] = {}
+        # Per-client views of the rules' limiters, kept for the busiest (cheap, not free).
+        self._clients: dict[tuple[str, str], RateLimiter] = {}
         self._failures = 0  # in the outage under way; 0: none is
         self.stats = RateLimitStats()
 
     # -- configs --------------------------------------------------------------------------------
 
     async def _configure(self, rule: Rule) -> None:
-        """Writes the rule's config where there is none, and rewrites a stored one that says
-        other rates (keeping what was granted), once per process."""
-        if rule.name in self._configured:
-            return
-        lock = self._locks.setdefault(rule.name, asyncio.Lock())
-        async with lock:
-            if rule.name in self._configured:
-                return
-            limiter = RateLimiter(rule.name, self._backend)
-            stored = await limiter.get_config()
-            written = stored is None and await limiter.try_set_rate(
-                rule.rate_type, rule.rates, algorithm=rule.algorithm
+        """Makes sure the rule's config is stored (:meth:`RateLimiter.ensure_rate`), once per
+        process: concurrent requests share one call, and its failure answers every one of
+        them (the next request asks again)."""
+        future = self._configuring.get(rule.name)
+        if future is None:
+            limiter = self._limiters[rule.name]
+            future = asyncio.ensure_future(
+                limiter.ensure_rate(rule.rate_type, rule.rates, algorithm=rule.algorithm)
             )
-            if not written:
-                stored = stored or await limiter.get_config()
-                if stored is None or rule.differs_from(stored):
-                    log.info("rate limit %r: writing the rates the code gives: %s", rule.name, rule)
-                    await limiter.set_rate(
-                        rule.rate_type, rule.rates, algorithm=rule.algorithm, keep_state=True
-                    )
-            self._configured.add(rule.name)
+            self._configuring[rule.name] = future
+            future.add_done_callback(lambda done: self._configured(rule.name, done))
+        await asyncio.shield(future)
+
+    def _configured(self, name: str, future: asyncio.Future[bool]) -> None:
+        failed = future.cancelled() or future.exception() is not None
+        if failed and self._configuring.get(name) is future:
+            del self._configuring[name]  # the next request writes it
 
     async def configure_all(self) -> None:
         """Writes every rule's config now (at startup); a failing store is logged, and the
@@ -151,151 +149,90 @@ class Gate:
 
     # -- checking -------------------------------------------------------------------------------
 
-    async def check(self, scope: Scope) -> Verdict:
+    def _requests(self, scope: Scope) -> list[_Request]:
         requests = []
         for rule in self.rules:
             if not rule.matches(scope):
                 continue
-            backend = self._backend
+            limiter = self._limiters[rule.name]
             if rule.key is not None:
                 client = rule.key(scope)
                 if client is None:
                     continue
-                backend = self._client(client or UNKNOWN_CLIENT)
+                limiter = self._client(rule, client or UNKNOWN_CLIENT)
             cost = rule.cost_of(scope)
             if cost:
-                requests.append(_Request(rule, backend, cost))
+                requests.append(_Request(rule, limiter, cost))
+        return requests
+
+    async def check(self, scope: Scope) -> Verdict:
+        requests = self._requests(scope)
         if not requests:
             return _ALLOWED
         try:
-            attempts = await self._attempt_all(requests)
+            acquired = await self._acquire(requests)
+        except InvalidArgumentError:  # a stored config with a lower rate than the cost
+            longest = max(rate.interval_us for r in requests for rate in r.rule.rates)
+            refusal = Refusal(retry_in=longest, at=0, left=0)
+            limiters = [r.limiter for r in requests]
+            permits = [r.cost for r in requests]
+            acquired = Acquired(limiters, permits, [refusal] * len(requests), 0.0)
         except LimiterError as exc:
             return self._failed(exc)
         self._answered()
-
-        pairs = list(zip(requests, attempts, strict=True))
-        refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
-        grants = [(r, a) for r, a in pairs if isinstance(a, Grant)]
-        if refused:
-            await self._hand_back(grants)
-            retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
-            items = [
-                refused_item(r.rule, a.retry_in)
-                if isinstance(a, Refusal)
-                else Item(r.rule, max(a.left + r.cost, 0), window(r.rule.rates[0]))
-                for r, a in pairs
-            ]
-            self.stats.refused += 1
-            names = ", ".join(repr(r.rule.name) for r, _ in refused)
-            detail = f"Too Many Requests: rate limit {names} exceeded; retry after {retry_after} s"
-            return Verdict(429, retry_after, items, detail)
-
-        starts_in = max(grant.starts_in for _, grant in grants)
-        if starts_in > 0:
-            try:
-                await asyncio.sleep(starts_in / 1e6)
-            except asyncio.CancelledError:  # the client went away: its reservations go back
-                for request, grant in grants:
-                    request.backend.hand_back(request.rule.name, grant.member)
-                raise
+        pairs = list(zip(requests, acquired.attempts, strict=True))
+        if not acquired.granted:
+            return self._refused(pairs)
+        if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        items = await granted_items([(r.rule, r.backend, g.left) for r, g in grants])
-        return Verdict(200, 0, items, "", grants)
+        items = await granted_items(
+            [(r.rule, r.limiter, a.left) for r, a in pairs if isinstance(a, Grant)]
+        )
+        costs = {r.rule.name: r.cost for r in requests}
+        return Verdict(200, 0, items, "", acquired, costs)
 
-    def _client(self, client: str) -> Backend:
-        """The backend's view for ``client`` (a PER_CLIENT rule's key)."""
-        view = self._clients.get(client)
+    async def _acquire(self, requests: list[_Request]) -> Acquired:
+        """The permits of every request at once; a config deleted meanwhile is written again."""
+        for request in requests:
+            if request.rule.name not in self._configuring:
+                await self._configure(request.rule)
+        pairs = [(r.limiter, r.cost) for r in requests]
+        try:
+            return await acquire_all(pairs, timeout=self._wait)
+        except NotConfiguredError as exc:  # deleted or expired since: write it again
+            for request in requests:
+                if request.rule.name == exc.name:
+                    self._configuring.pop(exc.name, None)
+                    await self._configure(request.rule)
+            return await acquire_all(pairs, timeout=self._wait)
+
+    def _refused(self, pairs: list[tuple[_Request, Grant | Refusal]]) -> Verdict:
+        refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
+        retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
+        items = [
+            refused_item(r.rule, a.retry_in)
+            if isinstance(a, Refusal)
+            else Item(r.rule, max(a.left + r.cost, 0), window(r.rule.rates[0]))
+            for r, a in pairs
+        ]
+        self.stats.refused += 1
+        names = ", ".join(repr(r.rule.name) for r, _ in refused)
+        detail = f"Too Many Requests: rate limit {names} exceeded; retry after {retry_after} s"
+        return Verdict(429, retry_after, items, detail)
+
+    def _client(self, rule: Rule, client: str) -> RateLimiter:
+        """The rule's limiter as ``client`` sees it (a PER_CLIENT rule's key)."""
+        view = self._clients.get((rule.name, client))
         if view is None:
             try:
-                view = self._backend.with_client(client)
+                view = self._limiters[rule.name].for_client(client)
             except InvalidArgumentError:  # text that is no client id (lone surrogates)
-                return self._client(UNKNOWN_CLIENT)
+                return self._client(rule, UNKNOWN_CLIENT)
             if len(self._clients) >= _CLIENT_VIEWS:
                 del self._clients[next(iter(self._clients))]  # the oldest
-            self._clients[client] = view
+            self._clients[(rule.name, client)] = view
         return view
-
-    async def _attempt(self, request: _Request) -> Grant | Refusal:
-        rule = request.rule
-        if rule.name not in self._configured:
-            await self._configure(rule)
-        for _ in range(2):
-            try:
-                return await request.backend.try_acquire(rule.name, request.cost, self._max_wait_us)
-            except NotConfiguredError:  # deleted or expired since: write it again
-                self._configured.discard(rule.name)
-                await self._configure(rule)
-            except InvalidArgumentError:  # a stored config with a lower rate than the cost
-                longest = max(rate.interval_us for rate in rule.rates)
-                return Refusal(retry_in=longest, at=0, left=0)
-        raise NotConfiguredError(rule.name)
-
-    async def _attempt_all(self, requests: list[_Request]) -> list[Grant | Refusal]:
-        """One attempt per rule, all at once; if any fails, the others' grants go back."""
-        if len(requests) == 1:
-            return [await self._attempt(requests[0])]
-        outcomes = await self._all_outcomes(requests)
-        attempts: list[Grant | Refusal] = []
-        failures: list[BaseException] = []
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                failures.append(outcome)
-            else:
-                attempts.append(outcome)
-        if not failures:
-            return attempts
-        granted = [
-            (request, outcome)
-            for request, outcome in zip(requests, outcomes, strict=True)
-            if isinstance(outcome, Grant)
-        ]
-        await self._hand_back(granted)
-        raise failures[0]
-
-    async def _all_outcomes(self, requests: list[_Request]) -> list[Grant | Refusal | Exception]:
-        """What ``gather(*attempts, return_exceptions=True)`` gives, with one task fewer: the
-        last attempt runs in this task (every attempt has made its request before any reply
-        can come, so they go to Redis together). If this task is cancelled meanwhile, the
-        attempts still running are cancelled (their grants go back), and so are grants made."""
-        loop = asyncio.get_running_loop()
-        others = [loop.create_task(self._attempt(request)) for request in requests[:-1]]
-        outcomes: list[Grant | Refusal | Exception] = []
-        last: Grant | Refusal | Exception | None = None
-        try:
-            try:
-                last = await self._attempt(requests[-1])
-            except Exception as exc:
-                last = exc
-            for task in others:
-                try:
-                    outcomes.append(await task)
-                except Exception as exc:
-                    outcomes.append(exc)
-        except BaseException:
-            made: list[tuple[_Request, object]] = [(requests[-1], last)]
-            for request, task in zip(requests, others, strict=False):
-                if not task.done():
-                    task.cancel()  # its grant, if one comes, goes back
-                elif not task.cancelled() and task.exception() is None:
-                    made.append((request, task.result()))
-            for request, outcome in made:
-                if isinstance(outcome, Grant):
-                    request.backend.hand_back(request.rule.name, outcome.member)
-            raise
-        outcomes.append(last)
-        return outcomes
-
-    @staticmethod
-    async def _hand_back(grants: list[tuple[_Request, Grant]]) -> None:
-        """Releases exactly the grants made for a request that is not served."""
-        outcomes = await asyncio.gather(
-            *(r.backend.release(r.rule.name, r.cost, g.member) for r, g in grants),
-            return_exceptions=True,
-        )
-        for outcome in outcomes:
-            if isinstance(outcome, Exception):
-                log.warning("could not hand back the permits of a refused request: %s", outcome)
 
     # -- store failures -------------------------------------------------------------------------
 
@@ -306,14 +243,9 @@ class Gate:
             action = (
                 "refusing requests (503)"
                 if self._on_backend_error == "deny"
-                else ("letting requests through unlimited")
+                else "letting requests through unlimited"
             )
-            log.error(
-                "rate limits: the store failed (%s: %s); %s until it answers again",
-                type(exc).__name__,
-                exc,
-                action,
-            )
+            log.info("rate limits: the store failed (%s); %s until it answers", exc, action)
         self._failures += 1
         if self._on_backend_error == "allow":
             self.stats.allowed += 1
@@ -323,16 +255,13 @@ class Gate:
         return Verdict(503, seconds, [], detail)
 
     def _answered(self) -> None:
-        if self._failures:
-            log.warning(
-                "rate limits: the store answers again, after %d failed requests", self._failures
-            )
-            self._failures = 0
+        self._failures = 0
 
 
-def _grants_of(scope: Scope) -> list[tuple[_Request, Grant]]:
-    """The grants made for the request so far, by every middleware and dependency."""
-    grants: list[tuple[_Request, Grant]] = scope.setdefault(_GRANTS_KEY, [])
+def _grants_of(scope: Scope) -> list[tuple[Acquired, dict[str, int]]]:
+    """The grants made for the request so far, by every middleware and dependency, with the
+    permits they took per rule."""
+    grants: list[tuple[Acquired, dict[str, int]]] = scope.setdefault(_GRANTS_KEY, [])
     return grants
 
 
@@ -344,11 +273,12 @@ async def record(scope: Scope, verdict: Verdict) -> None:
     grants = _grants_of(scope)
     if verdict.status == 200:
         items.extend(verdict.items)
-        grants.extend(verdict.grants)
+        if verdict.acquired is not None and verdict.costs is not None:
+            grants.append((verdict.acquired, verdict.costs))
         return
     if grants:  # refused (429) or unchecked (503): the request is not served
-        await Gate._hand_back(grants)
-        back = {request.rule.name: request.cost for request, _ in grants}
+        await asyncio.gather(*(acquired.release() for acquired, _ in grants))
+        back = {name: cost for _, costs in grants for name, cost in costs.items()}
         items[:] = [
             item._replace(remaining=item.remaining + back.get(item.rule.name, 0)) for item in items
         ]

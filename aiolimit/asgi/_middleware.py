@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import timedelta
 
+from .._types import Duration
 from ..backends.base import Backend
 from ._fields import header_fields, items_of, with_fields
 from ._gate import Gate, RateLimitStats, Verdict, record, refusal_headers
@@ -49,9 +49,9 @@ class RateLimitMiddleware:
         *,
         backend: Backend,
         rules: Sequence[Rule],
-        wait: float | timedelta = 0,
+        wait: Duration = 0,
         on_backend_error: OnBackendError = "deny",
-        error_retry_after: float = 1,
+        error_retry_after: Duration = 1,
         headers: bool = True,
         legacy_headers: bool = False,
     ) -> None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+import warnings
+from collections.abc import Iterable, Sequence
 
 from .._types import Algorithm, Rate, RateLimiterConfig, RateType, check_name, rates_of, shown
 from ..errors import InvalidArgumentError
-from ._types import KeyFunc, Scope
+from ._types import KeyFunc, PermitsFunc, Scope
 
 __all__ = ["Rule", "route_path", "whole_seconds", "window"]
 
@@ -17,7 +18,7 @@ class Rule:
 
     >>> Rule("api-global", "1000/second")                          # one budget for everyone
     >>> Rule("api-per-client", "10/second; 100/minute", key=client_ip, paths=["/api/"])
-    >>> Rule("uploads", [Rate(20, 60)], key=client_ip, methods=["POST"], cost=5)
+    >>> Rule("uploads", [Rate(20, 60)], key=client_ip, methods=["POST"], permits=5)
 
     ``rates`` is text for :meth:`Rate.parse` or a sequence of :class:`Rate`. With a ``key``
     the rule is a ``PER_CLIENT`` limiter whose client id is ``key(scope)`` (None: the rule
@@ -26,10 +27,10 @@ class Rule:
     --root-path /v1`` or ``Mount("/v1", app=RateLimitMiddleware(...))``, ``"/api/"``
     matches ``/v1/api/items``). ``methods`` are HTTP methods (a websocket connects with
     ``GET``; ``GET`` covers ``HEAD``, which frameworks answer with the GET route); None
-    matches all. ``cost`` is the permits a request takes, or a callable of the scope (0:
-    free); a callable that returns no int from 0 to the rule's rate is a bug of the app:
-    :class:`~aiolimit.InvalidArgumentError` is raised (the server logs it and answers 500),
-    never a 429 the client could not have avoided.
+    matches all. ``permits`` are what a request takes, or a callable of the scope (0:
+    free); ``cost`` is its old, deprecated name. A callable that returns no int from 0 to
+    the rule's rate is a bug of the app: :class:`~aiolimit.InvalidArgumentError` is raised
+    (the server logs it and answers 500), never a 429 the client could not have avoided.
     ``algorithm`` None is the library's default. The name is the limiter's name, so a rule
     shares its budget with every process (and any ``RateLimiter``) of that name; it also
     names the rule's policy in the header fields, so it is printable ASCII.
@@ -40,14 +41,20 @@ class Rule:
     def __init__(
         self,
         name: str,
-        rates: str | Sequence[Rate],
+        rates: str | Rate | Sequence[Rate],
         *,
         key: KeyFunc | None = None,
         paths: Iterable[str] | None = None,
         methods: Iterable[str] | None = None,
-        cost: int | Callable[[Scope], int] = 1,
+        permits: int | PermitsFunc = 1,
         algorithm: Algorithm | str | None = None,
+        cost: int | PermitsFunc | None = None,
     ) -> None:
+        if cost is not None:
+            warnings.warn(
+                "Rule(cost=...) is deprecated: write Rule(permits=...)", DeprecationWarning, 2
+            )
+            permits = cost
         self.name = check_name(name)
         if not all(" " <= char <= "~" for char in name):
             raise InvalidArgumentError(
@@ -62,9 +69,9 @@ class Rule:
         if self.paths is not None and not all(p.startswith("/") for p in self.paths):
             raise InvalidArgumentError(f"paths are prefixes starting with '/', not {self.paths}")
         self.methods = None if methods is None else _methods(methods)
-        if not callable(cost):
-            _check_cost(cost, self)
-        self.cost = cost
+        if not callable(permits):
+            _check_cost(permits, self)
+        self.cost = permits
         try:
             self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)
         except ValueError:
@@ -73,6 +80,11 @@ class Rule:
     def __repr__(self) -> str:
         rates = "; ".join(str(rate) for rate in self.rates)
         return f"Rule({self.name!r}, {rates!r}, {self.rate_type.value})"
+
+    @property
+    def permits(self) -> int | PermitsFunc:
+        """The permits a request takes, or the callable of the scope that says them."""
+        return self.cost
 
     @property
     def rate_type(self) -> RateType:
@@ -91,10 +103,10 @@ class Rule:
         return True
 
     def cost_of(self, scope: Scope) -> int:
-        """The permits this request takes; InvalidArgumentError when a callable ``cost``
+        """The permits this request takes; InvalidArgumentError when a callable ``permits``
         returns no int from 0 to the rate (the app's error: no request could pass)."""
         if callable(self.cost):
-            return _check_cost(self.cost(scope), self, "cost(scope) returned")
+            return _check_cost(self.cost(scope), self, "permits(scope) returned")
         return self.cost
 
     def differs_from(self, stored: RateLimiterConfig) -> bool:
@@ -136,12 +148,12 @@ def route_path(scope: Scope) -> str:
     return path[len(root_path) :] if path[len(root_path)] == "/" else path
 
 
-def _check_cost(cost: object, rule: Rule, what: str = "cost is") -> int:
+def _check_cost(cost: object, rule: Rule, what: str = "permits are") -> int:
     """``cost`` when it is an int from 0 to the rule's rate; else InvalidArgumentError, which
     names the rule."""
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
         raise InvalidArgumentError(
-            f"rule {rule.name!r}: {what} {shown(cost)}; cost must be an int >= 0"
+            f"rule {rule.name!r}: {what} {shown(cost)}; permits must be an int >= 0"
         )
     most = min(rate.permits for rate in rule.rates)
     if cost > most:

@@ -1,0 +1,315 @@
+"""The permit path: every way of taking permits comes through :func:`acquire_all`'s core.
+
+>>> acquired = await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5)
+>>> if not acquired:
+...     raise TooBusy(retry_after=acquired.retry_after)
+
+One attempt per limiter, all sent together (one round trip on Redis: the backend's coalescer
+batches them), all or nothing: when one refuses, the others' grants go back, each by its
+member. When every limiter grants, reservations are slept out on the event loop's timer; a
+limiter that was blocked meanwhile (``block()`` from any process) moves the whole request
+behind its block. Each limiter is reported to the observer. After the store failed, calls
+fail at once for a short, growing back-off (:class:`Breaker`) while one call probes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from . import _observe
+from ._breaker import Breaker, breaker_of
+from ._observe import Observer
+from ._types import MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from .backends._protocol import parse_member
+from .backends.base import Attempt, Grant, Refusal
+from .errors import BackendError, InvalidArgumentError, LimiterError
+
+if TYPE_CHECKING:
+    from ._limiter import RateLimiter
+
+__all__ = ["Acquired", "Breaker", "acquire_all", "breaker_of"]
+
+log = logging.getLogger("aiolimit")
+
+
+def max_wait_of(timeout: Duration | None) -> int | None:
+    """A public timeout as the longest wait in microseconds; None waits as long as it takes.
+
+    A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
+    long, so no wait can be."""
+    if timeout is None or exceeds_max_duration(timeout):
+        return None
+    max_wait = to_micros(timeout, "timeout")
+    if max_wait < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+    return max_wait
+
+
+def check_permits(permits: object) -> int:
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
+        raise InvalidArgumentError(
+            f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
+        )
+    return permits
+
+
+class Acquired:
+    """What :func:`acquire_all` did: true when every limiter granted.
+
+    ``attempts`` holds the last answer of each limiter, in the order asked (a refusal's
+    ``retry_in`` says when that limiter could grant); ``waited`` the seconds slept for
+    reservations; ``retry_after`` the seconds until every refusing limiter could grant (0.0
+    when granted). :meth:`release` hands back exactly these grants.
+    """
+
+    __slots__ = ("_released", "attempts", "limiters", "permits", "waited")
+
+    def __init__(
+        self,
+        limiters: Sequence[RateLimiter],
+        permits: Sequence[int],
+        attempts: Sequence[Attempt],
+        waited: float,
+    ) -> None:
+        self.limiters = tuple(limiters)
+        self.permits = tuple(permits)
+        self.attempts = tuple(attempts)
+        self.waited = waited
+        self._released = False
+
+    @property
+    def granted(self) -> bool:
+        return all(isinstance(attempt, Grant) for attempt in self.attempts)
+
+    def __bool__(self) -> bool:
+        return self.granted
+
+    @property
+    def retry_after(self) -> float:
+        return max((a.retry_in for a in self.attempts if isinstance(a, Refusal)), default=0) / 1e6
+
+    def __repr__(self) -> str:
+        names = ", ".join(limiter.name for limiter in self.limiters)
+        return f"Acquired(granted={self.granted}, limiters=[{names}], waited={self.waited:.3f})"
+
+    async def release(self) -> None:
+        """Hands back the grants of this acquisition (of a request that is not served after
+        all), each by its member; a failure is logged, never raised. Once only."""
+        if not self._released:
+            self._released = True
+            await _release(_grants(self.limiters, self.attempts))
+
+
+async def acquire_all(
+    requests: Iterable[tuple[RateLimiter, int]], *, timeout: Duration | None = 0
+) -> Acquired:
+    """Takes permits from several limiters at once, all or nothing.
+
+    >>> if not await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5):
+    ...     return Response(status_code=429)
+
+    ``requests`` are ``(limiter, permits)`` pairs (a ``PER_CLIENT`` limiter for a client is
+    ``limiter.for_client(client_id)``). ``timeout`` as for :meth:`RateLimiter.try_acquire`:
+    when every limiter can grant within it, each reserves its slot and this sleeps until the
+    last one starts; when one cannot, nothing is taken (the others' grants are handed back)
+    and the result is false, with ``retry_after``. Errors (``BackendError``,
+    ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
+    others' grants. A name may appear once.
+    """
+    from ._limiter import RateLimiter
+
+    pairs = list(requests)
+    if not pairs or not all(
+        isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], RateLimiter)
+        for pair in pairs
+    ):
+        raise InvalidArgumentError(
+            f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
+        )
+    limiters = [limiter for limiter, _ in pairs]
+    if len({(lim.name, lim.backend.client_id) for lim in limiters}) != len(limiters):
+        raise InvalidArgumentError("a limiter appears twice in one acquire_all")
+    permits = [check_permits(p) for _, p in pairs]
+    return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
+
+
+async def acquire(
+    limiters: Sequence[RateLimiter],
+    permits: Sequence[int],
+    max_wait: int | None,
+    observer: Observer | None,
+    label: str | None = None,
+) -> Acquired:
+    """The path every grant takes (arguments checked already). ``label``: the name the
+    observer sees for a single limiter (a shard reports as its sharded limiter)."""
+    names = [label or limiter.name for limiter in limiters]
+    try:
+        acquired = await _acquire(limiters, permits, max_wait, observer, names)
+    except LimiterError as exc:
+        if observer is not None:
+            for name, count in zip(names, permits, strict=True):
+                observer.failed(name, count, exc)
+        raise
+    if observer is not None:
+        for name, count in zip(names, permits, strict=True):
+            if acquired.granted:
+                observer.granted(name, count, acquired.waited)
+            else:
+                observer.refused(name, count)
+    return acquired
+
+
+async def _acquire(
+    limiters: Sequence[RateLimiter],
+    permits: Sequence[int],
+    max_wait: int | None,
+    observer: Observer | None,
+    names: Sequence[str],
+) -> Acquired:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while True:
+        attempts = await _attempt_all(limiters, permits, max_wait)
+        grants = _grants(limiters, attempts)
+        if len(grants) < len(attempts):  # one refused: nothing is taken
+            await _release(grants)
+            return Acquired(limiters, permits, attempts, 0.0)
+        starts_in = max(grant.starts_in for _, grant in grants)
+        if starts_in <= 0:
+            return Acquired(limiters, permits, attempts, loop.time() - began)
+        await _sleep_out(grants, starts_in, observer, names)
+        if not await _blocked_meanwhile(grants):
+            return Acquired(limiters, permits, attempts, loop.time() - began)
+        await _release(grants)  # behind the block: ask again
+        if max_wait is not None:
+            max_wait = max(max_wait - starts_in, 0)
+
+
+async def _attempt_all(
+    limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
+) -> list[Attempt]:
+    """One attempt per limiter, sent together; if any fails, the others' grants go back and
+    the first error is raised. Calls fail at once while a limiter's breaker is open."""
+    breakers = {id(b): b for b in (limiter._breaker for limiter in limiters)}.values()
+    for breaker in breakers:
+        breaker.enter()
+    try:
+        if len(limiters) == 1:
+            limiter = limiters[0]
+            attempts = [await limiter._backend.try_acquire(limiter._name, permits[0], max_wait)]
+        else:
+            attempts = await _all_outcomes(limiters, permits, max_wait)
+    except BackendError as exc:
+        for breaker in breakers:
+            breaker.failed(exc)
+        raise
+    except BaseException:
+        for breaker in breakers:
+            breaker.left()
+        raise
+    for breaker in breakers:
+        breaker.answered()
+    return attempts
+
+
+async def _all_outcomes(
+    limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
+) -> list[Attempt]:
+    """The attempts, with one task fewer than limiters: the last runs in this task (every
+    attempt has made its request before any reply can come, so they go to Redis together).
+    If this task is cancelled meanwhile, the attempts still running are cancelled (their
+    grants go back), and so are grants made."""
+    loop = asyncio.get_running_loop()
+    calls = [(lim._backend, lim._name, count) for lim, count in zip(limiters, permits, strict=True)]
+    others = [loop.create_task(b.try_acquire(n, c, max_wait)) for b, n, c in calls[:-1]]
+    outcomes: list[Attempt | BaseException] = []
+    last: Attempt | BaseException | None = None
+    try:
+        try:
+            last = await calls[-1][0].try_acquire(calls[-1][1], calls[-1][2], max_wait)
+        except Exception as exc:
+            last = exc
+        for task in others:
+            try:
+                outcomes.append(await task)
+            except Exception as exc:
+                outcomes.append(exc)
+    except BaseException:
+        made: list[tuple[RateLimiter, object]] = [(limiters[-1], last)]
+        for limiter, task in zip(limiters, others, strict=False):
+            if not task.done():
+                task.cancel()  # its grant, if one comes, goes back
+            elif not task.cancelled() and task.exception() is None:
+                made.append((limiter, task.result()))
+        for limiter, outcome in made:
+            if isinstance(outcome, Grant):
+                limiter._backend.hand_back(limiter._name, outcome.member)
+        raise
+    outcomes.append(last)
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    if failures:
+        await _release(_grants(limiters, outcomes))
+        raise failures[0]
+    return [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+
+
+def _grants(
+    limiters: Sequence[RateLimiter], attempts: Sequence[object]
+) -> list[tuple[RateLimiter, Grant]]:
+    return [
+        (limiter, attempt)
+        for limiter, attempt in zip(limiters, attempts, strict=True)
+        if isinstance(attempt, Grant)
+    ]
+
+
+async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
+    """Hands back exactly these grants, each by its member (a refusal elsewhere, a block)."""
+    if not grants:
+        return
+    outcomes = await asyncio.gather(
+        *(
+            limiter._backend.release(limiter._name, parse_member(grant.member)[0], grant.member)
+            for limiter, grant in grants
+        ),
+        return_exceptions=True,
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, Exception):
+            log.warning("could not hand back the permits of a refused request: %s", outcome)
+        elif isinstance(outcome, BaseException):
+            raise outcome
+
+
+async def _sleep_out(
+    grants: Sequence[tuple[RateLimiter, Grant]],
+    starts_in: int,
+    observer: Observer | None,
+    names: Sequence[str],
+) -> None:
+    """Sleeps until the last reserved grant starts; a cancelled sleeper hands its grants
+    back. The observer sees each limiter's caller waiting meanwhile."""
+    if observer is not None:
+        for name in names:
+            observer.queued(name, 1)
+    try:
+        await asyncio.sleep(starts_in / 1e6)
+    except asyncio.CancelledError:
+        for limiter, grant in grants:
+            limiter._backend.hand_back(limiter._name, grant.member)
+        raise
+    finally:
+        if observer is not None:
+            for name in names:
+                observer.queued(name, -1)
+
+
+async def _blocked_meanwhile(grants: Sequence[tuple[RateLimiter, Grant]]) -> bool:
+    """After sleeping out reservations: whether a ``block()`` (from any process) came on a
+    limiter whose grant was a reservation; one read each, sent together."""
+    reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
+    lefts = await asyncio.gather(*(lim._backend.block(lim._name, None) for lim, _ in reserved))
+    return any(left > 0 for left in lefts)

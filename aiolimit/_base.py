@@ -1,0 +1,379 @@
+"""What every limiter shares: ``RateLimiter`` (``_limiter``) and ``ShardedRateLimiter``
+(``_sharded``) are made on this base.
+
+A permit's path: ``RateLimiter.try_acquire`` checks its arguments and goes through the one
+acquire (``_acquire``, which :func:`aiolimit.acquire_all` uses too): it asks the backend once
+(``Backend.try_acquire``: one Lua script, or its Python twin), and sleeps until a reserved
+slot starts. Everything else a limiter does (setting the rate, lifetime, ``async with``) lives
+in ``_Limiter`` and acts on the limiter's sub-limiter names: one for ``RateLimiter``, one
+per shard for ``ShardedRateLimiter``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import replace
+from types import TracebackType
+from typing import ParamSpec, TypeVar, overload
+
+from ._acquire import check_permits, max_wait_of
+from ._breaker import Breaker, breaker_of
+from ._types import (
+    Algorithm,
+    Duration,
+    Rate,
+    RateLimiterConfig,
+    Rates,
+    RateType,
+    check_name,
+    exceeds_max_duration,
+    shown,
+    to_micros,
+)
+from .backends.base import Backend, SetMode
+from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
+
+__all__ = ["_Limiter"]
+
+log = logging.getLogger("aiolimit")
+
+_L = TypeVar("_L", bound="_Limiter")
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+# Configs try_set_rate found different from the one asked for, each warned about once (the
+# most recent few hundred: a process that sets many names does not grow it without end).
+_warned: dict[tuple[str, RateLimiterConfig, RateLimiterConfig], None] = {}
+_WARNED_MOST = 256
+
+
+class _Limiter:
+    """What every limiter shares: its name and backend, the set-rate methods, lifetime,
+    ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
+    ``try_acquire``."""
+
+    __slots__ = ("_backend", "_breaker", "_name", "_names")
+
+    def __init__(self, name: str, backend: Backend) -> None:
+        self._name = check_name(name)
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
+        self._backend = backend
+        self._breaker: Breaker = breaker_of(backend, self._name)
+        self._names: list[str] = [self._name]  # where the state lives: one per shard
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    # -- configuration -------------------------------------------------------------------------
+
+    def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
+        """The config of each sub-limiter."""
+        return [config]
+
+    async def _set(
+        self,
+        mode: SetMode,
+        config: RateLimiterConfig,
+        keep_state: bool,
+    ) -> list[bool]:
+        configs = self._configs(config)
+        return await self._breaker.guard(
+            _gather(
+                self._backend.set_rate(name, sub, mode, keep_state)
+                for name, sub in zip(self._names, configs, strict=True)
+            )
+        )
+
+    async def try_set_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+    ) -> bool:
+        """Sets the rate only where the limiter has none; returns whether it did.
+
+        ``rate`` is an int with its ``interval``, or a sequence of :class:`Rate` (every one
+        must allow a grant; :meth:`Rate.parse` reads them from text) without one.
+        ``min_spacing`` keeps the starts of consecutive grants at least that far apart.
+
+        When a stored config differs from the one asked for (another process, or an earlier
+        run, set another rate), it stays, and a warning is logged once per process."""
+        asked = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        written = await self._set("try", asked, True)
+        if not all(written):
+            stored = await self.get_config()
+            if stored is not None and stored != asked and (seen := (self._name, asked, stored)):
+                if seen in _warned:
+                    return any(written)
+                if len(_warned) >= _WARNED_MOST:
+                    del _warned[next(iter(_warned))]  # the oldest
+                _warned[seen] = None
+                log.warning(
+                    "try_set_rate(%r): kept the stored config %s, not %s (set_rate replaces it)",
+                    self._name,
+                    stored,
+                    asked,
+                )
+        return any(written)
+
+    async def set_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+        keep_state: bool = False,
+    ) -> None:
+        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. Without
+        ``keep_state`` every budget restarts full; with it, what was granted keeps counting
+        (a change of rate type or algorithm always clears the state)."""
+        config = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        await self._set("set", config, keep_state)
+
+    async def ensure_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+    ) -> bool:
+        """Makes sure the stored config is this one: writes it where there is none, and
+        rewrites a stored one that differs, keeping what was granted (as ``set_rate(...,
+        keep_state=True)``); returns whether it wrote. For code that owns its limits (the
+        ASGI middleware's rules): an unchanged config costs two reads, no write."""
+        asked = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        if all(await self._set("try", asked, True)):
+            return True
+        if await self.get_config() == asked:
+            return False
+        log.info("rate limiter %r: writing the config the code gives: %s", self._name, asked)
+        await self._set("set", asked, True)
+        return True
+
+    async def update_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+        keep_state: bool = True,
+    ) -> bool:
+        """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
+        config = RateLimiterConfig.build(
+            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+        )
+        return all(await self._set("update", config, keep_state))
+
+    async def get_config(self) -> RateLimiterConfig | None:
+        """The limiter's config (for a sharded one, the shards' rates summed); None unless it
+        has one."""
+        calls = _gather(self._backend.get_config(name) for name in self._names)
+        configs = await self._breaker.guard(calls)
+        if any(config is None for config in configs):
+            return None
+        first = configs[0]
+        assert first is not None
+        if len(configs) == 1:
+            return first
+        rates = tuple(
+            Rate(sum(c.rates[i].permits for c in configs if c is not None), rate.interval)
+            for i, rate in enumerate(first.rates)
+        )
+        spacing = first.min_spacing and first.min_spacing / len(configs)
+        return replace(first, rates=rates, min_spacing=spacing)
+
+    # -- permits -------------------------------------------------------------------------------
+
+    async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+        raise NotImplementedError
+
+    async def acquire(self, permits: int = 1) -> None:
+        """Waits until ``permits`` are granted."""
+        await self.try_acquire(permits, timeout=None)
+
+    def permits(self, permits: int) -> _Permits:
+        """``async with limiter.permits(3):`` takes 3 permits, then runs the block."""
+        return _Permits(self, check_permits(permits))
+
+    @overload
+    def limit(self, permits: Callable[_P, Awaitable[_T]], /) -> Callable[_P, Awaitable[_T]]: ...
+
+    @overload
+    def limit(
+        self, permits: int = 1, *, timeout: Duration | None = None
+    ) -> Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]: ...
+
+    def limit(
+        self,
+        permits: int | Callable[_P, Awaitable[_T]] = 1,
+        *,
+        timeout: Duration | None = None,
+    ) -> (
+        Callable[_P, Awaitable[_T]]
+        | Callable[[Callable[_P, Awaitable[_T]]], Callable[_P, Awaitable[_T]]]
+    ):
+        """A decorator: every call of the async function first takes ``permits``.
+
+        >>> @limiter.limit(timeout=5)
+        ... async def call_partner(order: int) -> dict: ...
+        >>> @limiter.limit                  # one permit, waiting as long as it takes
+        ... async def call_other() -> dict: ...
+
+        Waits like :meth:`acquire`; when the permits cannot be had within ``timeout``
+        seconds, the call raises :class:`~aiolimit.RateLimited` (with ``retry_after`` and
+        ``name``) without running the function."""
+        if callable(permits):
+            return self.limit()(permits)
+        permits = check_permits(permits)
+        max_wait_of(timeout)  # a bad timeout fails here, not at the first call
+
+        def decorate(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+            if not inspect.iscoroutinefunction(func):
+                raise InvalidArgumentError(f"limit() decorates async functions, not {func!r}")
+
+            @functools.wraps(func)
+            async def limited(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+                if not await self.try_acquire(permits, timeout=timeout):
+                    raise RateLimited(self._name, await self.wait_time(permits))
+                return await func(*args, **kwargs)
+
+            return limited
+
+        return decorate
+
+    async def __aenter__(self: _L) -> _L:
+        await self.try_acquire(1, timeout=None)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+    async def wait_time(self, permits: int = 1) -> float:
+        """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
+        that was refused and wants to say when to come back (``Retry-After``)."""
+        permits = check_permits(permits)
+        calls = (self._backend.wait_time(name, permits) for name in self._names)
+        waits = await asyncio.gather(*calls, return_exceptions=True)
+        served = [wait for wait in waits if isinstance(wait, int)]
+        if served:
+            return min(served) / 1e6
+        for wait in waits:  # no shard can serve it: say why
+            if isinstance(wait, BaseException) and not isinstance(wait, LimiterError):
+                raise wait
+        errors = [wait for wait in waits if isinstance(wait, LimiterError)]
+        raise _most_telling(errors, permits, len(waits))
+
+    async def available_permits(self) -> int:
+        """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
+        limiter, summed over the shards, though one request is served by one shard)."""
+        return sum(await _gather(self._backend.available_permits(n) for n in self._names))
+
+    # -- lifetime ------------------------------------------------------------------------------
+
+    async def block(self, duration: Duration) -> None:
+        """No grant to anyone (every process, every client) starts before ``duration``
+        seconds from now: for a partner API that answered 429 with a ``Retry-After``.
+        Reservations already made move behind it (their callers queue again when they wake).
+        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it.
+
+        Every caller that slept out a reservation checks for a block when it wakes (one
+        read), in every process."""
+        if exceeds_max_duration(duration):
+            raise InvalidArgumentError(
+                f"duration must be at most 10 years (MAX_DURATION), not {shown(duration)}"
+            )
+        duration_us = to_micros(duration, "duration")
+        if duration_us < 0:
+            raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
+        await _gather(self._backend.block(name, duration_us) for name in self._names)
+
+    async def delete(self) -> bool:
+        """Removes the config and every client's state; returns whether anything existed."""
+        return any(await _gather(self._backend.delete(name) for name in self._names))
+
+    async def expire(self, ttl: Duration) -> bool:
+        """Makes the whole limiter disappear after ``ttl``, grants made meanwhile included;
+        False when it has no config."""
+        ttl_us = to_micros(ttl, "ttl")
+        if ttl_us <= 0:
+            raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
+        return all(await _gather(self._backend.expire(name, ttl_us) for name in self._names))
+
+    async def clear_expire(self) -> bool:
+        """Removes a TTL set by :meth:`expire`; returns whether there was one. The grants
+        keep counting for their full window. (A ``keep_alive`` sets a TTL again on the next
+        grant.)"""
+        return any(await _gather(self._backend.clear_expire(name) for name in self._names))
+
+
+async def _gather(calls: Iterable[Awaitable[_T]]) -> list[_T]:
+    return list(await asyncio.gather(*calls))
+
+
+class _Permits:
+    """``async with limiter.permits(n):``: takes ``n`` permits on entry."""
+
+    __slots__ = ("_limiter", "_permits")
+
+    def __init__(self, limiter: _Limiter, permits: int) -> None:
+        self._limiter = limiter
+        self._permits = permits
+
+    async def __aenter__(self) -> None:
+        await self._limiter.try_acquire(self._permits, timeout=None)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        return None
+
+
+def _most_telling(refusals: list[LimiterError], permits: int, shards: int) -> LimiterError:
+    """The error to raise when no shard could even consider a request."""
+    for kind in (BackendError, InvalidArgumentError):
+        errors = [exc for exc in refusals if isinstance(exc, kind)]
+        if errors and kind is InvalidArgumentError:
+            return InvalidArgumentError(
+                f"permits ({permits}) exceed every shard's budget (the rate split over "
+                f"{shards} shards; a request is served by one shard)"
+            )
+        if errors:
+            return errors[0]
+    return refusals[0]

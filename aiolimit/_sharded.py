@@ -1,0 +1,232 @@
+"""``ShardedRateLimiter``: one rate split over shards that live on different cluster slots."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Sequence
+from dataclasses import replace
+
+from . import _observe
+from ._acquire import Acquired, acquire, check_permits, max_wait_of
+from ._base import _Limiter, _most_telling
+from ._breaker import breaker_of
+from ._limiter import RateLimiter
+from ._observe import Observer
+from ._types import Duration, Rate, RateLimiterConfig
+from .backends.base import Backend, Refusal
+from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+
+__all__ = ["ShardedRateLimiter"]
+
+MAX_SHARDS = 256
+_SLOTS = 16384  # Redis Cluster's hash slots
+
+
+def _split_rate(rate: int, shards: int) -> list[int]:
+    """Each shard's budget: ``rate // shards``, the remainder spread one by one over the
+    first shards, so the budgets sum to ``rate`` exactly (10 over 3: 4, 3, 3)."""
+    if rate < shards:
+        raise InvalidArgumentError(
+            f"a rate of {rate} cannot be split over {shards} shards: every shard needs a "
+            f"budget of at least 1 permit (use a rate >= {shards} or fewer shards)"
+        )
+    base, extra = divmod(rate, shards)
+    return [base + (1 if i < extra else 0) for i in range(shards)]
+
+
+def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
+    """The sub-limiters' names: ``f"{name}\\x00shard{i}"``, on a store spread over slots
+    (``backend.slot``) suffixed ``.<n>`` when needed so that shard ``i``'s slot lies near the
+    middle of the ``i``-th of ``shards`` equal parts of the slot space. ``redis-cli --cluster
+    create`` gives M masters M equal slot ranges, so with ``shards <= M`` every shard lands on
+    its own master. The names depend only on the name, the shard count and the store's key
+    layout: every process computes the same ones. No plain limiter's name may hold a NUL, so
+    no plain limiter can be (or touch) a shard.
+    """
+    base = [f"{name}\x00shard{i}" for i in range(shards)]
+    if backend.slot(base[0]) is None:
+        return base
+    part = _SLOTS / shards
+    reach = max(part / 4, 1.0)
+    names = []
+    for i, candidate in enumerate(base):
+        middle = part * (i + 0.5)
+        chosen = candidate
+        for n in range(1, 200_000):  # about 2 * shards tries on average
+            if abs((backend.slot(chosen) or 0) - middle) <= reach:
+                break
+            chosen = f"{candidate}.{n}"
+        else:  # pragma: no cover - not seen for any name; any slot still works
+            chosen = candidate
+        names.append(chosen)
+    return names
+
+
+class ShardedRateLimiter(_Limiter):
+    """One rate split over ``shards`` sub-limiters that live on different cluster slots.
+
+    >>> limiter = ShardedRateLimiter("search-api", RedisBackend(RedisCluster(...)), shards=3)
+    >>> await limiter.try_set_rate(RateType.OVERALL, 30_000, 1)   # 10_000/s per shard
+    >>> async with limiter:
+    ...     await call_search()
+
+    One Redis node runs one limiter's scripts one at a time, which caps a plain
+    :class:`RateLimiter` at what one node serves. Here each shard is an ordinary limiter with
+    its own hash tag, placed so that with ``shards`` ≤ the number of masters (and the slot
+    layout ``redis-cli --cluster create`` makes) every shard is on its own master.
+
+    **Guarantee.** The shard budgets sum to the rate exactly (``rate // shards`` each, the
+    remainder spread over the first shards), and each shard is an exact sliding window. So in
+    any window of ``interval`` the grants of all shards together never exceed ``rate``,
+    whichever shards callers pick. While a rate change is applied shard by shard, the sum
+    never exceeds the larger of the old and new rates.
+
+    **Choosing a shard.** ``try_acquire`` tries one shard (round robin, from a random start
+    per object), and when it refuses, each other shard once, before waiting; so a permit free
+    anywhere is found, at the cost of up to ``shards`` round trips for a refusal. It then
+    waits on the shard whose wait is shortest, exactly as :class:`RateLimiter` waits.
+
+    **Trade-offs.**
+
+    - A request is served by one shard: ``permits`` may not exceed the largest shard budget
+      (``ceil(rate / shards)``), and free permits scattered over shards do not add up (with
+      rate 10 over 2 shards and 3 free on each, a request for 4 waits).
+    - Fairness is per shard: waiters on one shard in this process are served first come,
+      first served, but a waiter does not move to another shard that frees earlier, and
+      callers that find a free shard may pass waiters queued on another one. Share one
+      object per name within a process so its callers skip shards that have waiters.
+    - Minimum per-shard rate: ``rate >= shards`` (else ``InvalidArgumentError``). Small shard
+      budgets waste more to fragmentation; keep ``rate / shards`` well above the typical
+      request.
+    - ``shards`` is part of the limiter's identity (it picks the shard names). Processes
+      using different shard counts for one name each admit up to the rate; change it only
+      together with the name, or with every user stopped.
+    - ``PER_CLIENT`` gives each client id a budget of ``rate`` split the same way.
+    """
+
+    __slots__ = ("_last", "_next", "_shards", "_waiting")
+
+    def __init__(self, name: str, backend: Backend, *, shards: int) -> None:
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
+        if shards > MAX_SHARDS:
+            raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
+        super().__init__(name, backend)
+        self._names = _shard_names(self._name, shards, backend)
+        self._shards = [RateLimiter._view(n, backend, breaker_of(backend, n)) for n in self._names]
+        self._next = random.randrange(shards)
+        self._last = 0  # the shard of this object's latest grant, where release starts
+        self._waiting = [0] * shards  # this object's tasks waiting on each shard
+
+    @property
+    def shards(self) -> Sequence[RateLimiter]:
+        """The sub-limiters, one per shard."""
+        return tuple(self._shards)
+
+    def __repr__(self) -> str:
+        return (
+            f"ShardedRateLimiter({self._name!r}, {type(self._backend).__name__}, "
+            f"shards={len(self._shards)})"
+        )
+
+    def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
+        """Each shard gets its share of every rate, and a spacing as many times longer as
+        there are shards (so that the shards together keep the spacing on average)."""
+        shards = len(self._shards)
+        shares = [_split_rate(rate.permits, shards) for rate in config.rates]
+        spacing = config.min_spacing and config.min_spacing * shards
+        configs = []
+        for i in range(shards):
+            rates = tuple(
+                Rate(share[i], rate.interval)
+                for share, rate in zip(shares, config.rates, strict=True)
+            )
+            configs.append(replace(config, rates=rates, min_spacing=spacing))
+        return configs
+
+    async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+        """Takes ``permits`` from one shard if some shard can give them within ``timeout``.
+
+        Tries every shard once (starting with the next in turn), then waits on the shard with
+        the shortest wait. ``timeout=0`` never waits; ``None`` (or a timeout longer than
+        ``MAX_DURATION``) waits as long as it takes; when even the shortest wait is longer
+        than ``timeout``, returns False at once. A shard whose node fails is skipped;
+        ``BackendError`` is raised only when no shard answers.
+        """
+        permits = check_permits(permits)
+        max_wait = max_wait_of(timeout)
+        observer = _observe.current
+        outcome = await self._try_acquire(permits, max_wait, observer)
+        if isinstance(outcome, Acquired):  # waited on a shard: reported there
+            return outcome.granted
+        if observer is not None:
+            if outcome:
+                observer.granted(self._name, permits, 0.0)
+            else:
+                observer.refused(self._name, permits)
+        return outcome
+
+    async def _try_acquire(
+        self, permits: int, max_wait: int | None, observer: Observer | None
+    ) -> bool | Acquired:
+        """Whether a shard granted at once, or what waiting on the best shard gave (reported
+        to the observer there); errors are reported to the observer."""
+        seconds = None if max_wait is None else max_wait / 1e6
+        loop = asyncio.get_running_loop()
+        deadline = None if seconds is None else loop.time() + seconds
+
+        count = len(self._shards)
+        start = self._next
+        self._next = (start + 1) % count
+        waits: dict[int, int] = {}  # shard -> microseconds until it could grant
+        queued: list[int] = []  # shards where tasks of this process already wait
+        refusals: list[LimiterError] = []  # why the other shards cannot serve this request
+        for i in [(start + k) % count for k in range(count)]:
+            if self._waiting[i]:
+                queued.append(i)  # do not pass the tasks waiting there
+                continue
+            try:
+                attempt = await acquire([self._shards[i]], [permits], 0, None)
+            except (NotConfiguredError, InvalidArgumentError, BackendError) as exc:
+                refusals.append(exc)  # no config, permits > this shard's budget, node down
+                continue
+            if attempt.granted:
+                self._last = i
+                return True
+            (refusal,) = attempt.attempts
+            assert isinstance(refusal, Refusal)
+            waits[i] = refusal.retry_in
+        if not waits and not queued:
+            error = _most_telling(refusals, permits, count)
+            if observer is not None:
+                observer.failed(self._name, permits, error)
+            raise error
+        if seconds == 0:
+            return False
+        if waits:
+            best = min(waits, key=waits.__getitem__)
+            if deadline is not None and loop.time() + waits[best] / 1e6 > deadline:
+                return False
+        else:
+            best = min(queued, key=self._waiting.__getitem__)
+        remaining = None if deadline is None else max_wait_of(max(deadline - loop.time(), 0.0))
+        self._waiting[best] += 1
+        try:
+            shard = [self._shards[best]]
+            acquired = await acquire(shard, [permits], remaining, observer, self._name)
+        finally:
+            self._waiting[best] -= 1
+        if acquired.granted:
+            self._last = best
+        return acquired
+
+    async def release(self, permits: int) -> None:
+        """Hands back ``permits``: the most recent grants of the shard this object granted
+        from last, then of the following shards, until ``permits`` are handed back."""
+        count = len(self._shards)
+        left = check_permits(permits)
+        for k in range(count):
+            if left <= 0:
+                break
+            left -= await self._backend.release(self._names[(self._last + k) % count], left)

@@ -1,0 +1,168 @@
+"""Store outages on the permit path: one failure answers every waiter, then calls fail at once
+for a short, growing back-off while one call probes (the circuit breaker), for the limiter's
+own calls and for the middleware."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+import aiolimit
+from aiolimit import BackendError, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit._tools import LocalRedis, free_port
+from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
+from aiolimit.backends.base import Attempt
+
+looptime = pytest.mark.looptime
+
+
+async def hello(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello")
+
+
+def app_on(backend: Any, **options: Any) -> RateLimitMiddleware:
+    return RateLimitMiddleware(
+        Starlette(routes=[Route("/", hello)]),
+        backend=backend,
+        rules=[Rule("out-global", "100/second"), Rule("out-client", "10/second", key=client_ip)],
+        **options,
+    )
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app, client=("203.0.113.7", 5000)), base_url="http://t"
+    )
+
+
+class Flaky(MemoryBackend):
+    """A memory store that fails while ``down``, counting the attempts that reach it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.reached = 0
+
+    async def try_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Attempt:
+        self.reached += 1
+        if self.down:
+            await asyncio.sleep(0.5)  # a call's deadline
+            raise BackendError("the store is unreachable")
+        return await super().try_acquire(name, permits, max_wait_us)
+
+
+@looptime
+async def test_after_a_failure_calls_fail_at_once_while_one_call_probes() -> None:
+    backend = Flaky()
+    limiter = RateLimiter("probed", backend)
+    await limiter.set_rate(RateType.OVERALL, 1000, 1)
+    backend.down = True
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    failures = 0
+    while loop.time() - start < 10:  # a caller retrying every 10 ms for 10 s
+        with pytest.raises(BackendError, match="unreachable"):
+            await limiter.try_acquire()
+        failures += 1
+        await asyncio.sleep(0.01)
+    # Failures at 0 (back-off 0.5 s), probes at about 1, 2, 3.5, 6.5 (back-offs 1, 2, 4 s):
+    # a handful of calls reached the store, each other one failed at once.
+    assert 4 <= backend.reached <= 6, backend.reached
+    assert failures > 500
+    backend.down = False
+    await asyncio.sleep(aiolimit.breaker_of(backend, "probed").max_backoff)
+    assert await limiter.try_acquire()  # the probe finds the store up: closed again
+    reached = backend.reached
+    assert all([await limiter.try_acquire() for _ in range(10)])
+    assert backend.reached == reached + 10
+
+
+@looptime
+async def test_a_probe_cancelled_lets_the_next_call_probe() -> None:
+    backend = Flaky()
+    limiter = RateLimiter("cancelled-probe", backend)
+    await limiter.set_rate(RateType.OVERALL, 1000, 1)
+    backend.down = True
+    with pytest.raises(BackendError):
+        await limiter.try_acquire()
+    await asyncio.sleep(1)
+    probe = asyncio.ensure_future(limiter.try_acquire())
+    await asyncio.sleep(0.1)
+    probe.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await probe
+    backend.down = False
+    assert await limiter.try_acquire()
+
+
+async def test_a_killed_redis_server_costs_one_failure_then_calls_fail_at_once() -> None:
+    with LocalRedis() as server:
+        redis = Redis.from_url(server.url)
+        try:
+            limiter = RateLimiter("killed", RedisBackend(redis, timeout=2))
+            await limiter.set_rate(RateType.OVERALL, 1000, 60)
+            assert await limiter.try_acquire()
+            server.kill()
+            with pytest.raises(BackendError):
+                await limiter.try_acquire()
+            start = time.monotonic()
+            for _ in range(20):
+                with pytest.raises(BackendError):
+                    await limiter.try_acquire()
+            assert time.monotonic() - start < 0.2
+            server.start()  # a fresh server: the config is written again
+            deadline = time.monotonic() + 3  # the first back-off is 0.5 s
+            while True:
+                try:
+                    await limiter.set_rate(RateType.OVERALL, 1000, 60)
+                    assert await limiter.try_acquire()
+                    break
+                except BackendError:
+                    assert time.monotonic() < deadline, "never closed again"
+                    await asyncio.sleep(0.05)
+        finally:
+            await redis.aclose()
+
+
+async def test_redis_down_before_the_rules_are_configured_one_failure_answers_every_waiter(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="aiolimit")
+    redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}")  # nothing listens there
+    try:
+        # One call's deadline, on another backend (its own breaker).
+        start = time.monotonic()
+        with pytest.raises(BackendError):
+            await RateLimiter("alone", RedisBackend(redis, timeout=1)).get_config()
+        one_call = time.monotonic() - start
+
+        app = app_on(RedisBackend(redis, timeout=1))
+        async with client(app) as http:
+
+            async def timed() -> tuple[int, float]:
+                began = time.monotonic()
+                status = (await http.get("/")).status_code
+                return status, time.monotonic() - began
+
+            answers = await asyncio.gather(*(timed() for _ in range(10)))
+            assert [status for status, _ in answers] == [503] * 10
+            longest = max(took for _, took in answers)
+            assert longest < 2 * one_call + 0.5, (one_call, sorted(t for _, t in answers))
+            # Then, for the breaker's back-off, every request is answered at once.
+            start = time.monotonic()
+            assert [(await http.get("/")).status_code for _ in range(20)] == [503] * 20
+            assert time.monotonic() - start < 0.5
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    finally:
+        await redis.aclose()
