@@ -241,6 +241,41 @@ async def test_a_get_rule_covers_head() -> None:
     assert Rule("w", "1/second", methods=["POST"]).methods == frozenset({"POST"})
 
 
+async def test_a_real_deployment_root_path_mount_head_and_a_hostile_forwarded_header() -> None:
+    """uvicorn --root-path /v1 behind a proxy at 127.0.0.1 that appends to Forwarded; the
+    middleware inside a Mount; a client that sends HEAD with an injected quote."""
+    endpoint = Endpoint()
+    limited = RateLimitMiddleware(
+        endpoint.app(),
+        backend=MemoryBackend(),
+        rules=[
+            Rule(
+                "reads",
+                "3/minute",
+                paths=["/api/"],
+                methods=["GET"],
+                key=client_ip_from(["127.0.0.1"], header="Forwarded"),
+            )
+        ],
+    )
+    app = Starlette(routes=[Mount("/shop", app=limited)])
+    async with (
+        uvicorn_serving(app, root_path="/v1") as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        codes = [
+            (
+                await http.head(
+                    "/shop/api/items",
+                    headers={"Forwarded": f'for=198.51.100.{i};x=", for="[2001:db8:0:7::{i}]"'},
+                )
+            ).status_code
+            for i in range(1, 7)
+        ]
+    assert codes == [200, 200, 200, 429, 429, 429]
+    assert endpoint.runs == 3
+
+
 # -- item 5: IPv6 and the spellings of one address ------------------------------------------------
 
 
