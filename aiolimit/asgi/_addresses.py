@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -132,6 +133,10 @@ _V4_MAPPED = ipaddress.IPv6Network("::ffff:0:0/96")
 
 # -- one address, one key -------------------------------------------------------------------------
 
+_CACHED = 4096  # addresses whose parse and key are remembered (a parse takes microseconds)
+# "0000:0000:0000:0000:0000:ffff:255.255.255.255" is 45 characters; room for a short zone
+_LONGEST_ADDRESS = 64
+
 
 def _peer(scope: Scope) -> str | None:
     client = scope.get("client")
@@ -152,9 +157,14 @@ def _peer_key(scope: Scope, ipv6_prefix: int) -> str:
 
 def _canonical(text: str | None) -> _IP | None:
     """The address ``text`` spells, IPv4-mapped IPv6 as IPv4, without an IPv6 zone; None
-    when it is no address."""
-    if not text:
+    when it is no address (longer than any address's text, too)."""
+    if not text or len(text) > _LONGEST_ADDRESS:
         return None
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=_CACHED)
+def _parsed(text: str) -> _IP | None:
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
@@ -167,11 +177,13 @@ def _canonical(text: str | None) -> _IP | None:
     return ip
 
 
+@functools.lru_cache(maxsize=_CACHED)
 def _key_of(ip: _IP, ipv6_prefix: int) -> str:
     """``203.0.113.7``; ``2001:db8:0:100::/56`` for an IPv6 address (the address itself at 128)."""
     if isinstance(ip, ipaddress.IPv4Address) or ipv6_prefix == 128:
         return str(ip)
-    return str(ipaddress.IPv6Network((ip, ipv6_prefix), strict=False))
+    host_bits = 128 - ipv6_prefix
+    return f"{ipaddress.IPv6Address(int(ip) >> host_bits << host_bits)}/{ipv6_prefix}"
 
 
 # -- forwarding headers ---------------------------------------------------------------------------
