@@ -293,6 +293,9 @@ def test_every_spelling_of_an_address_is_one_key() -> None:
     assert forwarded(scope_of(PROXY, 'for="[::ffff:203.0.113.7]:80"')) == "203.0.113.7"
     # a trusted proxy reached over a v4-mapped socket is still trusted
     assert xff(scope_of("::ffff:10.0.0.1", "192.0.2.9", header=b"x-forwarded-for")) == "192.0.2.9"
+    # and proxies listed as v4-mapped networks are the IPv4 ones
+    mapped = client_ip_from(["::ffff:10.0.0.0/104"])
+    assert mapped(scope_of("10.9.9.9", "192.0.2.9", header=b"x-forwarded-for")) == "192.0.2.9"
 
 
 def test_ipv6_clients_are_grouped_by_a_56_prefix_by_default_and_it_is_configurable() -> None:
