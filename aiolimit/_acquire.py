@@ -171,6 +171,7 @@ async def _acquire(
 ) -> Acquired:
     loop = asyncio.get_running_loop()
     began = loop.time()
+    waited = 0.0  # (granted at once: 0.0, not the round trip)
     while True:
         attempts = await _attempt_all(limiters, permits, max_wait)
         grants = _grants(limiters, attempts)
@@ -179,10 +180,11 @@ async def _acquire(
             return Acquired(limiters, permits, attempts, 0.0)
         starts_in = max(grant.starts_in for _, grant in grants)
         if starts_in <= 0:
-            return Acquired(limiters, permits, attempts, loop.time() - began)
+            return Acquired(limiters, permits, attempts, waited)
         await _sleep_out(grants, starts_in, observer, names)
+        waited = loop.time() - began
         if not await _blocked_meanwhile(grants):
-            return Acquired(limiters, permits, attempts, loop.time() - began)
+            return Acquired(limiters, permits, attempts, waited)
         await _release(grants)  # behind the block: ask again
         if max_wait is not None:
             max_wait = max(max_wait - starts_in, 0)
@@ -193,21 +195,23 @@ async def _attempt_all(
 ) -> list[Attempt]:
     """One attempt per limiter, sent together; if any fails, the others' grants go back and
     the first error is raised. Calls fail at once while a limiter's breaker is open."""
-    breakers = {id(b): b for b in (limiter._breaker for limiter in limiters)}.values()
-    for breaker in breakers:
-        breaker.enter()
+    if len(limiters) == 1:
+        limiter = limiters[0]
+        call = limiter._backend.try_acquire(limiter._name, permits[0], max_wait)
+        return [await limiter._breaker.guard(call)]
+    breakers = list({id(lim._breaker): lim._breaker for lim in limiters}.values())
+    entered: list[Breaker] = []
     try:
-        if len(limiters) == 1:
-            limiter = limiters[0]
-            attempts = [await limiter._backend.try_acquire(limiter._name, permits[0], max_wait)]
-        else:
-            attempts = await _all_outcomes(limiters, permits, max_wait)
-    except BackendError as exc:
         for breaker in breakers:
+            breaker.enter()
+            entered.append(breaker)
+        attempts = await _all_outcomes(limiters, permits, max_wait)
+    except BackendError as exc:
+        for breaker in entered:
             breaker.failed(exc)
         raise
     except BaseException:
-        for breaker in breakers:
+        for breaker in entered:
             breaker.left()
         raise
     for breaker in breakers:
@@ -270,13 +274,14 @@ async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
     """Hands back exactly these grants, each by its member (a refusal elsewhere, a block)."""
     if not grants:
         return
-    outcomes = await asyncio.gather(
+    releases = asyncio.gather(
         *(
             limiter._backend.release(limiter._name, parse_member(grant.member)[0], grant.member)
             for limiter, grant in grants
         ),
         return_exceptions=True,
     )
+    outcomes = await asyncio.shield(releases)  # a caller cancelled meanwhile: they go on
     for outcome in outcomes:
         if isinstance(outcome, Exception):
             log.warning("could not hand back the permits of a refused request: %s", outcome)
@@ -311,5 +316,10 @@ async def _blocked_meanwhile(grants: Sequence[tuple[RateLimiter, Grant]]) -> boo
     """After sleeping out reservations: whether a ``block()`` (from any process) came on a
     limiter whose grant was a reservation; one read each, sent together."""
     reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
-    lefts = await asyncio.gather(*(lim._backend.block(lim._name, None) for lim, _ in reserved))
+    try:
+        lefts = await asyncio.gather(*(lim._backend.block(lim._name, None) for lim, _ in reserved))
+    except BaseException:  # unknown: the grants go back rather than risk passing a block
+        for limiter, grant in grants:
+            limiter._backend.hand_back(limiter._name, grant.member)
+        raise
     return any(left > 0 for left in lefts)

@@ -13,8 +13,9 @@ probe succeeds, the breaker closes; when it fails, the back-off doubles, up to
 ``max_backoff``. It guards the permit path (``try_acquire``, ``acquire_all``, the middleware,
 the decorator, the HTTP clients) and the config calls (``try_set_rate``, ``set_rate``,
 ``update_rate``, ``ensure_rate``, ``get_config``). Each limiter name on a backend has one
-breaker, shared by its limiter objects and their ``for_client`` views; it only acts on
-``BackendError``: a store that answers, even ``NotConfiguredError``, is up.
+breaker, shared by its limiter objects and their ``for_client`` views. Only an outage opens
+it (a ``BackendError`` where the store did not answer: unreachable, timed out); a store that
+answers, with ``NotConfiguredError`` or a refused command, is up.
 """
 
 from __future__ import annotations
@@ -119,7 +120,11 @@ class Breaker:
             self._close()
 
     def failed(self, error: BackendError) -> None:
-        """After a call the store failed: open, or stay open for twice as long."""
+        """After a call the store failed: open, or stay open for twice as long. A store that
+        answered with an error (a refused command) is up: that closes it."""
+        if not is_outage(error):
+            self.answered()
+            return
         if self.first_backoff <= 0:
             return
         loop = asyncio.get_running_loop()
@@ -145,6 +150,19 @@ class Breaker:
         self._failure = None
         self._backoff = 0.0
         self.failed_fast = 0
+
+
+def is_outage(error: BackendError) -> bool:
+    """Whether ``error`` says the store did not answer (unreachable, timed out), rather than
+    answered with an error (a Redis ``ResponseError``: a refused command, a wrong key type):
+    only the first opens the breaker. A backend's own ``BackendError`` without a cause from
+    the client library counts as an outage."""
+    cause = error.__cause__
+    while cause is not None:
+        if any(kind.__name__ == "ResponseError" for kind in type(cause).__mro__):
+            return False
+        cause = cause.__cause__
+    return True
 
 
 _breakers: weakref.WeakKeyDictionary[Backend, dict[str | None, Breaker]] = (

@@ -16,7 +16,9 @@ objects made wherever convenient (a ``PER_CLIENT`` caller may make one per user)
 process's round trips are shared by every backend on a Redis client; one attachment point
 sees all of it, and the hot path pays one attribute read (``_observe.current``) when nothing
 is attached. Limiters report under their own name (a ``ShardedRateLimiter`` under its name,
-not its shards'); client ids are never reported.
+not its shards'; the ASGI middleware's and the FastAPI dependency's under their rules' names);
+client ids are never reported. ``acquire_all`` reports each of its limiters: ``granted`` for
+each when all granted, ``refused`` for each when one refused, ``failed`` for each on an error.
 
 An observer's methods run inline, on the event loop, in the call they report: they must be
 quick (count into a dict; export later) and must not raise (an exception reaches the

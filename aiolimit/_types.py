@@ -181,11 +181,8 @@ MAX_RATES = 8
 @dataclass(frozen=True, init=False, repr=False)
 class RateLimiterConfig:
     """A limiter's rates, algorithm and spacing. ``rates`` holds them all; ``rate`` and
-    ``interval`` are those of the first (the only one, for a limiter set with an int rate).
-
-    >>> RateLimiterConfig(RateType.OVERALL, 5, timedelta(seconds=1))    # one rate
-    >>> RateLimiterConfig(RateType.OVERALL, rates=Rate.parse("5/second; 100/minute"))
-    """
+    ``interval`` are those of the first (the only one, for a limiter set with an int rate):
+    ``RateLimiterConfig(RateType.OVERALL, rates=Rate.parse("5/second; 100/minute"))``."""
 
     rate_type: RateType
     keep_alive: timedelta | None

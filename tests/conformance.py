@@ -94,7 +94,7 @@ class AttemptClock:
     its context), and stamp the grant no earlier than that reading (later when they reserve a
     future slot for a waiting caller). The caller returns once the grant has started, within
     ``tolerance.late`` of it, as the timing tests assert. So ``take`` returns the grant's time
-    as the span from the later of the last reading and the return less ``late``, to the
+    as the span from the later of the first reading and the return less ``late``, to the
     return: a few milliseconds wide in virtual time, a round trip or so on Redis.
     """
 
@@ -121,7 +121,9 @@ class AttemptClock:
         if not granted:
             return None
         returned = now()
-        return max(readings[-1], returned - self.late), returned
+        # The first reading is the attempt's (a caller that slept out a reservation then reads
+        # the block, after its grant started).
+        return max(readings[0], returned - self.late), returned
 
 
 async def when_free(limiter: RateLimiter, permits: int = 1) -> tuple[float, float]:

@@ -159,8 +159,8 @@ async def test_a_block_set_by_another_process_stops_reservations_made_before_it(
         await asyncio.sleep(0.01)
     # Another process (the CLI) blocks the limiter: this process never called block().
     other = new_client(store)
+    blocked_at = now() - start  # (the block starts between this and its reply)
     assert await other.block(name, 1_500_000) > 0
-    blocked_at = now() - start
     await asyncio.gather(*tasks)
     late = sorted(grants)[10:]
     assert len(late) == 4

@@ -201,7 +201,9 @@ async def test_paths_methods_and_cost_choose_what_a_rule_counts() -> None:
         backend=backend,
         rules=[
             Rule("api-posts", "10/second", paths=["/api/"], methods=["post"], permits=4),
-            Rule("heavy", "10/second", permits=lambda scope: 10 if scope["path"] == "/other" else 0),
+            Rule(
+                "heavy", "10/second", permits=lambda scope: 10 if scope["path"] == "/other" else 0
+            ),
         ],
     )
     async with client(app) as http:

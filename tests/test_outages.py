@@ -166,3 +166,24 @@ async def test_redis_down_before_the_rules_are_configured_one_failure_answers_ev
         assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     finally:
         await redis.aclose()
+
+
+@looptime
+async def test_a_store_that_answers_with_an_error_does_not_open_the_breaker() -> None:
+    from redis.exceptions import ResponseError
+
+    class Refusing(MemoryBackend):
+        reached = 0
+
+        async def try_acquire(
+            self, name: str, permits: int, max_wait_us: int | None = 0
+        ) -> Attempt:
+            self.reached += 1
+            raise BackendError("Redis refused the acquire script") from ResponseError("WRONGTYPE")
+
+    backend = Refusing()
+    limiter = RateLimiter("refusing", backend)
+    for _ in range(3):
+        with pytest.raises(BackendError, match="refused"):
+            await limiter.try_acquire()
+    assert backend.reached == 3

@@ -194,9 +194,9 @@ class Gate:
 
     async def _acquire(self, requests: list[_Request]) -> Acquired:
         """The permits of every request at once; a config deleted meanwhile is written again."""
-        for request in requests:
-            if request.rule.name not in self._configuring:
-                await self._configure(request.rule)
+        missing = [r.rule for r in requests if r.rule.name not in self._configuring]
+        if missing:
+            await asyncio.gather(*(self._configure(rule) for rule in missing))
         pairs = [(r.limiter, r.cost) for r in requests]
         try:
             return await acquire_all(pairs, timeout=self._wait)

@@ -6,7 +6,7 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 
-from .._types import Algorithm, Rate, RateLimiterConfig, RateType, check_name, rates_of, shown
+from .._types import Algorithm, Rate, RateType, check_name, rates_of, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
@@ -108,14 +108,6 @@ class Rule:
         if callable(self.cost):
             return _check_cost(self.cost(scope), self, "permits(scope) returned")
         return self.cost
-
-    def differs_from(self, stored: RateLimiterConfig) -> bool:
-        """Whether the stored config is not what this rule says (then it is rewritten)."""
-        return (
-            stored.rate_type is not self.rate_type
-            or stored.rates != self.rates
-            or stored.algorithm is not self.algorithm
-        )
 
     def policies(self) -> list[tuple[str, Rate]]:
         """The rule's quota policies for the header fields: one per rate, named after the
