@@ -1,12 +1,9 @@
 """What every limiter shares: ``RateLimiter`` (``_limiter``) and ``ShardedRateLimiter``
 (``_sharded``) are made on this base.
 
-A permit's path: ``RateLimiter.try_acquire`` checks its arguments and goes through the one
-acquire (``_acquire``, which :func:`aiolimit.acquire_all` uses too): it asks the backend once
-(``Backend.try_acquire``: one Lua script, or its Python twin), and sleeps until a reserved
-slot starts. Everything else a limiter does (setting the rate, lifetime, ``async with``) lives
-in ``_Limiter`` and acts on the limiter's sub-limiter names: one for ``RateLimiter``, one
-per shard for ``ShardedRateLimiter``.
+Everything a limiter does besides taking permits (setting the rate, lifetime, the decorator,
+``async with``) lives in ``_Limiter`` and acts on the limiter's sub-limiter names: one for
+``RateLimiter``, one per shard for ``ShardedRateLimiter``. Permits are taken in ``_acquire``.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ class Breaker:
         raise BackendError(
             f"the store failed {self._backoff - left:.2f} s ago ({self._failure}); calls fail "
             f"at once for {left:.2f} s more, then one call asks again"
-        ) from self._failure
+        ) from (self._failure.__cause__ or self._failure if self._failure else None)
 
     async def guard(self, call: Awaitable[_T]) -> _T:
         """Awaits ``call`` (a call to the store) through the breaker."""

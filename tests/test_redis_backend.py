@@ -20,6 +20,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+import aiolimit
 from aiolimit import (
     Backend,
     BackendError,
@@ -477,7 +478,9 @@ async def test_a_server_that_stops_answering_raises_backend_error_after_the_sock
     with LocalRedis(binary=binary()) as own:
         assert own.process is not None
         redis = Redis.from_url(own.url, socket_timeout=0.3)
-        limiter = RateLimiter("hung", RedisBackend(redis))
+        backend = RedisBackend(redis)
+        aiolimit.breaker_of(backend).first_backoff = 0  # each call meets the server itself
+        limiter = RateLimiter("hung", backend)
         await limiter.set_rate(RateType.OVERALL, 3, 10)
         os.kill(own.process.pid, signal.SIGSTOP)
         try:
