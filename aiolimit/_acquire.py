@@ -23,7 +23,7 @@ from . import _observe
 from ._breaker import Breaker, breaker_of
 from ._observe import Observer
 from ._types import MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
-from .backends._protocol import parse_member
+from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal
 from .errors import BackendError, InvalidArgumentError, LimiterError
 
@@ -276,7 +276,7 @@ async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
         return
     releases = asyncio.gather(
         *(
-            limiter._backend.release(limiter._name, parse_member(grant.member)[0], grant.member)
+            limiter._backend.release(limiter._name, parse_grant(grant.member)[0], grant.member)
             for limiter, grant in grants
         ),
         return_exceptions=True,
@@ -314,12 +314,18 @@ async def _sleep_out(
 
 async def _blocked_meanwhile(grants: Sequence[tuple[RateLimiter, Grant]]) -> bool:
     """After sleeping out reservations: whether a ``block()`` (from any process) came on a
-    limiter whose grant was a reservation; one read each, sent together."""
+    limiter whose grant was a reservation (a block ending after the grant's start); one read
+    each, sent together."""
     reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
     try:
-        lefts = await asyncio.gather(*(lim._backend.block(lim._name, None) for lim, _ in reserved))
+        ends = await asyncio.gather(
+            *(limiter._backend.blocked_until(limiter._name) for limiter, _ in reserved)
+        )
     except BaseException:  # unknown: the grants go back rather than risk passing a block
         for limiter, grant in grants:
             limiter._backend.hand_back(limiter._name, grant.member)
         raise
-    return any(left > 0 for left in lefts)
+    return any(
+        end is not None and end > grant.starts_at
+        for end, (_, grant) in zip(ends, reserved)
+    )

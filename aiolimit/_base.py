@@ -318,6 +318,11 @@ class _Limiter:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
         await _gather(self._backend.block(name, duration_us) for name in self._names)
 
+    async def unblock(self) -> bool:
+        """Ends a :meth:`block` at once, in every process; returns whether one was in force.
+        Reservations it already moved behind its end stay there."""
+        return any(await _gather(self._backend.unblock(name) for name in self._names))
+
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""
         return any(await _gather(self._backend.delete(name) for name in self._names))
