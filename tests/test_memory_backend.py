@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from aiolimit import MemoryBackend, NotConfiguredError, RateLimiterConfig, RateType
-from aiolimit.backends import memory
+from aiolimit.backends.memory import _store as memory
 
 OVERALL = RateType.OVERALL
 PER_CLIENT = RateType.PER_CLIENT

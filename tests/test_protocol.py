@@ -32,6 +32,10 @@ LUA = resources.files("aiolimit.backends.redis") / "lua"
 
 
 def lua(name: str) -> str:
+    """A script file; "lib": the library every script starts with (the core and each
+    algorithm) and the acquire requests' part."""
+    if name == "lib":
+        return scripts.lua_source(*scripts.LIBRARY, "batch")
     return (LUA / f"{name}.lua").read_text()
 
 

@@ -1,6 +1,7 @@
-"""The scripts (``lua/``: ``lib.lua`` prepended to each operation's file) and the plain read
-commands, each with what its reply means: decoded here into typed values, so that no code of
-the protocol (``_protocol.Reply``) stands anywhere else."""
+"""The scripts (``lua/``: the shared core ``lib.lua`` and one file per algorithm, joined in
+front of each operation's file) and the plain read commands, each with what its reply means:
+decoded here into typed values, so that no code of the protocol (``_protocol.Reply``) stands
+anywhere else."""
 
 from __future__ import annotations
 
@@ -23,26 +24,40 @@ TIME_REFUSED = "the server refused TIME in a script"
 """What lib.lua says when the server refuses ``TIME`` in scripts."""
 
 
-class Script(Generic[R]):
-    """One operation's Lua, ``lib.lua`` + ``<name>.lua``: run with EVALSHA, or EVAL to load
-    it. ``decode`` turns its reply into ``R``."""
+LIBRARY = ("lib", "sliding_window", "counters", "token_bucket", "fixed_window")
+"""The files every script starts with, in order: the core, then each algorithm, which adds
+its functions to the core's ``ALGORITHMS`` table (``counters`` is what the token bucket and
+fixed windows share). Adding an algorithm adds its file here."""
 
-    __slots__ = ("batch", "decode", "name", "resend", "sha", "source")
+
+def lua_source(*names: str) -> str:
+    """The files ``lua/<name>.lua`` joined, in order."""
+    lua = resources.files("aiolimit.backends.redis") / "lua"
+    return "\n".join((lua / f"{name}.lua").read_text() for name in names)
+
+
+class Script(Generic[R]):
+    """One operation's Lua, ``LIBRARY`` + ``uses`` + ``<name>.lua``: run with EVALSHA, or EVAL
+    to load it. ``decode`` turns its reply into ``R``. Every script is safe to send again
+    (``resend``): where a call ran and only its reply was lost, the second admits no more than
+    one call would (each says why where it is defined below)."""
+
+    __slots__ = ("batch", "decode", "name", "sha", "source")
+
+    resend = True
 
     def __init__(
         self,
         name: str,
         decode: Callable[[Any], R],
         *,
-        resend: bool,
+        uses: Sequence[str] = (),
         batch: Batch | None = None,
     ) -> None:
-        lua = resources.files("aiolimit.backends.redis") / "lua"
         self.name = name
-        self.source = (lua / "lib.lua").read_text() + "\n" + (lua / f"{name}.lua").read_text()
+        self.source = lua_source(*LIBRARY, *uses, name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         self.decode = decode
-        self.resend = resend
         self.batch = batch
 
     @property
@@ -190,11 +205,11 @@ def _lines(reply: Any) -> list[Any]:
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
 # caller gets one reply, so one grant.
-ACQUIRE_MANY = Script("acquire_many", _lines, resend=True)
+ACQUIRE_MANY = Script("acquire_many", _lines, uses=("batch",))
 ACQUIRE = Script(
     "acquire",
     _attempt,
-    resend=True,
+    uses=("batch",),
     batch=Batch(ACQUIRE_MANY, MAX_BATCH, _merge_acquires, _lines),
 )
 
@@ -209,12 +224,12 @@ def _number(reply: Any) -> int | Trouble:
 
 
 # Read-only.
-AVAILABLE = Script("available", _number, resend=True)
+AVAILABLE = Script("available", _number)
 # A resent block sets the same end or a later one by the resend's delay: safe.
-BLOCK = Script("block", _number, resend=True)
-WAIT = Script("wait", _number, resend=True)
+BLOCK = Script("block", _number)
+WAIT = Script("wait", _number)
 # Each call carries a fresh receipt key: a resend finds the receipt and hands back nothing more.
-RELEASE = Script("release", _number, resend=True)
+RELEASE = Script("release", _number)
 
 # -- configs and lifetimes ----------------------------------------------------------------------
 
@@ -277,12 +292,12 @@ def _clients(reply: Any) -> list[str]:
 # Safe to resend, since running twice admits no more than once: a resent set_rate writes the
 # same config with the same generation (a resent "try" reports it was not written); a resent
 # delete, expire or clear_expire finds its work done; retire and refresh repeat what they did.
-SET_RATE = Script("set_rate", _written, resend=True)
-DELETE = Script("delete", _deleted, resend=True)
-EXPIRE = Script("expire", bool, resend=True)
-CLEAR_EXPIRE = Script("clear_expire", bool, resend=True)
-RETIRE = Script("retire", int, resend=True)
-REFRESH = Script("refresh", int, resend=True)
+SET_RATE = Script("set_rate", _written)
+DELETE = Script("delete", _deleted)
+EXPIRE = Script("expire", bool)
+CLEAR_EXPIRE = Script("clear_expire", bool)
+RETIRE = Script("retire", int)
+REFRESH = Script("refresh", int)
 
 CONFIG = ReadCommand("HGETALL", _config)
 """The config hash, as a config (None: there is none)."""

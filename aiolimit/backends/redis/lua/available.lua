@@ -15,8 +15,8 @@ if not config then
 end
 local now = limiter_now(config, ARGV[1]) -- nothing written: a read acts on no state
 local group = load_group(config, KEYS[2], KEYS[3], false)
-reclaim_group(group, now, false)
-local left = group_left(group, now)
+group.algorithm.reclaim(group, now, false)
+local left = group.algorithm.left(group, now)
 if (config.spacing > 0 or config.blocked_until) and earliest(group, 1, now) > now then
   left = math.min(left, 0) -- the spacing or a block holds the next grant back
 end

@@ -27,11 +27,9 @@ end
 local now = limiter_now(config, ARGV[2])
 save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
-reclaim_group(group, now, true)
-local released = release_group(group, tonumber(ARGV[1]), ARGV[4], now)
-if group.budgets or group.dirty then
-  save_group(group, now)
-end
+group.algorithm.reclaim(group, now, true)
+local released = group.algorithm.release(group, tonumber(ARGV[1]), ARGV[4], now)
+group.algorithm.save(group, now)
 -- The receipt outlives any resend a client library could still have on its way (it may
 -- outlive the limiter too, so a late resend cannot release a recreated limiter's permits).
 redis.call('SET', KEYS[4], fmt(released), 'PX', 60000)

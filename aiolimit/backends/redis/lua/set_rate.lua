@@ -64,19 +64,14 @@ local clock = old[4]
 if keep then
   local config = load_config(KEYS[1])
   config.clock = clock and tonumber(clock)
-  config.state = config.in_hash and old[7] or nil -- written back by save_group, if it lives
+  config.state = config.in_hash and old[7] or nil -- written back by save, if it lives
   local now = limiter_now(config, ARGV[7])
   clock = config.clock and fmt(config.clock)
   local group = load_group(config, KEYS[2], KEYS[3], true)
-  if group.budgets then
-    for _, budget in ipairs(group.budgets) do
-      reclaim(budget, now - budget.interval, true)
-      budget.dirty = budget.dirty or not budget.fresh
-    end
-  end
+  group.algorithm.reclaim(group, now, true)
+  group.algorithm.keep(group)
   if not group.fresh then
-    group.dirty = true
-    save_group(group, now)
+    group.algorithm.save(group, now)
   end
   -- A longer interval: the clients' state must live longer.
   local old_longest = tonumber(old[3] or '0')

@@ -20,13 +20,6 @@ if permits > config.max_permits then
 end
 local now = limiter_now(config, ARGV[2]) -- nothing written: a read acts on no state
 local group = load_group(config, KEYS[2], KEYS[3], false)
-local logged = {}
-if group.budgets then
-  -- The walk counts the expired grants still logged, so it needs what the unreclaimed log says.
-  for i, budget in ipairs(group.budgets) do
-    logged[i] = budget.used
-    reclaim(budget, now - budget.interval, false)
-  end
-end
-local start = earliest(group, permits, now, logged) or now
+group.algorithm.reclaim(group, now, false)
+local start = earliest(group, permits, now) or now
 return { 0, start - now }

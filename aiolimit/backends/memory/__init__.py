@@ -1,0 +1,277 @@
+"""The in-process backend: the Lua scripts' algorithms, step for step, in Python.
+
+The operations here are the scripts' (one method per script); each algorithm is a
+:class:`~._algorithm.Group` of its own module, picked from ``GROUPS``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
+from ...errors import BackendError, InvalidArgumentError, NotConfiguredError
+from .._protocol import state_in_config
+from ..base import Backend, Grant, Refusal, SetMode
+from ._algorithm import Group
+from ._counters import Counters
+from ._fixed_window import FixedWindow
+from ._sliding import SlidingLog
+from ._state import FOREVER, Config, Limiter, ms
+from ._store import Store
+from ._token_bucket import TokenBucket
+
+__all__ = ["MemoryBackend"]
+
+GROUPS: dict[Algorithm, type[SlidingLog] | type[Counters]] = {
+    Algorithm.SLIDING_WINDOW: SlidingLog,
+    Algorithm.TOKEN_BUCKET: TokenBucket,
+    Algorithm.FIXED_WINDOW: FixedWindow,
+}
+"""Each algorithm's group (lib.lua's ``ALGORITHMS``)."""
+
+
+def _group(limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool) -> Group:
+    return GROUPS[config.algorithm](limiter, config, key, write)
+
+
+def _loop_clock() -> float:
+    return asyncio.get_running_loop().time()
+
+
+def _extend_registry(limiter: Limiter, until: float, deadline: int | None) -> None:
+    """The registry lives at least ``until``, never past ``deadline``."""
+    if deadline is not None:
+        until = min(until, deadline)
+    if limiter.registry_expires_at == FOREVER or limiter.registry_expires_at < until:
+        limiter.registry_expires_at = until
+
+
+def _refresh_group(limiter: Limiter, key: str | None, now: int) -> int:
+    """refresh_group: one budget's keys get the TTLs the config gives them; the longest, in
+    us (0: no state, or state kept in the config, which lives as long)."""
+    assert limiter.config is not None
+    if state_in_config(limiter.config.config):
+        return 0
+    group = _group(limiter, limiter.config.config, key, True)
+    if group.fresh:
+        return 0
+    group.keep()
+    return group.save(limiter, now)
+
+
+def _refresh_clients(limiter: Limiter, stored: Config, now: int) -> None:
+    """refresh.lua over every client of the registry: TTLs as the config gives them."""
+    longest = stored.config.longest_us
+    for client in list(limiter.registry):
+        ttl = _refresh_group(limiter, client, now)
+        if ttl:
+            _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
+
+
+class MemoryBackend(Backend):
+    """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
+
+    >>> backend = MemoryBackend()
+    >>> limiter = RateLimiter("emails", backend)
+
+    ``clock`` returns seconds; by default the running event loop's clock, so grants and
+    local timeouts share one monotonic clock (and tests can control it).
+    """
+
+    __slots__ = ("_clock", "_shared")
+
+    def __init__(
+        self, *, client_id: str | None = None, clock: Callable[[], float] = _loop_clock
+    ) -> None:
+        super().__init__(client_id)
+        if not callable(clock):
+            raise InvalidArgumentError(f"clock must be a callable returning seconds, not {clock!r}")
+        self._clock = clock
+        self._shared = Store()
+
+    def with_client(self, client_id: str) -> MemoryBackend:
+        other = MemoryBackend(client_id=client_id, clock=self._clock)
+        other._shared = self._shared
+        return other
+
+    @property
+    def _limiters(self) -> dict[str, Limiter]:
+        return self._shared.limiters
+
+    def _now(self) -> int:
+        return clock_micros(self._clock())  # NaN, inf or a non-number: InvalidArgumentError
+
+    def _budget_key(self, config: RateLimiterConfig) -> str | None:
+        return self.client_id if config.rate_type is RateType.PER_CLIENT else None
+
+    def _configured(
+        self, name: str, now: int, record: bool = True, permits: int = 0
+    ) -> tuple[Limiter, RateLimiterConfig, int]:
+        """The limiter, its config, and the time to act at: a clock reading older than one
+        the limiter already acted on is moved up to it, and (with ``record``) a newer one is
+        remembered, as ``limiter_now`` in lib.lua does with a client's time. As there, a
+        request for more permits than the rate is refused first, remembering nothing."""
+        limiter = self._shared.limiter(name, now)
+        if limiter is None or limiter.config is None:
+            raise NotConfiguredError(name)
+        stored = limiter.config
+        if permits > stored.config.max_permits:
+            rate = stored.config.max_permits
+            raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
+        if stored.clock is not None and now < stored.clock:
+            now = stored.clock
+        elif record:
+            stored.clock = now
+        return limiter, stored.config, now
+
+    # -- operations (one per script) -----------------------------------------------------------
+
+    async def set_rate(
+        self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
+    ) -> bool:
+        now = self._now()
+        limiter = self._shared.limiter(name, now)
+        old = None if limiter is None else limiter.config
+        if (mode == "try" and old is not None) or (mode == "update" and old is None):
+            return False
+        if limiter is None:
+            limiter = self._shared.create(name)
+        clock = None if old is None else old.clock
+        stored = limiter.config = Config(
+            config, now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER
+        )
+        # A new rate type, or a config where none was, clears the state (see set_rate.lua).
+        if (
+            keep_state
+            and old is not None
+            and old.config.rate_type is config.rate_type
+            and old.config.algorithm is config.algorithm
+        ):
+            if clock is not None and now < clock:
+                now = clock
+            clock = now
+            if state_in_config(config):
+                stored.state = old.state  # the new config carries the field over
+            group = _group(limiter, config, None, True)
+            group.reclaim(now)
+            group.keep()
+            if not group.fresh:
+                group.save(limiter, now)
+            # Clients follow the new rate at their next grant; a longer interval lengthens
+            # their TTLs now (refresh.lua, in chunks on Redis).
+            if config.longest_us > old.config.longest_us and limiter.registry:
+                _refresh_clients(limiter, stored, now)
+        else:
+            limiter.budgets.clear()
+            limiter.extra.clear()
+            limiter.registry.clear()
+            limiter.registry_expires_at = FOREVER  # the registry key is gone with them
+        stored.clock = clock
+        return True
+
+    async def get_config(self, name: str) -> RateLimiterConfig | None:
+        limiter = self._shared.limiter(name, self._now())
+        if limiter is None or limiter.config is None:
+            return None
+        return limiter.config.config
+
+    async def try_acquire(
+        self, name: str, permits: int, max_wait_us: int | None = 0
+    ) -> Grant | Refusal:
+        limiter, config, now = self._configured(name, self._now(), permits=permits)
+        key = self._budget_key(config)
+        group = _group(limiter, config, key, True)
+        group.reclaim(now)
+        start = group.earliest(permits, now)
+        if start is None:
+            raise BackendError(
+                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
+                "more than 2**53, which the scripts cannot count exactly"
+            )
+        delay = start - now
+        if delay > 0 and max_wait_us is not None and delay > max_wait_us:
+            group.save(limiter, now)  # what the reclaim changed is written back, nothing else
+            return Refusal(delay, now, group.left(now))
+        member = group.commit(permits, start)
+        ttl = group.save(limiter, now)
+        stored = limiter.config
+        assert stored is not None
+        longest = config.longest_us
+        if key is not None:
+            limiter.registry[key] = max(start, limiter.registry.get(key, start))
+            for client in [c for c, t in limiter.registry.items() if t <= now - 2 * longest]:
+                del limiter.registry[client]
+            _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
+        if config.keep_alive_us and stored.deadline is None:
+            stored.expires_at = now + max(ms(config.keep_alive_us), ttl)
+        return Grant(delay, start, group.left(now), member, stored.blocked_until)
+
+    async def wait_time(self, name: str, permits: int) -> int:
+        limiter, config, now = self._configured(name, self._now(), False, permits)
+        group = _group(limiter, config, self._budget_key(config), False)
+        group.reclaim(now)
+        start = group.earliest(permits, now)
+        return 0 if start is None else start - now
+
+    async def available_permits(self, name: str) -> int:
+        limiter, config, now = self._configured(name, self._now(), record=False)
+        group = _group(limiter, config, self._budget_key(config), False)
+        group.reclaim(now)
+        left = group.left(now)
+        if config.min_spacing_us > 0 or group.blocked_until is not None:
+            start = group.earliest(1, now)
+            if start is not None and start > now:
+                left = min(left, 0)  # the spacing or a block holds the next grant back
+        return max(left, 0)
+
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
+        limiter, config, now = self._configured(name, self._now())
+        group = _group(limiter, config, self._budget_key(config), True)
+        group.reclaim(now)
+        released = group.release(permits, member, now)
+        group.save(limiter, now)
+        return released
+
+    async def block(self, name: str, duration_us: int | None) -> int:
+        limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)
+        stored = limiter.config
+        assert stored is not None
+        until = now if stored.blocked_until is None else stored.blocked_until
+        if duration_us is not None:
+            until = stored.blocked_until = max(until, now + duration_us)
+        return max(until - now, 0)
+
+    async def delete(self, name: str) -> bool:
+        if self._shared.limiter(name, self._now()) is None:
+            return False
+        self._shared.drop(name)
+        return True
+
+    async def expire(self, name: str, ttl_us: int) -> bool:
+        now = self._now()
+        limiter = self._shared.limiter(name, now)
+        if limiter is None or limiter.config is None:
+            return False
+        at = now + ms(ttl_us)
+        limiter.config.expires_at = at
+        limiter.config.deadline = at
+        # The state's TTL as the new end gives it (refresh_group): an earlier end shortens
+        # it, a later one gives back what an earlier expire() took.
+        _refresh_group(limiter, None, now)
+        if limiter.registry:
+            limiter.registry_expires_at = min(limiter.registry_expires_at, at)
+        _refresh_clients(limiter, limiter.config, now)
+        return True
+
+    async def clear_expire(self, name: str) -> bool:
+        now = self._now()
+        limiter = self._shared.limiter(name, now)
+        if limiter is None or limiter.config is None:
+            return False
+        stored = limiter.config
+        had_ttl = stored.expires_at != FOREVER
+        stored.expires_at = FOREVER
+        stored.deadline = None
+        _refresh_group(limiter, None, now)
+        _refresh_clients(limiter, stored, now)
+        return had_ttl

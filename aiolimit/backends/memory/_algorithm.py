@@ -1,0 +1,78 @@
+"""The one protocol every algorithm of the memory backend follows (lib.lua's ``ALGORITHMS``
+table in the scripts): a :class:`Group` is one budget's state under every rate of its
+config, loaded for one operation. The operations (``MemoryBackend``) call only these
+methods, so adding an algorithm is one module with a ``Group`` subclass, registered in
+``GROUPS`` (``__init__.py``), and its Lua file."""
+
+from __future__ import annotations
+
+import abc
+
+from ..._types import RateLimiterConfig
+from ._state import Limiter
+
+
+class Group(abc.ABC):
+    """One budget (the whole limiter for OVERALL, one client for PER_CLIENT) under every rate.
+
+    Made with ``write`` for operations that change the state; without it nothing stored is
+    changed (``reclaim`` counts what has left the window as gone without removing it)."""
+
+    __slots__ = ("blocked_until", "config", "fresh", "key", "write")
+
+    def __init__(
+        self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
+    ) -> None:
+        assert limiter.config is not None
+        self.config, self.key, self.write = config, key, write
+        self.blocked_until = limiter.config.blocked_until
+        self.fresh = True
+        """No state is stored for the budget: every rate allows its full count."""
+
+    @abc.abstractmethod
+    def reclaim(self, now: int) -> None:
+        """Forgets the grants that no longer count at ``now`` (a sliding window's expired log
+        entries; the counters have none). Called before the other methods."""
+
+    @abc.abstractmethod
+    def left(self, now: int) -> int:
+        """Permits a request could take at ``now`` (negative while reservations are queued)."""
+
+    @abc.abstractmethod
+    def start(self, permits: int, now: int) -> int | None:
+        """The earliest time at which every rate allows ``permits`` (spacing and blocks
+        aside); None when the log would hold more than ``MAX_EXACT`` permits."""
+
+    @abc.abstractmethod
+    def latest(self) -> int | None:
+        """The latest grant's start, where a spacing or several rates need it (None: none)."""
+
+    @abc.abstractmethod
+    def commit(self, permits: int, start: int) -> str:
+        """Takes ``permits`` at ``start`` in every rate; returns the grant's member."""
+
+    @abc.abstractmethod
+    def keep(self) -> None:
+        """Marks every stored part as changed, so that ``save`` writes it back with the TTL
+        the current config gives it."""
+
+    @abc.abstractmethod
+    def save(self, limiter: Limiter, now: int) -> int:
+        """Writes back what changed; returns the longest TTL given, in us (0: gone)."""
+
+    @abc.abstractmethod
+    def release(self, wanted: int, member: str | None, now: int) -> int:
+        """Hands back ``wanted`` permits (or exactly the grant ``member``); returns how many."""
+
+    def earliest(self, permits: int, now: int) -> int | None:
+        """The earliest start (>= now) at which every rate, the spacing and any block allow
+        ``permits``; None as for ``start``."""
+        start = self.start(permits, now)
+        if start is None:
+            return None
+        last = self.latest()
+        if last is not None:
+            start = max(start, last + self.config.min_spacing_us)
+        if self.blocked_until is not None:
+            start = max(start, self.blocked_until)
+        return start

@@ -1,0 +1,151 @@
+"""What the token bucket and fixed windows share (counters.lua): per rate two numbers, kept
+in one value (an OVERALL budget's in the config, a PER_CLIENT client's in its value key),
+plus the latest grant's start. Each algorithm says what the two numbers mean by the per-rate
+methods of :class:`Counters`."""
+
+from __future__ import annotations
+
+import abc
+
+from ..._types import Rate, RateLimiterConfig
+from .._protocol import format_member, parse_member, state_in_config
+from ._algorithm import Group
+from ._state import Budget, Limiter, ms
+
+
+class Counters(Group):
+    """A budget kept as numbers: ``state.n`` holds two per rate, ``state.last`` the latest
+    grant's start."""
+
+    __slots__ = ("dirty", "state")
+
+    def __init__(
+        self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
+    ) -> None:
+        super().__init__(limiter, config, key, write)
+        self.dirty = False
+        assert limiter.config is not None
+        state = limiter.config.state if state_in_config(config) else limiter.budgets.get(key)
+        size = 2 * len(config.rates)
+        if state is None:
+            self.state = Budget(n=[0] * size)  # full buckets; no window yet
+            return
+        # set_rate with keep_state may have changed the rates: each keeps its own numbers by
+        # position, a rate added starts afresh, and `loaded` adapts what another rate left.
+        # That is a copy, stored only if saved. (Otherwise the state is used as it is: only
+        # commit and release change it, and both save it.)
+        n = state.n
+        if len(n) != size or any(
+            self.loaded(rate, n[2 * i], n[2 * i + 1]) is not None
+            for i, rate in enumerate(config.rates)
+            if 2 * i + 1 < len(n)
+        ):
+            n = [n[i] if i < len(n) else 0 for i in range(size)]
+            for i, rate in enumerate(config.rates):
+                pair = self.loaded(rate, n[2 * i], n[2 * i + 1])
+                if pair is not None:
+                    n[2 * i], n[2 * i + 1] = pair
+            state = Budget(expires_at=state.expires_at, last=state.last, n=n)
+        self.state, self.fresh = state, False
+
+    # -- what each algorithm says, per rate: its two numbers (a, b) --------------------------
+
+    def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
+        """The numbers as this rate reads them when another rate may have written them
+        (None: as they are)."""
+        return None
+
+    @abc.abstractmethod
+    def rate_left(self, rate: Rate, a: int, b: int, now: int) -> int:
+        """Permits the rate allows at ``now``."""
+
+    @abc.abstractmethod
+    def rate_start(self, rate: Rate, a: int, b: int, permits: int, now: int) -> int:
+        """The earliest time at which the rate allows ``permits`` (may be before ``now``)."""
+
+    @abc.abstractmethod
+    def rate_take(self, rate: Rate, a: int, b: int, permits: int, start: int) -> tuple[int, int]:
+        """The numbers once ``permits`` are taken at ``start``."""
+
+    @abc.abstractmethod
+    def rate_until(self, rate: Rate, a: int, b: int) -> int:
+        """Until when the numbers matter (after it the rate allows its full count)."""
+
+    @abc.abstractmethod
+    def rate_release(
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+    ) -> tuple[int, int, int]:
+        """``(permits handed back, a, b)`` for ``wanted`` permits of the grant that started
+        at ``start`` (None: the latest grants)."""
+
+    # -- the group --------------------------------------------------------------------------
+
+    def reclaim(self, now: int) -> None:
+        pass  # the numbers say by themselves what has run out
+
+    def left(self, now: int) -> int:
+        n = self.state.n
+        return min(
+            self.rate_left(rate, n[2 * i], n[2 * i + 1], now)
+            for i, rate in enumerate(self.config.rates)
+        )
+
+    def latest(self) -> int | None:
+        return self.state.last
+
+    def start(self, permits: int, now: int) -> int | None:
+        n, start = self.state.n, now
+        for i, rate in enumerate(self.config.rates):
+            start = max(start, self.rate_start(rate, n[2 * i], n[2 * i + 1], permits, now))
+        return start
+
+    def commit(self, permits: int, start: int) -> str:
+        state, n = self.state, self.state.n
+        state.last = start if state.last is None else max(state.last, start)
+        for i, rate in enumerate(self.config.rates):
+            n[2 * i], n[2 * i + 1] = self.rate_take(rate, n[2 * i], n[2 * i + 1], permits, start)
+        self.dirty, self.fresh = True, False
+        return format_member(permits, start)  # a counter grant's member: permits and start
+
+    def keep(self) -> None:
+        self.dirty = not self.fresh
+
+    def save(self, limiter: Limiter, now: int) -> int:
+        stored = limiter.config
+        assert stored is not None
+        if not self.dirty:
+            return 0
+        config, state, n = self.config, self.state, self.state.n
+        until = state.last + config.min_spacing_us if state.last is not None else 0
+        for i, rate in enumerate(config.rates):
+            until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1]))
+        if until <= now:
+            if state_in_config(config):
+                stored.state = None
+            else:
+                limiter.budgets.pop(self.key, None)
+            return 0
+        ttl = ms(until - now)
+        if stored.deadline is not None:
+            ttl = max(min(ttl, ms(stored.deadline - now)), 1000)
+        if len(config.rates) == 1 and not config.min_spacing_us:
+            state.last = None  # kept only where a later request needs it (counters.lua)
+        if state_in_config(config):
+            stored.state = state  # no TTL of its own: it goes with the config
+        else:
+            state.expires_at = now + ttl
+            limiter.budgets[self.key] = state
+        return ttl
+
+    def release(self, wanted: int, member: str | None, now: int) -> int:
+        start, released, n = None, 0, self.state.n
+        if member is not None:
+            wanted, start = parse_member(member)
+        for i, rate in enumerate(self.config.rates):
+            count, n[2 * i], n[2 * i + 1] = self.rate_release(
+                rate, n[2 * i], n[2 * i + 1], wanted, start, now
+            )
+            released = max(released, count)
+        if released:
+            self.dirty = True
+        return released

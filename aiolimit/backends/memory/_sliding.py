@@ -1,0 +1,264 @@
+"""The sliding window (sliding_window.lua, step for step): a log of grants per rate, each
+entry scored by its start; a grant counts until one interval after it starts."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from ..._types import RateLimiterConfig
+from .._protocol import MAX_EXACT, RECLAIM_STEPS, WALK_STEPS, format_member, parse_member
+from ._algorithm import Group
+from ._state import Budget, Limiter, ms
+
+
+def reclaim_log(budget: Budget, window_start: int, write: bool) -> int:
+    """Permits used once grants that left the window are reclaimed (at most
+    ``RECLAIM_STEPS`` of them); with ``write`` they are removed from the budget."""
+    grants, head = budget.grants, budget.head
+    count = min(budget.rank_after(window_start) - head, RECLAIM_STEPS)
+    if count == 0:
+        return budget.used
+    if count == RECLAIM_STEPS and grants[-1][0] <= window_start:
+        if write:  # the whole log has expired
+            budget.used = budget.seq = 0
+            budget.clear()
+        return 0
+    used = budget.used - sum(p for _, _, p in grants[head : head + count])
+    if write:
+        last = grants[head + count - 1][0]
+        budget.drop_front(count)
+        if budget.cs is not None and budget.cs <= last:
+            budget.cs = None
+        elif budget.cs is not None:
+            budget.cp -= budget.used - used
+        budget.used = used
+        if used == 0:
+            budget.seq = 0  # an empty log starts over, as a budget whose keys expired does
+    return used
+
+
+def _walk_forward(budget: Budget, need: int) -> int | None:
+    grants = budget.grants
+    rank, prefix = budget.head, 0
+    if budget.cs is not None:
+        rank, prefix = budget.rank_after(budget.cs), budget.cp
+    found: int | None = None
+    group_score: int | None = None
+    group = steps = 0
+    size = 16
+    while steps < WALK_STEPS:
+        entries = grants[rank : rank + size]
+        for score, _, permits in entries:
+            if found is not None and score != found:
+                budget.cs, budget.cp, budget.cg = found, prefix, group
+                return found
+            if score == group_score:
+                group += permits
+            else:
+                group_score, group = score, permits
+            prefix += permits
+            rank, steps = rank + 1, steps + 1
+            if found is None and prefix >= need:
+                found = score
+        if len(entries) < size:  # the end of the log
+            if found is not None:
+                budget.cs, budget.cp, budget.cg = found, prefix, group
+            return found
+        size = min(size * 4, WALK_STEPS - steps + 1)
+    if found is not None:
+        return found
+    # Out of steps: with at least one permit per entry, `need` is reached at most this far.
+    return grants[min(rank - 1 + need - prefix, len(grants) - 1)][0]
+
+
+def _walk_back(budget: Budget, need: int) -> int:
+    assert budget.cs is not None
+    answer = budget.cs
+    below = budget.cp - budget.cg
+    if below < need:
+        return answer
+    top = bisect.bisect_left(budget.grants, (budget.cs, "", 0), lo=budget.head)
+    older = budget.grants[budget.head : top][::-1]  # newest first
+    group_score: int | None = None
+    group = offset = steps = 0
+    size = 16
+    while steps < WALK_STEPS:
+        entries = older[offset : offset + size]
+        for score, _, permits in entries:
+            if group_score is not None and score != group_score:
+                answer = group_score
+                budget.cs, budget.cp, budget.cg = group_score, below, group
+                below -= group
+                if below < need:
+                    return answer
+                group = 0
+            group_score = score
+            group += permits
+            steps += 1
+        if len(entries) < size:  # the start of the log
+            if group_score is not None:
+                budget.cs, budget.cp, budget.cg = group_score, below, group
+                return group_score
+            return answer
+        offset += size
+        size = min(size * 4, WALK_STEPS - steps + 1)
+    return answer if group_score is None else group_score
+
+
+def wait_for(budget: Budget, need: int, interval: int, now: int) -> int:
+    """Microseconds from ``now`` until ``need`` more permits have left the window."""
+    if budget.cs is not None and budget.cp >= need:
+        at: int | None = _walk_back(budget, need)
+    else:
+        at = _walk_forward(budget, need)
+    if at is None:
+        return interval
+    return max(at + interval - now, 1)
+
+
+def store_log(budget: Budget, interval: int, now: int, deadline: int | None) -> bool:
+    """Gives the budget a TTL that outlives its newest grant (but not the limiter's
+    ``deadline``); False: no grant is left and the budget is gone."""
+    if len(budget.grants) == budget.head:
+        return False
+    ttl = max(ms(budget.grants[-1][0] + interval - now), 1000)
+    if deadline is not None:
+        ttl = max(min(ttl, ms(deadline - now)), 1000)
+    budget.expires_at = now + ttl
+    return True
+
+
+def release_log(budget: Budget, permits: int, member: str | None, now: int) -> int:
+    """Removes ``member`` from one log, or ``permits`` from its newest started grants."""
+    grants, released = budget.grants, 0
+    if member is not None:
+        # Newest first: a handed-back grant is a recent one (ZSCORE finds it in Redis).
+        for i in range(len(grants) - 1, budget.head - 1, -1):
+            time, logged, entry_permits = grants[i]
+            if logged == member:
+                del grants[i]
+                budget.moved(time, -entry_permits)
+                released = entry_permits
+                break
+        return released
+    # Reservations (grants starting in the future) belong to waiting callers.
+    started = budget.rank_after(now)
+    for index in range(started - 1, max(started - WALK_STEPS, budget.head) - 1, -1):
+        if released >= permits:
+            break
+        time, logged, entry_permits = grants.pop(index)
+        take = min(entry_permits, permits - released)
+        budget.moved(time, -take)
+        released += take
+        if take < entry_permits:
+            rest = entry_permits - take
+            budget.add((time, format_member(rest, parse_member(logged)[1]), rest))
+    return released
+
+
+class SlidingLog(Group):
+    """A log per rate (``budgets``; ``stored`` says which exist): the first rate's in
+    ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
+
+    __slots__ = ("budgets", "stored", "touched", "used")
+
+    def __init__(
+        self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
+    ) -> None:
+        super().__init__(limiter, config, key, write)
+        self.budgets: list[Budget] = []
+        self.stored: list[bool] = []
+        for i in range(1, len(config.rates) + 1):
+            budget = limiter.budgets.get(key) if i == 1 else limiter.extra.get((key, i))
+            self.stored.append(budget is not None)
+            self.budgets.append(Budget() if budget is None else budget)
+        self.touched = [False] * len(self.budgets)
+        self.used = [budget.used for budget in self.budgets]  # as reclaim leaves them
+        self.fresh = not any(self.stored)
+
+    def reclaim(self, now: int) -> None:
+        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=False)):
+            before = budget.used
+            self.used[i] = reclaim_log(budget, now - rate.interval_us, self.write)
+            if self.write and self.used[i] != before:
+                self.touched[i] = True  # what the reclaim changed is written back
+
+    def left(self, now: int) -> int:
+        return min(r.permits - u for r, u in zip(self.config.rates, self.used, strict=True))
+
+    def latest(self) -> int | None:
+        if len(self.budgets) == 1 and not self.config.min_spacing_us:
+            return None  # one rate keeps its requests in order by itself
+        newest = [
+            b.grants[-1][0]
+            for b, kept in zip(self.budgets, self.stored, strict=True)
+            if kept and len(b.grants) > b.head
+        ]
+        return max(newest) if newest else None
+
+    def start(self, permits: int, now: int) -> int | None:
+        # The walk counts the expired grants still logged: without `write` a budget's `used`
+        # is what the unreclaimed log says, which it needs; and its cursor is not kept (a
+        # read writes nothing, as wait.lua).
+        cursors = [(b.cs, b.cp, b.cg) for b in self.budgets]
+        start = now
+        try:
+            for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+                held = self.used[i]
+                if held + permits > MAX_EXACT:
+                    return None
+                if rate.permits - held < permits and self.stored[i]:
+                    need = permits - (rate.permits - budget.used)
+                    start = max(start, now + wait_for(budget, need, rate.interval_us, now))
+        finally:
+            if not self.write:
+                for budget, (cs, cp, cg) in zip(self.budgets, cursors, strict=True):
+                    budget.cs, budget.cp, budget.cg = cs, cp, cg
+        return start
+
+    def commit(self, permits: int, start: int) -> str:
+        self.fresh = False
+        seq = max(b.seq for b in self.budgets) + 1
+        member = format_member(permits, seq)
+        for i, budget in enumerate(self.budgets):
+            budget.add((start, member, permits))
+            budget.seq = seq
+            budget.used += permits
+            self.used[i] = budget.used
+            budget.moved(start, permits)
+            self.touched[i] = True
+        return member
+
+    def keep(self) -> None:
+        self.touched = [t or kept for t, kept in zip(self.touched, self.stored, strict=True)]
+
+    def save(self, limiter: Limiter, now: int) -> int:
+        assert limiter.config is not None
+        deadline, longest = limiter.config.deadline, 0
+        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+            if not self.touched[i]:
+                continue
+            where: dict[Any, Budget] = limiter.budgets if i == 0 else limiter.extra
+            slot = self.key if i == 0 else (self.key, i + 1)
+            if store_log(budget, rate.interval_us, now, deadline):
+                where[slot] = budget
+                self.stored[i] = True
+                longest = max(longest, int(budget.expires_at) - now)
+            else:
+                where.pop(slot, None)
+                self.stored[i] = False
+        return longest
+
+    def release(self, wanted: int, member: str | None, now: int) -> int:
+        released = 0
+        for i, budget in enumerate(self.budgets):
+            if not self.stored[i]:
+                continue
+            count = release_log(budget, wanted, member, now)
+            if count:
+                budget.used -= count
+                self.used[i] = budget.used
+                self.touched[i] = True
+            released = max(released, count)
+        return released

@@ -1,0 +1,96 @@
+"""What the memory backend keeps: the Redis keys of lua/, as Python objects with the same
+contents and TTLs (``expires_at``, on the backend's clock, in microseconds)."""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from ..._types import RateLimiterConfig
+
+FOREVER = float("inf")
+HIGH = "\U0010ffff"  # sorts after every member
+
+
+def ms(us: int) -> int:
+    """A duration rounded up to whole milliseconds, as Redis keeps TTLs."""
+    return -(-us // 1000) * 1000
+
+
+@dataclass
+class Config:
+    """The config hash."""
+
+    config: RateLimiterConfig
+    expires_at: float = FOREVER
+    deadline: int | None = None  # set by expire(): no state may outlive it
+    clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
+    blocked_until: int | None = None  # set by block(): no grant starts before it
+    # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
+    # has no TTL of its own and goes with the config; see counters.lua).
+    state: Budget | None = None
+
+
+@dataclass
+class Budget:
+    """The value key and permits ZSET of one budget (both share one TTL); see
+    sliding_window.lua. A token bucket or fixed windows keep only numbers in it (see
+    counters.lua): ``last`` and ``n``."""
+
+    used: int = 0  # permits the log holds
+    seq: int = 0  # sequence number of the last grant
+    # The walk cursor: a score, the permits logged at or before it, and exactly at it.
+    cs: int | None = None
+    cp: int = 0
+    cg: int = 0
+    # (time, member, permits), ordered as a ZSET orders them: by score, then by member.
+    # Entries before `head` are gone: the front is dropped lazily, so reclaiming costs O(1)
+    # per grant however long the log.
+    grants: list[tuple[int, str, int]] = field(default_factory=list)
+    head: int = 0
+    expires_at: float = FOREVER
+    # TOKEN_BUCKET and FIXED_WINDOW: the latest grant's start, and per rate two numbers.
+    last: int | None = None
+    n: list[int] = field(default_factory=list)
+
+    def live(self) -> list[tuple[int, str, int]]:
+        return self.grants[self.head :]
+
+    def add(self, entry: tuple[int, str, int]) -> None:
+        grants = self.grants
+        if len(grants) == self.head or entry >= grants[-1]:
+            grants.append(entry)  # the common case: a grant after every other
+        else:
+            bisect.insort(grants, entry, lo=self.head)
+
+    def drop_front(self, count: int) -> None:
+        self.head += count
+        if self.head * 2 > len(self.grants):
+            del self.grants[: self.head]
+            self.head = 0
+
+    def clear(self) -> None:
+        self.grants, self.head, self.cs = [], 0, None
+
+    def rank_after(self, score: int) -> int:
+        """The index of the first entry scored after ``score`` (ZCOUNT -inf score)."""
+        return bisect.bisect_right(self.grants, (score, HIGH, 0), lo=self.head)
+
+    def moved(self, score: int, permits: int) -> None:
+        """Keeps the cursor right when ``permits`` are added (negative: removed) at ``score``."""
+        if self.cs is not None and score <= self.cs:
+            self.cp += permits
+            if score == self.cs:
+                self.cg += permits
+
+
+@dataclass
+class Limiter:
+    """Every key of one limiter."""
+
+    config: Config | None = None
+    budgets: dict[str | None, Budget] = field(default_factory=dict)  # None: OVERALL
+    # A sliding window's other rates: (client or None, rate number from 2) -> its log.
+    extra: dict[tuple[str | None, int], Budget] = field(default_factory=dict)
+    registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
+    registry_expires_at: float = FOREVER

@@ -1,0 +1,135 @@
+"""The store that a memory backend and its ``with_client`` views share: the limiters, and the
+sweep that frees what has expired without waiting for the limiter to be touched again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+
+from ._state import FOREVER, Limiter
+
+SWEEP = 8  # heap entries the sweep pops per operation, at most
+
+
+@dataclass(eq=False)
+class Store:
+    """The limiters by name, and when to look at each again.
+
+    ``heap`` holds ``(time, name)``: look at the limiter again at that time (when a part of
+    it expires). ``due[name]`` is the time of the name's live entry; an entry at another time
+    (superseded, or its limiter dropped) is skipped. A limiter gets a new entry only when its
+    next expiry comes before its live one (a grant that slides an expiry forward pushes
+    nothing): the sweep looks at it then and pushes its next expiry, if it still lives. Names
+    in ``due`` are in ``limiters``, and the heap never holds more than twice as many entries
+    as ``due`` (plus a few), so the schedule is bounded by the live limiters.
+    """
+
+    limiters: dict[str, Limiter] = field(default_factory=dict)
+    heap: list[tuple[float, str]] = field(default_factory=list)
+    due: dict[str, float] = field(default_factory=dict)
+    # The last operation's limiter: the next operation schedules its new expiry (operations
+    # are synchronous, and only operations sweep, so nothing is due in between).
+    touched_name: str | None = None
+    touched: Limiter | None = None
+
+    def limiter(self, name: str, now: int) -> Limiter | None:
+        """The limiter's keys as they stand at ``now``: expired ones are gone; None when
+        nothing is left. Every operation calls this (or ``create``) once, first: it sweeps."""
+        self.sweep(name, now)
+        limiter = self.limiters.get(name)
+        if limiter is None:
+            return None
+        if purge(limiter, now):
+            self.drop(name)
+            return None
+        self.touched_name, self.touched = name, limiter
+        return limiter
+
+    def create(self, name: str) -> Limiter:
+        """A new, empty limiter (only writes create one)."""
+        limiter = self.limiters[name] = Limiter()
+        self.touched_name, self.touched = name, limiter
+        return limiter
+
+    def drop(self, name: str) -> None:
+        del self.limiters[name]
+        if not self.limiters:
+            self.limiters = {}  # a dict never shrinks: give its table back
+        if name in self.due:
+            self._undue(name)
+
+    def _undue(self, name: str) -> None:
+        del self.due[name]
+        if not self.due:
+            self.due = {}
+            self.heap = []  # every entry left is superseded
+
+    def sweep(self, name: str, now: int) -> None:
+        """Schedules the last operation's limiter, then frees what has expired among at most
+        ``SWEEP`` heap entries that are due: a bounded amount of work per operation."""
+        touched, self.touched = self.touched, None
+        if touched is not None and self.touched_name != name:
+            touched_name = self.touched_name
+            assert touched_name is not None
+            if self.limiters.get(touched_name) is touched:
+                self._check(touched_name, touched, now)
+        for _ in range(SWEEP):
+            heap = self.heap
+            if not heap or heap[0][0] > now:
+                break
+            at, due_name = heappop(heap)
+            if self.due.get(due_name) != at:
+                continue  # superseded by an earlier entry, or the limiter was dropped
+            self._undue(due_name)
+            limiter = self.limiters.get(due_name)
+            if limiter is not None:  # always, as drop forgets the name's entry
+                self._check(due_name, limiter, now)
+
+    def _check(self, name: str, limiter: Limiter, now: int) -> None:
+        """Frees the limiter's expired keys, drops it when nothing is left, and makes sure
+        the sweep comes back when its next key expires."""
+        if purge(limiter, now):
+            self.drop(name)
+            return
+        at = next_expiry(limiter)
+        if at < self.due.get(name, FOREVER):
+            heappush(self.heap, (at, name))
+            self.due[name] = at
+            if len(self.heap) > 2 * len(self.due) + 64:
+                # Superseded entries piled up (limiters deleted, or expiries that kept moving
+                # earlier): keep the live ones. O(heap), but at least half the heap goes, so
+                # amortised over the pushes that made it O(1) each.
+                live = [(t, n) for t, n in self.heap if self.due.get(n) == t]
+                heapify(live)
+                self.heap = live
+
+
+def purge(limiter: Limiter, now: int) -> bool:
+    """Removes the limiter's keys that have expired at ``now``; True: nothing is left."""
+    if limiter.config is not None and limiter.config.expires_at <= now:
+        limiter.config = None
+    budgets = limiter.budgets
+    if budgets:
+        for client in [c for c, b in budgets.items() if b.expires_at <= now]:
+            del budgets[client]
+    if limiter.extra:
+        for key in [k for k, b in limiter.extra.items() if b.expires_at <= now]:
+            del limiter.extra[key]
+    if limiter.registry_expires_at <= now:
+        limiter.registry.clear()
+        limiter.registry_expires_at = FOREVER
+    return limiter.config is None and not budgets and not limiter.registry and not limiter.extra
+
+
+def next_expiry(limiter: Limiter) -> float:
+    """When the first of the limiter's keys expires (``FOREVER``: none does)."""
+    at = FOREVER if limiter.config is None else limiter.config.expires_at
+    if limiter.registry and limiter.registry_expires_at < at:
+        at = limiter.registry_expires_at
+    for budget in limiter.budgets.values():
+        if budget.expires_at < at:
+            at = budget.expires_at
+    for budget in limiter.extra.values():
+        if budget.expires_at < at:
+            at = budget.expires_at
+    return at

@@ -1,0 +1,74 @@
+"""The token bucket (token_bucket.lua, step for step): per rate the time at which its bucket
+is full again (GCRA's theoretical arrival time), exactly: ``a`` us and ``b``/permits of one."""
+
+from __future__ import annotations
+
+import math
+
+from ..._types import Rate
+from .._protocol import MAX_EXACT
+from ._counters import Counters
+
+
+def cost(rate: Rate, permits: int) -> tuple[int, int]:
+    """The refill ``permits`` tokens cost, in whole microseconds and the rest in 1/permits of
+    one (computed in doubles, as Lua does)."""
+    interval, count = rate.interval_us, rate.permits
+    q = math.floor(interval / count)
+    rest = float(permits) * float(interval - q * count)
+    if rest >= MAX_EXACT:
+        return permits * q + math.ceil(rest / count), 0
+    whole = math.floor(rest / count)
+    return permits * q + whole, int(rest - whole * count)
+
+
+def refilled(rate: Rate, us: int, frac: int, start: int, permits: int) -> tuple[int, int]:
+    """A bucket's full time moved on by ``permits`` tokens, from no earlier than ``start``."""
+    if us < start or (us == start and frac == 0):
+        us, frac = start, 0
+    whole, rest = cost(rate, permits)
+    frac += rest
+    if frac >= rate.permits:
+        us, frac = us + 1, frac - rate.permits
+    return us + whole, frac
+
+
+class TokenBucket(Counters):
+    __slots__ = ()
+
+    def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
+        if b >= rate.permits:  # a remainder of another rate: a whole us, rounded up
+            return a + 1, 0
+        return None
+
+    def rate_left(self, rate: Rate, a: int, b: int, now: int) -> int:
+        if a < now or (a == now and b == 0):
+            return rate.permits
+        interval = rate.interval_us
+        return math.floor((float(interval - (a - now)) * rate.permits - b) / interval)
+
+    def rate_start(self, rate: Rate, a: int, b: int, permits: int, now: int) -> int:
+        tat, frac = refilled(rate, a, b, now, permits)
+        return tat - rate.interval_us + (1 if frac > 0 else 0)
+
+    def rate_take(self, rate: Rate, a: int, b: int, permits: int, start: int) -> tuple[int, int]:
+        return refilled(rate, a, b, start, permits)
+
+    def rate_until(self, rate: Rate, a: int, b: int) -> int:
+        return a + (1 if b > 0 else 0)
+
+    def rate_release(
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+    ) -> tuple[int, int, int]:
+        # Tokens go back, never above a full bucket.
+        if not (a > now or (a == now and b > 0)):
+            return 0, a, b
+        owed = float(a - now) * rate.permits + b
+        count = min(wanted, math.ceil(owed / rate.interval_us))
+        whole, rest = cost(rate, wanted)
+        tat, frac = a - whole, b - rest
+        if frac < 0:
+            tat, frac = tat - 1, frac + rate.permits
+        if tat < now:
+            tat, frac = now, 0
+        return count, tat, frac

@@ -1,0 +1,145 @@
+-- Acquiring: the requests of acquire.lua and acquire_many.lua, prepended to those two scripts
+-- after the core (lib.lua) and the algorithms.
+--
+-- acquire.lua runs one request, acquire_many.lua several (requests that arrived together); a
+-- batch reads each limiter's config, the clock and each budget once, decides its requests in
+-- order exactly as separate calls would, and writes each budget once. A request fails on its
+-- own: everything that can fail is read before its grant is logged, and a failure is its
+-- caller's reply alone, so no other request of the batch is lost or miscounted.
+--
+-- A request is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
+-- limit> <rate type> [<client id>]", where the rate type is the one the caller built the keys
+-- for. When the permits are not free now but will be within max wait, they are reserved: the
+-- grant is logged at the future time they become free, and the caller sleeps until then, so
+-- waiters are served in the order they asked, across every process, in one round trip each.
+-- The reply to a request is one string (the codes are _protocol.Reply):
+--   "0 <left> <start> <delay> <member> [<blocked until>]"
+--                                         granted at `start` (us), `delay` us from now
+--                                         (0: now; > 0: a reservation); the end of the
+--                                         limiter's latest block() when it has one
+--   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
+--   "-1"                                  no config
+--   "-2 <rate>"                           permits exceed the (smallest) rate
+--   "-3 <type>"                           the keys were built for the other rate type
+--   "-4"                                  queue full: more than 2^53 permits would be logged
+--   "-5 <message>"                        the request failed (e.g. a key holds foreign data)
+
+-- Writes back a group that granted or changed (its logs are written as they go); once.
+local function close_group(group)
+  if group.closed then
+    return
+  end
+  group.closed = true
+  local config, now = group.config, group.now
+  local ttl = group.algorithm.save(group, now)
+  if not group.latest then
+    return
+  end
+  if group.client_id then
+    -- Scored by the client's latest grant, which an earlier reservation may lie beyond.
+    local score = redis.call('ZSCORE', group.registry_key, group.client_id)
+    if not score or tonumber(score) < group.latest then
+      redis.call('ZADD', group.registry_key, fmt(group.latest), group.client_id)
+    end
+    redis.call('ZREMRANGEBYSCORE', group.registry_key, '-inf', fmt(now - 2 * config.longest))
+    extend_registry(group.registry_key, ttl + ms(config.longest), config, now)
+  end
+  if config.keep_alive > 0 and not config.expires_at then
+    redis.call('PEXPIRE', group.config_key, math.max(ms(config.keep_alive), ttl))
+  end
+end
+
+local function new_batch()
+  return { configs = {}, groups = {}, order = {} }
+end
+
+local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local group = batch.groups[value_key]
+  if group and group.now ~= now then
+    close_group(group) -- another clock reading: write back and start over, as a new call would
+    group = nil
+  end
+  if group then
+    return group
+  end
+  if config.type == 'PER_CLIENT' then
+    -- The registry is written when the batch closes, where nothing may fail any more.
+    local kind = redis.call('TYPE', registry_key)
+    kind = kind.ok or kind
+    if kind ~= 'zset' and kind ~= 'none' then
+      error('aiolimit: ' .. registry_key .. ' holds a ' .. kind .. ', not aiolimit state; delete() the limiter')
+    end
+  end
+  group = load_group(config, value_key, permits_key, true)
+  group.algorithm.reclaim(group, now, true)
+  group.now = now
+  group.config_key, group.registry_key = config_key, registry_key
+  batch.groups[value_key] = group
+  table.insert(batch.order, group)
+  return group
+end
+
+local function acquire(batch, config_key, value_key, permits_key, registry_key, request)
+  local permits, now_arg, max_wait, rate_type, client_id =
+    string.match(request, '^(%d+) (%S+) (%S+) (%S+) ?(.*)$')
+  permits = tonumber(permits)
+  max_wait = tonumber(max_wait)
+  local config = batch.configs[config_key]
+  if config == nil then
+    config = load_config(config_key) or false
+    batch.configs[config_key] = config
+  end
+  if not config then
+    return '-1'
+  end
+  if config.type ~= rate_type then
+    return '-3 ' .. config.type
+  end
+  if permits > config.max_permits then
+    return '-2 ' .. fmt(config.max_permits)
+  end
+
+  local now = limiter_now(config, now_arg)
+  local group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local start = earliest(group, permits, now)
+  if not start then
+    return '-4'
+  end
+  local algorithm, delay = group.algorithm, start - now
+  if delay > 0 and max_wait >= 0 and delay > max_wait then
+    return '1 ' .. fmt(delay) .. ' ' .. fmt(algorithm.left(group, now)) .. ' ' .. fmt(now)
+  end
+
+  -- Nothing below can fail: the grant, and the state that counts it, are written together.
+  local member = algorithm.commit(group, permits, start)
+  group.latest = math.max(group.latest or start, start)
+  if config.type == 'PER_CLIENT' then
+    group.client_id = client_id
+  end
+  local reply = '0 ' .. fmt(algorithm.left(group, now)) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
+  if config.blocked_until then
+    reply = reply .. ' ' .. fmt(config.blocked_until) -- this limiter has been blocked: see block.lua
+  end
+  return reply
+end
+
+-- Runs one request; a failure becomes its own "-5" reply.
+local function try_acquire(batch, config_key, value_key, permits_key, registry_key, request)
+  local ok, reply = pcall(acquire, batch, config_key, value_key, permits_key, registry_key, request)
+  if ok then
+    return reply
+  end
+  return '-5 ' .. error_text(reply)
+end
+
+-- Writes every group a batch granted from, and every clock it moved, once.
+local function close_batch(batch)
+  for _, group in ipairs(batch.order) do
+    close_group(group)
+  end
+  for _, config in pairs(batch.configs) do
+    if config then
+      save_clock(config)
+    end
+  end
+end

@@ -1,0 +1,165 @@
+-- What the token bucket and fixed windows share: a budget kept as numbers, two per rate, whose
+-- meaning each algorithm gives by its rule (token_bucket.lua, fixed_window.lua); the Python
+-- twin is backends/memory/_counters.py.
+--
+-- A PER_CLIENT client's value key holds "<gen> <last> <a 1> <b 1> ... <a n> <b n>": the
+-- config generation, the start of the latest grant ("-": none; kept only for the spacing and
+-- for FIFO across several rates), then per rate its two numbers.
+-- An OVERALL budget keeps the same numbers, without the generation, in its config hash: field
+-- 'state', "<last> <a 1> <b 1> ...". One key instead of two halves the memory of such a
+-- limiter and saves a GET per call. The field has no TTL of its own: it goes with the config
+-- (delete, set_rate without keep_state, expire, keep_alive), and state that has run out is
+-- harmless until the next write drops it: a bucket whose full time has passed is full, a
+-- window that has ended holds nothing, whatever the rates.
+--
+-- A rule is a table of functions of one rate r ({rate, interval}) and its numbers a, b:
+--   loaded(r, a, b)                  a, b as this rate reads numbers another rate may have
+--                                    written (set_rate with keep_state)
+--   left(r, a, b, now)               permits the rate allows at `now`
+--   start(r, a, b, permits, now)     the earliest time it allows `permits` (may be < now)
+--   take(r, a, b, permits, start)    a, b once `permits` are taken at `start`
+--   until_(r, a, b)                  until when the numbers matter
+--   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
+--                                    started at `start` (nil: the latest grants) handed back
+
+-- Removes a token bucket's or fixed windows' state.
+local function drop_counters(group)
+  local config = group.config
+  if not config.in_hash then
+    redis.call('DEL', group.value_key)
+  elseif config.state then
+    redis.call('HDEL', config.key, 'state')
+    config.state = nil
+  end
+end
+
+-- Reads the numbers into group.n (a full bucket / no window for a rate without state).
+local function load_counters(group, rule, write)
+  local config = group.config
+  group.n, group.fresh = {}, true
+  -- at: where <last> stands (after the generation in a value key)
+  local raw, at = config.state, 1
+  if not config.in_hash then
+    raw, at = redis.call('GET', group.value_key), 2
+  end
+  if raw then
+    local fields = {}
+    for field in string.gmatch(raw, '%S+') do
+      table.insert(fields, field)
+    end
+    if (at == 1 or fields[1] == config.gen) and #fields >= at and (#fields - at) % 2 == 0 then
+      -- (set_rate with keep_state may have changed the rates: each keeps its own state by
+      -- position, a rate added starts afresh)
+      group.fresh = nil
+      group.last = tonumber(fields[at])
+      for i, r in ipairs(config.rates) do
+        group.n[2 * i - 1], group.n[2 * i] =
+          rule.loaded(r, tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0'))
+      end
+      return
+    end
+    if write then
+      drop_counters(group) -- another generation's, or another config's
+    end
+  end
+  for i = 1, 2 * #config.rates do
+    group.n[i] = 0
+  end
+end
+
+-- Writes the numbers back, with a TTL until they stop mattering; the TTL in ms (0: gone).
+local function save_counters(group, rule, now)
+  if not group.dirty then
+    return 0
+  end
+  local config, n = group.config, group.n
+  -- The state matters until every rate allows its full count again, and the spacing has passed.
+  local until_ = group.last and (group.last + config.spacing) or 0
+  for i, r in ipairs(config.rates) do
+    until_ = math.max(until_, rule.until_(r, n[2 * i - 1], n[2 * i]))
+  end
+  if until_ <= now then
+    drop_counters(group)
+    return 0
+  end
+  local ttl = ms(until_ - now)
+  if config.expires_at then
+    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
+  end
+  -- The latest start is kept only where a later request needs it: with several rates (for
+  -- FIFO) or a spacing; one rate keeps its requests in order by itself. (A short value is
+  -- stored by Redis in one allocation.)
+  local keep_last = group.last and (#config.rates > 1 or config.spacing > 0)
+  local fields = { keep_last and fmt(group.last) or '-' }
+  for _, number in ipairs(n) do
+    table.insert(fields, fmt(number))
+  end
+  if config.in_hash then
+    -- No TTL of its own: the state goes with the config (see above).
+    config.state = table.concat(fields, ' ')
+    redis.call('HSET', config.key, 'state', config.state)
+  else
+    redis.call('SET', group.value_key, config.gen .. ' ' .. table.concat(fields, ' '), 'PX', ttl)
+  end
+  return ttl
+end
+
+-- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
+local function counters(rule)
+  local algorithm = {}
+  function algorithm.load(group, write)
+    load_counters(group, rule, write)
+  end
+  function algorithm.reclaim()
+    -- the numbers say by themselves what has run out
+  end
+  function algorithm.left(group, now)
+    local left, n = nil, group.n
+    for i, r in ipairs(group.config.rates) do
+      local l = rule.left(r, n[2 * i - 1], n[2 * i], now)
+      left = math.min(left or l, l)
+    end
+    return left
+  end
+  function algorithm.start(group, permits, now)
+    local start, n = now, group.n
+    for i, r in ipairs(group.config.rates) do
+      start = math.max(start, rule.start(r, n[2 * i - 1], n[2 * i], permits, now))
+    end
+    return start
+  end
+  function algorithm.latest(group)
+    return group.last
+  end
+  function algorithm.commit(group, permits, start)
+    local n = group.n
+    group.last = math.max(group.last or start, start)
+    for i, r in ipairs(group.config.rates) do
+      n[2 * i - 1], n[2 * i] = rule.take(r, n[2 * i - 1], n[2 * i], permits, start)
+    end
+    group.dirty, group.fresh = true, nil
+    return fmt(permits) .. ':' .. fmt(start) -- a counter grant's member: its permits and start
+  end
+  function algorithm.keep(group)
+    group.dirty = not group.fresh
+  end
+  function algorithm.save(group, now)
+    return save_counters(group, rule, now)
+  end
+  function algorithm.release(group, wanted, member, now)
+    local start, released, n = nil, 0, group.n
+    if member ~= '' then
+      wanted, start = member_permits(member), tonumber(string.match(member, ':(%-?%d+)$'))
+    end
+    for i, r in ipairs(group.config.rates) do
+      local count
+      count, n[2 * i - 1], n[2 * i] = rule.release(r, n[2 * i - 1], n[2 * i], wanted, start, now)
+      released = math.max(released, count)
+    end
+    if released > 0 then
+      group.dirty = true
+    end
+    return released
+  end
+  return algorithm
+end

@@ -1,0 +1,387 @@
+-- The sliding window: a log of grants per rate, each scored by its start; a grant counts until
+-- one interval after it starts (backends/memory/_sliding.py is its Python twin).
+--
+-- The log of one rate of a budget:
+--   value key    string "<gen> <used> <seq> <cursor>": the config generation the state
+--                belongs to, the permits its log holds (granted in the window, reservations
+--                included), the sequence number of its last grant, and the walk cursor
+--                ("<score> <prefix> <group>", or "-" for none; see `wait_for`).
+--   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
+-- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
+-- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
+-- "value"/"permits"; same hash tag, so the same slot). Both keys carry the same TTL, which
+-- outlives the newest grant by one interval: an idle budget simply disappears.
+-- window_start = now - interval, and a grant scored at or before window_start has expired.
+
+-- Reads a budget. State of another generation (or a log without its value key) belongs to
+-- no limiter: with `write` it is dropped, without it is simply not counted.
+local function load_budget(value_key, permits_key, config, write)
+  local budget = { value_key = value_key, permits_key = permits_key, used = 0, seq = 0 }
+  local raw = redis.call('GET', value_key)
+  if raw then
+    local gen, used, seq, cursor = string.match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
+    if not gen then
+      error('aiolimit: the state in ' .. value_key .. ' is not aiolimit state; delete() the limiter')
+    end
+    if gen == config.gen then
+      budget.used, budget.seq = tonumber(used), tonumber(seq)
+      local cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+      if cs then
+        budget.cs, budget.cp, budget.cg = tonumber(cs), tonumber(cp), tonumber(cg)
+      end
+      return budget
+    end
+  end
+  if write then
+    redis.call('UNLINK', permits_key)
+    if raw then
+      redis.call('DEL', value_key)
+    end
+  end
+  budget.fresh = true
+  return budget
+end
+
+local function encode_budget(budget, gen)
+  local cursor = budget.cs and (fmt(budget.cs) .. ' ' .. fmt(budget.cp) .. ' ' .. fmt(budget.cg)) or '-'
+  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' ' .. cursor
+end
+
+-- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
+local function cursor_moved(budget, score, permits)
+  if budget.cs and score <= budget.cs then
+    budget.cp = budget.cp + permits
+    if score == budget.cs then
+      budget.cg = budget.cg + permits
+    end
+  end
+end
+
+-- Removes grants that have left the window from the log and from `used`: at most
+-- RECLAIM_STEPS of them per call (any left over still count, which never over-admits, and
+-- go in the next calls). Without `write` nothing is written and `used` is the only change.
+local function reclaim(budget, window_start, write)
+  if budget.fresh then
+    return
+  end
+  local key = budget.permits_key
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(window_start), 'WITHSCORES', 'LIMIT', 0, RECLAIM_STEPS)
+  if #expired == 0 then
+    return
+  end
+  if #expired == 2 * RECLAIM_STEPS then
+    -- Many expired: if the whole log has, drop it at once (UNLINK frees it off the main thread).
+    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    if tonumber(newest[2]) <= window_start then
+      budget.used, budget.cs = 0, nil
+      if write then
+        budget.seq = 0
+        budget.dirty = true
+        redis.call('UNLINK', key)
+      end
+      return
+    end
+  end
+  local sum = 0
+  for i = 1, #expired, 2 do
+    sum = sum + member_permits(expired[i])
+  end
+  budget.used = budget.used - sum
+  if write then
+    budget.dirty = true
+    redis.call('ZREMRANGEBYRANK', key, 0, #expired / 2 - 1)
+    local last = tonumber(expired[#expired])
+    if budget.cs and budget.cs <= last then
+      budget.cs = nil
+    elseif budget.cs then
+      budget.cp = budget.cp - sum
+    end
+    if budget.used == 0 then
+      budget.seq = 0 -- an empty log starts over, as a budget whose keys expired does
+    end
+  end
+end
+
+-- Writes a budget back and gives both keys a TTL that outlives its newest grant (a
+-- reservation may lie in the future), but not the limiter itself when expire() gave it an
+-- end. With no grant left the budget is simply gone. Returns the TTL in ms (0: gone).
+local function save_budget(budget, config, now)
+  local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
+  if #newest == 0 then
+    redis.call('DEL', budget.value_key)
+    return 0
+  end
+  local ttl = math.max(ms(tonumber(newest[2]) + (budget.interval or config.interval) - now), 1)
+  if config.expires_at then
+    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
+  end
+  redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', ttl)
+  redis.call('PEXPIRE', budget.permits_key, ttl)
+  return ttl
+end
+
+-- -- waiting ---------------------------------------------------------------------------------
+--
+-- A request for `permits` when only `left` are free waits until `need = permits - left` of
+-- the logged permits have expired: the log is summed oldest first until it holds `need`,
+-- and the wait ends when that grant expires. Summing from the oldest grant every time would
+-- cost O(queue depth) per waiter, so the budget keeps a cursor: a score `cs`, the permits
+-- `cp` logged at or before it, and the permits `cg` logged exactly at it. Each walk starts
+-- at the cursor (forwards when need > cp, else backwards) and leaves it where it stopped, so
+-- a queue of waiters served in order moves it a few entries each: O(1) per waiter however
+-- deep the queue. A walk reads at most WALK_STEPS entries; if it has not arrived by then it
+-- assumes one permit per entry still to come, which reaches `need` no earlier than the exact
+-- answer: a later slot, never an earlier one.
+
+local function walk_forward(budget, need)
+  local key = budget.permits_key
+  local rank, prefix = 0, 0
+  if budget.cs then
+    rank = redis.call('ZCOUNT', key, '-inf', fmt(budget.cs))
+    prefix = budget.cp
+  end
+  local found, group_score, group = nil, nil, 0
+  local steps, size = 0, 16
+  while steps < WALK_STEPS do
+    local entries = redis.call('ZRANGE', key, rank, rank + size - 1, 'WITHSCORES')
+    for i = 1, #entries, 2 do
+      local score = tonumber(entries[i + 1])
+      if found and score ~= found then
+        budget.cs, budget.cp, budget.cg = found, prefix, group
+        return found
+      end
+      local permits = member_permits(entries[i])
+      if score == group_score then
+        group = group + permits
+      else
+        group_score, group = score, permits
+      end
+      prefix = prefix + permits
+      rank, steps = rank + 1, steps + 1
+      if not found and prefix >= need then
+        found = score
+      end
+    end
+    if #entries < 2 * size then -- the end of the log
+      if found then
+        budget.cs, budget.cp, budget.cg = found, prefix, group
+      end
+      return found
+    end
+    size = math.min(size * 4, WALK_STEPS - steps + 1)
+  end
+  if found then
+    return found
+  end
+  -- Out of steps: with at least one permit per entry, `need` is reached at most this far on.
+  local at = math.min(rank - 1 + need - prefix, redis.call('ZCARD', key) - 1)
+  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
+  return tonumber(entry[2])
+end
+
+local function walk_back(budget, need)
+  -- The cursor's group holds `need`; find the oldest group that still does.
+  local answer = budget.cs
+  local below = budget.cp - budget.cg -- permits logged before the answer's group
+  if below < need then
+    return answer
+  end
+  local key = budget.permits_key
+  local group_score, group, offset, steps, size = nil, 0, 0, 0, 16
+  while steps < WALK_STEPS do
+    local entries = redis.call('ZREVRANGEBYSCORE', key, '(' .. fmt(budget.cs), '-inf', 'WITHSCORES', 'LIMIT', offset, size)
+    for i = 1, #entries, 2 do
+      local score = tonumber(entries[i + 1])
+      if group_score and score ~= group_score then
+        -- group_score's group is complete and holds `need` (its prefix is `below`)
+        answer = group_score
+        budget.cs, budget.cp, budget.cg = group_score, below, group
+        below = below - group
+        if below < need then
+          return answer
+        end
+        group = 0
+      end
+      group_score = score
+      group = group + member_permits(entries[i])
+      steps = steps + 1
+    end
+    if #entries < 2 * size then -- the start of the log: the last group read is the oldest
+      if group_score then
+        budget.cs, budget.cp, budget.cg = group_score, below, group
+        return group_score
+      end
+      return answer
+    end
+    offset = offset + size
+    size = math.min(size * 4, WALK_STEPS - steps + 1)
+  end
+  -- Out of steps: the group being read holds `need` too, but it may not be the oldest.
+  return group_score or answer
+end
+
+-- Microseconds from `now` until `need` more permits have left the window.
+local function wait_for(budget, need, interval, now)
+  local at
+  if budget.cs and budget.cp >= need then
+    at = walk_back(budget, need)
+  else
+    at = walk_forward(budget, need)
+  end
+  if not at then
+    return interval -- the log holds fewer permits than `used` says: it was tampered with
+  end
+  return math.max(at + interval - now, 1)
+end
+
+-- Removes the grant `member` from one log, or `wanted` permits from its newest grants that
+-- have started (at most WALK_STEPS of them); returns how many permits went.
+local function release_log(budget, wanted, member, now)
+  local key, count = budget.permits_key, 0
+  local function take(m, score, permits)
+    redis.call('ZREM', key, m)
+    cursor_moved(budget, score, -permits)
+    count = count + permits
+  end
+  if member ~= '' then
+    local score = redis.call('ZSCORE', key, member)
+    if score then
+      take(member, tonumber(score), member_permits(member))
+    end
+    return count
+  end
+  -- Reservations (grants starting in the future) belong to waiting callers.
+  local entries = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'WITHSCORES', 'LIMIT', 0, WALK_STEPS)
+  for i = 1, #entries, 2 do
+    if count >= wanted then
+      break
+    end
+    local m, score = entries[i], tonumber(entries[i + 1])
+    local permits = member_permits(m)
+    local rest = permits - math.min(permits, wanted - count)
+    take(m, score, permits - rest)
+    if rest > 0 then
+      redis.call('ZADD', key, fmt(score), fmt(rest) .. ':' .. member_id(m))
+    end
+  end
+  return count
+end
+
+-- The newest grant's start in any of the group's logs (nil: none logged).
+local function newest_start(group)
+  local last
+  for _, budget in ipairs(group.budgets) do
+    if not budget.fresh then
+      local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
+      if #newest > 0 then
+        last = math.max(last or tonumber(newest[2]), tonumber(newest[2]))
+      end
+    end
+  end
+  return last
+end
+
+-- -- the group (see "groups" in lib.lua): group.budgets holds a log per rate ----------------------
+
+local sliding = {}
+ALGORITHMS.SLIDING_WINDOW = sliding
+
+function sliding.load(group, write)
+  local config = group.config
+  group.budgets, group.fresh = {}, true
+  for i, r in ipairs(config.rates) do
+    local value_key, permits_key = group.value_key, group.permits_key
+    if i > 1 then
+      value_key = rate_key(config, value_key, 'value', i)
+      permits_key = rate_key(config, permits_key, 'permits', i)
+    end
+    local budget = load_budget(value_key, permits_key, config, write)
+    budget.rate, budget.interval = r.rate, r.interval
+    group.budgets[i] = budget
+    group.fresh = group.fresh and budget.fresh
+  end
+end
+
+function sliding.reclaim(group, now, write)
+  for _, budget in ipairs(group.budgets) do
+    if not write then
+      budget.logged = budget.used -- the walk counts the expired grants still logged
+    end
+    reclaim(budget, now - budget.interval, write)
+  end
+end
+
+function sliding.left(group, now)
+  local left
+  for _, budget in ipairs(group.budgets) do
+    left = math.min(left or budget.rate - budget.used, budget.rate - budget.used)
+  end
+  return left
+end
+
+function sliding.start(group, permits, now)
+  local start = now
+  for _, budget in ipairs(group.budgets) do
+    if budget.used + permits > MAX_EXACT then
+      return nil
+    end
+    if budget.rate - budget.used < permits and not budget.fresh then
+      local need = permits - (budget.rate - (budget.logged or budget.used))
+      start = math.max(start, now + wait_for(budget, need, budget.interval, now))
+    end
+  end
+  return start
+end
+
+function sliding.latest(group)
+  if #group.budgets > 1 or group.config.spacing > 0 then
+    return newest_start(group)
+  end
+  return nil -- one rate keeps its requests in order by itself
+end
+
+function sliding.commit(group, permits, start)
+  local seq = 0
+  for _, budget in ipairs(group.budgets) do
+    seq = math.max(seq, budget.seq)
+  end
+  seq = seq + 1
+  local member = fmt(permits) .. ':' .. fmt(seq)
+  for _, budget in ipairs(group.budgets) do
+    redis.call('ZADD', budget.permits_key, fmt(start), member)
+    budget.seq, budget.fresh = seq, nil
+    budget.used = budget.used + permits
+    cursor_moved(budget, start, permits)
+    budget.latest = math.max(budget.latest or start, start)
+  end
+  return member
+end
+
+function sliding.keep(group)
+  for _, budget in ipairs(group.budgets) do
+    budget.dirty = budget.dirty or not budget.fresh
+  end
+end
+
+function sliding.save(group, now)
+  local longest = 0
+  for _, budget in ipairs(group.budgets) do
+    if budget.latest or budget.dirty then
+      longest = math.max(longest, save_budget(budget, group.config, now))
+    end
+  end
+  return longest
+end
+
+function sliding.release(group, wanted, member, now)
+  local released = 0
+  for _, budget in ipairs(group.budgets) do
+    local count = release_log(budget, wanted, member, now)
+    if count > 0 then
+      budget.used = budget.used - count
+      budget.dirty = true
+    end
+    released = math.max(released, count)
+  end
+  return released
+end
