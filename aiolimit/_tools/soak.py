@@ -809,7 +809,7 @@ def _summarise(
         errors.update(r.errors)
         for kind, message in r.error_samples.items():
             error_samples.setdefault(kind, message)
-    scripts = commands.total["evalsha"] + commands.total["eval"]
+    scripts = commands.total["evalsha"] + commands.total["eval"] + commands.total["fcall"]
     every = sum(commands.total.values())
     big_waits = [w for r in worker_results for w in r.big_waits]
     over = results["windows_over_rate"] + results["windows_over_rate_wall"] > 0

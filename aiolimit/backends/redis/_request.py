@@ -46,6 +46,14 @@ class Operation(Protocol):
         """How requests for it share a call; None: each request is a call of its own."""
 
     @property
+    def function(self) -> str | None:
+        """A script's function in a Redis Functions library (FCALL); None: no function."""
+
+    @property
+    def library(self) -> str | None:
+        """The code of that library, for FUNCTION LOAD."""
+
+    @property
     def resend(self) -> bool:
         """Whether a call whose connection was lost may be sent again: where the first call
         ran and only its reply was lost, the second must not admit more than one call would
@@ -133,7 +141,17 @@ class Call:
     def name(self) -> str:
         return self.operation.name
 
-    def command(self, load: bool = False) -> tuple[Any, ...]:
+    @property
+    def library(self) -> str | None:
+        return self.operation.library
+
+    def command(self, load: bool = False, functions: bool = False) -> tuple[Any, ...]:
+        """The command that runs the call: with ``functions`` (the server has the library),
+        a script's FCALL; with ``load``, one that also gives a script to a server that
+        replied NOSCRIPT."""
+        function = self.operation.function
+        if functions and function is not None and not load:
+            return ("FCALL", function, len(self.keys), *self.keys, *self.args)
         return self.operation.command(self.keys, self.args, load)
 
     def settle(self, reply: Any) -> None:

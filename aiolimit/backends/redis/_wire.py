@@ -50,16 +50,22 @@ def _plain(redis: Any) -> bool:
 
 
 def _packed(commands: Sequence[tuple[Any, ...]]) -> bytes:
-    """``commands`` in the Redis protocol (RESP), as one buffer."""
+    """``commands`` in the Redis protocol (RESP), as one buffer. Their keys and arguments are
+    bytes already; only a command's name and counts are converted here."""
     out: list[bytes] = []
-    append = out.append
     for command in commands:
-        append(b"*%d\r\n" % len(command))
-        for arg in command:
-            if arg.__class__ is not bytes:
-                arg = arg.encode() if isinstance(arg, str) else b"%d" % arg
-            append(b"$%d\r\n%b\r\n" % (len(arg), arg))
+        out.append(b"*%d\r\n" % len(command))
+        out += [
+            b"$%d\r\n%b\r\n" % (len(arg), arg) if arg.__class__ is bytes else _bulk(arg)
+            for arg in command
+        ]
     return b"".join(out)
+
+
+def _bulk(arg: Any) -> bytes:
+    """One argument that is not bytes (a str, an int) as a RESP bulk string."""
+    data = arg.encode() if isinstance(arg, str) else b"%d" % arg
+    return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
 class _Connections:
@@ -121,25 +127,70 @@ async def _through_client(redis: Any, commands: Sequence[tuple[Any, ...]]) -> li
     return list(await pipe.execute(raise_on_error=False))
 
 
-class Wire:
-    """Sends the calls of a round trip on one client, loading scripts the server lacks."""
+def _function_missing(reply: Any) -> bool:
+    """Whether ``reply`` says the server lacks the function called (FUNCTION FLUSH, a
+    restart without persistence)."""
+    return isinstance(reply, _REPLY_ERRORS) and "function not found" in str(reply).lower()
 
-    __slots__ = ("_cluster", "_connections", "_redis")
+
+class Wire:
+    """Sends the calls of a round trip on one client: a script as FCALL of the library of every
+    script where the server has Redis Functions and lets this client load them (``_functions``),
+    else with EVALSHA, loading the script where the server lacks it."""
+
+    __slots__ = ("_cluster", "_connections", "_functions", "_redis")
 
     def __init__(self, redis: Any, cluster: bool) -> None:
         self._redis = redis
         self._cluster = cluster
         self._connections = _Connections(redis) if _plain(redis) else None
+        # Whether calls go as FCALL: None until the library was offered to the server. Only on
+        # a plain client (a cluster would need the library on every master).
+        self._functions: bool | None = None if self._connections is not None else False
 
     async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         if self._connections is not None:
             return await self._connections.exchange(commands)
         return await _through_client(self._redis, commands)
 
+    async def _load(self, library: str) -> bool:
+        """Offers the library to the server; whether calls may go as FCALL from now on."""
+        assert self._connections is not None
+        (reply,) = await self._connections.exchange([("FUNCTION", "LOAD", library)])
+        loaded = not isinstance(reply, _REPLY_ERRORS) or "already exists" in str(reply)
+        if not loaded:  # Redis 6, or an ACL without FUNCTION LOAD: EVALSHA it is
+            log.debug("Redis Functions not used (%s): scripts go with EVALSHA", reply)
+        self._functions = loaded
+        return loaded
+
     async def round_trip(self, calls: Sequence[Call]) -> list[Any]:
         """The replies to ``calls``, in order (an error reply as its exception). Raises
         only when the whole round trip failed (a lost connection, say)."""
-        replies = await self._send([call.command() for call in calls])
+        if self._functions is None:
+            library = next((call.library for call in calls if call.library), None)
+            if library is not None:
+                await self._load(library)
+        functions = bool(self._functions)
+        replies = await self._send([call.command(functions=functions) for call in calls])
+        if functions:
+            await self._function_again(calls, replies)
+        await self._script_again(calls, replies)
+        return replies
+
+    async def _function_again(self, calls: Sequence[Call], replies: list[Any]) -> None:
+        """Loads the library again where the server lost it, and sends those calls again
+        (with EVAL, loading each script, if the server no longer takes the library)."""
+        retry = [i for i, r in enumerate(replies) if _function_missing(r)]
+        if not retry:
+            return
+        log.debug("FCALL: function not found: loading the library again for %d calls", len(retry))
+        library = calls[retry[0]].library
+        functions = library is not None and await self._load(library)
+        commands = [calls[i].command(load=not functions, functions=functions) for i in retry]
+        for i, reply in zip(retry, await self._send(commands), strict=True):
+            replies[i] = reply
+
+    async def _script_again(self, calls: Sequence[Call], replies: list[Any]) -> None:
         # After SCRIPT FLUSH, a restart or a failover every EVALSHA fails. Send again, each
         # script's source once per slot (that loads it on the node) and EVALSHA after it;
         # then, for whatever still fails, the source every time.
@@ -158,4 +209,3 @@ class Wire:
             again = await self._send(commands)
             for i, reply in zip(retry, again, strict=True):
                 replies[i] = reply
-        return replies
