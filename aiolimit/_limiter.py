@@ -125,12 +125,11 @@ async def _take(
 
 
 async def _moved_by_block(backend: Backend, name: str, permits: int, grant: Grant) -> bool:
-    """After sleeping out a reservation: whether a block() came meanwhile, in which case the
-    reservation is handed back, to be asked for again behind the block. Only limiters that
-    have been blocked ask (one read)."""
-    if grant.blocked_until is None and name not in _blocked_here:
-        return False
-    if await backend.block(name, None) == 0:
+    """After sleeping out a reservation: whether a block() came meanwhile (from any process,
+    the first block too), in which case the reservation is handed back, to be asked for again
+    behind the block (one read)."""
+    until = await backend.blocked_until(name)
+    if until is None or until <= grant.starts_at:
         return False
     await backend.release(name, permits, grant.member)
     return True
@@ -376,6 +375,11 @@ class _Limiter:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
         self._expect_blocks()
         await _gather(self._backend.block(name, duration_us) for name in self._names)
+
+    async def unblock(self) -> bool:
+        """Ends a :meth:`block` at once, in every process; returns whether one was in force.
+        Reservations it already moved behind its end stay there."""
+        return any(await _gather(self._backend.unblock(name) for name in self._names))
 
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""

@@ -107,3 +107,58 @@ async def test_block_checks_its_argument_and_needs_a_config(store, name):
         with pytest.raises(InvalidArgumentError):
             await limiter.block(bad)
     assert await limiter.try_acquire()  # nothing was blocked
+
+
+async def test_a_block_set_elsewhere_stops_a_reservation_made_before_any_block(store, name):
+    # Issue 15.11: 14 tasks on 10/second, a 3 s block from the CLI: 14 grants still given
+    # during the block, since only a process that had itself blocked looked again on waking.
+    # Here the block comes through another client's backend, as from another process.
+    limiter = await configured(store, name, 2, 0.5)
+    assert await limiter.try_acquire(2)
+    start = now()
+    waiter = asyncio.create_task(limiter.acquire())  # reserved at start + 0.5, never blocked
+    await asyncio.sleep(0.1)
+    assert await new_client(store).block(name, 1_000_000) > 0  # until start + 1.1
+    await waiter
+    assert now() >= start + 1.1 - tolerance(store).early, "granted inside the block"
+
+
+async def test_unblock_ends_a_block_at_once_in_every_process(store, name):
+    limiter = await configured(store, name, 5, 1)
+    other = RateLimiter(name, new_client(store, "other"))
+    await limiter.block(30)
+    assert not await other.try_acquire()
+    assert await other.unblock()
+    assert await limiter.try_acquire()
+    assert await other.try_acquire()
+    assert not await limiter.unblock(), "no block left to end"
+    await limiter.block(0)
+    assert not await limiter.unblock(), "a block that has ended is none"
+
+
+async def test_block_left_says_how_long_a_block_has_left(store, name):
+    limiter = await configured(store, name, 5, 1)
+    backend = store.backend()
+    assert await backend.block_left(name) == 0
+    assert await backend.blocked_until(name) is None
+    await limiter.block(2)
+    assert 1_500_000 < await backend.block_left(name) <= 2_000_000
+    until = await backend.blocked_until(name)
+    grant = await backend.try_acquire(name, 1, None)  # a reservation behind the block
+    assert grant.granted and grant.blocked_until == until == grant.starts_at
+    await limiter.unblock()
+    assert await backend.block_left(name) == 0
+    assert await backend.blocked_until(name) is None
+    with pytest.raises(NotConfiguredError):
+        await backend.block_left("never-configured")
+    with pytest.raises(NotConfiguredError):
+        await RateLimiter("never-configured", backend).unblock()
+
+
+async def test_a_sharded_limiter_unblocks_every_shard(store, name):
+    limiter = ShardedRateLimiter(name, store.backend(), shards=3)
+    await limiter.set_rate(OVERALL, 30, 1)
+    await limiter.block(5)
+    assert await limiter.unblock()
+    assert await limiter.try_acquire(10)
+    assert await limiter.available_permits() == 20

@@ -54,7 +54,7 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
-from aiolimit.backends._protocol import parse_counters, state_in_config
+from aiolimit.backends._protocol import format_grant, parse_counters, state_in_config
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
@@ -175,6 +175,11 @@ class Logged:
     def dead(self) -> bool:
         return not self.live
 
+    @property
+    def order(self) -> tuple[int, str]:
+        """Where a ZSET puts its log entry ("<permits>:<seq>"): by time, then by entry."""
+        return self.time, f"{self.permits}:{self.member.rpartition(':')[2]}"
+
 
 @dataclass
 class AuditConfig:
@@ -259,7 +264,7 @@ class Audit:
                 gap = start - other.time
                 assert gap >= config.spacing, f"grants at {other.time} and {start}: {gap} us"
         budget.append(Logged(start, permits, member, set(range(len(config.rates)))))
-        budget.sort(key=lambda grant: (grant.time, grant.member))  # as a ZSET orders them
+        budget.sort(key=lambda grant: grant.order)  # as a ZSET orders them
         for i, (rate, interval) in enumerate(config.rates):
             if config.algorithm is Algorithm.SLIDING_WINDOW:
                 # every window (x - interval, x] for each grant time x in [start, start + interval)
@@ -303,7 +308,7 @@ class Audit:
                 newest.member = f"{newest.permits}:{newest.member.partition(':')[2]}"
             else:
                 budget.remove(newest)
-        budget.sort(key=lambda grant: (grant.time, grant.member))
+        budget.sort(key=lambda grant: grant.order)
 
     @property
     def rates(self) -> list[tuple[int, int]]:
@@ -438,7 +443,7 @@ local ok, reply = pcall(operation)
 local ttls = {}
 for _, key in ipairs(redis.call('KEYS', plan[1])) do
   local at = redis.call('PEXPIRETIME', key)
-  if at >= 0 and not string.find(key, ':released:', 1, true) then
+  if at >= 0 and string.sub(key, -9) ~= ':released' then
     local was = restored[key]
     local kept = not asked[key] and was and was[1] == at
     table.insert(ttls, key)
@@ -583,11 +588,16 @@ class Twins:
         """The member of the grant just made (which RateLimiter.try_acquire does not say): a
         sequence number in a log, its start for the counters."""
         limiter = self.memory._shared.limiters[self.name]
-        assert self.audit.config is not None
-        if not self.audit.sliding:
-            return f"{permits}:{now}"
-        key = who if self.audit.config.rate_type is RateType.PER_CLIENT else None
-        return f"{permits}:{limiter.budgets[key].seq}"
+        config = self.audit.config
+        assert config is not None and limiter.config is not None
+        key = who if config.rate_type is RateType.PER_CLIENT else None
+        if self.audit.sliding:
+            return format_grant(permits, now, limiter.budgets[key].seq)
+        state = limiter.config.state if state_in_config(limiter.config.config) else None
+        state = state or limiter.budgets[key]
+        a, b = state.n[0], state.n[1]  # the first rate's, after the grant
+        tag = b - permits if config.algorithm is Algorithm.FIXED_WINDOW else a - now
+        return format_grant(permits, now, tag)
 
     def ms_left(self, expires_at: float, now: int | None = None) -> int:
         """Time left until ``expires_at``, rounded up to whole ms as Redis keeps TTLs."""
@@ -611,7 +621,8 @@ class Twins:
             fake.expired = []
         keys = await self.redis.keys(f"{self.tag}*")
         ttls = {key.decode(): await self.redis.pttl(key) for key in keys}
-        redis = {key: ttl for key, ttl in ttls.items() if ":released:" not in key}
+        # (The receipts of releases: Redis keeps them against a client library's resends.)
+        redis = {key: ttl for key, ttl in ttls.items() if not key.endswith(":released")}
         memory = self.memory_keys()
         registry = f"{self.tag}:clients"
         if registry in memory and registry not in redis:
@@ -698,7 +709,7 @@ class Twins:
         if kind == "wait_then_acquire":
             return await self.wait_then_acquire(op[1], op[2])
         if kind == "release_member":
-            member = self.members[op[2] % len(self.members)] if self.members else "1:1"
+            member = self.members[op[2] % len(self.members)] if self.members else "1:0:1"
             op = (*op, member)
         who = op[1] if kind in CLIENT_OPERATIONS else "a"
         in_memory, in_redis = self.backends[who]

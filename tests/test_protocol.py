@@ -15,13 +15,16 @@ from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     MAX_BATCH,
     MAX_EXACT,
+    RECEIPT_US,
     RECLAIM_STEPS,
     STATE_FIELD,
     VALUE_FORMAT,
     WALK_STEPS,
     Reply,
+    format_grant,
     format_member,
     parse_counters,
+    parse_grant,
     parse_member,
     parse_value,
     state_in_config,
@@ -89,6 +92,23 @@ def test_the_grant_member_is_formatted_and_parsed_as_lib_lua_does() -> None:
     assert read, "lib.lua no longer reads a member's permits as '^(%d+):'"
     assert read[1] == made[1]
     assert parse_member(format_member(2, 7)) == (2, 7)
+
+
+def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does() -> None:
+    made = re.search(
+        r"grant_member\(permits, start, tag\)\s+return fmt\(permits\) \.\. '(.)' \.\. "
+        r"fmt\(start\) \.\. '(.)' \.\. fmt\(tag\)",
+        lua("lib"),
+    )
+    assert made, "lib.lua no longer makes a grant's member as permits:start:tag"
+    assert format_grant(2, 1700, 7) == f"2{made[1]}1700{made[2]}7"
+    assert parse_grant(format_grant(2, 1700, -3)) == (2, 1700, -3)
+
+
+def test_release_lua_remembers_a_receipt_as_long_as_the_protocol_says() -> None:
+    found = re.search(r"^local RECEIPT_US = (\d+)", lua("release"), re.MULTILINE)
+    assert found, "release.lua no longer states how long it keeps a receipt"
+    assert int(found[1]) == RECEIPT_US
 
 
 def test_the_value_key_is_written_as_the_protocol_says() -> None:
@@ -168,10 +188,11 @@ async def test_the_state_the_scripts_write_reads_as_the_protocol_says() -> None:
     first = await backend.try_acquire("p", 2)
     second = await backend.try_acquire("p", 3)
     assert isinstance(first, Grant) and isinstance(second, Grant)
-    assert [parse_member(first.member), parse_member(second.member)] == [(2, 1), (3, 2)]
+    start = 1000 * 10**6
+    assert [parse_grant(first.member), parse_grant(second.member)] == [(2, start, 1), (3, start, 2)]
     keys = backend.keys("p")
     members = await redis.zrange(keys.permits, 0, -1)
-    assert sorted(m.decode() for m in members) == sorted([first.member, second.member])
+    assert sorted(m.decode() for m in members) == [format_member(2, 1), format_member(3, 2)]
     gen, used, seq, _ = parse_value((await redis.get(keys.value)).decode())
     assert (used, seq) == (5, 2)
     assert gen == (await redis.hget(keys.config, "gen")).decode()
@@ -209,4 +230,4 @@ async def test_the_memory_twin_numbers_its_grants_as_the_scripts_do() -> None:
     backend = MemoryBackend()
     await backend.set_rate("p", RateLimiterConfig.build("OVERALL", 10, 60), "set", False)
     grants = [await backend.try_acquire("p", permits) for permits in (2, 3)]
-    assert [parse_member(g.member) for g in grants if isinstance(g, Grant)] == [(2, 1), (3, 2)]
+    assert [parse_grant(g.member)[::2] for g in grants if isinstance(g, Grant)] == [(2, 1), (3, 2)]

@@ -19,19 +19,23 @@ from datetime import timedelta
 from enum import IntEnum
 
 from .._types import Algorithm, Rate, RateLimiterConfig, RateType
+from ..errors import InvalidArgumentError
 
 __all__ = [
     "COUNTERS_FORMAT",
     "MAX_BATCH",
     "MAX_EXACT",
+    "RECEIPT_US",
     "RECLAIM_STEPS",
     "STATE_FIELD",
     "VALUE_FORMAT",
     "WALK_STEPS",
     "Reply",
+    "format_grant",
     "format_member",
     "format_rates",
     "parse_counters",
+    "parse_grant",
     "parse_member",
     "parse_rates",
     "parse_value",
@@ -70,8 +74,8 @@ class Reply(IntEnum):
 
 
 def format_member(permits: int, seq: int) -> str:
-    """A grant's log entry, ``"<permits>:<seq>"``: unique within its budget, and it says how
-    many permits it holds without another lookup."""
+    """A grant's entry in a sliding window's log, ``"<permits>:<seq>"``: unique within the
+    log, and it says how many permits it holds without another lookup."""
     return f"{permits}:{seq}"
 
 
@@ -79,6 +83,29 @@ def parse_member(member: str) -> tuple[int, int]:
     """``(permits, seq)`` of a grant's log entry."""
     permits, _, seq = member.partition(":")
     return int(permits), int(seq)
+
+
+def format_grant(permits: int, start: int, tag: int) -> str:
+    """The member a grant is handed back by (``Grant.member``), ``"<permits>:<start>:<tag>"``:
+    its permits, its start (us, on the limiter's clock) and a number that tells it from the
+    other grants of its budget that start then (a sliding window's: its log entry's sequence
+    number). Unique for the limiter's life: a log's sequence starts over only once every
+    grant it held has left the window, after which grants start later."""
+    return f"{permits}:{start}:{tag}"
+
+
+def parse_grant(member: str) -> tuple[int, int, int]:
+    """``(permits, start, tag)`` of a grant's member (see :func:`format_grant`); anything
+    else raises InvalidArgumentError."""
+    parts = member.split(":") if isinstance(member, str) else ()
+    if len(parts) != 3 or not all(p.lstrip("-").isdigit() and p.isascii() for p in parts):
+        raise InvalidArgumentError(f"member must be a Grant's member, not {member!r}")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+RECEIPT_US = 60_000_000
+"""How long a release that names no grant is remembered (its receipt, in the limiter's
+receipts ZSET), so that a client library that sends it again hands back nothing more."""
 
 
 def format_rates(config: RateLimiterConfig) -> str:

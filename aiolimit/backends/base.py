@@ -7,7 +7,8 @@ import uuid
 from typing import Literal, NamedTuple
 
 from .._types import RateLimiterConfig, check_text
-from ._protocol import parse_member
+from ..errors import BackendError
+from ._protocol import parse_grant
 
 __all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode"]
 
@@ -28,7 +29,8 @@ class Grant(NamedTuple):
     left: int
     """Permits left after it (negative while reservations are queued)."""
     member: str
-    """The grant's log entry: ``release(name, permits, member)`` hands back exactly it."""
+    """Names this grant for the limiter's life: ``release(name, permits, member)`` hands back
+    exactly what of it still counts against the limit."""
     blocked_until: int | None = None
     """The end of the limiter's latest ``block()`` (limiter's clock), if it has one: a caller
     that sleeps out a reservation then asks ``block_left`` whether a block came meanwhile."""
@@ -126,14 +128,35 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
-        """Hands back ``permits`` from the newest grants that have started, or exactly the
-        grant ``member``; returns how many. Safe to send twice."""
+        """Hands back ``permits`` from the newest grants that have started, or the grant
+        ``member``: only what it still holds against the limit (nothing once it has left a
+        sliding window, its tokens have come back, or its fixed window has ended); returns
+        how many. Safe to send twice: a grant comes back once."""
 
     @abc.abstractmethod
     async def block(self, name: str, duration_us: int | None) -> int:
         """No grant starts before now + ``duration_us`` (a later block never shortens an
         earlier one; ``None`` only reads). Returns the microseconds until the block ends (0:
         none). Cleared by ``delete`` and ``set_rate``."""
+
+    async def unblock(self, name: str) -> bool:
+        """Ends the limiter's block at once (grants may start now again); returns whether one
+        was in force. Reservations the block already moved stay where they are."""
+        raise BackendError(f"{type(self).__name__} cannot unblock a limiter")
+
+    async def block_left(self, name: str) -> int:
+        """Microseconds until the limiter's block ends (0: none), one read: what ``inspect``
+        and ``watch`` show."""
+        return await self.block(name, None)
+
+    async def blocked_until(self, name: str) -> int | None:
+        """When the limiter's block ends, on the limiter's clock (as ``Grant.starts_at``);
+        None without a block (or a config). One read that needs no clock: a caller that
+        slept out a reservation asks it when it wakes, and if the block ends after its
+        grant's start (a block set meanwhile, by any process), hands the grant back and asks
+        again behind it. (This default, for stores that keep no end, answers a time after
+        every grant while a block is in force.)"""
+        return None if await self.block_left(name) == 0 else 2**63
 
     @abc.abstractmethod
     async def delete(self, name: str) -> bool:
@@ -150,7 +173,7 @@ class Backend(abc.ABC):
     def hand_back(self, name: str, member: str) -> None:
         """Releases exactly the grant ``member`` in the background: the grant of a caller
         that was cancelled before it could use it. A failure is logged, never raised."""
-        permits = parse_member(member)[0]
+        permits = parse_grant(member)[0]
         task = asyncio.ensure_future(self.release(name, permits, member))
         self._hand_backs.add(task)
         task.add_done_callback(self._hand_back_done)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
 from ...errors import BackendError, InvalidArgumentError, NotConfiguredError
-from .._protocol import state_in_config
+from .._protocol import parse_grant, state_in_config
 from ..base import Backend, Grant, Refusal, SetMode
 from ._algorithm import Group
 from ._counters import Counters
@@ -30,7 +30,14 @@ GROUPS: dict[Algorithm, type[SlidingLog] | type[Counters]] = {
 """Each algorithm's group (lib.lua's ``ALGORITHMS``)."""
 
 
-def _group(limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool) -> Group:
+def _group(
+    limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool, now: int
+) -> Group:
+    """The budget ``key``'s group, as it stands at ``now`` (its expired parts dropped)."""
+    limiter.live(key, now)
+    if config.algorithm is Algorithm.SLIDING_WINDOW:
+        for i in range(2, len(config.rates) + 1):
+            limiter.live((key, i), now)
     return GROUPS[config.algorithm](limiter, config, key, write)
 
 
@@ -52,7 +59,7 @@ def _refresh_group(limiter: Limiter, key: str | None, now: int) -> int:
     assert limiter.config is not None
     if state_in_config(limiter.config.config):
         return 0
-    group = _group(limiter, limiter.config.config, key, True)
+    group = _group(limiter, limiter.config.config, key, True, now)
     if group.fresh:
         return 0
     group.keep()
@@ -152,7 +159,7 @@ class MemoryBackend(Backend):
             clock = now
             if state_in_config(config):
                 stored.state = old.state  # the new config carries the field over
-            group = _group(limiter, config, None, True)
+            group = _group(limiter, config, None, True, now)
             group.reclaim(now)
             group.keep()
             if not group.fresh:
@@ -162,10 +169,7 @@ class MemoryBackend(Backend):
             if config.longest_us > old.config.longest_us and limiter.registry:
                 _refresh_clients(limiter, stored, now)
         else:
-            limiter.budgets.clear()
-            limiter.extra.clear()
-            limiter.registry.clear()
-            limiter.registry_expires_at = FOREVER  # the registry key is gone with them
+            limiter.forget_clients()
         stored.clock = clock
         return True
 
@@ -180,7 +184,7 @@ class MemoryBackend(Backend):
     ) -> Grant | Refusal:
         limiter, config, now = self._configured(name, self._now(), permits=permits)
         key = self._budget_key(config)
-        group = _group(limiter, config, key, True)
+        group = _group(limiter, config, key, True, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
         if start is None:
@@ -198,9 +202,8 @@ class MemoryBackend(Backend):
         assert stored is not None
         longest = config.longest_us
         if key is not None:
-            limiter.registry[key] = max(start, limiter.registry.get(key, start))
-            for client in [c for c, t in limiter.registry.items() if t <= now - 2 * longest]:
-                del limiter.registry[client]
+            limiter.register(key, start)
+            limiter.unregister_before(now - 2 * longest)
             _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = now + max(ms(config.keep_alive_us), ttl)
@@ -208,14 +211,14 @@ class MemoryBackend(Backend):
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
-        group = _group(limiter, config, self._budget_key(config), False)
+        group = _group(limiter, config, self._budget_key(config), False, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
         return 0 if start is None else start - now
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
-        group = _group(limiter, config, self._budget_key(config), False)
+        group = _group(limiter, config, self._budget_key(config), False, now)
         group.reclaim(now)
         left = group.left(now)
         if config.min_spacing_us > 0 or group.blocked_until is not None:
@@ -225,11 +228,25 @@ class MemoryBackend(Backend):
         return max(left, 0)
 
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
-        limiter, config, now = self._configured(name, self._now())
-        group = _group(limiter, config, self._budget_key(config), True)
+        start = None if member is None else parse_grant(member)[1]
+        limiter, config, now = self._configured(name, self._now(), record=False)
+        key = self._budget_key(config)
+        group = _group(limiter, config, key, True, now)
+        receipt = None
+        if member is not None and not group.idempotent:
+            # As release.lua: a grant handed back once comes back once.
+            receipt = member if key is None else f"{member} {key}"
+            if limiter.receipts.get(receipt, now) > now:
+                return 0
+        assert limiter.config is not None
+        limiter.config.clock = now
         group.reclaim(now)
         released = group.release(permits, member, now)
         group.save(limiter, now)
+        if receipt is not None and start is not None:
+            until = start + config.longest_us
+            if until > now:
+                limiter.remember(receipt, until, now)
         return released
 
     async def block(self, name: str, duration_us: int | None) -> int:
@@ -240,6 +257,17 @@ class MemoryBackend(Backend):
         if duration_us is not None:
             until = stored.blocked_until = max(until, now + duration_us)
         return max(until - now, 0)
+
+    async def unblock(self, name: str) -> bool:
+        limiter, _, now = self._configured(name, self._now(), record=False)
+        stored = limiter.config
+        assert stored is not None
+        until, stored.blocked_until = stored.blocked_until, None
+        return until is not None and until > now
+
+    async def blocked_until(self, name: str) -> int | None:
+        limiter = self._shared.limiter(name, self._now())
+        return None if limiter is None or limiter.config is None else limiter.config.blocked_until
 
     async def delete(self, name: str) -> bool:
         if self._shared.limiter(name, self._now()) is None:

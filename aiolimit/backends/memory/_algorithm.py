@@ -7,6 +7,7 @@ methods, so adding an algorithm is one module with a ``Group`` subclass, registe
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 from ..._types import RateLimiterConfig
 from ._state import Limiter
@@ -19,6 +20,9 @@ class Group(abc.ABC):
     changed (``reclaim`` counts what has left the window as gone without removing it)."""
 
     __slots__ = ("blocked_until", "config", "fresh", "key", "write")
+
+    idempotent: ClassVar[bool] = False
+    """Handing back one grant twice returns it once by the state alone (no receipt needed)."""
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 import abc
 
 from ..._types import Rate, RateLimiterConfig
-from .._protocol import format_member, parse_member, state_in_config
+from .._protocol import format_grant, parse_grant, state_in_config
 from ._algorithm import Group
 from ._state import Budget, Limiter, ms
 
@@ -68,6 +68,11 @@ class Counters(Group):
         """The numbers once ``permits`` are taken at ``start``."""
 
     @abc.abstractmethod
+    def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
+        """What tells a grant from the others of its budget that start at ``start``, from the
+        first rate's numbers once it has taken ``permits`` (see ``format_grant``)."""
+
+    @abc.abstractmethod
     def rate_until(self, rate: Rate, a: int, b: int) -> int:
         """Until when the numbers matter (after it the rate allows its full count)."""
 
@@ -76,7 +81,7 @@ class Counters(Group):
         self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
     ) -> tuple[int, int, int]:
         """``(permits handed back, a, b)`` for ``wanted`` permits of the grant that started
-        at ``start`` (None: the latest grants)."""
+        at ``start`` (None: the latest grants): no more than it still holds at ``now``."""
 
     # -- the group --------------------------------------------------------------------------
 
@@ -105,7 +110,8 @@ class Counters(Group):
         for i, rate in enumerate(self.config.rates):
             n[2 * i], n[2 * i + 1] = self.rate_take(rate, n[2 * i], n[2 * i + 1], permits, start)
         self.dirty, self.fresh = True, False
-        return format_member(permits, start)  # a counter grant's member: permits and start
+        tag = self.rate_tag(self.config.rates[0], n[0], n[1], permits, start)
+        return format_grant(permits, start, tag)
 
     def keep(self) -> None:
         self.dirty = not self.fresh
@@ -123,7 +129,7 @@ class Counters(Group):
             if state_in_config(config):
                 stored.state = None
             else:
-                limiter.budgets.pop(self.key, None)
+                limiter.unstore(self.key)
             return 0
         ttl = ms(until - now)
         if stored.deadline is not None:
@@ -134,13 +140,13 @@ class Counters(Group):
             stored.state = state  # no TTL of its own: it goes with the config
         else:
             state.expires_at = now + ttl
-            limiter.budgets[self.key] = state
+            limiter.store(self.key, state)
         return ttl
 
     def release(self, wanted: int, member: str | None, now: int) -> int:
         start, released, n = None, 0, self.state.n
         if member is not None:
-            wanted, start = parse_member(member)
+            wanted, start, _ = parse_grant(member)
         for i, rate in enumerate(self.config.rates):
             count, n[2 * i], n[2 * i + 1] = self.rate_release(
                 rate, n[2 * i], n[2 * i + 1], wanted, start, now

@@ -33,6 +33,9 @@ class FixedWindow(Counters):
         held = b + permits if window == window_of(a, rate.interval_us) else permits
         return (window + 1) * rate.interval_us, held
 
+    def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
+        return b - permits  # the permits its window held before it
+
     def rate_until(self, rate: Rate, a: int, b: int) -> int:
         return (window_of(a, rate.interval_us) + 1) * rate.interval_us
 

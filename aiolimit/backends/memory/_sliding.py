@@ -4,12 +4,19 @@ entry scored by its start; a grant counts until one interval after it starts."""
 from __future__ import annotations
 
 import bisect
-from typing import Any
 
 from ..._types import RateLimiterConfig
-from .._protocol import MAX_EXACT, RECLAIM_STEPS, WALK_STEPS, format_member, parse_member
+from .._protocol import (
+    MAX_EXACT,
+    RECLAIM_STEPS,
+    WALK_STEPS,
+    format_grant,
+    format_member,
+    parse_grant,
+    parse_member,
+)
 from ._algorithm import Group
-from ._state import Budget, Limiter, ms
+from ._state import Budget, Limiter, Slot, ms
 
 
 def reclaim_log(budget: Budget, window_start: int, write: bool) -> int:
@@ -130,17 +137,18 @@ def store_log(budget: Budget, interval: int, now: int, deadline: int | None) -> 
 
 
 def release_log(budget: Budget, permits: int, member: str | None, now: int) -> int:
-    """Removes ``member`` from one log, or ``permits`` from its newest started grants."""
+    """Removes the grant ``member`` (see ``format_grant``) from one log, if it is still there
+    and started when it says (a log entry numbered as it is, from another life of the log,
+    is another grant); or ``permits`` from its newest started grants."""
     grants, released = budget.grants, 0
     if member is not None:
-        # Newest first: a handed-back grant is a recent one (ZSCORE finds it in Redis).
-        for i in range(len(grants) - 1, budget.head - 1, -1):
-            time, logged, entry_permits = grants[i]
-            if logged == member:
-                del grants[i]
-                budget.moved(time, -entry_permits)
-                released = entry_permits
-                break
+        permits, start, seq = parse_grant(member)
+        entry = (start, format_member(permits, seq), permits)
+        i = bisect.bisect_left(grants, entry, lo=budget.head)
+        if i < len(grants) and grants[i] == entry:
+            del grants[i]
+            budget.moved(start, -permits)
+            released = permits
         return released
     # Reservations (grants starting in the future) belong to waiting callers.
     started = budget.rank_after(now)
@@ -162,6 +170,8 @@ class SlidingLog(Group):
     ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
 
     __slots__ = ("budgets", "stored", "touched", "used")
+
+    idempotent = True  # a grant handed back is no longer in the log
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
@@ -220,15 +230,15 @@ class SlidingLog(Group):
     def commit(self, permits: int, start: int) -> str:
         self.fresh = False
         seq = max(b.seq for b in self.budgets) + 1
-        member = format_member(permits, seq)
+        logged = format_member(permits, seq)
         for i, budget in enumerate(self.budgets):
-            budget.add((start, member, permits))
+            budget.add((start, logged, permits))
             budget.seq = seq
             budget.used += permits
             self.used[i] = budget.used
             budget.moved(start, permits)
             self.touched[i] = True
-        return member
+        return format_grant(permits, start, seq)
 
     def keep(self) -> None:
         self.touched = [t or kept for t, kept in zip(self.touched, self.stored, strict=True)]
@@ -239,14 +249,13 @@ class SlidingLog(Group):
         for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
             if not self.touched[i]:
                 continue
-            where: dict[Any, Budget] = limiter.budgets if i == 0 else limiter.extra
-            slot = self.key if i == 0 else (self.key, i + 1)
+            slot: Slot = self.key if i == 0 else (self.key, i + 1)
             if store_log(budget, rate.interval_us, now, deadline):
-                where[slot] = budget
+                limiter.store(slot, budget)
                 self.stored[i] = True
                 longest = max(longest, int(budget.expires_at) - now)
             else:
-                where.pop(slot, None)
+                limiter.unstore(slot)
                 self.stored[i] = False
         return longest
 

@@ -4,12 +4,21 @@ contents and TTLs (``expires_at``, on the backend's clock, in microseconds)."""
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field
+from heapq import heapify, heappop, heappush
+from typing import Any
 
 from ..._types import RateLimiterConfig
 
 FOREVER = float("inf")
 HIGH = "\U0010ffff"  # sorts after every member
+DROPS = 64  # expired entries one operation frees from a limiter, at most
+
+Slot = str | None | tuple[str | None, int]
+"""Where a budget is kept: ``Limiter.budgets[client]`` or ``Limiter.extra[(client, i)]``."""
+
+_order = itertools.count()  # tells apart heap entries of one time (slots do not compare)
 
 
 def ms(us: int) -> int:
@@ -94,3 +103,87 @@ class Limiter:
     extra: dict[tuple[str | None, int], Budget] = field(default_factory=dict)
     registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
     registry_expires_at: float = FOREVER
+    # When each budget expires (time, n, slot), and each registry entry's latest grant (time,
+    # n, client): heaps read lazily (an entry whose budget or client has since moved on, or
+    # gone, is skipped), so freeing what has expired costs O(log n) per write and at most
+    # DROPS entries per operation, whatever the number of clients. Each holds at most twice
+    # its live entries, plus a few.
+    expiries: list[tuple[float, int, Slot]] = field(default_factory=list)
+    registered: list[tuple[int, int, str]] = field(default_factory=list)
+    # Grants handed back that still hold something (the receipts ZSET of release.lua):
+    # "<member>[ <client>]" -> until when a second hand-back could still return anything.
+    receipts: dict[str, int] = field(default_factory=dict)
+    receipts_kept: int = 0  # how many were left by the last pruning
+
+    def store(self, slot: Slot, budget: Budget) -> None:
+        """Keeps ``budget`` at ``slot`` until its ``expires_at``."""
+        if isinstance(slot, tuple):
+            self.extra[slot] = budget
+        else:
+            self.budgets[slot] = budget
+        heappush(self.expiries, (budget.expires_at, next(_order), slot))
+        if len(self.expiries) > 2 * (len(self.budgets) + len(self.extra)) + 64:
+            live: list[tuple[float, int, Slot]] = [
+                (b.expires_at, next(_order), s) for s, b in self.budgets.items()
+            ]
+            live += [(b.expires_at, next(_order), s) for s, b in self.extra.items()]
+            heapify(live)
+            self.expiries = live
+
+    def unstore(self, slot: Slot) -> None:
+        (self.extra if isinstance(slot, tuple) else self.budgets).pop(slot, None)  # type: ignore[arg-type]
+
+    def live(self, slot: Slot, now: int) -> Budget | None:
+        """The budget at ``slot`` unless it has expired at ``now`` (then it is dropped)."""
+        where: dict[Any, Budget] = self.extra if isinstance(slot, tuple) else self.budgets
+        budget = where.get(slot)
+        if budget is not None and budget.expires_at <= now:
+            del where[slot]
+            return None
+        return budget
+
+    def drop_expired(self, now: int) -> None:
+        """Frees at most DROPS budgets that have expired at ``now`` (the others are dropped
+        by later operations, or when looked up: ``live``)."""
+        heap = self.expiries
+        for _ in range(DROPS):
+            if not heap or heap[0][0] > now:
+                break
+            self.live(heappop(heap)[2], now)
+        if not heap and (self.budgets or self.extra):
+            self.expiries = []  # (a heap never shrinks its list: give it back)
+
+    def register(self, client: str, start: int) -> None:
+        """The client's latest grant starts at ``start`` (if later than the one noted)."""
+        if self.registry.get(client, start - 1) < start:
+            self.registry[client] = start
+            heappush(self.registered, (start, next(_order), client))
+            if len(self.registered) > 2 * len(self.registry) + 64:
+                clients = [(t, next(_order), c) for c, t in self.registry.items()]
+                heapify(clients)
+                self.registered = clients
+
+    def unregister_before(self, time: int) -> None:
+        """Forgets at most DROPS clients whose latest grant started at ``time`` or before."""
+        heap = self.registered
+        for _ in range(DROPS):
+            if not heap or heap[0][0] > time:
+                break
+            start, _, client = heappop(heap)
+            if self.registry.get(client) == start:
+                del self.registry[client]
+
+    def forget_clients(self) -> None:
+        self.budgets.clear()
+        self.extra.clear()
+        self.registry.clear()
+        self.expiries, self.registered = [], []
+        self.registry_expires_at = FOREVER  # the registry key is gone with them
+
+    def remember(self, receipt: str, until: int, now: int) -> None:
+        """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled
+        since it last did (O(1) amortised, and never more than twice what still counts)."""
+        self.receipts[receipt] = until
+        if len(self.receipts) > 2 * self.receipts_kept + 16:
+            self.receipts = {r: t for r, t in self.receipts.items() if t > now}
+            self.receipts_kept = len(self.receipts)

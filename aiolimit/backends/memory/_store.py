@@ -105,31 +105,30 @@ class Store:
 
 
 def purge(limiter: Limiter, now: int) -> bool:
-    """Removes the limiter's keys that have expired at ``now``; True: nothing is left."""
+    """Removes the limiter's keys that have expired at ``now`` (budgets: a bounded number,
+    see ``Limiter.drop_expired``); True: nothing is left."""
     if limiter.config is not None and limiter.config.expires_at <= now:
         limiter.config = None
-    budgets = limiter.budgets
-    if budgets:
-        for client in [c for c, b in budgets.items() if b.expires_at <= now]:
-            del budgets[client]
-    if limiter.extra:
-        for key in [k for k, b in limiter.extra.items() if b.expires_at <= now]:
-            del limiter.extra[key]
+    if limiter.expiries:
+        limiter.drop_expired(now)
     if limiter.registry_expires_at <= now:
         limiter.registry.clear()
+        limiter.registered = []
         limiter.registry_expires_at = FOREVER
-    return limiter.config is None and not budgets and not limiter.registry and not limiter.extra
+    return (
+        limiter.config is None
+        and not limiter.budgets
+        and not limiter.registry
+        and not limiter.extra
+    )
 
 
 def next_expiry(limiter: Limiter) -> float:
-    """When the first of the limiter's keys expires (``FOREVER``: none does)."""
+    """When the first of the limiter's keys expires (``FOREVER``: none does), or a little
+    earlier (an entry of ``expiries`` may be out of date): the sweep then looks again."""
     at = FOREVER if limiter.config is None else limiter.config.expires_at
     if limiter.registry and limiter.registry_expires_at < at:
         at = limiter.registry_expires_at
-    for budget in limiter.budgets.values():
-        if budget.expires_at < at:
-            at = budget.expires_at
-    for budget in limiter.extra.values():
-        if budget.expires_at < at:
-            at = budget.expires_at
+    if limiter.expiries and limiter.expiries[0][0] < at:
+        at = limiter.expiries[0][0]
     return at

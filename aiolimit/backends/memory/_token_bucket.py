@@ -33,6 +33,18 @@ def refilled(rate: Rate, us: int, frac: int, start: int, permits: int) -> tuple[
     return us + whole, frac
 
 
+def refilled_since(rate: Rate, permits: int, start: int, now: int) -> int:
+    """How many of the ``permits`` tokens of a grant that started at ``start`` have come back
+    by ``now``, at least: the bucket refills oldest first, a token per interval/permits, and
+    the grant's first token comes back no earlier than one such step after its start."""
+    if now - start >= rate.interval_us:
+        return permits
+    back = math.floor(float(now - start) * rate.permits / rate.interval_us)
+    if back < permits and cost(rate, back + 1)[0] <= now - start:
+        back += 1  # (the product in doubles may round down)
+    return min(back, permits)
+
+
 class TokenBucket(Counters):
     __slots__ = ()
 
@@ -54,6 +66,9 @@ class TokenBucket(Counters):
     def rate_take(self, rate: Rate, a: int, b: int, permits: int, start: int) -> tuple[int, int]:
         return refilled(rate, a, b, start, permits)
 
+    def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
+        return a - start  # the bucket's full time after it, from its start
+
     def rate_until(self, rate: Rate, a: int, b: int) -> int:
         return a + (1 if b > 0 else 0)
 
@@ -63,6 +78,10 @@ class TokenBucket(Counters):
         # Tokens go back, never above a full bucket.
         if not (a > now or (a == now and b > 0)):
             return 0, a, b
+        if start is not None and now > start:
+            wanted -= refilled_since(rate, wanted, start, now)
+            if wanted <= 0:
+                return 0, a, b
         owed = float(a - now) * rate.permits + b
         count = min(wanted, math.ceil(owed / rate.interval_us))
         whole, rest = cost(rate, wanted)

@@ -9,13 +9,12 @@ import math
 import re
 import secrets
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
 from ..._types import RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
-from .._protocol import format_rates
+from .._protocol import format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
@@ -258,25 +257,42 @@ class RedisBackend(Backend):
         return max(left, 0)
 
     async def block(self, name: str, duration_us: int | None) -> int:
-        left = await self._run(
-            scripts.BLOCK,
-            (self.keys(name).config,),
-            ("-" if duration_us is None else duration_us, self._now_arg()),
-        )
+        return await self._block(name, "-" if duration_us is None else duration_us)
+
+    async def unblock(self, name: str) -> bool:
+        return await self._block(name, "clear") > 0
+
+    async def blocked_until(self, name: str) -> int | None:
+        keys = (self.keys(name).config,)
+        return await self._run(scripts.BLOCKED_UNTIL, keys, ("blocked_until",))
+
+    async def _block(self, name: str, what: int | str) -> int:
+        # block.lua: sets (us), reads ('-') or clears ('clear') the block; the time left.
+        left = await self._run(scripts.BLOCK, (self.keys(name).config,), (what, self._now_arg()))
         if isinstance(left, NotConfigured):
             raise NotConfiguredError(name)
         assert isinstance(left, int)
         return left
 
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
-        # A fresh receipt per call: the script remembers it, so a resend releases nothing more.
-        receipt = self.keys(name).receipt(uuid.uuid4().hex)
+        # The receipt the script remembers, so that a resend releases nothing more: the
+        # grant's own name (a client's own for PER_CLIENT), or a fresh one per call.
+        if member is not None:
+            parse_grant(member)  # (InvalidArgumentError, here rather than in the script)
+        fresh = secrets.token_hex(8)
+
+        def args(rate_type: RateType) -> list[Any]:
+            receipt = fresh if member is None else member
+            if member is not None and rate_type is RateType.PER_CLIENT:
+                receipt = f"{member} {self.client_id}"
+            return [permits, self._now_arg(), rate_type.value, member or "", receipt]
+
         return await self._budget_call(
             name,
             scripts.RELEASE,
-            lambda rate_type: [permits, self._now_arg(), rate_type.value, member or ""],
+            args,
             permits=permits,
-            extra_keys=(receipt,),
+            extra_keys=(self.keys(name).receipts,),
         )
 
     async def _clients(self, registry: str, start: int) -> list[str]:
@@ -342,7 +358,7 @@ class RedisBackend(Backend):
     async def delete(self, name: str) -> bool:
         self._types.pop(name, None)
         keys = self.keys(name)
-        retired = keys.retired(uuid.uuid4().hex)
+        retired = keys.retired(secrets.token_hex(16))
         reply = await self._run(
             scripts.DELETE, (keys.config, keys.value, keys.permits, keys.registry, retired), ()
         )

@@ -19,7 +19,7 @@ def escape_tag(name: str) -> str:
 class Keys:
     """Every key of one limiter; all share the hash tag ``{<name>}``, hence one cluster slot."""
 
-    __slots__ = ("_budgets", "config", "permits", "registry", "tag", "value")
+    __slots__ = ("_budgets", "config", "permits", "receipts", "registry", "tag", "value")
 
     def __init__(self, prefix: str, name: str) -> None:
         # A name that does not encode fails here, in its caller's call, never in a round trip
@@ -29,6 +29,7 @@ class Keys:
         self.value = f"{self.tag}:value"
         self.permits = f"{self.tag}:permits"
         self.registry = f"{self.tag}:clients"
+        self.receipts = f"{self.tag}:released"  # releases that must not run twice
         # Encoded once: the hot path hands redis-py bytes it need not encode again.
         self._budgets: dict[tuple[RateType, str, bool], tuple[bytes, ...]] = {}
 
@@ -65,10 +66,6 @@ class Keys:
     def retired(self, token: str) -> str:
         """Where the clients registry goes when every client's state is cleared."""
         return f"{self.tag}:retired:{token}"
-
-    def receipt(self, token: str) -> str:
-        """A release's receipt, which makes the release safe to send twice."""
-        return f"{self.tag}:released:{token}"
 
     def clients(self, client_ids: Sequence[str]) -> list[str]:
         """The value key and permits ZSET of each client, in order."""

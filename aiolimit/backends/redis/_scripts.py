@@ -245,7 +245,8 @@ def _number(reply: Any) -> int | Trouble:
 
 # Read-only.
 AVAILABLE = Script("available", _number)
-# A resent block sets the same end or a later one by the resend's delay: safe.
+# A resent block sets the same end or a later one by the resend's delay, a resent unblock
+# removes what is already gone: safe.
 BLOCK = Script("block", _number)
 WAIT = Script("wait", _number)
 # Each call carries a fresh receipt key: a resend finds the receipt and hands back nothing more.
@@ -319,6 +320,13 @@ CLEAR_EXPIRE = Script("clear_expire", bool)
 RETIRE = Script("retire", int)
 REFRESH = Script("refresh", int)
 
+
+def _time(reply: Any) -> int | None:
+    return None if reply is None else int(reply)
+
+
+BLOCKED_UNTIL = ReadCommand("HGET", _time)
+"""A config hash's ``blocked_until`` field (None: no block, or no config)."""
 CONFIG = ReadCommand("HGETALL", _config)
 """The config hash, as a config (None: there is none)."""
 CLIENTS = ReadCommand("ZRANGE", _clients)

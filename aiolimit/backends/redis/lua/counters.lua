@@ -18,9 +18,12 @@
 --   left(r, a, b, now)               permits the rate allows at `now`
 --   start(r, a, b, permits, now)     the earliest time it allows `permits` (may be < now)
 --   take(r, a, b, permits, start)    a, b once `permits` are taken at `start`
+--   tag(r, a, b, permits, start)     what tells a grant from the budget's others that start
+--                                    then, from the first rate's numbers after it
 --   until_(r, a, b)                  until when the numbers matter
 --   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
---                                    started at `start` (nil: the latest grants) handed back
+--                                    started at `start` (nil: the latest grants) handed back,
+--                                    no more than it still holds at `now`
 
 -- Removes a token bucket's or fixed windows' state.
 local function drop_counters(group)
@@ -145,7 +148,7 @@ local function counters(rule)
       n[2 * i - 1], n[2 * i] = rule.take(r, n[2 * i - 1], n[2 * i], permits, start)
     end
     group.dirty, group.fresh = true, nil
-    return string.format('%d:%d', permits, start) -- a counter grant's member: its permits and start
+    return grant_member(permits, start, rule.tag(group.config.rates[1], n[1], n[2], permits, start))
   end
   function algorithm.keep(group)
     group.dirty = not group.fresh
@@ -155,8 +158,8 @@ local function counters(rule)
   end
   function algorithm.release(group, wanted, member, now)
     local start, released, n = nil, 0, group.n
-    if member ~= '' then
-      wanted, start = member_permits(member), tonumber(string.match(member, ':(%-?%d+)$'))
+    if member then
+      wanted, start = parse_grant(member)
     end
     for i, r in ipairs(group.config.rates) do
       local count

@@ -35,6 +35,9 @@ ALGORITHMS.FIXED_WINDOW = counters({
     end
     return (window + 1) * r.interval, count
   end,
+  tag = function(r, window_end, count, permits)
+    return count - permits -- the permits its window held before it
+  end,
   until_ = function(r, window_end)
     return (window_of(r, window_end) + 1) * r.interval
   end,

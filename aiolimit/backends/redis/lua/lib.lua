@@ -84,6 +84,18 @@ local function member_id(member)
   return string.match(member, '^%d+:(.*)$')
 end
 
+-- The member a grant is handed back by: "<permits>:<start>:<tag>", the tag telling it from
+-- the budget's other grants that start then (_protocol.format_grant).
+local function grant_member(permits, start, tag)
+  return fmt(permits) .. ':' .. fmt(start) .. ':' .. fmt(tag)
+end
+
+-- permits, start, tag of a grant's member (nil when it is not one).
+local function parse_grant(member)
+  local permits, start, tag = string.match(member, '^(%d+):(%d+):(%-?%d+)$')
+  return tonumber(permits), tonumber(start), tonumber(tag)
+end
+
 -- The text of an error raised by redis.call or error(), without the script position.
 local function error_text(e)
   if type(e) == 'table' then
@@ -211,8 +223,11 @@ end
 --   commit(group, permits, start)  takes `permits` at `start` in every rate; the member
 --   keep(group)                    marks every stored part for `save` to write back
 --   save(group, now)               writes back what changed; the longest TTL in ms (0: gone)
---   release(group, wanted, member, now)  hands back `wanted` permits, or exactly the grant
---                                  `member` ('' for none); how many went back
+--   release(group, wanted, member, now)  hands back `wanted` permits from the latest grants
+--                                  (member nil), or what the grant `member` still holds
+--                                  against the limit; how many went back
+--   idempotent                     (a flag) handing back one grant twice returns it once by
+--                                  the state alone, without a receipt (release.lua)
 -- Each rate tells the earliest start at which it allows a request; every rate allows it from
 -- then on (given that a start is never before the latest one), so the request starts at the
 -- latest of them, no earlier than the latest grant, nor than it plus the spacing.

@@ -234,8 +234,8 @@ local function wait_for(budget, need, interval, now)
   return math.max(at + interval - now, 1)
 end
 
--- Removes the grant `member` from one log, or `wanted` permits from its newest grants that
--- have started (at most WALK_STEPS of them); returns how many permits went.
+-- Removes the grant `member` from one log, or (member nil) `wanted` permits from its newest
+-- grants that have started (at most WALK_STEPS of them); returns how many permits went.
 local function release_log(budget, wanted, member, now)
   local key, count = budget.permits_key, 0
   local function take(m, score, permits)
@@ -243,10 +243,14 @@ local function release_log(budget, wanted, member, now)
     cursor_moved(budget, score, -permits)
     count = count + permits
   end
-  if member ~= '' then
-    local score = redis.call('ZSCORE', key, member)
-    if score then
-      take(member, tonumber(score), member_permits(member))
+  if member then
+    -- Its entry, if it is still logged at its start: an entry numbered as it is, from another
+    -- life of the log, is another grant.
+    local permits, start, seq = parse_grant(member)
+    local logged = fmt(permits) .. ':' .. fmt(seq)
+    local score = redis.call('ZSCORE', key, logged)
+    if score and tonumber(score) == start then
+      take(logged, start, permits)
     end
     return count
   end
@@ -283,7 +287,7 @@ end
 
 -- -- the group (see "groups" in lib.lua): group.budgets holds a log per rate ----------------------
 
-local sliding = {}
+local sliding = { idempotent = true } -- a grant handed back is no longer in its log
 ALGORITHMS.SLIDING_WINDOW = sliding
 
 function sliding.load(group, write)
@@ -346,15 +350,15 @@ function sliding.commit(group, permits, start)
     seq = math.max(seq, budget.seq)
   end
   seq = seq + 1
-  local member = fmt(permits) .. ':' .. fmt(seq)
+  local logged = fmt(permits) .. ':' .. fmt(seq)
   for _, budget in ipairs(group.budgets) do
-    redis.call('ZADD', budget.permits_key, fmt(start), member)
+    redis.call('ZADD', budget.permits_key, fmt(start), logged)
     budget.seq, budget.fresh = seq, nil
     budget.used = budget.used + permits
     cursor_moved(budget, start, permits)
     budget.latest = math.max(budget.latest or start, start)
   end
-  return member
+  return grant_member(permits, start, seq)
 end
 
 function sliding.keep(group)

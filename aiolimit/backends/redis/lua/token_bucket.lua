@@ -29,6 +29,20 @@ local function refilled(r, us, frac, from, n)
   return us + whole, frac
 end
 
+-- How many of the `permits` tokens of a grant that started at `start` have come back by
+-- `now`, at least: the bucket refills oldest first, a token per interval/rate, and the
+-- grant's first token comes back no earlier than one such step after its start.
+local function refilled_since(r, permits, start, now)
+  if now - start >= r.interval then
+    return permits
+  end
+  local back = math.floor((now - start) * r.rate / r.interval)
+  if back < permits and cost(r, back + 1) <= now - start then
+    back = back + 1 -- (the product in doubles may round down)
+  end
+  return math.min(back, permits)
+end
+
 ALGORITHMS.TOKEN_BUCKET = counters({
   loaded = function(r, tat, frac)
     if frac >= r.rate then -- a remainder of another rate: a whole us, rounded up
@@ -49,6 +63,9 @@ ALGORITHMS.TOKEN_BUCKET = counters({
   take = function(r, tat, frac, permits, start)
     return refilled(r, tat, frac, start, permits)
   end,
+  tag = function(r, tat, frac, permits, start)
+    return tat - start -- the bucket's full time after it, from its start
+  end,
   until_ = function(r, tat, frac)
     return tat + (frac > 0 and 1 or 0)
   end,
@@ -56,6 +73,12 @@ ALGORITHMS.TOKEN_BUCKET = counters({
     -- Tokens go back, never above a full bucket.
     if not (tat > now or (tat == now and frac > 0)) then
       return 0, tat, frac
+    end
+    if start and now > start then
+      wanted = wanted - refilled_since(r, wanted, start, now)
+      if wanted <= 0 then
+        return 0, tat, frac
+      end
     end
     local count = math.min(wanted, math.ceil(((tat - now) * r.rate + frac) / r.interval))
     local whole, rest = cost(r, wanted)
