@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis._functions import LIBRARY_NAME
 
@@ -111,3 +111,15 @@ async def test_a_user_who_may_not_load_functions_gets_evalsha_and_survives_scrip
     finally:
         await limited.aclose()
         await redis.execute_command("ACL", "DELUSER", user)
+
+
+async def test_a_functions_error_reads_as_a_scripts_does(redis: Redis, prefix: str) -> None:
+    backend = RedisBackend(redis, prefix=prefix)
+    limiter = RateLimiter("foreign", backend)
+    await redis.set(backend.keys("foreign").config, "not a hash")
+    with pytest.raises(BackendError) as raised:
+        await limiter.set_rate(RateType.OVERALL, 5, 60)
+    assert (await script_calls(redis))["fcall"] > 0
+    message = str(raised.value)
+    assert message.startswith("Redis refused the set_rate script: WRONGTYPE"), message
+    assert "user_function" not in message and "script:" not in message.split(":", 1)[1], message
