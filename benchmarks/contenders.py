@@ -15,7 +15,6 @@ from typing import Any
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit.backends.redis._scripts import ACQUIRE  # the script, for the EVALSHA row
 
 # Concurrent configuration calls while setting up 10 000 limiters.
 _SETUP_BATCH = 50
@@ -210,6 +209,8 @@ class Evalsha(Contender):
             backend.keys(lim.name).budget(aiolimit.RateType.OVERALL, "") for lim in setup.limiters
         ]
         await setup.close()
+        from aiolimit.backends.redis._scripts import ACQUIRE  # the script, as aiolimit sends it
+
         self.redis = Redis.from_url(url)
         self.sha = await self.redis.script_load(ACQUIRE.source)
 

@@ -4,6 +4,7 @@
     python benchmarks/run.py                 # about 2.5 minutes
     python benchmarks/run.py --quick         # under a minute, noisier
     python benchmarks/run.py --write docs/benchmarks.md   # also replace the table there
+    python benchmarks/run.py --costs         # (a) and (b) with their costs per grant, ~1 minute
     python benchmarks/run.py --otel          # aiolimit alone, with and without OpenTelemetry
     python benchmarks/run.py --otel --baseline /tmp/aiolimit-before   # and an older checkout
 
@@ -20,6 +21,12 @@ contender against it, one after another, in this process:
     t, when the grant ``rate`` places earlier left the window (t_k + interval) is the moment
     a permit was free; a caller that asked before then waited, and was late by t - that
     moment. aiolimit is also run through its soak tool (``python -m aiolimit._tools.soak --json``).
+
+Beside (a) and (b), what each grant cost (benchmarks/costs.py): Redis's own CPU time (INFO cpu,
+used_cpu_user + used_cpu_sys) and its script time (INFO commandstats, EVAL/EVALSHA/FCALL usec),
+read before and after each contender's measured stretch, and this process's CPU time over the
+same stretch, each divided by the grants. Redis is single threaded: 1 / (Redis CPU per grant)
+is the most grants per second one node can give a whole fleet of clients.
 
 Ratios are to the best peer library (the references are left out of "best").
 
@@ -52,6 +59,7 @@ from redis import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import costs
 from contenders import Contender, all_contenders, by_name
 
 from aiolimit._tools import LocalRedis, cpu_model
@@ -65,11 +73,20 @@ SATURATION_TASKS = 16
 START, END = "<!-- benchmark table: start -->", "<!-- benchmark table: end -->"
 
 
+@dataclass(frozen=True)
+class Throughput:
+    calls: float  # per second
+    refused: int
+    cost: costs.Cost  # per grant
+
+
 @dataclass
 class Row:
     contender: Contender
     single: float | None = None  # (a) calls/s
     many: float | None = None  # (b) calls/s
+    single_cost: costs.Cost | None = None
+    many_cost: costs.Cost | None = None
     p50: float | None = None  # (c) µs
     p99: float | None = None
     refused: int = 0
@@ -84,10 +101,8 @@ def flush(url: str) -> None:
 # -- (a), (b): throughput -----------------------------------------------------------------------
 
 
-async def throughput(
-    contender: Contender, url: str, limiters: int, seconds: float
-) -> tuple[float, int, float]:
-    """Calls per second, calls refused, and this process's CPU time per call (µs)."""
+async def throughput(contender: Contender, url: str, limiters: int, seconds: float) -> Throughput:
+    """Calls per second, calls refused, and what each call cost Redis and this process."""
     names = [f"bench-{i}" for i in range(limiters)]
     await contender.open(url, names, NEVER_REFUSED, 1.0)
     calls = refused = 0
@@ -104,15 +119,18 @@ async def throughput(
 
     tasks = [asyncio.ensure_future(task(seed)) for seed in range(TASKS)]
     await asyncio.sleep(min(0.5, seconds / 4))  # warm up: connections, script cache
-    measuring = True
-    began, cpu = time.perf_counter(), time.process_time()
-    await asyncio.sleep(seconds)
-    measuring = False
-    elapsed, cpu = time.perf_counter() - began, time.process_time() - cpu
+    with Redis.from_url(url) as meter:
+        before = costs.reading(meter)  # (blocks the loop for a moment: nothing is counted)
+        measuring = True
+        began = time.perf_counter()
+        await asyncio.sleep(seconds)
+        measuring = False
+        elapsed = time.perf_counter() - began
+        after = costs.reading(meter)
     stopping = True
     await asyncio.gather(*tasks)
     await contender.close()
-    return calls / elapsed, refused, cpu * 1e6 / max(calls, 1)
+    return Throughput(calls / elapsed, refused, costs.per_grant(before, after, calls))
 
 
 # -- (c): latency -------------------------------------------------------------------------------
@@ -273,16 +291,14 @@ def _number(value: float | None, digits: int = 0) -> str:
 
 
 def _ratio(value: float | None, best: float | None, lower_is_better: bool = False) -> str:
-    if value is None or not best:
+    if not value or not best:
         return ""
     ratio = best / value if lower_is_better else value / best
     return f" ({ratio:.2f}x)"
 
 
 def table(rows: list[Row], soaked: dict[str, Any]) -> str:
-    peers = [
-        r for r in rows if not r.contender.reference and not r.contender.name.startswith("aiolimit")
-    ]
+    peers = _peers(rows)
 
     def best(values: list[float | None], lowest: bool = False) -> float | None:
         present = [v for v in values if v is not None]
@@ -328,37 +344,98 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f}%"
 
 
-def targets(rows: list[Row]) -> str:
-    """The issue's targets, each said met or missed, by how much."""
-    ours = next(r for r in rows if r.contender.name == "aiolimit")
-    peers = [
+def _peers(rows: list[Row]) -> list[Row]:
+    return [
         r for r in rows if not r.contender.reference and not r.contender.name.startswith("aiolimit")
     ]
-    evalsha = next(r for r in rows if r.contender.name.startswith("redis-py EVALSHA"))
-    out = []
+
+
+def cost_table(rows: list[Row]) -> str:
+    """What each grant of (a) and (b) cost Redis (its CPU, and the part spent in scripts) and
+    the client process (its CPU); ratios to the best peer (lowest cost)."""
+
+    def best(costs_of: list[costs.Cost | None], attr: str) -> float | None:
+        present = [getattr(c, attr) for c in costs_of if c is not None]
+        return min(present) if present else None
+
+    peers = _peers(rows)
+    columns = [(scenario, attr) for scenario in ("single", "many") for attr in COST_FIELDS]
+    bests = {
+        (scenario, attr): best([getattr(r, f"{scenario}_cost") for r in peers], attr)
+        for scenario, attr in columns
+    }
+    lines = [
+        "| contender | (a) calls/s | (a) Redis CPU µs / grant | (a) script µs / grant "
+        "| (a) client CPU µs / grant | (b) calls/s | (b) Redis CPU µs / grant "
+        "| (b) script µs / grant | (b) client CPU µs / grant |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in rows:
+        cells = [r.contender.name]
+        for scenario in ("single", "many"):
+            cells.append(_number(getattr(r, scenario)))
+            cost = getattr(r, f"{scenario}_cost")
+            for attr in COST_FIELDS:
+                value = None if cost is None else getattr(cost, attr)
+                cells.append(f"{_number(value, 1)}{_ratio(value, bests[scenario, attr], True)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+COST_FIELDS = ("redis_cpu", "script", "client_cpu")
+
+
+def targets(rows: list[Row]) -> str:
+    """The issues' targets, each said met or missed, by how much."""
+    out: list[str] = []
 
     def say(what: str, ok: bool, detail: str) -> None:
         out.append(f"- {what}: **{'met' if ok else 'missed'}** ({detail})")
 
-    for label, attr in (("(a)", "single"), ("(b)", "many")):
-        mine = getattr(ours, attr)
-        best = max(getattr(r, attr) for r in peers)
-        say(f"{label} ≥ 3x the best peer", mine >= 3 * best, f"{mine / best:.2f}x")
-    for row in rows:
-        if row.contender.name.startswith("aiolimit ") and row.many is not None:
-            best = max(r.many for r in peers)
+    peers = _peers(rows)
+    ours = [r for r in rows if r.contender.name.startswith("aiolimit")]
+    for row in ours if peers else []:
+        name = row.contender.name
+        for label, attr in (("(a)", "single"), ("(b)", "many")):
+            mine, best = getattr(row, attr), max(getattr(r, attr) for r in peers)
+            goal = 3 if name == "aiolimit" else 5
             say(
-                f"(b) {row.contender.name} ≥ 5x the best peer",
-                row.many >= 5 * best,
-                f"{row.many / best:.2f}x",
+                f"{label} {name} ≥ {goal}x the best peer",
+                mine >= goal * best,
+                f"{mine / best:.2f}x",
             )
-    assert ours.p50 is not None and evalsha.p50 is not None
-    say(
-        "(c) 1-task latency not worse than a plain EVALSHA",
-        ours.p50 <= evalsha.p50 * 1.05,
-        f"p50 {ours.p50:.0f} µs vs {evalsha.p50:.0f} µs, "
-        f"p99 {ours.p99:.0f} µs vs {evalsha.p99:.0f} µs",
-    )
+    for row in ours:
+        name = row.contender.name
+        goal = 8 if name == "aiolimit" else 5
+        if row.many_cost is not None:
+            cpu = row.many_cost.redis_cpu
+            say(f"(b) {name} Redis CPU ≤ {goal} µs / grant", cpu <= goal, f"{cpu:.1f} µs")
+        if row.single_cost is not None:
+            cpu = row.single_cost.redis_cpu
+            say(f"(a) {name} Redis CPU ≤ 3 µs / grant", cpu <= 3, f"{cpu:.1f} µs")
+        if row.many_cost is not None:
+            cpu = row.many_cost.client_cpu
+            say(f"(b) {name} client CPU ≤ 12 µs / grant", cpu <= 12, f"{cpu:.1f} µs")
+    default = next((r for r in ours if r.contender.name == "aiolimit"), None)
+    if default is not None:
+        out += _latency_and_saturation(default, rows)
+    return "\n".join(out)
+
+
+def _latency_and_saturation(ours: Row, rows: list[Row]) -> list[str]:
+    out: list[str] = []
+
+    def say(what: str, ok: bool, detail: str) -> None:
+        out.append(f"- {what}: **{'met' if ok else 'missed'}** ({detail})")
+
+    evalsha = next((r for r in rows if r.contender.name.startswith("redis-py EVALSHA")), None)
+    if evalsha is not None and ours.p50 is not None and evalsha.p50 is not None:
+        say(
+            "(c) 1-task latency not worse than a plain EVALSHA",
+            ours.p50 <= evalsha.p50 * 1.05,
+            f"p50 {ours.p50:.0f} µs vs {evalsha.p50:.0f} µs, "
+            f"p99 {ours.p99:.0f} µs vs {evalsha.p99:.0f} µs",
+        )
     sat = ours.saturation
     if sat:
         say(
@@ -371,7 +448,7 @@ def targets(rows: list[Row]) -> str:
         p50, p99 = sat["lateness_p50_ms"], sat["lateness_p99_ms"]
         say("(d) lateness p50 ≤ 2 ms", p50 is not None and p50 <= 2, f"{_number(p50, 2)} ms")
         say("(d) lateness p99 ≤ 10 ms", p99 is not None and p99 <= 10, f"{_number(p99, 2)} ms")
-    return "\n".join(out)
+    return out
 
 
 def machine(url: str) -> str:
@@ -412,13 +489,11 @@ def observed_round(variant: str, url: str, duration: float, latency_s: float) ->
     contender = by_name("aiolimit")
     figures: dict[str, Any] = {}
     flush(url)
-    figures["single"], _, figures["cpu_single"] = asyncio.run(
-        throughput(contender, url, 1, duration)
-    )
+    single = asyncio.run(throughput(contender, url, 1, duration))
+    figures["single"], figures["cpu_single"] = single.calls, single.cost.client_cpu
     flush(url)
-    figures["many"], _, figures["cpu_many"] = asyncio.run(
-        throughput(contender, url, MANY, duration)
-    )
+    many = asyncio.run(throughput(contender, url, MANY, duration))
+    figures["many"], figures["cpu_many"] = many.calls, many.cost.client_cpu
     flush(url)
     figures["p50"], figures["p99"] = asyncio.run(latency(contender, url, latency_s))
     if reader is not None:  # the adapter did count: every request, as granted
@@ -501,6 +576,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short runs: under a minute")
     parser.add_argument("--only", action="append", help="run only this contender (repeatable)")
     parser.add_argument("--no-soak", action="store_true", help="skip the soak-tool row")
+    parser.add_argument(
+        "--costs", action="store_true", help="(a) and (b) only, with their costs per grant"
+    )
     parser.add_argument("--write", type=Path, metavar="FILE", help="replace the table in FILE")
     parser.add_argument("--otel", action="store_true", help="the cost of observing, aiolimit alone")
     parser.add_argument(
@@ -531,28 +609,34 @@ def main() -> None:
         for row in rows:
             name = row.contender.name
             flush(url)
-            row.single, refused, _ = asyncio.run(throughput(row.contender, url, 1, args.duration))
+            single = asyncio.run(throughput(row.contender, url, 1, args.duration))
+            row.single, row.single_cost = single.calls, single.cost
             flush(url)
-            row.many, refused_many, _ = asyncio.run(
-                throughput(row.contender, url, MANY, args.duration)
-            )
-            row.refused = refused + refused_many
-            flush(url)
-            row.p50, row.p99 = asyncio.run(latency(row.contender, url, args.latency))
-            flush(url)
-            row.saturation = saturation(row.contender, url, args.saturation)
+            many = asyncio.run(throughput(row.contender, url, MANY, args.duration))
+            row.many, row.many_cost = many.calls, many.cost
+            row.refused = single.refused + many.refused
+            if not args.costs:
+                flush(url)
+                row.p50, row.p99 = asyncio.run(latency(row.contender, url, args.latency))
+                flush(url)
+                row.saturation = saturation(row.contender, url, args.saturation)
             print(f"  {name}: done at {time.monotonic() - began:.0f} s", file=sys.stderr)
             if row.refused:
                 print(f"  {name}: {row.refused} calls refused", file=sys.stderr)
         soaked: dict[str, Any] = {}
-        if not args.no_soak and any(r.contender.name == "aiolimit" for r in rows):
+        if (
+            not args.no_soak
+            and not args.costs
+            and any(r.contender.name == "aiolimit" for r in rows)
+        ):
             flush(url)
             soaked = soak(url, args.saturation)
         about = machine(url)
     text = "\n\n".join(
         [
             f"Machine: {about}. Run took {time.monotonic() - began:.0f} s.",
-            table(rows, soaked),
+            "" if args.costs else table(rows, soaked),
+            cost_table(rows),
             "Targets:\n\n" + targets(rows)
             if any(r.contender.name == "aiolimit" for r in rows)
             else "",

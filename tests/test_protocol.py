@@ -69,7 +69,7 @@ def test_lib_lua_lists_the_reply_codes_of_the_protocol() -> None:
 
 def returned_codes(source: str) -> set[int]:
     """Every code a script returns: the first number of a reply string or table."""
-    strings = re.findall(r"(?:return|local reply =) '(-?\d+)[ ']", source)
+    strings = re.findall(r"(?:return|local reply =) (?:string\.format\()?'(-?\d+)[ ']", source)
     tables = re.findall(r"return \{ (-?\d+)[ ,}]", source)
     return {int(code) for code in strings + tables}
 

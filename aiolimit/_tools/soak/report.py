@@ -73,7 +73,7 @@ def _errors(worker_results: list[WorkerResult]) -> dict[str, Any]:
 
 
 def _commands(commands: Commands, permits: int) -> dict[str, Any]:
-    scripts = commands.total["evalsha"] + commands.total["eval"]
+    scripts = commands.total["evalsha"] + commands.total["eval"] + commands.total["fcall"]
     return {
         "redis_commands": dict(commands.total.most_common()),
         "scripts_per_permit": _ratio(scripts, permits),

@@ -390,8 +390,8 @@ class RedisBackend(Backend):
 # What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
 # or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
 _LUA_NOISE = re.compile(
-    r"^(?:ERR )?(?:Error running script \(call to f_[0-9a-f]+\): )?(?:@?user_script:\d+: )*"
-    r"|\s*script: [0-9a-f]+, on @?user_script:\d+\.?\s*$"
+    r"^(?:ERR )?(?:Error running script \(call to f_\w+\): )?(?:@?user_(?:script|function):\d+: )*"
+    r"|\s*script: \w+, on @?user_(?:script|function):\d+\.?\s*$"
 )
 
 

@@ -1,8 +1,8 @@
 """Shared round trips: concurrent calls on one Redis client go together in one pipeline.
 
-The coalescer knows no script by name. What it sends is an :class:`Operation` (a script or a
-plain command) that says how to send itself, whether it may be sent again after a lost
-connection, and, with a :class:`Batch`, how several requests for it share one call.
+The coalescer knows no script by name: it sends :class:`Operation` requests (``_request``),
+several of one operation as one call where the operation has a :class:`Batch`, and the calls
+of a round trip through the client's :class:`~._wire.Wire`.
 """
 
 from __future__ import annotations
@@ -12,16 +12,15 @@ import logging
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any
 
 from ... import _observe
-from ...errors import BackendError, InvalidArgumentError
-from ._compat import ANY, LOST, NO_SCRIPT, UNREACHABLE, is_cluster, slot
+from ...errors import BackendError
+from ._compat import LOST, UNREACHABLE, is_cluster, slot
+from ._request import Batch, Call, Key, Operation, Request
+from ._wire import Wire
 
 __all__ = ["Batch", "Coalescer", "Key", "Operation", "Request", "coalescer"]
-
-Key = str | bytes
 
 log = logging.getLogger("aiolimit")
 
@@ -42,128 +41,6 @@ def _limiter_of(request: Request) -> Key | None:
     """What a request's order matters within: its first key (a limiter's config hash, or the
     one key of a plain command); None for a request without keys, which goes alone."""
     return request.keys[0] if request.keys else None
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class Batch:
-    """How requests for one operation share a call: up to ``most`` of them go as one call of
-    ``carrier``, whose keys and arguments ``merge`` makes from theirs (each request's keys,
-    arguments) and whose reply ``split`` cuts into one reply per request, in order."""
-
-    carrier: Operation
-    most: int
-    merge: Callable[[Sequence[tuple[tuple[bytes, ...], list[bytes]]]], tuple[list[Any], list[Any]]]
-    split: Callable[[Any], Sequence[Any]]
-
-
-class Operation(Protocol):
-    """A script or a plain command, as the coalescer sees it."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def what(self) -> str:
-        """What it is, for error messages: "the acquire script", "ZRANGE"."""
-
-    @property
-    def batch(self) -> Batch | None:
-        """How requests for it share a call; None: each request is a call of its own."""
-
-    @property
-    def resend(self) -> bool:
-        """Whether a call whose connection was lost may be sent again: where the first call
-        ran and only its reply was lost, the second must not admit more than one call would
-        (it may admit less)."""
-
-    def command(self, keys: Sequence[Any], args: Sequence[Any], load: bool) -> tuple[Any, ...]:
-        """The command that runs it; with ``load``, one that also gives a script to a server
-        that replied NOSCRIPT."""
-
-
-class Request:
-    """One caller's request, waiting for its reply."""
-
-    __slots__ = ("args", "future", "keys", "operation", "orphan")
-
-    def __init__(
-        self,
-        operation: Operation,
-        keys: Sequence[Key],
-        args: Sequence[Any],
-        future: asyncio.Future[Any],
-        orphan: Callable[[Any], None] | None,
-    ) -> None:
-        self.operation = operation
-        # Encoded now, in the caller's own call: a key or argument that cannot be sent fails
-        # that caller alone, never the round trip its request would share with others.
-        # On the hot path both are bytes already, which one C-level join confirms.
-        self.keys: tuple[bytes, ...] = cast("tuple[bytes, ...]", tuple(keys))
-        self.args: list[bytes] = cast("list[bytes]", list(args))
-        try:
-            b"".join(self.keys)
-            b"".join(self.args)
-        except TypeError:
-            self.keys = tuple(map(_encoded, keys))
-            self.args = list(map(_encoded, args))
-        self.future = future
-        self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
-
-    def settle(self, reply: Any) -> None:
-        future = self.future
-        if future.done():  # the caller was cancelled, or gave up
-            if self.orphan is not None and not isinstance(reply, BaseException):
-                self.orphan(reply)
-        elif isinstance(reply, BaseException):
-            future.set_exception(reply)
-        else:
-            future.set_result(reply)
-
-
-def _encoded(value: Any) -> bytes:
-    """``value`` as redis-py would send it."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        try:
-            return value.encode()
-        except UnicodeEncodeError as exc:
-            raise InvalidArgumentError(
-                f"{value!r} cannot be sent to Redis: it does not encode as UTF-8 ({exc.reason})"
-            ) from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return repr(value).encode()
-    raise InvalidArgumentError(f"{value!r} cannot be sent to Redis")
-
-
-class _Call:
-    """One command in a pipeline: one request, or several that ``batch`` carries together."""
-
-    __slots__ = ("args", "keys", "operation", "requests", "split")
-
-    def __init__(self, requests: list[Request], batch: Batch | None = None) -> None:
-        self.requests = requests
-        self.split: Callable[[Any], Sequence[Any]] | None = None
-        if batch is None:
-            (request,) = requests
-            self.operation = request.operation
-            self.keys: list[Any] = list(request.keys)
-            self.args: list[Any] = list(request.args)
-        else:
-            self.operation = batch.carrier
-            self.keys, self.args = batch.merge([(r.keys, r.args) for r in requests])
-            self.split = batch.split
-
-    def command(self, load: bool = False) -> tuple[Any, ...]:
-        return self.operation.command(self.keys, self.args, load)
-
-    def settle(self, reply: Any) -> None:
-        if self.split is None or isinstance(reply, BaseException):
-            for request in self.requests:
-                request.settle(reply)
-        else:
-            for request, one in zip(self.requests, self.split(reply), strict=True):
-                request.settle(one)
 
 
 class Coalescer:
@@ -187,11 +64,13 @@ class Coalescer:
         "_redis",
         "_timer",
         "_waiting",
+        "_wire",
     )
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
         self._cluster = is_cluster(redis)
+        self._wire = Wire(redis, self._cluster)
         self._queue: list[Request] = []
         self._pumps: set[asyncio.Task[None]] = set()
         # The limiters of each round trip in flight (see _take).
@@ -311,13 +190,13 @@ class Coalescer:
         self._queue = rest
         return batch, bool(rest)
 
-    def _calls(self, requests: list[Request]) -> list[_Call]:
-        calls: list[_Call] = []
+    def _calls(self, requests: list[Request]) -> list[Call]:
+        calls: list[Call] = []
         groups: dict[tuple[Batch, int | None], list[Request]] = {}
         for request in requests:
             batch = request.operation.batch
             if batch is None:
-                calls.append(_Call([request]))
+                calls.append(Call([request]))
             else:
                 where = slot(request.keys[0]) if self._cluster else None
                 groups.setdefault((batch, where), []).append(request)
@@ -326,10 +205,10 @@ class Coalescer:
             # while it runs, so Redis serves other clients in between.
             for i in range(0, len(group), batch.most):
                 part = group[i : i + batch.most]
-                calls.append(_Call(part, batch) if len(part) > 1 else _Call(part))
+                calls.append(Call(part, batch) if len(part) > 1 else Call(part))
         return calls
 
-    async def _send(self, calls: list[_Call]) -> None:
+    async def _send(self, calls: list[Call]) -> None:
         """Sends ``calls`` in one round trip and settles each, sending again while the
         connection is lost (within bounds) the calls that are safe to resend."""
         loop = asyncio.get_running_loop()
@@ -402,48 +281,8 @@ class Coalescer:
             failed,
         )
 
-    async def _round_trip(self, calls: list[_Call]) -> list[Any]:
-        if len(calls) == 1:
-            call = calls[0]
-            try:
-                try:
-                    return [await self._redis.execute_command(*call.command())]
-                except NO_SCRIPT:
-                    # The script cache was flushed (or this node never saw it): load it again.
-                    log.debug("NOSCRIPT: sending %s again with its source", call.operation.what)
-                    return [await self._redis.execute_command(*call.command(load=True))]
-            except LOST:
-                raise
-            except ANY as exc:
-                return [exc]
-        replies = await self._pipeline(calls, [False] * len(calls))
-        # After SCRIPT FLUSH, a restart or a failover every EVALSHA of the pipeline fails.
-        # Send again, each script's source once per slot (that loads it on the node) and
-        # EVALSHA after it; then, for whatever still fails, the source every time.
-        for everything in (False, True):
-            retry = [i for i, r in enumerate(replies) if isinstance(r, NO_SCRIPT)]
-            if not retry:
-                break
-            log.debug("NOSCRIPT: sending %d calls of a pipeline again with sources", len(retry))
-            loaded: set[tuple[str, int | None]] = set()
-            loads = []
-            for i in retry:
-                call = calls[i]
-                where = (call.operation.name, slot(call.keys[0]) if self._cluster else None)
-                loads.append(everything or where not in loaded)
-                loaded.add(where)
-            again = await self._pipeline([calls[i] for i in retry], loads)
-            for i, reply in zip(retry, again, strict=True):
-                replies[i] = reply
-        return replies
-
-    async def _pipeline(self, calls: list[_Call], loads: list[bool]) -> list[Any]:
-        """Sends ``calls`` in one pipeline, loading a script where ``loads`` says so."""
-        pipe = self._redis.pipeline(transaction=False)
-        for call, load in zip(calls, loads, strict=True):
-            # execute_command: cluster pipelines refuse the evalsha()/eval() helpers.
-            pipe.execute_command(*call.command(load))
-        return list(await pipe.execute(raise_on_error=False))
+    async def _round_trip(self, calls: list[Call]) -> list[Any]:
+        return await self._wire.round_trip(calls)
 
 
 def _where(redis: Any) -> str:

@@ -16,6 +16,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
 from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal
+from . import _functions
 from ._coalescer import Batch
 
 R = TypeVar("R")
@@ -42,7 +43,7 @@ class Script(Generic[R]):
     (``resend``): where a call ran and only its reply was lost, the second admits no more than
     one call would (each says why where it is defined below)."""
 
-    __slots__ = ("batch", "decode", "name", "sha", "source")
+    __slots__ = ("batch", "decode", "function", "name", "sha", "source")
 
     resend = True
 
@@ -57,8 +58,14 @@ class Script(Generic[R]):
         self.name = name
         self.source = lua_source(*LIBRARY, *uses, name)
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+        # Its function in the library of every script, for servers that have Redis Functions.
+        self.function: str | None = _functions.register(name, (*LIBRARY, *uses))
         self.decode = decode
         self.batch = batch
+
+    @property
+    def library(self) -> str:
+        return _functions.library()
 
     @property
     def what(self) -> str:
@@ -78,6 +85,8 @@ class ReadCommand(Generic[R]):
 
     resend = True
     batch = None
+    function = None
+    library = None
 
     def __init__(self, name: str, decode: Callable[[Any], R]) -> None:
         self.name = name
@@ -153,16 +162,28 @@ def acquire_request(
     permits: int, now: str, max_wait_us: int | None, rate_type: RateType, client_id: str
 ) -> bytes:
     """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME.
-    Encoded here (a client id is valid UTF-8), so the round trip need not."""
+    Encoded here (a client id is valid UTF-8), so the round trip need not. With the server's
+    clock a request is the same every time its caller asks the same: those are kept (a few)."""
+    if not now:
+        made = _made.get((permits, max_wait_us, rate_type, client_id))
+        if made is not None:
+            return made
     max_wait = -1 if max_wait_us is None else max_wait_us
     request = f"{permits} {now or '-'} {max_wait} {rate_type.value}"
     if rate_type is RateType.PER_CLIENT:
         request = f"{request} {client_id}"
-    return request.encode()
+    encoded = request.encode()
+    if not now and len(_made) < _MADE_MOST:
+        _made[permits, max_wait_us, rate_type, client_id] = encoded
+    return encoded
 
+
+_made: dict[tuple[int, int | None, RateType, str], bytes] = {}
+_MADE_MOST = 256  # requests kept: bounded, whatever the callers ask
 
 _GRANTED = b"%d" % Reply.GRANTED
 _REFUSED = b"%d" % Reply.REFUSED
+_tuple = tuple.__new__  # builds a Grant or Refusal without NamedTuple's Python-level __new__
 
 
 def _attempt(reply: Any) -> Grant | Refusal | Trouble:
@@ -171,12 +192,11 @@ def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     code, _, rest = raw.partition(b" ")
     if code == _GRANTED:
         left, start, delay, member, *blocked = rest.split(b" ")
-        if blocked:
-            return Grant(int(delay), int(start), int(left), member.decode(), int(blocked[0]))
-        return Grant(int(delay), int(start), int(left), member.decode())
+        until = int(blocked[0]) if blocked else None
+        return _tuple(Grant, (int(delay), int(start), int(left), member.decode(), until))
     if code == _REFUSED:
         wait, left, now = rest.split(b" ")
-        return Refusal(int(wait), int(now), int(left))
+        return _tuple(Refusal, (int(wait), int(now), int(left)))
     return _trouble(Reply(int(code)), rest.decode())
 
 

@@ -107,7 +107,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   end
   local algorithm, delay = group.algorithm, start - now
   if delay > 0 and max_wait >= 0 and delay > max_wait then
-    return '1 ' .. fmt(delay) .. ' ' .. fmt(algorithm.left(group, now)) .. ' ' .. fmt(now)
+    return string.format('1 %d %d %d', delay, algorithm.left(group, now), now)
   end
 
   -- Nothing below can fail: the grant, and the state that counts it, are written together.
@@ -116,11 +116,10 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if config.type == 'PER_CLIENT' then
     group.client_id = client_id
   end
-  local reply = '0 ' .. fmt(algorithm.left(group, now)) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' ' .. member
-  if config.blocked_until then
-    reply = reply .. ' ' .. fmt(config.blocked_until) -- this limiter has been blocked: see block.lua
+  if config.blocked_until then -- this limiter has been blocked: see block.lua
+    return string.format('0 %d %d %d %s %d', algorithm.left(group, now), start, delay, member, config.blocked_until)
   end
-  return reply
+  return string.format('0 %d %d %d %s', algorithm.left(group, now), start, delay, member)
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.

@@ -46,9 +46,10 @@ local function load_counters(group, rule, write)
     raw, at = redis.call('GET', group.value_key), 2
   end
   if raw then
-    local fields = {}
+    local fields, count = {}, 0
     for field in string.gmatch(raw, '%S+') do
-      table.insert(fields, field)
+      count = count + 1
+      fields[count] = field
     end
     if (at == 1 or fields[1] == config.gen) and #fields >= at and (#fields - at) % 2 == 0 then
       -- (set_rate with keep_state may have changed the rates: each keeps its own state by
@@ -93,16 +94,22 @@ local function save_counters(group, rule, now)
   -- FIFO) or a spacing; one rate keeps its requests in order by itself. (A short value is
   -- stored by Redis in one allocation.)
   local keep_last = group.last and (#config.rates > 1 or config.spacing > 0)
-  local fields = { keep_last and fmt(group.last) or '-' }
-  for _, number in ipairs(n) do
-    table.insert(fields, fmt(number))
+  local state
+  if #n == 2 then -- one rate: one format call
+    state = keep_last and string.format('%d %d %d', group.last, n[1], n[2]) or string.format('- %d %d', n[1], n[2])
+  else
+    local fields = { keep_last and fmt(group.last) or '-' }
+    for i, number in ipairs(n) do
+      fields[i + 1] = fmt(number)
+    end
+    state = table.concat(fields, ' ')
   end
   if config.in_hash then
     -- No TTL of its own: the state goes with the config (see above).
-    config.state = table.concat(fields, ' ')
-    redis.call('HSET', config.key, 'state', config.state)
+    config.state = state
+    redis.call('HSET', config.key, 'state', state)
   else
-    redis.call('SET', group.value_key, config.gen .. ' ' .. table.concat(fields, ' '), 'PX', ttl)
+    redis.call('SET', group.value_key, config.gen .. ' ' .. state, 'PX', ttl)
   end
   return ttl
 end

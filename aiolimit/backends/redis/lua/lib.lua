@@ -23,8 +23,6 @@
 -- too: aiolimit/backends/_protocol.py states them again, and tests/test_protocol.py checks
 -- that the two agree.
 
-local unpack = unpack or table.unpack
-
 local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
 local WALK_STEPS = 1000 -- log entries one wait computation may read
 local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget

@@ -1,0 +1,133 @@
+"""Redis script time per acquire request, for versions of the Lua side by side on one server.
+
+    python benchmarks/lua_cost.py                       # this checkout, EVALSHA and FCALL
+    python benchmarks/lua_cost.py --limiters 1 --batch 1,8,32
+    git archive main aiolimit/backends/redis/lua | tar -x -C /tmp/main-lua
+    python benchmarks/lua_cost.py --lua /tmp/main-lua/aiolimit/backends/redis/lua --lua .
+
+No client code in the way: acquire_many calls of ``--batch`` requests, each on a limiter
+picked at random among ``--limiters`` (rate never refused), sent in pipelines of 16 calls
+by a plain synchronous client, and INFO commandstats' script time (EVALSHA, FCALL) over them,
+per request. Each directory of Lua runs twice: with EVALSHA (the whole script every call) and
+as a Redis Functions library (FCALL: the library defined once). Rounds alternate between
+the versions; min and median of the rounds, which a busy machine disturbs less than a mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+from pathlib import Path
+
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+import aiolimit
+from aiolimit._tools import LocalRedis
+from aiolimit.backends.redis import _scripts
+from aiolimit.backends.redis._keys import Keys
+
+PIPELINE = 16  # calls per pipeline
+
+
+def source(lua: Path, names: list[str]) -> str:
+    return "\n".join((lua / f"{name}.lua").read_text() for name in names)
+
+
+def library(lua: Path, name: str) -> str:
+    # (versions before functions read the global unpack at load, which FUNCTION LOAD refuses)
+    prelude = source(lua, [*_scripts.LIBRARY, "batch"]).replace(
+        "local unpack = unpack or table.unpack", ""
+    )
+    body = source(lua, ["acquire_many"])
+    return (
+        f"#!lua name={name}\n{prelude}\nredis.register_function('{name}_acquire_many', "
+        f"function(KEYS, ARGV)\nserver_now = nil\n{body}\nend)\n"
+    )
+
+
+async def configure(url: str, limiters: int, algorithm: aiolimit.Algorithm) -> None:
+    redis = AsyncRedis.from_url(url)
+    backend = aiolimit.RedisBackend(redis)
+    names = [aiolimit.RateLimiter(f"lua-{i}", backend) for i in range(limiters)]
+    for start in range(0, limiters, 200):
+        await asyncio.gather(
+            *(
+                limiter.set_rate(aiolimit.RateType.OVERALL, 10**9, 1, algorithm=algorithm)
+                for limiter in names[start : start + 200]
+            )
+        )
+    await redis.aclose()
+
+
+def script_usec(redis: Redis) -> int:
+    stats = redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "fcall"))
+
+
+def one_round(redis: Redis, command: tuple[str, str], limiters: int, batch: int, n: int) -> float:
+    """Script µs per request over about ``n`` requests."""
+    pick = random.Random(1).randrange
+    calls = max(40, n // batch)
+    before = script_usec(redis)
+    pipe = redis.pipeline(transaction=False)
+    for i in range(calls):
+        requests = [
+            (
+                Keys("aiolimit:", f"lua-{pick(limiters)}").budget(aiolimit.RateType.OVERALL, ""),
+                [b"1 - -1 OVERALL"],
+            )
+            for _ in range(batch)
+        ]
+        keys, args = _scripts._merge_acquires(requests)
+        pipe.execute_command(*command, len(keys), *keys, *args)
+        if i % PIPELINE == PIPELINE - 1 or i == calls - 1:
+            replies = pipe.execute()
+            assert all(r.startswith(b"0 ") for r in replies), replies[:1]
+            pipe = redis.pipeline(transaction=False)
+    return (script_usec(redis) - before) / (calls * batch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = Path(_scripts.__file__).parent / "lua"
+    parser.add_argument("--lua", type=Path, action="append", help="a lua/ directory (this one)")
+    parser.add_argument("--algorithm", default="TOKEN_BUCKET", type=str.upper)
+    parser.add_argument("--limiters", type=int, default=10_000)
+    parser.add_argument("--batch", default="32", help="requests per call, comma-separated")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--requests", type=int, default=4000, help="per round (4000)")
+    args = parser.parse_args()
+    dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
+    with LocalRedis() as server:
+        asyncio.run(configure(server.url, args.limiters, aiolimit.Algorithm(args.algorithm)))
+        redis = Redis.from_url(server.url)
+        variants: dict[str, tuple[str, str]] = {}
+        for k, lua in enumerate(dirs):
+            variants[f"{lua} EVALSHA"] = (
+                "EVALSHA",
+                redis.script_load(source(lua, [*_scripts.LIBRARY, "batch", "acquire_many"])),
+            )
+            redis.function_load(library(lua, f"lua_cost_{k}"), replace=True)
+            variants[f"{lua} FCALL"] = ("FCALL", f"lua_cost_{k}_acquire_many")
+        for batch in map(int, args.batch.split(",")):
+            results: dict[str, list[float]] = {v: [] for v in variants}
+            for _ in range(args.rounds):
+                for name, command in variants.items():
+                    results[name].append(
+                        one_round(redis, command, args.limiters, batch, args.requests)
+                    )
+            for name, values in results.items():
+                values.sort()
+                print(
+                    f"{args.algorithm} limiters={args.limiters} batch={batch} {name}: "
+                    f"min {values[0]:.2f}, median {values[len(values) // 2]:.2f} µs/request"
+                )
+        redis.close()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Instructions redis-server executes per acquire request, counted by valgrind: the same
+number on a busy machine as on an idle one, so changes of a few percent show.
+
+    python benchmarks/lua_instructions.py --limiters 1 --batch 32
+    python benchmarks/lua_instructions.py --lua /tmp/main-lua --lua . --limiters 2000
+
+Needs valgrind (``callgrind_control``). Starts its own redis-server under callgrind
+(instrumentation off while the limiters are configured), then for each Lua directory, as
+EVALSHA and as a Redis Functions library (FCALL), sends ``--calls`` acquire_many calls of
+``--batch`` requests on limiters picked at random, one call at a time, and reads the
+instructions the server executed meanwhile (every thread). Each variant runs twice, the
+first pass unmeasured, so every variant finds the limiters' state as the others left it.
+Under valgrind the server is ~50 times slower: a few thousand limiters are plenty.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from lua_cost import configure, library, source
+from redis import Redis
+
+import aiolimit
+from aiolimit._tools import free_port
+from aiolimit.backends.redis import _scripts
+from aiolimit.backends.redis._keys import Keys
+
+
+def control(pid: int, *args: str) -> str:
+    done = subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True, text=True)
+    return done.stdout
+
+
+def instructions(pid: int) -> int:
+    return sum(
+        int(n.replace(",", "")) for n in re.findall(r"Th \d+\s+([\d,]+)", control(pid, "-e", "Ir"))
+    )
+
+
+def calls_of(limiters: int, batch: int, calls: int) -> list[tuple[list[bytes], list[bytes]]]:
+    pick = random.Random(1).randrange
+    overall = aiolimit.RateType.OVERALL
+    return [
+        _scripts._merge_acquires(
+            [
+                (
+                    Keys("aiolimit:", f"lua-{pick(limiters)}").budget(overall, ""),
+                    [b"1 - -1 OVERALL"],
+                )
+                for _ in range(batch)
+            ]
+        )
+        for _ in range(calls)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = Path(_scripts.__file__).parent / "lua"
+    parser.add_argument("--lua", type=Path, action="append", help="a lua/ directory (this one)")
+    parser.add_argument("--algorithm", default="TOKEN_BUCKET", type=str.upper)
+    parser.add_argument("--limiters", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--calls", type=int, default=20)
+    args = parser.parse_args()
+    dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        redis = Redis.from_url(f"redis://127.0.0.1:{port}")
+        for _ in range(300):
+            try:
+                redis.ping()
+                break
+            except Exception:
+                time.sleep(0.2)
+        asyncio.run(
+            configure(
+                f"redis://127.0.0.1:{port}", args.limiters, aiolimit.Algorithm(args.algorithm)
+            )
+        )
+        variants: dict[str, tuple[str, str]] = {}
+        for k, lua in enumerate(dirs):
+            script = source(lua, [*_scripts.LIBRARY, "batch", "acquire_many"])
+            variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script))
+            redis.function_load(library(lua, f"lua_ir_{k}"), replace=True)
+            variants[f"{lua} FCALL"] = ("FCALL", f"lua_ir_{k}_acquire_many")
+        work = calls_of(args.limiters, args.batch, args.calls)
+        for measured in (False, True):
+            for name, command in variants.items():
+                control(server.pid, "-i", "on")
+                control(server.pid, "-z")
+                for keys, argv in work:
+                    reply = redis.execute_command(*command, len(keys), *keys, *argv)
+                    assert reply.startswith(b"0 "), reply
+                count = instructions(server.pid)
+                control(server.pid, "-i", "off")
+                if measured:
+                    per = count / (args.calls * args.batch) / 1000
+                    print(
+                        f"{args.algorithm} limiters={args.limiters} batch={args.batch} {name}: "
+                        f"{per:.1f} k instructions / request"
+                    )
+        redis.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+if __name__ == "__main__":
+    main()
