@@ -48,11 +48,51 @@ class Tolerance:
         )
 
 
+class ManualClock:
+    """A limiter clock (seconds) that moves only when the test moves it: for tests whose point
+    is what the store holds or refuses, not when, so that a busy machine, a slow round trip or
+    a paused process cannot move the limiter's time between two steps of a test.
+
+    >>> clock = ManualClock()
+    >>> limiter = RateLimiter(name, store.backend(clock=clock))  # every backend takes one
+    >>> clock.advance(0.3)
+
+    It starts at a whole hour, so fixed windows of any interval dividing an hour start there.
+    Redis is sent its readings (``clock=`` a callable), as with ``clock='client'``.
+    """
+
+    START = 1_800_000_000.0  # a whole hour (2027-01-15 08:00 UTC), near this era's wall clock
+
+    def __init__(self, start: float = START) -> None:
+        self._us = round(start * 1e6)  # whole microseconds, so that steps add up exactly
+
+    def __call__(self) -> float:
+        return self._us / 1e6
+
+    def advance(self, seconds: float) -> None:
+        self._us += round(seconds * 1e6)
+
+
+def manual_clock(store: Any) -> tuple[ManualClock, Backend]:
+    """A clock the test moves, and a backend of the store that reads it (another client of
+    it, as ``new_client`` makes)."""
+    clock = ManualClock()
+    return clock, new_client(store, clock=clock)
+
+
 def tolerance(store: Any) -> Tolerance:
     """Virtual time is exact but for microsecond rounding and any wake-up jitter; real
     time on a loaded 2-core machine runs late by scheduling and round trips, and early only by
     the drift between the server's clock and the event loop's."""
     return Tolerance(0.01, 0.15) if store.is_redis else Tolerance(2e-6, 0.005)
+
+
+def check_after(store: Any, span: tuple[float, float], offset: float, what: str = "event") -> None:
+    """Now is ``offset`` after an event known as a span (a grant: the store stamped it
+    somewhere inside the call that made it), to the suite's tolerances. Measuring from the
+    call's end instead would read a slow reply as an early grant."""
+    at = now()
+    tolerance(store).check_span((at, at), (span[0] + offset, span[1] + offset), what)
 
 
 def xfail_on(request: Any, store: Any, kinds: set[str], reason: str) -> None:

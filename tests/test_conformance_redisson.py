@@ -18,6 +18,7 @@ from conformance import (
     AttemptClock,
     assert_sliding_window,
     assert_stored_keys,
+    manual_clock,
     new_client,
     now,
     take,
@@ -194,14 +195,15 @@ async def test_acquire_in_a_loop_waits_one_interval_per_permit(store, name):
 
 
 async def test_try_set_rate_keeps_the_first_config_and_grants_refill(store, name):
-    # test
-    limiter = RateLimiter(name, store.backend())
+    # test. The limiter's clock moves only between the rounds: 20 attempts inside one window.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
     assert await limiter.try_set_rate(OVERALL, 10, 0.1)
     assert not await limiter.try_set_rate(OVERALL, 20, 0.1)
     for _ in range(3):
         results = [await limiter.try_acquire() for _ in range(20)]
         assert results == [True] * 10 + [False] * 10
-        await asyncio.sleep(0.11)
+        clock.advance(0.11)
 
 
 async def test_delete_removes_config_and_state(store, name):
