@@ -218,11 +218,11 @@ async def test_min_spacing_keeps_the_starts_of_consecutive_grants_apart(store, n
         tol.check_span((at, at), (first[0] + due, first[1] + due), f"waiter {i + 1}")
 
 
-# Rates 2 per 0.3 s and 4 per 10 s, spacing 0.05 s; 2 permits at 0. When the third one is
-# granted: sliding, when the first grant leaves the 0.3 s window; token bucket, when a token of
-# rate 1 has come back (0.15 s); fixed windows, when the next 0.3 s window starts. And the
-# fourth: the spacing after the third (token bucket: rate 1's next token, at 0.3 s).
-AFTER_REFUSALS = {SLIDING: (0.3, 0.35), BUCKET: (0.15, 0.3), FIXED: (0.3, 0.35)}
+# Rates 2 per 30 s and 4 per 1000 s, spacing 5 s; 2 permits at 0. When the third one is
+# granted: sliding, when the first grant leaves the 30 s window; token bucket, when a token of
+# rate 1 has come back (15 s); fixed windows, when the next 30 s window starts. And the
+# fourth: the spacing after the third (token bucket: rate 1's next token, at 30 s).
+AFTER_REFUSALS = {SLIDING: (30, 35), BUCKET: (15, 30), FIXED: (30, 35)}
 
 
 @ALGORITHMS
@@ -230,11 +230,12 @@ async def test_refused_attempts_leave_no_trace_in_any_rate_or_the_spacing(store,
     # The seed's rolling limiter recorded refused attempts, so a caller over the limit who kept
     # trying stayed blocked. Here each grant comes exactly when it would without them. The
     # limiter's clock moves only when the test moves it (it starts at a whole hour: the start
-    # of a 0.3 s and of a 10 s window), so every refusal is made while the limit is full.
+    # of a 30 s and of a 1000 s window), so every refusal is made while the limit is full; the
+    # intervals are long, so that Redis keeps the keys (their TTLs run on its own clock).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    rates = [Rate(2, 0.3), Rate(4, 10)]
-    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, min_spacing=0.05)
+    rates = [Rate(2, 30), Rate(4, 1000)]
+    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, min_spacing=5)
     first = round(clock() * 1e6)
     assert await limiter.try_acquire(2)
     for i, offset in enumerate(AFTER_REFUSALS[algorithm]):
@@ -243,11 +244,11 @@ async def test_refused_attempts_leave_no_trace_in_any_rate_or_the_spacing(store,
         before = await snapshot(store, name)
         for _ in range(5):
             assert not await limiter.try_acquire()
-            assert not await limiter.try_acquire(timeout=0.01)
+            assert not await limiter.try_acquire(timeout=1)
         assert await snapshot(store, name) == before, "a refusal wrote something"
         grant = await backend.try_acquire(name, 1, None)  # the next slot, reserved
         assert isinstance(grant, Grant)
-        assert grant.starts_at == first + round(offset * 1e6), f"grant {i + 3}"
+        assert grant.starts_at == first + offset * 1_000_000, f"grant {i + 3}"
         clock.advance(grant.starts_in / 1e6)  # to its start
 
 

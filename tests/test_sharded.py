@@ -278,6 +278,9 @@ async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cl
         RateType.OVERALL, rate, interval
     )
     clients = [cluster_client(redis_cluster) for _ in range(3)]
+    # Each client learns the cluster's slots and connects before the 1.2 s start: on a busy
+    # machine that took longer than the whole run, and the rate went unused.
+    await asyncio.gather(*(client.initialize() for client in clients))
     grants: list[GrantRecord] = []
 
     async def worker(redis: RedisCluster) -> None:
