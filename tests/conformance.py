@@ -72,18 +72,20 @@ class LoopLag:
 class Tolerance:
     """How far an observed time may stray from the exact one. With a ``lag`` monitor, an
     event may be late by ``late`` plus how late the event loop itself ran between the exact
-    time and the event (see :class:`LoopLag`)."""
+    time and the event (see :class:`LoopLag`); that needs times of the loop's clock, not
+    durations."""
 
     early: float
     late: float
     lag: LoopLag | None = None
 
-    def _late(self, expected: float, actual: float) -> float:
+    def late_by(self, expected: float, actual: float) -> float:
+        """``late``, plus how late the loop ran between ``expected`` and ``actual``."""
         stalled = 0.0 if self.lag is None else self.lag.during(expected, actual)
         return self.late + stalled
 
     def check(self, actual: float, expected: float, what: str = "event") -> None:
-        late = self._late(expected, actual)
+        late = self.late_by(expected, actual)
         assert expected - self.early <= actual <= expected + late, (
             f"{what} at {actual:.4f} s, expected {expected:.4f} s "
             f"(-{self.early} s / +{self.late} s, +{late - self.late:.4f} s the loop ran late)"
@@ -96,7 +98,7 @@ class Tolerance:
         read a clock on the server read it somewhere inside the call. The spans must meet,
         give or take the tolerance, however long a call took (a pause of the whole process
         included)."""
-        late = self._late(expected[1], actual[0])
+        late = self.late_by(expected[1], actual[0])
         assert expected[0] - self.early <= actual[1] and actual[0] <= expected[1] + late, (
             f"{what} at {actual[0]:.4f}..{actual[1]:.4f} s, expected "
             f"{expected[0]:.4f}..{expected[1]:.4f} s (-{self.early} s / +{self.late} s, "
@@ -197,6 +199,7 @@ class AttemptClock:
     """
 
     def __init__(self, tolerance: Tolerance) -> None:
+        self.tolerance = tolerance
         self.late = tolerance.late
 
     def __call__(self) -> float:
@@ -219,7 +222,9 @@ class AttemptClock:
         if not granted:
             return None
         returned = now()
-        return max(readings[-1], returned - self.late), returned
+        # Later than ``late`` after the grant only by how late the loop itself ran meanwhile.
+        late = self.tolerance.late_by(readings[-1], returned)
+        return max(readings[-1], returned - late), returned
 
 
 async def when_free(limiter: RateLimiter, permits: int = 1) -> tuple[float, float]:

@@ -23,6 +23,7 @@ from conformance import (
     now,
     take,
     tolerance,
+    when_free,
 )
 
 from aiolimit import (
@@ -189,9 +190,13 @@ async def test_acquire_in_a_loop_waits_one_interval_per_permit(store, name):
     assert await limiter.try_set_rate(OVERALL, 1, 0.05)
     start = now()
     for _ in range(10):
+        called = now()
         await limiter.acquire(1)
-    tolerance(store).check(now() - start, 9 * 0.05, "the 10th permit")
-    assert not await limiter.try_acquire()
+    tol = tolerance(store)
+    tol.check(now(), start + 9 * 0.05, "the 10th permit")
+    # The 10th grant was made within its call: the next permit is free one interval later.
+    tenth = called, now()
+    tol.check_span(await when_free(limiter), (tenth[0] + 0.05, tenth[1] + 0.05), "the 11th")
 
 
 async def test_try_set_rate_keeps_the_first_config_and_grants_refill(store, name):
