@@ -293,8 +293,12 @@ async def test_a_big_request_amid_small_ones_is_served_first_come_first_served(
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     tolerance(store).check(big[0], BIG_STARTS[algorithm], "the big request")
-    assert sorted(small) == [0, 1, 2], "a request that came after the big one went before it"
-    assert all(arrived[i] < arrived[-1] for i in small)
+    # (A small one due soon after the big one may also be done by the time the test looks.)
+    later = [i for i in small if arrived[i] > arrived[-1]]
+    assert all(small[i] >= big[0] for i in later), (
+        "a request that came after the big one went before it"
+    )
+    assert sorted(set(small) - set(later)) == [0, 1, 2]
 
 
 # -- release and cancellation -------------------------------------------------------------------
