@@ -288,16 +288,21 @@ async def test_set_rate_resets_the_budget_for_both_rate_types(store, name):
 async def test_update_rate_keeps_grants_and_paces_at_the_new_rate(store, name):
     # testUpdateRate. Redisson expects available 1 after raising the rate from 2 to 5 (and 0
     # after 1 -> 6); our spec keeps the grants inside the window counting against the new rate.
-    interval = 0.1
-    tol = tolerance(store)
-    limiter = RateLimiter(name, store.backend())
+    # On a clock the test moves: which grants are still in the window is exact (the interval
+    # is long, so that Redis keeps the keys on its own clock).
+    interval = 10
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
 
     async def paced(permits: int, count: int, rate: int) -> None:
-        """`count` acquires of `permits` come in batches of rate // permits per interval."""
-        start = now()
+        """`count` acquires of `permits` come in batches of rate // permits per interval: each
+        waits exactly until its batch's interval starts, and is granted then."""
+        start = clock()
         for i in range(count):
-            await limiter.acquire(permits)
-            tol.check(now() - start, (i * permits // rate) * interval, f"acquire {i}")
+            due = start + (i * permits // rate) * interval
+            assert await limiter.wait_time(permits) == due - clock(), f"acquire {i}"
+            clock.advance(due - clock())
+            assert await limiter.try_acquire(permits), f"acquire {i}"
 
     await limiter.set_rate(PER_CLIENT, 1, interval)
     assert await limiter.available_permits() == 1
@@ -309,20 +314,20 @@ async def test_update_rate_keeps_grants_and_paces_at_the_new_rate(store, name):
 
     assert await limiter.update_rate(PER_CLIENT, 5, interval)
     assert await limiter.available_permits() == 4  # the last grant is still in the window
-    await asyncio.sleep(interval)
+    clock.advance(interval)
     await paced(1, 11, 5)
 
     assert await limiter.update_rate(PER_CLIENT, 1, interval)
     assert await limiter.available_permits() == 0
-    await asyncio.sleep(interval)
+    clock.advance(interval)
     await paced(1, 3, 1)
 
     assert await limiter.update_rate(PER_CLIENT, 6, interval)
     assert await limiter.available_permits() == 5
-    await asyncio.sleep(interval)
+    clock.advance(interval)
     await paced(6, 3, 6)
 
     assert await limiter.update_rate(PER_CLIENT, 6, interval)
     assert await limiter.available_permits() == 0
-    await asyncio.sleep(interval)
+    clock.advance(interval)
     await paced(3, 5, 6)
