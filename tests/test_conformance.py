@@ -74,7 +74,7 @@ async def test_try_acquire_fails_at_once_when_the_wait_exceeds_the_timeout(store
     start = now()
     assert not await limiter.try_acquire(timeout=5)
     assert not await limiter.try_acquire(timeout=timedelta(seconds=9))
-    assert now() - start < 0.1, "slept out a timeout that could not be met"
+    tolerance(store).check(now(), start, "the refusals (a timeout that cannot be met, slept out)")
 
 
 async def test_try_acquire_with_a_timeout_waits_for_the_permit(store, name):
@@ -646,7 +646,7 @@ async def test_an_unconfigured_limiter_raises_not_configured(store, name):
         with pytest.raises(NotConfiguredError) as caught:
             await call()
         assert isinstance(caught.value, LimiterError)
-    assert now() - start < 0.1, "waited for a limiter that has no rate"
+    tolerance(store).check(now(), start, "the errors (waited for a limiter that has no rate)")
     assert issubclass(aiolimit.BackendError, LimiterError)
     with pytest.raises(NotConfiguredError):
         async with limiter:
