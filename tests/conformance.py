@@ -61,11 +61,9 @@ class LoopLag:
         """How late the loop woke a ticker due between ``start`` and ``end`` at most (one
         period before ``start`` included: a stall that began just before it), the tick still
         waiting to be woken included."""
-        ticks = [*self._ticks, (self._due, now())] if self._task else self._ticks
-        return max(
-            (woke - due for due, woke in ticks if start - self.PERIOD <= due <= end),
-            default=0.0,
-        )
+        ticks = [*self._ticks, (self._due, max(self._due, now()))] if self._task else self._ticks
+        lags = (woke - due for due, woke in ticks if start - self.PERIOD <= due <= end)
+        return max(lags, default=0.0)
 
 
 @dataclass(frozen=True)
