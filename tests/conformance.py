@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -22,17 +23,70 @@ def now() -> float:
     return asyncio.get_running_loop().time()
 
 
+class LoopLag:
+    """How late this process's event loop ran, as a ticker task sees it: on a busy machine
+    the whole process may not run for a few hundred milliseconds, and any caller due to wake
+    then wakes that much late, however exact the limiter. A late event is the limiter's
+    fault only by what the loop's own lateness at that moment does not explain.
+
+    The ``store`` fixture runs one for every test on a real clock (``LoopLag.current``);
+    :func:`tolerance` hands it to the checks.
+    """
+
+    PERIOD = 0.005
+    current: ClassVar[LoopLag | None] = None
+
+    def __init__(self) -> None:
+        self._ticks: deque[tuple[float, float]] = deque(maxlen=4000)  # (due, woke), 20 s
+        self._task: asyncio.Task[None] | None = None
+        self._due = 0.0  # when the tick now waiting is due
+
+    def start(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._tick())
+        return self
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _tick(self) -> None:
+        while True:
+            self._due = now() + self.PERIOD
+            await asyncio.sleep(self.PERIOD)
+            self._ticks.append((self._due, now()))
+
+    def during(self, start: float, end: float) -> float:
+        """How late the loop woke a ticker due between ``start`` and ``end`` at most (one
+        period before ``start`` included: a stall that began just before it), the tick still
+        waiting to be woken included."""
+        ticks = [*self._ticks, (self._due, max(self._due, now()))] if self._task else self._ticks
+        lags = (woke - due for due, woke in ticks if start - self.PERIOD <= due <= end)
+        return max(lags, default=0.0)
+
+
 @dataclass(frozen=True)
 class Tolerance:
-    """How far an observed time may stray from the exact one."""
+    """How far an observed time may stray from the exact one. With a ``lag`` monitor, an
+    event may be late by ``late`` plus how late the event loop itself ran between the exact
+    time and the event (see :class:`LoopLag`); that needs times of the loop's clock, not
+    durations."""
 
     early: float
     late: float
+    lag: LoopLag | None = None
+
+    def late_by(self, expected: float, actual: float) -> float:
+        """``late``, plus how late the loop ran between ``expected`` and ``actual``."""
+        stalled = 0.0 if self.lag is None else self.lag.during(expected, actual)
+        return self.late + stalled
 
     def check(self, actual: float, expected: float, what: str = "event") -> None:
-        assert expected - self.early <= actual <= expected + self.late, (
+        late = self.late_by(expected, actual)
+        assert expected - self.early <= actual <= expected + late, (
             f"{what} at {actual:.4f} s, expected {expected:.4f} s "
-            f"(-{self.early} s / +{self.late} s)"
+            f"(-{self.early} s / +{self.late} s, +{late - self.late:.4f} s the loop ran late)"
         )
 
     def check_span(
@@ -42,17 +96,61 @@ class Tolerance:
         read a clock on the server read it somewhere inside the call. The spans must meet,
         give or take the tolerance, however long a call took (a pause of the whole process
         included)."""
-        assert expected[0] - self.early <= actual[1] and actual[0] <= expected[1] + self.late, (
+        late = self.late_by(expected[1], actual[0])
+        assert expected[0] - self.early <= actual[1] and actual[0] <= expected[1] + late, (
             f"{what} at {actual[0]:.4f}..{actual[1]:.4f} s, expected "
-            f"{expected[0]:.4f}..{expected[1]:.4f} s (-{self.early} s / +{self.late} s)"
+            f"{expected[0]:.4f}..{expected[1]:.4f} s (-{self.early} s / +{self.late} s, "
+            f"+{late - self.late:.4f} s the loop ran late)"
         )
+
+
+class ManualClock:
+    """A limiter clock (seconds) that moves only when the test moves it: for tests whose point
+    is what the store holds or refuses, not when, so that a busy machine, a slow round trip or
+    a paused process cannot move the limiter's time between two steps of a test.
+
+    >>> clock = ManualClock()
+    >>> limiter = RateLimiter(name, store.backend(clock=clock))  # every backend takes one
+    >>> clock.advance(0.3)
+
+    It starts at a whole hour, so fixed windows of any interval dividing an hour start there.
+    Redis is sent its readings (``clock=`` a callable), as with ``clock='client'``.
+    """
+
+    START = 1_800_000_000.0  # a whole hour (2027-01-15 08:00 UTC), near this era's wall clock
+
+    def __init__(self, start: float = START) -> None:
+        self._us = round(start * 1e6)  # whole microseconds, so that steps add up exactly
+
+    def __call__(self) -> float:
+        return self._us / 1e6
+
+    def advance(self, seconds: float) -> None:
+        self._us += round(seconds * 1e6)
+
+
+def manual_clock(store: Any) -> tuple[ManualClock, Backend]:
+    """A clock the test moves, and a backend of the store that reads it (another client of
+    it, as ``new_client`` makes)."""
+    clock = ManualClock()
+    return clock, new_client(store, clock=clock)
 
 
 def tolerance(store: Any) -> Tolerance:
     """Virtual time is exact but for microsecond rounding and any wake-up jitter; real
     time on a loaded 2-core machine runs late by scheduling and round trips, and early only by
     the drift between the server's clock and the event loop's."""
-    return Tolerance(0.01, 0.15) if store.is_redis else Tolerance(2e-6, 0.005)
+    if not store.is_redis:
+        return Tolerance(2e-6, 0.005)
+    return Tolerance(0.01, 0.15, LoopLag.current)
+
+
+def check_after(store: Any, span: tuple[float, float], offset: float, what: str = "event") -> None:
+    """Now is ``offset`` after an event known as a span (a grant: the store stamped it
+    somewhere inside the call that made it), to the suite's tolerances. Measuring from the
+    call's end instead would read a slow reply as an early grant."""
+    at = now()
+    tolerance(store).check_span((at, at), (span[0] + offset, span[1] + offset), what)
 
 
 def xfail_on(request: Any, store: Any, kinds: set[str], reason: str) -> None:
@@ -99,6 +197,7 @@ class AttemptClock:
     """
 
     def __init__(self, tolerance: Tolerance) -> None:
+        self.tolerance = tolerance
         self.late = tolerance.late
 
     def __call__(self) -> float:
@@ -122,8 +221,10 @@ class AttemptClock:
             return None
         returned = now()
         # The first reading is the attempt's (a caller that slept out a reservation then reads
-        # the block, after its grant started).
-        return max(readings[0], returned - self.late), returned
+        # the block, after its grant started). Later than ``late`` after the grant only by how
+        # late the loop itself ran meanwhile.
+        late = self.tolerance.late_by(readings[0], returned)
+        return max(readings[0], returned - late), returned
 
 
 async def when_free(limiter: RateLimiter, permits: int = 1) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from conformance import LoopLag
 from redis.asyncio import Redis
 from servers import valkey_server_binary
 
@@ -120,9 +121,12 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     first = result.backend()
     assert isinstance(first, RedisBackend)
     await first.redis.flushall()
+    LoopLag.current = lag = LoopLag().start()  # real time: how late the loop itself runs
     try:
         yield result
     finally:
+        LoopLag.current = None
+        await lag.stop()
         for client in result.clients:
             await client.aclose()
 

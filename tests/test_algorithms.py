@@ -17,7 +17,15 @@ from datetime import timedelta
 
 import pytest
 from cluster import Cluster
-from conformance import assert_stored_keys, new_client, now, take, tolerance, when_free
+from conformance import (
+    assert_stored_keys,
+    manual_clock,
+    new_client,
+    now,
+    take,
+    tolerance,
+    when_free,
+)
 from redis.asyncio import RedisCluster
 from test_cluster import masters_holding
 
@@ -127,6 +135,16 @@ def check_at(store, span: tuple[float, float], offset: float, what: str) -> None
     tolerance(store).check_span((at, at), (span[0] + offset, span[1] + offset), what)
 
 
+async def until(read, done, what: str, within: float = 5.0):
+    """Reads ``read()`` every 10 ms until ``done`` holds for it (at most ``within`` seconds of
+    the loop's clock): for what a background task (a hand-back) or a sleeping one does."""
+    deadline = now() + within
+    while not done(value := await read()):
+        assert now() < deadline, f"{what}: still {value!r} after {within} s"
+        await asyncio.sleep(0.01)
+    return value
+
+
 # -- exact waits --------------------------------------------------------------------------------
 
 # Rates 2 per 0.1 s and 4 per 0.4 s; 2 permits taken at 0, then 1 at a time as soon as given:
@@ -162,18 +180,21 @@ async def test_each_grant_waits_exactly_until_every_rate_allows_it(store, name, 
 async def test_a_timeout_shorter_than_the_wait_fails_at_once_and_takes_nothing(
     store, name, algorithm
 ):
-    await early_in_window(store, 100, 2)
-    limiter = await configured(store, name, [Rate(2, 100), Rate(3, 3600)], algorithm)
+    # The limiter's clock stands still (at a whole hour: early in a 100 s window), so what the
+    # refusals leave is exact; the event loop's clock shows they did not wait.
+    _, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(2, 100), Rate(3, 3600)], algorithm=algorithm)
     assert await limiter.try_acquire(2)
     before, waited = await snapshot(store, name), await limiter.wait_time(2)
     start = now()
     assert not await limiter.try_acquire(timeout=1)
     assert not await limiter.try_acquire(2, timeout=timedelta(seconds=1.5))
     assert not await limiter.try_acquire()
-    assert now() - start < 0.1, "slept out a timeout that could not be met"
+    tolerance(store).check(now(), start, "the refusals (a timeout that cannot be met, slept out)")
     assert await snapshot(store, name) == before, "a refusal wrote something"
     assert await limiter.available_permits() == 0
-    assert abs(await limiter.wait_time(2) + (now() - start) - waited) < 0.1
+    assert await limiter.wait_time(2) == waited
 
 
 @ALGORITHMS
@@ -200,83 +221,66 @@ async def test_min_spacing_keeps_the_starts_of_consecutive_grants_apart(store, n
         tol.check_span((at, at), (first[0] + due, first[1] + due), f"waiter {i + 1}")
 
 
-# Rates 2 per 0.3 s and 4 per 10 s, spacing 0.05 s; 2 permits at 0. When the third one is
-# granted: sliding, when the first grant leaves the 0.3 s window; token bucket, when a token of
-# rate 1 has come back (0.15 s); fixed windows, when the next 0.3 s window starts. And the
-# fourth: the spacing after the third (token bucket: rate 1's next token, at 0.3 s).
-AFTER_REFUSALS = {SLIDING: (0.3, 0.35), BUCKET: (0.15, 0.3), FIXED: (0.3, 0.35)}
+# Rates 2 per 30 s and 4 per 1000 s, spacing 5 s; 2 permits at 0. When the third one is
+# granted: sliding, when the first grant leaves the 30 s window; token bucket, when a token of
+# rate 1 has come back (15 s); fixed windows, when the next 30 s window starts. And the
+# fourth: the spacing after the third (token bucket: rate 1's next token, at 30 s).
+AFTER_REFUSALS = {SLIDING: (30, 35), BUCKET: (15, 30), FIXED: (30, 35)}
 
 
 @ALGORITHMS
 async def test_refused_attempts_leave_no_trace_in_any_rate_or_the_spacing(store, name, algorithm):
     # The seed's rolling limiter recorded refused attempts, so a caller over the limit who kept
-    # trying stayed blocked. Here each grant comes exactly when it would without them.
-    limiter = await configured(
-        store, name, [Rate(2, 0.3), Rate(4, 10)], algorithm, min_spacing=0.05
-    )
-    if algorithm is FIXED:
-        await early_in_window(store, 10, 2)
-        start = await window_start(store, 0.3)
-        assert await take(limiter, 2)
-        first = (start, start)
-    else:
-        first = await take(limiter, 2)
-        assert first is not None
+    # trying stayed blocked. Here each grant comes exactly when it would without them. The
+    # limiter's clock moves only when the test moves it (it starts at a whole hour: the start
+    # of a 30 s and of a 1000 s window), so every refusal is made while the limit is full; the
+    # intervals are long, so that Redis keeps the keys (their TTLs run on its own clock).
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    rates = [Rate(2, 30), Rate(4, 1000)]
+    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, min_spacing=5)
+    first = round(clock() * 1e6)
+    assert await limiter.try_acquire(2)
     for i, offset in enumerate(AFTER_REFUSALS[algorithm]):
         # (The first may drop grants that have left a sliding window from its log.)
         assert not await limiter.try_acquire()
         before = await snapshot(store, name)
         for _ in range(5):
             assert not await limiter.try_acquire()
-            assert not await limiter.try_acquire(timeout=0.01)
+            assert not await limiter.try_acquire(timeout=1)
         assert await snapshot(store, name) == before, "a refusal wrote something"
-        assert await limiter.try_acquire(timeout=None)
-        check_at(store, first, offset, f"grant {i + 3}")
+        grant = await backend.try_acquire(name, 1, None)  # the next slot, reserved
+        assert isinstance(grant, Grant)
+        assert grant.starts_at == first + offset * 1_000_000, f"grant {i + 3}"
+        clock.advance(grant.starts_in / 1e6)  # to its start
 
 
-# Rate 4 per 0.4 s; a 1-permit request every 0.05 s from 0, a 4-permit one at 0.125 s.
-# When the big one starts: sliding, once the grants of 0, 0.05 and 0.1 have left the window
-# (0.5); token bucket, once 4 tokens are back (0.3); fixed windows, at the next window (0.4).
-BIG_STARTS = {SLIDING: 0.5, BUCKET: 0.3, FIXED: 0.4}
+# Rate 4 per 40 s; a 1-permit request every 5 s from 0, a 4-permit one at 12.5 s. When the
+# big one starts: sliding, once the grants of 0, 5 and 10 have left the window (50); token
+# bucket, once 4 tokens are back (30); fixed windows, at the next window (40).
+BIG_STARTS = {SLIDING: 50, BUCKET: 30, FIXED: 40}
 
 
 @ALGORITHMS
 async def test_a_big_request_amid_small_ones_is_served_first_come_first_served(
     store, name, algorithm
 ):
-    limiter = await configured(store, name, [Rate(4, 0.4)], algorithm)
-    if algorithm is FIXED:
-        origin = await window_start(store, 0.4)
-    else:
-        origin = now()
-    small: dict[int, float] = {}
-    big: list[float] = []
-    arrived: dict[int, float] = {}
-
-    async def request(i: int, permits: int) -> None:
-        arrived[i] = now() - origin
-        assert await limiter.try_acquire(permits, timeout=None)
-        if permits == 1:
-            small[i] = now() - origin
-        else:
-            big.append(now() - origin)
-
-    tasks = []
-    for i in range(6):
-        tasks.append(asyncio.create_task(request(i, 1)))
-        await asyncio.sleep(0.05 if i != 2 else 0.025)
-        if i == 2:
-            tasks.append(asyncio.create_task(request(-1, 4)))
-            await asyncio.sleep(0.025)
-    try:
-        await asyncio.wait_for(tasks[3], 2)  # the big request
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    tolerance(store).check(big[0], BIG_STARTS[algorithm], "the big request")
-    assert sorted(small) == [0, 1, 2], "a request that came after the big one went before it"
-    assert all(arrived[i] < arrived[-1] for i in small)
+    # Each request reserves its slot as it arrives (what try_acquire then sleeps out), on a
+    # clock the test moves: it starts at a whole hour (a window's start), and the intervals
+    # are long, so that Redis keeps the keys on its own clock.
+    clock, backend = manual_clock(store)
+    await RateLimiter(name, backend).set_rate(OVERALL, [Rate(4, 40)], algorithm=algorithm)
+    origin, arrived = round(clock() * 1e6), 0.0
+    starts: list[float] = []
+    for at, permits in [(0, 1), (5, 1), (10, 1), (12.5, 4), (15, 1), (20, 1), (25, 1)]:
+        clock.advance(at - arrived)
+        arrived = at
+        grant = await backend.try_acquire(name, permits, None)
+        assert isinstance(grant, Grant)
+        starts.append((grant.starts_at - origin) / 1e6)
+    assert starts[:3] == [0, 5, 10]  # at once
+    assert starts[3] == BIG_STARTS[algorithm], "the big request"
+    assert min(starts[4:]) >= starts[3], "a request that came after the big one went before it"
 
 
 # -- release and cancellation -------------------------------------------------------------------
@@ -327,20 +331,21 @@ async def test_a_fixed_window_releases_nothing_while_a_later_window_is_reserved(
 
 @ALGORITHMS
 async def test_a_cancelled_waiter_hands_its_reservation_back(store, name, algorithm):
-    await early_in_window(store, 100, 2)
-    limiter = await configured(store, name, [Rate(2, 100), Rate(4, 3600)], algorithm)
-    other = RateLimiter(name, new_client(store))
+    # The limiter's clock stays put (it starts at a whole hour: early in a 100 s window), so
+    # the wait another client sees changes only by what the waiter reserves and hands back.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(2, 100), Rate(4, 3600)], algorithm=algorithm)
+    other = RateLimiter(name, new_client(store, clock=clock))
     assert await limiter.try_acquire(2)
-    start, waited = now(), await other.wait_time(2)
+    waited = await other.wait_time(2)
     waiter = asyncio.create_task(limiter.acquire(2))
-    await asyncio.sleep(0.05)  # reserved, sleeping until its start
-    assert await other.wait_time(2) > waited + 1, "the waiter reserved nothing"
+    await until(lambda: other.wait_time(2), lambda wait: wait != waited, "the reservation")
+    assert await other.wait_time(2) > waited + 1, "the waiter reserved too little"
+    assert not waiter.done()  # sleeping until its start
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
-    deadline = now() + 1
-    while abs(await other.wait_time(2) + (now() - start) - waited) > 0.1:
-        assert now() < deadline, "the cancelled waiter kept its reservation"
-        await asyncio.sleep(0.01)
+    await until(lambda: other.wait_time(2), lambda wait: wait == waited, "the hand-back")
 
 
 # -- rate types, algorithm changes, config --------------------------------------------------------
@@ -494,17 +499,19 @@ async def test_permits_over_the_smallest_rate_raise_and_take_nothing(store, name
 
 
 async def test_a_token_bucket_counts_whole_tokens_and_waits_for_the_refill(store, name):
-    limiter = await configured(store, name, [Rate(4, 0.4)], BUCKET)  # a token per 0.1 s
+    # On a clock the test moves: waits are exact (long intervals, so that Redis keeps the keys
+    # on its own clock).
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(4, 40)], algorithm=BUCKET)  # a token per 10 s
     assert await limiter.available_permits() == 4  # starts full
-    first = await take(limiter, 4)
-    assert first is not None
+    assert await limiter.try_acquire(4)
     assert await limiter.available_permits() == 0
-    tol = tolerance(store)
-    tol.check_span(await when_free(limiter, 1), (first[0] + 0.1, first[1] + 0.1), "one token")
-    tol.check_span(await when_free(limiter, 4), (first[0] + 0.4, first[1] + 0.4), "a full bucket")
-    await asyncio.sleep(first[0] + 0.25 - now())
+    assert await limiter.wait_time(1) == 10, "one token"
+    assert await limiter.wait_time(4) == 40, "a full bucket"
+    clock.advance(25)
     assert await limiter.available_permits() == 2  # 2.5 tokens
-    tol.check_span(await when_free(limiter, 3), (first[0] + 0.3, first[1] + 0.3), "three tokens")
+    assert await limiter.wait_time(3) == 5, "three tokens"
     assert await limiter.try_acquire(2)
     assert not await limiter.try_acquire()
 
@@ -533,20 +540,20 @@ async def test_a_fixed_window_counts_the_room_left_in_the_current_window(store, 
 
 
 async def test_a_sliding_window_with_several_rates_reports_the_tightest(store, name):
-    limiter = await configured(store, name, [Rate(2, 0.2), Rate(3, 0.5)])
-    first = await take(limiter, 2)
-    assert first is not None
+    # On a clock the test moves: waits are exact (long intervals, so that Redis keeps the keys
+    # on its own clock).
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(2, 20), Rate(3, 50)])
+    assert await limiter.try_acquire(2)
     assert await limiter.available_permits() == 0
-    tol = tolerance(store)
-    tol.check_span(await when_free(limiter, 1), (first[0] + 0.2, first[1] + 0.2), "rate 1's permit")
-    tol.check_span(
-        await when_free(limiter, 2), (first[0] + 0.5, first[1] + 0.5), "rate 2's two permits"
-    )
-    await asyncio.sleep(first[1] + 0.2 + 0.02 - now())
+    assert await limiter.wait_time(1) == 20, "rate 1's permit"
+    assert await limiter.wait_time(2) == 50, "rate 2's two permits"
+    clock.advance(22)
     assert await limiter.available_permits() == 1  # rate 1 has 2, rate 2 has 1
-    refusal = await limiter.backend.try_acquire(name, 2)
+    refusal = await backend.try_acquire(name, 2)
     assert isinstance(refusal, Refusal)
-    tol.check(now() + refusal.retry_in / 1e6, first[1] + 0.5, "the refusal's retry")
+    assert refusal.retry_in == 28_000_000, "the refusal's retry"
 
 
 @ALGORITHMS
@@ -610,8 +617,9 @@ async def test_keep_state_with_one_more_rate_keeps_counting_the_grants(store, na
 
 @ALGORITHMS
 async def test_a_sharded_limiter_gives_each_shard_its_share_of_every_rate(store, name, algorithm):
-    await early_in_window(store, 100, 2)
-    limiter = ShardedRateLimiter(name, store.backend(), shards=2)
+    # The limiter's clock moves only past the spacing (from a whole hour: early in a window).
+    clock, backend = manual_clock(store)
+    limiter = ShardedRateLimiter(name, backend, shards=2)
     await limiter.set_rate(
         OVERALL, [Rate(5, 100), Rate(7, 3600)], algorithm=algorithm, min_spacing=0.001
     )
@@ -627,7 +635,8 @@ async def test_a_sharded_limiter_gives_each_shard_its_share_of_every_rate(store,
     assert config.min_spacing == timedelta(microseconds=1000)
     granted = []
     for _ in range(6):
-        granted.append(await limiter.try_acquire(timeout=0.01))  # (past the spacing)
+        granted.append(await limiter.try_acquire())
+        clock.advance(0.002)  # past each shard's spacing
     assert granted == [True] * 5 + [False]
     assert [await shard.available_permits() for shard in limiter.shards] == [0, 0]
     with pytest.raises(InvalidArgumentError):
@@ -706,9 +715,14 @@ async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store,
     assert len(name) == 18
     await early_in_window(store, 3600, 2)
     limiter = await configured(store, name, [Rate(100_000, 3600)], algorithm)
+    started = now()
     for _ in range(100):
         assert await limiter.try_acquire(1000)
-    assert await limiter.available_permits() == 0
+    # Every permit taken. The server's clock runs on meanwhile: a token bucket gives one back
+    # every 36 ms of it (the windows, none within the hour, or before the window ends).
+    available = await limiter.available_permits()
+    back = math.floor((now() - started) * 100_000 / 3600) if algorithm is BUCKET else 0
+    assert available <= back, f"{available} permits available, at most {back} came back"
     backend = store.backend()
     assert isinstance(backend, RedisBackend)
     keys = await backend.redis.keys("*")

@@ -186,6 +186,7 @@ async def warm_up(backend: RedisBackend, admin: Redis, prefix: str) -> None:
 # -- 1. a deep queue must not block Redis --------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_5000_queued_waiters_never_hold_redis_for_long(
     redis: Redis, admin: Redis, prefix: str
 ) -> None:

@@ -75,6 +75,7 @@ class PopCounter:
 # -- (1) expired state is freed without being touched again ---------------------------------------
 
 
+@pytest.mark.slow
 async def test_expired_limiters_are_freed_without_being_touched_again() -> None:
     count = 100_000
     backend, clock = make_backend()
@@ -233,6 +234,7 @@ async def test_state_left_by_an_expired_config_is_freed_when_it_expires() -> Non
 # -- (4) the sweep is bounded per operation -------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_each_operation_sweeps_a_bounded_number_of_entries(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from redis import exceptions as redis_errors
@@ -776,6 +777,7 @@ class Twins:
         assert late[0] != "attempt" or late[1].granted, f"refused at {ready}: {late}"
 
 
+@pytest.mark.slow
 @settings(
     max_examples=600,
     deadline=None,

@@ -285,6 +285,7 @@ async def test_concurrent_calls_recover_together_after_script_flush(
     assert await asyncio.gather(*(limiter.available_permits() for _ in range(5))) == [0] * 5
 
 
+@pytest.mark.slow
 async def test_thousands_of_concurrent_calls_share_a_few_connections(
     server: LocalRedis, prefix: str
 ) -> None:
@@ -459,6 +460,7 @@ def every_operation(limiter: RateLimiter) -> list[tuple[str, Callable[[], object
     ]
 
 
+@pytest.mark.slow
 async def test_an_unreachable_server_raises_backend_error_from_every_operation() -> None:
     redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=1)
     limiter = RateLimiter("gone", RedisBackend(redis))
