@@ -8,13 +8,16 @@ process obeys after the server answered ``429`` (or ``503``) with ``Retry-After`
 ...     ...                                           # everyone pauses; retry once
 
 The pause is the limiter's ``block()``: kept in its config, so every process that shares the
-store obeys it, and reservations made before it move behind it.
+store obeys it, and reservations made before it move behind it. It lasts at most ``max_pause``
+(15 minutes by default): one hostile or mistaken ``Retry-After`` (``999999999``, a date in
+the year 9999) would otherwise stop every caller of the limiter, in every process, for years.
 """
 
 from __future__ import annotations
 
 import email.utils
-import math
+import logging
+import re
 import time
 from datetime import timezone
 
@@ -23,18 +26,26 @@ from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
 
-__all__ = ["PAUSE_STATUSES", "CallGuard", "retry_after_seconds"]
+__all__ = ["DEFAULT_MAX_PAUSE", "PAUSE_STATUSES", "CallGuard", "retry_after_seconds"]
+
+log = logging.getLogger("aiolimit")
 
 PAUSE_STATUSES = frozenset({429, 503})
 """Statuses whose ``Retry-After`` pauses every caller."""
 
+DEFAULT_MAX_PAUSE = 15 * 60
+"""The longest pause a ``Retry-After`` starts, in seconds, unless the client says otherwise."""
+
 _LONGEST_PAUSE = MAX_DURATION.total_seconds()
+# RFC 9110 delta-seconds (ASCII digits only), with a decimal part read too.
+_DELTA_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]+)?")
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
     """The seconds a ``Retry-After`` value asks for: delta-seconds (a decimal is read too) or
-    an HTTP-date (``now`` is the wall clock by default); None when absent or unreadable. A
-    date in the past is 0.
+    an HTTP-date (``now`` is the wall clock by default); None when absent or unreadable
+    (negative, ``nan``, ``inf``, ``1e9``, garbage). A date in the past is 0; anything past
+    10 years (``MAX_DURATION``, also a number too long for a float) is 10 years.
 
     >>> retry_after_seconds("120")
     120.0
@@ -44,26 +55,22 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     if value is None:
         return None
     value = value.strip()
+    if _DELTA_SECONDS.fullmatch(value):
+        return min(float(value), _LONGEST_PAUSE)  # 400 digits make inf: the longest
     try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError, IndexError):
-            return None
-        if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
-        seconds = when.timestamp() - (time.time() if now is None else now)
-        return min(max(seconds, 0.0), _LONGEST_PAUSE)
-    if not math.isfinite(seconds) or seconds < 0:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    return min(seconds, _LONGEST_PAUSE)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    seconds = when.timestamp() - (time.time() if now is None else now)
+    return min(max(seconds, 0.0), _LONGEST_PAUSE)
 
 
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
-    __slots__ = ("limiter", "permits", "retry", "timeout")
+    __slots__ = ("limiter", "max_pause", "permits", "retry", "timeout")
 
     def __init__(
         self,
@@ -72,6 +79,7 @@ class CallGuard:
         permits: int,
         timeout: Duration | None,
         retry: bool,
+        max_pause: Duration = DEFAULT_MAX_PAUSE,
     ) -> None:
         if not isinstance(limiter, (RateLimiter, ShardedRateLimiter)):
             raise InvalidArgumentError(
@@ -83,6 +91,10 @@ class CallGuard:
         self.permits = permits
         self.timeout = None if timeout is None else to_micros(timeout, "timeout") / 1e6
         self.retry = retry
+        max_pause_us = to_micros(max_pause, "max_pause")
+        if max_pause_us < 0:
+            raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
+        self.max_pause = max_pause_us / 1e6
 
     async def before_call(self) -> None:
         """Waits for the permits (after any pause: a block holds every grant back);
@@ -98,6 +110,15 @@ class CallGuard:
         seconds = retry_after_seconds(retry_after)
         if seconds is None:
             return False
+        if seconds > self.max_pause:
+            log.warning(
+                "limiter %r: the server's Retry-After %.40r asks for a longer pause than "
+                "max_pause; pausing %g s",
+                self.limiter.name,
+                retry_after,
+                self.max_pause,
+            )
+            seconds = self.max_pause
         if seconds > 0:
             await self.limiter.block(seconds)
         return True

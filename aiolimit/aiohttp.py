@@ -23,7 +23,7 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
-from ._calls import CallGuard
+from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
@@ -36,7 +36,9 @@ class RateLimitedClientMiddleware:
 
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with
-    ``retry_after``.
+    ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
+    minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
+    ``aiolimit``) and cut to it.
     """
 
     __slots__ = ("_guard",)
@@ -48,8 +50,11 @@ class RateLimitedClientMiddleware:
         permits: int = 1,
         timeout: Duration | None = None,
         retry: bool = True,
+        max_pause: Duration = DEFAULT_MAX_PAUSE,
     ) -> None:
-        self._guard = CallGuard(limiter, permits=permits, timeout=timeout, retry=retry)
+        self._guard = CallGuard(
+            limiter, permits=permits, timeout=timeout, retry=retry, max_pause=max_pause
+        )
 
     @property
     def limiter(self) -> RateLimiter | ShardedRateLimiter:

@@ -22,7 +22,7 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.httpx", "httpx") from exc
 
-from ._calls import CallGuard
+from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
@@ -35,7 +35,9 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with
-    ``retry_after``. A request whose body is a stream is not sent again.
+    ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
+    minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
+    ``aiolimit``) and cut to it. A request whose body is a stream is not sent again.
     """
 
     __slots__ = ("_guard", "_transport")
@@ -48,8 +50,11 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         permits: int = 1,
         timeout: Duration | None = None,
         retry: bool = True,
+        max_pause: Duration = DEFAULT_MAX_PAUSE,
     ) -> None:
-        self._guard = CallGuard(limiter, permits=permits, timeout=timeout, retry=retry)
+        self._guard = CallGuard(
+            limiter, permits=permits, timeout=timeout, retry=retry, max_pause=max_pause
+        )
         self._transport = transport or httpx.AsyncHTTPTransport()
 
     @property

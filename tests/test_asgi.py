@@ -217,20 +217,16 @@ async def test_paths_methods_and_cost_choose_what_a_rule_counts() -> None:
 
 
 @looptime
-async def test_a_cost_over_the_rate_and_a_key_that_is_no_client_id_never_make_a_500() -> None:
+async def test_a_key_that_is_no_client_id_never_makes_a_500() -> None:
+    # (a callable cost over the rate is the app's error: tests/test_asgi_edge.py)
     app = RateLimitMiddleware(
         starlette_app(),
         backend=MemoryBackend(),
         rules=[
-            Rule("big", "5/minute", permits=lambda scope: 6 if scope["path"] == "/other" else 1),
             Rule("odd", "2/minute", key=lambda scope: "\udc80" if scope["path"] == "/ws" else None),
         ],
     )
     async with client(app) as http:
-        over = await http.get("/other")
-        assert over.status_code == 429
-        assert over.headers["retry-after"] == "60"
-        assert (await http.get("/api/items")).status_code == 200  # nothing was taken
         # an id that cannot be a client id counts in the shared "unknown" budget
         assert [(await http.get("/ws")).status_code for _ in range(3)] == [404, 404, 429]
 
@@ -355,7 +351,7 @@ def test_client_ip_from_reads_forwarded_for_only_as_far_as_trusted_proxies_wrote
     assert key(scope_from("10.0.0.2", ["6.6.6.6, 198.51.100.4"])) == "198.51.100.4"
     # two trusted hops, header split over two fields
     assert key(scope_from("10.0.0.2", ["6.6.6.6, 198.51.100.4", "10.1.1.1"])) == "198.51.100.4"
-    assert key(scope_from("2001:db8::1", ["2001:db8::42"])) == "2001:db8::42"
+    assert key(scope_from("2001:db8::1", ["2001:db8::42"])) == "2001:db8::/56"  # its /56
     # garbage where a trusted proxy writes: the proxy is the client, not the garbage
     assert key(scope_from("10.0.0.2", ["not-an-ip"])) == "10.0.0.2"
     assert key(scope_from("10.0.0.2", [])) == "10.0.0.2"
@@ -377,9 +373,9 @@ def test_client_ip_from_reads_the_rfc_7239_forwarded_header_when_named() -> None
     # for= among other parameters, quoted with a port, and IPv6 in brackets
     assert key(scope("10.0.0.2", "for=6.6.6.6, for=198.51.100.4;proto=https")) == "198.51.100.4"
     assert key(scope("10.0.0.2", 'for=6.6.6.6, for="198.51.100.4:4711"')) == "198.51.100.4"
-    assert key(scope("10.0.0.2", 'for="[2001:db8:cafe::17]:4711"')) == "2001:db8:cafe::17"
-    assert key(scope("2001:db8::1", 'For="[2001:db8::42]"')) == "2001:db8::42"
-    # two trusted hops, over two fields; a quoted comma does not split an element
+    assert key(scope("10.0.0.2", 'for="[2001:db8:cafe::17]:4711"')) == "2001:db8:cafe::/56"
+    assert key(scope("2001:db8::1", 'For="[2001:db8::42]"')) == "2001:db8::/56"
+    # two trusted hops, over two fields; a quoted comma left of them changes nothing
     fields = ('for=6.6.6.6;by="a,b", for=198.51.100.4', "for=10.1.1.1;proto=http")
     assert key(scope("10.0.0.2", *fields)) == "198.51.100.4"
     # what a trusted proxy wrote that is no address: the nearest address read is the client

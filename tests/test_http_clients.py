@@ -9,17 +9,27 @@ time yet take about a second each at most.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 from typing import Any
 
 import aiohttp
 import httpx
 import pytest
 from aiohttp import web
+from conformance import Tolerance
 from redis.asyncio import Redis
 
-from aiolimit import MemoryBackend, RateLimited, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    InvalidArgumentError,
+    MemoryBackend,
+    RateLimited,
+    RateLimiter,
+    RateType,
+    RedisBackend,
+)
 from aiolimit._calls import retry_after_seconds
 from aiolimit._tools import LocalRedis, free_port
 from aiolimit.aiohttp import RateLimitedClientMiddleware
@@ -81,8 +91,24 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     assert retry_after_seconds(" 0.25 ") == 0.25
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412500.0) == 0.0
-    for unreadable in (None, "", "soon", "-5", "nan", "inf"):
+    for unreadable in (
+        None,
+        "",
+        "soon",
+        "-5",
+        "nan",
+        "inf",
+        "-inf",
+        "1e9",
+        "0x10",
+        "\x1b[2J",
+        "\u0663",
+    ):
         assert retry_after_seconds(unreadable) is None
+    ten_years = 3650 * 86400
+    assert retry_after_seconds("9" * 400) == ten_years  # past any float: the longest
+    assert retry_after_seconds("Fri, 31 Dec 9999 23:59:59 GMT") == ten_years
+    assert retry_after_seconds("Fri, 31 Dec 99999 23:59:59 GMT") is None
 
 
 # -- httpx --------------------------------------------------------------------------------------
@@ -229,3 +255,116 @@ async def test_a_pause_reaches_every_process_through_redis(
     finally:
         for redis in clients:
             await redis.aclose()
+
+
+# -- hostile Retry-After: a pause is capped ------------------------------------------------------
+
+FIFTEEN_MINUTES_US = 15 * 60 * 1_000_000
+REAL_TIME = Tolerance(early=0.01, late=0.5)  # a local HTTP round trip on a loaded machine
+HOSTILE_RETRY_AFTERS = (
+    "999999999",
+    "Fri, 31 Dec 9999 23:59:59 GMT",
+    "9" * 400,  # delta-seconds past any float: still "a very long time", so capped
+)
+
+
+async def block_left_us(limiter: RateLimiter) -> int:
+    return await limiter.backend.block(limiter.name, None)
+
+
+@pytest.mark.parametrize("retry_after", HOSTILE_RETRY_AFTERS)
+async def test_httpx_caps_a_hostile_retry_after_at_fifteen_minutes_and_logs_it(
+    partner: Partner, retry_after: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 1, retry_after
+    with caplog.at_level(logging.WARNING, logger="aiolimit"):
+        async with httpx_client(limiter, retry=False) as client:
+            assert (await client.get(partner.url)).status_code == 429
+    assert FIFTEEN_MINUTES_US - 5_000_000 < await block_left_us(limiter) <= FIFTEEN_MINUTES_US
+    [line] = [r.getMessage() for r in caplog.records if "Retry-After" in r.getMessage()]
+    assert "partner" in line and "900" in line and "max_pause" in line
+
+
+@pytest.mark.parametrize("retry_after", HOSTILE_RETRY_AFTERS)
+async def test_aiohttp_caps_a_hostile_retry_after_at_fifteen_minutes(
+    partner: Partner, retry_after: str
+) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 1, retry_after
+    async with session(limiter, retry=False) as client, client.get(partner.url) as answer:
+        assert answer.status == 429
+    assert FIFTEEN_MINUTES_US - 5_000_000 < await block_left_us(limiter) <= FIFTEEN_MINUTES_US
+
+
+async def test_max_pause_is_configurable_on_both_clients_and_the_retry_follows_it(
+    partner: Partner,
+) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 1, "999999999"
+    async with httpx_client(limiter, max_pause=0.3) as client:
+        answer = await client.get(partner.url)
+    assert answer.status_code == 200  # paused 0.3 s, not 31 years, then retried
+    refused_at, retried_at = partner.arrivals
+    REAL_TIME.check(retried_at - refused_at, 0.3, "the retry")
+    assert await block_left_us(limiter) == 0
+
+    partner.arrivals.clear()
+    partner.refusals = 1
+    async with (
+        session(limiter, max_pause=timedelta(seconds=0.3)) as client,
+        client.get(partner.url) as response,
+    ):
+        assert response.status == 200
+    refused_at, retried_at = partner.arrivals
+    REAL_TIME.check(retried_at - refused_at, 0.3, "the retry")
+
+    async with session(limiter, max_pause=3600, retry=False) as client:
+        partner.refusals = 1
+        async with client.get(partner.url) as response:
+            assert response.status == 429
+    assert 3595_000_000 < await block_left_us(limiter) <= 3600_000_000
+
+
+async def test_a_hostile_retry_after_on_redis_blocks_every_process_for_the_cap_only(
+    partner: Partner, redis_server: LocalRedis
+) -> None:
+    clients = [Redis.from_url(redis_server.url) for _ in range(2)]  # two processes' clients
+    try:
+        limiter = await limiter_of(RedisBackend(clients[0]), name="hostile-partner")
+        partner.refusals, partner.retry_after = 1, "Fri, 31 Dec 9999 23:59:59 GMT"
+        async with httpx_client(limiter, retry=False) as client:
+            assert (await client.get(partner.url)).status_code == 429
+        other = RateLimiter("hostile-partner", RedisBackend(clients[1]))
+        left = await block_left_us(other)
+        assert FIFTEEN_MINUTES_US - 5_000_000 < left <= FIFTEEN_MINUTES_US
+    finally:
+        for redis in clients:
+            await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    "retry_after", ["-5", "nan", "NaN", "inf", "-inf", "1e9", "0x10", "", "soon"]
+)
+async def test_a_negative_or_unreadable_retry_after_neither_pauses_nor_retries(
+    partner: Partner, retry_after: str
+) -> None:
+    limiter = await limiter_of(MemoryBackend())
+    partner.refusals, partner.retry_after = 1, retry_after
+    async with httpx_client(limiter) as client:
+        assert (await client.get(partner.url)).status_code == 429
+    async with session(limiter) as client:
+        partner.refusals = 1
+        async with client.get(partner.url) as response:
+            assert response.status == 429
+    assert len(partner.arrivals) == 2  # one each: no retry
+    assert await block_left_us(limiter) == 0
+
+
+def test_bad_max_pause_is_refused() -> None:
+    limiter = RateLimiter("partner", MemoryBackend())
+    for bad in (-1, float("nan"), "900", timedelta(days=4000)):
+        with pytest.raises(InvalidArgumentError):
+            RateLimitedTransport(limiter, max_pause=bad)
+        with pytest.raises(InvalidArgumentError):
+            RateLimitedClientMiddleware(limiter, max_pause=bad)

@@ -3,20 +3,30 @@
 ``RateLimit-Policy: "api-per-client";q=10;w=1`` and ``RateLimit: "api-per-client";r=0;t=1``:
 what every rule that applied to a request says about it, gathered in the request's scope so a
 middleware and any dependencies inside it write one set of fields together.
+
+A rule with several rates has a policy per rate (``"burst-1s"``, ``"burst-60s"``); its
+``RateLimit`` item names the one that binds, with that policy's reset. The store says the
+fewest permits left under any rate and, on a refusal, the wait; the policy that binds is the
+one with the shortest window that the wait fits in (a rate never holds a request back longer
+than its window). When a grant leaves nothing, one more read (the wait for the next permit)
+finds it; a grant that leaves permits names the rule's first policy, with its window.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ._rules import Rule, window
+from .._limiter import RateLimiter
+from ..errors import LimiterError
+from ._rules import Rule, whole_seconds, window
 from ._types import Message, Scope
 
-__all__ = ["Item", "header_fields", "items_of", "with_fields"]
+__all__ = ["Item", "granted_items", "header_fields", "items_of", "refused_item", "with_fields"]
 
 # Where the rate limit items of a request gather.
 _SCOPE_KEY = "aiolimit.rate_limits"
@@ -28,6 +38,46 @@ class Item(NamedTuple):
     rule: Rule
     remaining: int
     reset: int  # whole seconds
+    policy: int = 0  # which of the rule's policies (rates) binds
+
+
+def binding_policy(rule: Rule, wait_us: int) -> int:
+    """The rate of ``rule`` that explains a wait of ``wait_us``: the one with the shortest
+    window the wait fits in, else the longest."""
+    indexed = list(enumerate(rule.rates))
+    fits = [(rate.interval_us, i) for i, rate in indexed if rate.interval_us >= wait_us]
+    if fits:
+        return min(fits)[1]
+    return max((rate.interval_us, i) for i, rate in indexed)[1]
+
+
+def refused_item(rule: Rule, retry_in_us: int) -> Item:
+    """The item of a rule that refused a request for ``retry_in_us``."""
+    return Item(rule, 0, whole_seconds(retry_in_us), binding_policy(rule, retry_in_us))
+
+
+async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, int]]) -> list[Item]:
+    """The items of the rules that granted a request: ``(rule, its limiter as the request's
+    client sees it, permits left under its tightest rate)`` each. A rule with several rates
+    and none left asks when the next permit frees: that names the policy that binds and its
+    reset (a rule with one rate, or permits left, costs no read)."""
+    items = [Item(rule, max(left, 0), window(rule.rates[0])) for rule, _, left in granted]
+    asks = [
+        (i, rule, limiter)
+        for i, (rule, limiter, left) in enumerate(granted)
+        if left <= 0 and len(rule.rates) > 1
+    ]
+    if asks:
+        waits = await asyncio.gather(
+            *(limiter.wait_time(1) for _, _, limiter in asks), return_exceptions=True
+        )
+        for (i, rule, _), wait in zip(asks, waits, strict=True):
+            if isinstance(wait, float):  # a failed read: the fields are advice, keep them
+                wait_us = math.ceil(wait * 1_000_000)
+                items[i] = Item(rule, 0, whole_seconds(wait_us), binding_policy(rule, wait_us))
+            elif not isinstance(wait, LimiterError):
+                raise wait
+    return items
 
 
 def _sf_string(text: str) -> str:
@@ -36,14 +86,14 @@ def _sf_string(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _policy_of(rule: Rule) -> tuple[str, str]:
-    """A rule's ``RateLimit-Policy`` items, and its first policy's name, as sent (the same
-    for every response: worked out once per rule)."""
+def _policy_of(rule: Rule) -> tuple[str, tuple[str, ...]]:
+    """A rule's ``RateLimit-Policy`` items, and its policies' names, as sent (the same for
+    every response: worked out once per rule)."""
     named = rule.policies()
     policy = ", ".join(
         f"{_sf_string(name)};q={rate.permits};w={window(rate)}" for name, rate in named
     )
-    return policy, _sf_string(named[0][0])
+    return policy, tuple(_sf_string(name) for name, _ in named)
 
 
 def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, bytes]]:
@@ -54,9 +104,9 @@ def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, byte
     policies = []
     limits = []
     for item in by_rule.values():
-        policy, first = _policy_of(item.rule)
+        policy, names = _policy_of(item.rule)
         policies.append(policy)
-        limits.append(f"{first};r={item.remaining};t={item.reset}")
+        limits.append(f"{names[item.policy]};r={item.remaining};t={item.reset}")
     fields = [
         (b"ratelimit-policy", ", ".join(policies).encode()),
         (b"ratelimit", ", ".join(limits).encode()),
@@ -64,7 +114,7 @@ def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, byte
     if legacy:  # the most constraining rule: the fewest permits left, then the latest reset
         tight = min(by_rule.values(), key=lambda item: (item.remaining, -item.reset))
         fields += [
-            (b"x-ratelimit-limit", str(tight.rule.rates[0].permits).encode()),
+            (b"x-ratelimit-limit", str(tight.rule.rates[tight.policy].permits).encode()),
             (b"x-ratelimit-remaining", str(tight.remaining).encode()),
             (b"x-ratelimit-reset", str(math.ceil(time.time()) + tight.reset).encode()),
         ]

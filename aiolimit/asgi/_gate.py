@@ -14,7 +14,7 @@ from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
-from ._fields import Item, header_fields, items_of
+from ._fields import Item, granted_items, header_fields, items_of, refused_item
 from ._rules import Rule, whole_seconds, window
 from ._types import Scope
 
@@ -186,11 +186,9 @@ class Gate:
         if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        items = [
-            Item(r.rule, max(a.left, 0), window(r.rule.rates[0]))
-            for r, a in pairs
-            if isinstance(a, Grant)
-        ]
+        items = await granted_items(
+            [(r.rule, r.limiter, a.left) for r, a in pairs if isinstance(a, Grant)]
+        )
         costs = {r.rule.name: r.cost for r in requests}
         return Verdict(200, 0, items, "", acquired, costs)
 
@@ -213,7 +211,7 @@ class Gate:
         refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
         retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
         items = [
-            Item(r.rule, 0, whole_seconds(a.retry_in))
+            refused_item(r.rule, a.retry_in)
             if isinstance(a, Refusal)
             else Item(r.rule, max(a.left + r.cost, 0), window(r.rule.rates[0]))
             for r, a in pairs

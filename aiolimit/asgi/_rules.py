@@ -10,7 +10,7 @@ from .._types import Algorithm, Rate, RateType, check_name, rates_of, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
-__all__ = ["Rule", "whole_seconds", "window"]
+__all__ = ["Rule", "route_path", "whole_seconds", "window"]
 
 
 class Rule:
@@ -23,9 +23,14 @@ class Rule:
     ``rates`` is text for :meth:`Rate.parse` or a sequence of :class:`Rate`. With a ``key``
     the rule is a ``PER_CLIENT`` limiter whose client id is ``key(scope)`` (None: the rule
     does not apply to this request); without one, ``OVERALL``. ``paths`` are path prefixes,
-    ``methods`` HTTP methods (a websocket connects with ``GET``); None matches all.
-    ``permits`` are what a request takes, or a callable of the scope (0: free); ``cost`` is
-    its old, deprecated name.
+    relative to the app's ``root_path`` as Starlette routes them (behind ``uvicorn
+    --root-path /v1`` or ``Mount("/v1", app=RateLimitMiddleware(...))``, ``"/api/"``
+    matches ``/v1/api/items``). ``methods`` are HTTP methods (a websocket connects with
+    ``GET``; ``GET`` covers ``HEAD``, which frameworks answer with the GET route); None
+    matches all. ``permits`` are what a request takes, or a callable of the scope (0:
+    free); ``cost`` is its old, deprecated name. A callable that returns no int from 0 to
+    the rule's rate is a bug of the app: :class:`~aiolimit.InvalidArgumentError` is raised
+    (the server logs it and answers 500), never a 429 the client could not have avoided.
     ``algorithm`` None is the library's default. The name is the limiter's name, so a rule
     shares its budget with every process (and any ``RateLimiter``) of that name; it also
     names the rule's policy in the header fields, so it is printable ASCII.
@@ -63,9 +68,7 @@ class Rule:
         self.paths = None if paths is None else _strings(paths, "paths")
         if self.paths is not None and not all(p.startswith("/") for p in self.paths):
             raise InvalidArgumentError(f"paths are prefixes starting with '/', not {self.paths}")
-        self.methods = (
-            None if methods is None else frozenset(m.upper() for m in _strings(methods, "methods"))
-        )
+        self.methods = None if methods is None else _methods(methods)
         if not callable(permits):
             _check_cost(permits, self)
         self.cost = permits
@@ -90,7 +93,7 @@ class Rule:
     def matches(self, scope: Scope) -> bool:
         """Whether the request's path and method are this rule's (its key is not asked)."""
         if self.paths is not None:
-            path = scope.get("path", "")
+            path = route_path(scope)
             if not any(path.startswith(prefix) for prefix in self.paths):
                 return False
         if self.methods is not None:
@@ -100,9 +103,10 @@ class Rule:
         return True
 
     def cost_of(self, scope: Scope) -> int:
-        """The permits this request takes; one over the rate is refused, never granted."""
+        """The permits this request takes; InvalidArgumentError when a callable ``permits``
+        returns no int from 0 to the rate (the app's error: no request could pass)."""
         if callable(self.cost):
-            return _check_cost(self.cost(scope), self, over_rate_ok=True)
+            return _check_cost(self.cost(scope), self, "permits(scope) returned")
         return self.cost
 
     def policies(self) -> list[tuple[str, Rate]]:
@@ -119,13 +123,35 @@ def _strings(values: Iterable[str], what: str) -> tuple[str, ...]:
     return tuple(values)
 
 
-def _check_cost(cost: object, rule: Rule, over_rate_ok: bool = False) -> int:
+def _methods(methods: Iterable[str]) -> frozenset[str]:
+    names = frozenset(method.upper() for method in _strings(methods, "methods"))
+    return names | {"HEAD"} if "GET" in names else names
+
+
+def route_path(scope: Scope) -> str:
+    """The path relative to ``root_path``, as Starlette's routing reads it (``scope["path"]``
+    includes ``root_path`` in current servers and in a ``Mount``); ``"/"`` at the root."""
+    path: str = scope.get("path", "")
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if len(path) == len(root_path):
+        return "/"
+    return path[len(root_path) :] if path[len(root_path)] == "/" else path
+
+
+def _check_cost(cost: object, rule: Rule, what: str = "permits are") -> int:
+    """``cost`` when it is an int from 0 to the rule's rate; else InvalidArgumentError, which
+    names the rule."""
     if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
-        raise InvalidArgumentError(f"cost must be an int >= 0, not {shown(cost)}")
-    most = min(rate.permits for rate in rule.rates)
-    if cost > most and not over_rate_ok:
         raise InvalidArgumentError(
-            f"cost ({cost}) exceeds the rate of rule {rule.name!r} ({most}): never granted"
+            f"rule {rule.name!r}: {what} {shown(cost)}; permits must be an int >= 0"
+        )
+    most = min(rate.permits for rate in rule.rates)
+    if cost > most:
+        raise InvalidArgumentError(
+            f"rule {rule.name!r}: {what} {shown(cost)}, which exceeds the rate of the rule "
+            f"({most}): no request could ever be granted"
         )
     return cost
 
