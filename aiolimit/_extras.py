@@ -10,9 +10,10 @@ from __future__ import annotations
 
 __all__ = ["DISTRIBUTION", "missing_extra"]
 
-DISTRIBUTION = "aiolimit"
-"""The distribution's name on the package index (the import name is always ``aiolimit``):
-the one place the install lines of the extras take it from."""
+DISTRIBUTION = "aiolimit-redis"
+"""The distribution's name on the package index, as in pyproject.toml (the import name is
+always ``aiolimit``; "aiolimit" on the index is an unrelated project): the one place the
+install lines of the extras take it from."""
 
 
 def missing_extra(module: str, extra: str) -> ImportError:

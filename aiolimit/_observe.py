@@ -9,7 +9,7 @@
 >>> aiolimit.observe(None)           # detaches it
 
 The OpenTelemetry adapter is one such observer: ``aiolimit.observe(OpenTelemetryObserver())``
-(``aiolimit.otel``, extra ``aiolimit[otel]``).
+(``aiolimit.otel``, extra ``aiolimit-redis[otel]``).
 
 Why one observer for the whole process, not one per backend or limiter: limiters are cheap
 objects made wherever convenient (a ``PER_CLIENT`` caller may make one per user), and a

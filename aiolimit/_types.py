@@ -46,7 +46,7 @@ class RateType(str, enum.Enum):
 
 
 class Algorithm(str, enum.Enum):
-    """How a limiter counts its permits (see the README's "Algorithms")."""
+    """How a limiter counts its permits (docs/algorithms.md)."""
 
     SLIDING_WINDOW = "SLIDING_WINDOW"
     """An exact log of grants: at most ``permits`` in any sliding interval."""

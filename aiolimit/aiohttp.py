@@ -11,7 +11,7 @@ The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every sessio
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
 the pause (``retry=False`` returns the response instead). Needs ``pip install
-aiolimit[aiohttp]`` (aiohttp >= 3.12, which has client middlewares).
+'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
 """
 
 from __future__ import annotations

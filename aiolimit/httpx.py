@@ -9,7 +9,8 @@
 Every client and process that uses the limiter shares the partner's quota. When the partner
 still answers ``429`` (or ``503``) with ``Retry-After`` (seconds or an HTTP date), every caller
 of the limiter, in every process, pauses that long, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). Needs ``pip install aiolimit[httpx]``.
+the pause (``retry=False`` returns the response instead). Needs
+``pip install 'aiolimit-redis[httpx]'``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics for aiolimit (``pip install 'aiolimit[otel]'``: opentelemetry-api only).
+"""OpenTelemetry metrics for aiolimit (``pip install 'aiolimit-redis[otel]'``: the API only).
 
 >>> import aiolimit
 >>> from aiolimit.otel import OpenTelemetryObserver

@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 
+from aiolimit import errors
 from aiolimit._tools import LocalRedis, cli
 
 if sys.version_info >= (3, 11):
@@ -123,6 +124,13 @@ def test_every_file_the_docs_name_exists():
     }
     assert len(named) >= 20
     assert [(str(page), path) for page, path in named if not (ROOT / path).exists()] == []
+
+
+def test_the_table_of_errors_names_every_error():
+    page = (ROOT / "docs" / "limiters.md").read_text()
+    table = page[page.index("## Errors") :]
+    rows = {row.split("|")[1].split("`")[1] for row in table.splitlines() if row.startswith("| `")}
+    assert rows == set(errors.__all__) - {"LimiterError"}
 
 
 # -- python -------------------------------------------------------------------------------------

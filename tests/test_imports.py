@@ -7,10 +7,19 @@ from __future__ import annotations
 import importlib
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from aiolimit._extras import DISTRIBUTION
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# The install line must name this distribution: "aiolimit" on the index is another project.
+DISTRIBUTION = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())[
+    "project"
+]["name"]
 
 
 def run(code: str) -> str:

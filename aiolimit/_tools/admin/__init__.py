@@ -6,7 +6,8 @@ stderr and never a traceback. Limiter names are printed escaped (``text.shown``)
 
 The server is ``--redis URL``, by default ``$AIOLIMIT_REDIS_URL``, else
 ``redis://localhost:6379``. What the commands read is read by ``reading.py``; ``inspect``,
-``list`` and ``watch`` only read, so they work as the least-privilege ACL user.
+``list`` and ``watch`` only read, so they work as the least-privilege ACL user of
+docs/deployments.md.
 
 - ``connect.py``: the server options, the connection, one-line errors;
 - ``reading.py`` (and ``glob.py``, patterns on names): what a limiter's keys hold;

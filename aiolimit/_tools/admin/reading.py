@@ -1,14 +1,14 @@
 """Looking inside live limiters on a Redis server: the one place that reads their keys for
 the command line (``aiolimit inspect``, ``list``, ``watch``).
 
-Key names come from ``Keys`` (README, "Redis layout"), the config from
+Key names come from ``Keys`` (docs/redis-layout.md), the config from
 ``RedisBackend.get_config`` and permits available from ``available_permits``, so this keeps
 reading correctly whatever the scripts store; what it reads directly (the value key, the
 permits ZSET, the clients registry) it reads defensively: state it cannot read counts as
 none. An OVERALL token bucket or fixed window has no state key: its state is a field of the
 config hash, counted in the config's memory. A block's time left is the backend's
-(``block(name, None)`` reads it). Every command here is read-only, and in the README's
-least-privilege ACL line.
+(``block(name, None)`` reads it). Every command here is read-only, and in the least-privilege
+ACL line of docs/deployments.md.
 
 >>> snapshot = await inspect_limiter(backend, "partner-api")
 >>> async for name in limiter_names(backend, "partner-*"): ...

@@ -126,7 +126,7 @@ class RedisBackend(Backend):
         return self._redis
 
     def keys(self, name: str) -> Keys:
-        """Every key of the limiter ``name`` (README, "Redis layout")."""
+        """Every key of the limiter ``name`` (docs/redis-layout.md)."""
         keys = self._keys.get(name)
         if keys is None:
             keys = self._keys[name] = Keys(self._prefix, name)

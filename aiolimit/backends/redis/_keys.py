@@ -1,4 +1,4 @@
-"""The key layout: every key of one limiter, under one hash tag (README, "Redis layout")."""
+"""The key layout: every key of one limiter, under one hash tag (docs/redis-layout.md)."""
 
 from __future__ import annotations
 
