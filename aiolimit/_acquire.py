@@ -327,5 +327,5 @@ async def _blocked_meanwhile(grants: Sequence[tuple[RateLimiter, Grant]]) -> boo
         raise
     return any(
         end is not None and end > grant.starts_at
-        for end, (_, grant) in zip(ends, reserved)
+        for end, (_, grant) in zip(ends, reserved, strict=True)
     )
