@@ -706,9 +706,13 @@ async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store,
     assert len(name) == 18
     await early_in_window(store, 3600, 2)
     limiter = await configured(store, name, [Rate(100_000, 3600)], algorithm)
+    start = now()
     for _ in range(100):
         assert await limiter.try_acquire(1000)
-    assert await limiter.available_permits() == 0
+    available = await limiter.available_permits()
+    # (A bucket refills 28 tokens a second meanwhile: a loaded machine takes a while.)
+    refilled = math.ceil((now() - start) * 100_000 / 3600) if algorithm is BUCKET else 0
+    assert available <= refilled
     backend = store.backend()
     assert isinstance(backend, RedisBackend)
     keys = await backend.redis.keys("*")
