@@ -648,7 +648,14 @@ class Twins:
         time (``clock``); each budget's permits, sequence number and log in each rate (a
         sliding window), or its latest start and counters (a token bucket, fixed windows).
         (The walk cursor is a cache of where the last walk stopped: Redis writes it back only
-        with other changes, so it is not compared.)"""
+        with other changes, so it is not compared.) And the receipts of the grants handed
+        back that a second hand-back could still take something from."""
+        # (Redis also keeps the receipts of releases that named no grant: ids without ':'.)
+        receipts = await self.redis.zrange(f"{self.tag}:released", 0, -1, withscores=True)
+        in_redis = {(_text(r), int(t)) for r, t in receipts if ":" in _text(r) and t > self.now}
+        receipts = self.memory._shared.receipts.items()
+        in_memory = {(r, t) for (name, r), t in receipts if name == self.name and t > self.now}
+        assert in_redis == in_memory, f"receipts: redis {in_redis}, memory {in_memory}"
         limiter = self.memory._shared.limiters.get(self.name)
         if limiter is None:
             return

@@ -235,8 +235,8 @@ class MemoryBackend(Backend):
         receipt = None
         if member is not None and not group.idempotent:
             # As release.lua: a grant handed back once comes back once.
-            receipt = member if key is None else f"{member} {key}"
-            if limiter.receipts.get(receipt, now) > now:
+            receipt = (name, member if key is None else f"{member} {key}")
+            if self._shared.receipts.get(receipt, now) > now:
                 return 0
         assert limiter.config is not None
         limiter.config.clock = now
@@ -246,7 +246,7 @@ class MemoryBackend(Backend):
         if receipt is not None and start is not None:
             until = start + config.longest_us
             if until > now:
-                limiter.remember(receipt, until, now)
+                self._shared.remember(receipt, until, now)
         return released
 
     async def block(self, name: str, duration_us: int | None) -> int:

@@ -110,10 +110,6 @@ class Limiter:
     # its live entries, plus a few.
     expiries: list[tuple[float, int, Slot]] = field(default_factory=list)
     registered: list[tuple[int, int, str]] = field(default_factory=list)
-    # Grants handed back that still hold something (the receipts ZSET of release.lua):
-    # "<member>[ <client>]" -> until when a second hand-back could still return anything.
-    receipts: dict[str, int] = field(default_factory=dict)
-    receipts_kept: int = 0  # how many were left by the last pruning
 
     def store(self, slot: Slot, budget: Budget) -> None:
         """Keeps ``budget`` at ``slot`` until its ``expires_at``."""
@@ -179,11 +175,3 @@ class Limiter:
         self.registry.clear()
         self.expiries, self.registered = [], []
         self.registry_expires_at = FOREVER  # the registry key is gone with them
-
-    def remember(self, receipt: str, until: int, now: int) -> None:
-        """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled
-        since it last did (O(1) amortised, and never more than twice what still counts)."""
-        self.receipts[receipt] = until
-        if len(self.receipts) > 2 * self.receipts_kept + 16:
-            self.receipts = {r: t for r, t in self.receipts.items() if t > now}
-            self.receipts_kept = len(self.receipts)

@@ -31,6 +31,19 @@ class Store:
     # are synchronous, and only operations sweep, so nothing is due in between).
     touched_name: str | None = None
     touched: Limiter | None = None
+    # Grants handed back that a second hand-back could still take something from (the
+    # receipts ZSET of release.lua): (name, "<member>[ <client>]") -> until when. Like it,
+    # they outlive a deleted limiter.
+    receipts: dict[tuple[str, str], int] = field(default_factory=dict)
+    receipts_kept: int = 0  # how many the last pruning left
+
+    def remember(self, receipt: tuple[str, str], until: int, now: int) -> None:
+        """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled
+        since it last did (O(1) amortised, and never more than twice what still counts)."""
+        self.receipts[receipt] = until
+        if len(self.receipts) > 2 * self.receipts_kept + 16:
+            self.receipts = {r: t for r, t in self.receipts.items() if t > now}
+            self.receipts_kept = len(self.receipts)
 
     def limiter(self, name: str, now: int) -> Limiter | None:
         """The limiter's keys as they stand at ``now``: expired ones are gone; None when
