@@ -138,12 +138,6 @@ def test_inspect_and_watch_show_a_block_and_its_time_left(capsys, url, prefix, n
     assert code == 0 and blocked is not None and 29 < float(blocked[1]) <= 30, out
 
 
-@pytest.mark.xfail(
-    not hasattr(RateLimiter, "unblock"),
-    reason="RateLimiter.unblock() and Backend.unblock() come from the backend work",
-    raises=AttributeError,
-    strict=True,
-)
 def test_unblock_clears_a_block_and_says_when_there_was_none(capsys, url, prefix, name):
     options = ["--redis", url, "--prefix", prefix]
     make(url, prefix, [name])

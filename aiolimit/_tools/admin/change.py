@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Protocol, cast
 
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ...backends.redis import RedisBackend
@@ -129,18 +128,12 @@ async def _block(args: argparse.Namespace, backend: RedisBackend) -> int:
     return 0
 
 
-class _Unblocks(Protocol):
-    # RateLimiter.unblock() comes with the backends' unblock (memory and Redis); until both
-    # are merged this names the one method used. Once they are: drop it and the cast below.
-    async def unblock(self) -> bool: ...
-
-
 async def _unblock(args: argparse.Namespace, backend: RedisBackend) -> int:
     limiter = RateLimiter(args.name, backend)
     if await limiter.get_config() is None:
         raise no_limiter(args)
     try:
-        cleared = await cast(_Unblocks, limiter).unblock()
+        cleared = await limiter.unblock()
     except NotConfiguredError:
         raise no_limiter(args) from None
     print(f"unblocked {shown(args.name)}" if cleared else f"{shown(args.name)} was not blocked")

@@ -30,7 +30,7 @@ local MAX_RATES = 8 -- rates one limiter applies at once
 
 local server_now -- read once per script call
 
--- The algorithms a config may name (README, "Algorithms"), each a table of the functions
+-- The algorithms a config may name (docs/algorithms.md), each a table of the functions
 -- below ("groups"), filled in by its own file.
 local ALGORITHMS = {}
 
