@@ -142,12 +142,15 @@ async def acquire(
     max_wait: int | None,
     observer: Observer | None,
     label: str | None = None,
+    first: list[Attempt] | None = None,
 ) -> Acquired:
     """The path every grant takes (arguments checked already). ``label``: the name the
-    observer sees for a single limiter (a shard reports as its sharded limiter)."""
+    observer sees for a single limiter (a shard reports as its sharded limiter); ``first``:
+    the limiters' answers to an attempt already made (``RateLimiter.try_acquire`` makes it
+    itself when it can answer at once, and comes here for the rest)."""
     names = [label or limiter.name for limiter in limiters]
     try:
-        acquired = await _acquire(limiters, permits, max_wait, observer, names)
+        acquired = await _acquire(limiters, permits, max_wait, observer, names, first)
     except LimiterError as exc:
         if observer is not None:
             for name, count in zip(names, permits, strict=True):
@@ -168,12 +171,16 @@ async def _acquire(
     max_wait: int | None,
     observer: Observer | None,
     names: Sequence[str],
+    first: list[Attempt] | None,
 ) -> Acquired:
     loop = asyncio.get_running_loop()
     began = loop.time()
     waited = 0.0  # (granted at once: 0.0, not the round trip)
     while True:
-        attempts = await _attempt_all(limiters, permits, max_wait)
+        if first is None:
+            attempts = await _attempt_all(limiters, permits, max_wait)
+        else:
+            attempts, first = first, None
         grants = _grants(limiters, attempts)
         if len(grants) < len(attempts):  # one refused: nothing is taken
             await _release(grants)

@@ -13,7 +13,8 @@ from ._acquire import acquire, check_permits, max_wait_of
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._types import Duration
-from .backends.base import Backend
+from .backends.base import Backend, Grant
+from .errors import BackendError
 
 __all__ = ["RateLimiter"]
 
@@ -69,8 +70,23 @@ class RateLimiter(_Limiter):
         timeout raises InvalidArgumentError.
         """
         permits = check_permits(permits)
-        acquired = await acquire([self], [permits], max_wait_of(timeout), _observe.current)
-        return acquired.granted
+        max_wait = max_wait_of(timeout)
+        observer = _observe.current
+        breaker = self._breaker
+        if observer is not None or breaker.is_open:
+            return (await acquire([self], [permits], max_wait, observer)).granted
+        # The common case in this frame: a grant at once, or a refusal. A reservation (to
+        # sleep out, then check for a block) goes on along the one path.
+        try:
+            attempt = await self._backend.try_acquire(self._name, permits, max_wait)
+        except BackendError as exc:
+            breaker.failed(exc)
+            raise
+        if not isinstance(attempt, Grant):
+            return False
+        if attempt.starts_in <= 0:
+            return True
+        return (await acquire([self], [permits], max_wait, None, first=[attempt])).granted
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""
