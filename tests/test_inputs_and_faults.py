@@ -484,8 +484,8 @@ def test_the_backend_remembers_at_most_about_10000_limiters() -> None:
 
 @pytest.mark.parametrize(
     "timeout",
-    [0, -1, math.nan, -math.inf, "5", True],
-    ids=["0", "-1", "nan", "-inf", "str", "bool"],
+    [0, -1, math.nan, -math.inf, "5", True, timedelta(0), timedelta(seconds=-1)],
+    ids=["0", "-1", "nan", "-inf", "str", "bool", "timedelta-0", "timedelta-negative"],
 )
 def test_the_timeout_option_must_be_positive_seconds_or_none(timeout: Any) -> None:
     with pytest.raises(InvalidArgumentError, match="timeout") as caught:
@@ -498,6 +498,7 @@ def test_the_timeout_option_defaults_to_5_s_and_survives_with_client() -> None:
     assert RedisBackend(_NoServer(), timeout=None).timeout is None
     assert RedisBackend(_NoServer(), timeout=math.inf).timeout is None
     assert RedisBackend(_NoServer(), timeout=2).timeout == 2.0
+    assert RedisBackend(_NoServer(), timeout=timedelta(milliseconds=1500)).timeout == 1.5
     assert RedisBackend(_NoServer(), timeout=0.25).with_client("other").timeout == 0.25
 
 

@@ -5,17 +5,16 @@ library in ``_compat``."""
 
 from __future__ import annotations
 
-import math
 import re
 import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, TypeVar
 
-from ..._types import RateLimiterConfig, RateType, check_text, clock_micros
+from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._protocol import format_rates, parse_grant
-from ..base import Backend, Grant, Refusal, SetMode
+from ..base import Backend, Grant, Refusal, SetMode, call_timeout
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
 from ._compat import ANY, UNREACHABLE, slot
@@ -62,8 +61,8 @@ class RedisBackend(Backend):
     for deployments that refuse ``TIME`` in scripts (a callable returning seconds also works).
     ``prefix`` is put in front of every key (no braces: the hash tag follows it).
 
-    ``timeout`` (seconds, default 5) bounds how long each call waits for Redis's reply; then
-    it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The round trip itself
+    ``timeout`` (seconds or timedelta, default 5) bounds how long each call waits for
+    Redis's reply; then it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The round trip itself
     runs on: a grant it makes for a caller that gave up is handed back, as a cancelled
     caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
     """
@@ -77,17 +76,14 @@ class RedisBackend(Backend):
         client_id: str | None = None,
         clock: Clock = "server",
         prefix: str = "aiolimit:",
-        timeout: float | None = 5.0,
+        timeout: Duration | None = 5.0,
     ) -> None:
         super().__init__(client_id)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
         if prefix:
             check_text(prefix, "prefix")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0
-        ):
-            raise InvalidArgumentError(f"timeout must be seconds > 0 or None, not {timeout!r}")
+        timeout_s = call_timeout(timeout)
         if clock == "client":
             clock = time.time
         elif clock != "server" and not callable(clock):
@@ -98,7 +94,7 @@ class RedisBackend(Backend):
         self._pipe = coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
-        self._timeout = None if timeout is None or timeout == math.inf else float(timeout)
+        self._timeout = timeout_s
         self._keys: _Recent[str, Keys] = _Recent()
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
         self._types: _Recent[str, RateType] = _Recent()
