@@ -62,9 +62,9 @@ class RedisBackend(Backend):
     ``prefix`` is put in front of every key (no braces: the hash tag follows it).
 
     ``timeout`` (seconds or timedelta, default 5) bounds how long each call waits for
-    Redis's reply; then it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The round trip itself
-    runs on: a grant it makes for a caller that gave up is handed back, as a cancelled
-    caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
+    Redis's reply; then it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The
+    round trip itself runs on: a grant it makes for a caller that gave up is handed back, as
+    a cancelled caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
     """
 
     __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")
