@@ -41,7 +41,7 @@ def measure() -> float:
 
     overall = aiolimit.RateType.OVERALL
     keys = [Keys("aiolimit:", f"bench-{i}").budget(overall, "", True) for i in range(REQUESTS)]
-    line = b"0 999999 1700000000123456 0 1:1700000000123456"
+    line = b"0 999999 0 1700000000123456 0 1:1700000000123456:1"
     reply = b"\n".join([line] * REQUESTS)
 
     async def run() -> float:

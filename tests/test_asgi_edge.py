@@ -369,6 +369,67 @@ async def test_the_ratelimit_field_names_the_policy_that_binds_with_its_own_rese
 
 
 @looptime
+@pytest.mark.parametrize("algorithm", ["SLIDING_WINDOW", "TOKEN_BUCKET", "FIXED_WINDOW"])
+async def test_a_grant_that_leaves_permits_names_the_policy_with_the_fewest_left(
+    algorithm: str,
+) -> None:
+    app = RateLimitMiddleware(
+        Endpoint().app(),
+        backend=MemoryBackend(),
+        rules=[Rule("burst", "5/second; 8/minute", algorithm=algorithm)],
+    )
+    async with asgi_client(app) as http:
+        await asyncio.sleep(0.1)  # inside a fixed window's second
+        first = [limit_field(await http.get("/other")) for _ in range(4)]
+        await asyncio.sleep(1.3)  # the second allows 5 again, the minute 4 at most
+        then = limit_field(await http.get("/other"))
+    assert first == [{"burst-1s": {"r": r, "t": 1}} for r in (4, 3, 2, 1)]
+    # 4 left under the second, 3 under the minute: the minute binds, with its own window
+    assert then == {"burst-60s": {"r": 3, "t": 60}}
+
+
+@looptime
+async def test_a_spent_minute_about_to_free_a_permit_still_names_the_minute() -> None:
+    app = RateLimitMiddleware(
+        Endpoint().app(), backend=MemoryBackend(), rules=[Rule("burst", "5/second; 6/minute")]
+    )
+    async with asgi_client(app) as http:
+        for _ in range(3):
+            await http.get("/other")
+        await asyncio.sleep(59.5)  # the first 3 leave the minute in 0.5 s
+        answers = [await http.get("/other") for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 429]
+    # 2 left under the second, none under the minute: the minute binds, though its wait
+    # (0.5 s) would fit the second's window
+    assert limit_field(answers[2]) == {"burst-60s": {"r": 0, "t": 1}}
+    assert limit_field(answers[3]) == {"burst-60s": {"r": 0, "t": 1}}
+
+
+async def test_a_grant_that_leaves_permits_names_the_binding_policy_on_redis(
+    redis_server: LocalRedis,
+) -> None:
+    redis = Redis.from_url(redis_server.url)
+    await redis.flushall()
+    app = RateLimitMiddleware(
+        Endpoint().app(),
+        backend=RedisBackend(redis),
+        rules=[Rule("burst", "5/second; 8/minute", key=client_ip)],
+    )
+    try:
+        async with asgi_client(app) as http:
+            first = [await http.get("/other") for _ in range(4)]
+            await asyncio.sleep(1.1)
+            then = [await http.get("/other") for _ in range(3)]
+    finally:
+        await redis.aclose()
+    assert limit_field(first[3]) == {"burst-1s": {"r": 1, "t": 1}}
+    # 4, 3, 2 left under the second; 3, 2, 1 under the minute
+    assert [limit_field(answer) for answer in then] == [
+        {"burst-60s": {"r": r, "t": 60}} for r in (3, 2, 1)
+    ]
+
+
+@looptime
 async def test_the_legacy_fields_follow_the_policy_that_binds() -> None:
     app = RateLimitMiddleware(
         Endpoint().app(),

@@ -13,10 +13,12 @@ import pytest
 from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
+    GRANTED_FORMAT,
     MAX_BATCH,
     MAX_EXACT,
     RECEIPT_US,
     RECLAIM_STEPS,
+    REFUSED_FORMAT,
     STATE_FIELD,
     VALUE_FORMAT,
     WALK_STEPS,
@@ -65,6 +67,27 @@ def test_lib_lua_lists_the_reply_codes_of_the_protocol() -> None:
     assert table, "lib.lua no longer has its table of replies"
     listed = [int(code) for code in re.findall(r'^--   "(-?\d+)', table[1], re.MULTILINE)]
     assert sorted(listed) == sorted(Reply)
+
+
+def test_lib_lua_lists_the_acquire_replies_in_the_formats_of_the_protocol() -> None:
+    table = re.search(r"The reply to a request is one string.*?\n((?:--   .*\n)+)", lua("lib"))
+    assert table, "lib.lua no longer has its table of replies"
+    listed = re.findall(r'^--   "([^"]*)"', table[1], re.MULTILINE)
+    assert GRANTED_FORMAT in listed
+    assert REFUSED_FORMAT in listed
+
+
+@pytest.mark.parametrize(("said", "stated"), [("0", GRANTED_FORMAT), ("1", REFUSED_FORMAT)])
+def test_batch_lua_formats_each_acquire_reply_with_the_fields_of_the_protocol(
+    said: str, stated: str
+) -> None:
+    """Every string.format batch.lua answers a request with has one field per field of the
+    format (the optional one counted where it is sent)."""
+    formats = re.findall(rf"string\.format\('{said} ([^']*)'", lua("batch"))
+    assert formats, f"batch.lua no longer answers '{said} ...' with string.format"
+    required = len(re.findall(r"(?<!\[)<[^>]*>(?!\])", stated))
+    for made in formats:
+        assert len(made.split(" ")) in (required, required + stated.count("[")), made
 
 
 def returned_codes(source: str) -> set[int]:
@@ -131,8 +154,11 @@ def test_lib_lua_says_the_time_refusal_the_client_recognises() -> None:
 # -- every reply the Lua can give is decoded ------------------------------------------------------
 
 ACQUIRE_REPLIES: dict[Reply, tuple[str, Any]] = {
-    Reply.GRANTED: ("0 3 1700 200 2:7", Grant(starts_in=200, starts_at=1700, left=3, member="2:7")),
-    Reply.REFUSED: ("1 500 -1 1700", Refusal(retry_in=500, at=1700, left=-1)),
+    Reply.GRANTED: (
+        "0 3 1 1700 200 2:7",
+        Grant(starts_in=200, starts_at=1700, left=3, member="2:7", binding=1),
+    ),
+    Reply.REFUSED: ("1 500 -1 2 1700", Refusal(retry_in=500, at=1700, left=-1, binding=2)),
     Reply.NOT_CONFIGURED: ("-1", scripts.NotConfigured()),
     Reply.OVER_RATE: ("-2 5", scripts.OverRate(5)),
     Reply.OTHER_TYPE: ("-3 PER_CLIENT", scripts.OtherType(RateType.PER_CLIENT)),

@@ -6,10 +6,12 @@ middleware and any dependencies inside it write one set of fields together.
 
 A rule with several rates has a policy per rate (``"burst-1s"``, ``"burst-60s"``); its
 ``RateLimit`` item names the one that binds, with that policy's reset. The store says the
-fewest permits left under any rate and, on a refusal, the wait; the policy that binds is the
-one with the shortest window that the wait fits in (a rate never holds a request back longer
-than its window). When a grant leaves nothing, one more read (the wait for the next permit)
-finds it; a grant that leaves permits names the rule's first policy, with its window.
+fewest permits left under any rate, which rate has them (``Grant.binding``) and, on a
+refusal, the wait. A grant that leaves permits names that rate's policy, with its window. A
+grant that leaves none reads the wait for the next permit (its reset), and a refusal has its
+wait: the rate the store named binds if the wait fits in its window (a rate never holds a
+request back longer than its window); else (several rates have none left, and a longer one
+holds the request back) the one with the shortest window that the wait fits in.
 """
 
 from __future__ import annotations
@@ -22,11 +24,20 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .._limiter import RateLimiter
+from ..backends.base import Grant
 from ..errors import LimiterError
 from ._rules import Rule, whole_seconds, window
 from ._types import Message, Scope
 
-__all__ = ["Item", "granted_items", "header_fields", "items_of", "refused_item", "with_fields"]
+__all__ = [
+    "Item",
+    "granted_item",
+    "granted_items",
+    "header_fields",
+    "items_of",
+    "refused_item",
+    "with_fields",
+]
 
 # Where the rate limit items of a request gather.
 _SCOPE_KEY = "aiolimit.rate_limits"
@@ -51,21 +62,44 @@ def binding_policy(rule: Rule, wait_us: int) -> int:
     return max((rate.interval_us, i) for i, rate in indexed)[1]
 
 
-def refused_item(rule: Rule, retry_in_us: int) -> Item:
+def fewest_left(rule: Rule, binding: int) -> int:
+    """The rule's rate the store named as the one with the fewest permits left (the first,
+    for a store that names one the rule does not have)."""
+    return binding if 0 <= binding < len(rule.rates) else 0
+
+
+def waiting_policy(rule: Rule, binding: int, wait_us: int) -> int:
+    """The rate of ``rule`` that holds the next request back for ``wait_us``: the one with
+    the fewest permits left (``binding``, as the store says) if the wait fits in its window,
+    else the one :func:`binding_policy` finds."""
+    binding = fewest_left(rule, binding)
+    if rule.rates[binding].interval_us >= wait_us:
+        return binding
+    return binding_policy(rule, wait_us)
+
+
+def granted_item(rule: Rule, left: int, binding: int) -> Item:
+    """The item of a rule that granted a request and has ``left`` permits left under the rate
+    ``binding``: that rate's policy, with its window."""
+    binding = fewest_left(rule, binding)
+    return Item(rule, max(left, 0), window(rule.rates[binding]), binding)
+
+
+def refused_item(rule: Rule, retry_in_us: int, binding: int) -> Item:
     """The item of a rule that refused a request for ``retry_in_us``."""
-    return Item(rule, 0, whole_seconds(retry_in_us), binding_policy(rule, retry_in_us))
+    return Item(rule, 0, whole_seconds(retry_in_us), waiting_policy(rule, binding, retry_in_us))
 
 
-async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, int]]) -> list[Item]:
+async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item]:
     """The items of the rules that granted a request: ``(rule, its limiter as the request's
-    client sees it, permits left under its tightest rate)`` each. A rule with several rates
-    and none left asks when the next permit frees: that names the policy that binds and its
-    reset (a rule with one rate, or permits left, costs no read)."""
-    items = [Item(rule, max(left, 0), window(rule.rates[0])) for rule, _, left in granted]
+    client sees it, the grant)`` each. A rule with several rates and none left asks when
+    the next permit frees: its reset (a rule with one rate, or permits left, costs no
+    read)."""
+    items = [granted_item(rule, grant.left, grant.binding) for rule, _, grant in granted]
     asks = [
         (i, rule, limiter)
-        for i, (rule, limiter, left) in enumerate(granted)
-        if left <= 0 and len(rule.rates) > 1
+        for i, (rule, limiter, grant) in enumerate(granted)
+        if grant.left <= 0 and len(rule.rates) > 1
     ]
     if asks:
         waits = await asyncio.gather(
@@ -74,7 +108,8 @@ async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, int]]) -> lis
         for (i, rule, _), wait in zip(asks, waits, strict=True):
             if isinstance(wait, float):  # a failed read: the fields are advice, keep them
                 wait_us = math.ceil(wait * 1_000_000)
-                items[i] = Item(rule, 0, whole_seconds(wait_us), binding_policy(rule, wait_us))
+                policy = waiting_policy(rule, items[i].policy, wait_us)
+                items[i] = Item(rule, 0, whole_seconds(wait_us), policy)
             elif not isinstance(wait, LimiterError):
                 raise wait
     return items

@@ -14,8 +14,8 @@ from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
-from ._fields import Item, granted_items, header_fields, items_of, refused_item
-from ._rules import Rule, whole_seconds, window
+from ._fields import Item, granted_item, granted_items, header_fields, items_of, refused_item
+from ._rules import Rule, whole_seconds
 from ._types import Scope
 
 __all__ = ["Gate", "RateLimitStats", "Verdict", "record", "refusal_headers"]
@@ -187,7 +187,7 @@ class Gate:
             self.stats.waited += 1
         self.stats.allowed += 1
         items = await granted_items(
-            [(r.rule, r.limiter, a.left) for r, a in pairs if isinstance(a, Grant)]
+            [(r.rule, r.limiter, a) for r, a in pairs if isinstance(a, Grant)]
         )
         costs = {r.rule.name: r.cost for r in requests}
         return Verdict(200, 0, items, "", acquired, costs)
@@ -211,9 +211,9 @@ class Gate:
         refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
         retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
         items = [
-            refused_item(r.rule, a.retry_in)
+            refused_item(r.rule, a.retry_in, a.binding)
             if isinstance(a, Refusal)
-            else Item(r.rule, max(a.left + r.cost, 0), window(r.rule.rates[0]))
+            else granted_item(r.rule, a.left + r.cost, a.binding)  # handed back
             for r, a in pairs
         ]
         self.stats.refused += 1

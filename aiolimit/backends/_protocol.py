@@ -23,10 +23,12 @@ from ..errors import InvalidArgumentError
 
 __all__ = [
     "COUNTERS_FORMAT",
+    "GRANTED_FORMAT",
     "MAX_BATCH",
     "MAX_EXACT",
     "RECEIPT_US",
     "RECLAIM_STEPS",
+    "REFUSED_FORMAT",
     "STATE_FIELD",
     "VALUE_FORMAT",
     "WALK_STEPS",
@@ -71,6 +73,18 @@ class Reply(IntEnum):
     """Granting would log more than ``MAX_EXACT`` permits."""
     FAILED = -5
     """The request failed (a key holds foreign data, say); followed by the reason."""
+
+
+GRANTED_FORMAT = "0 <left> <binding> <start> <delay> <member> [<blocked until>]"
+"""The reply to an acquire request that was granted (batch.lua's table of replies): the
+fewest permits left under any rate, the rate that has them (``binding``: its place in the
+config's rates, from 0, the first of several such), the grant's start (us, on the limiter's
+clock), the us from now until it (0: now, > 0: a reservation), the grant's member (see
+:func:`format_grant`), and the end of the limiter's latest block when it has one."""
+REFUSED_FORMAT = "1 <wait> <left> <binding> <now>"
+"""The reply to an acquire request that was refused: the us until the permits are free, the
+fewest permits left and the rate that has them (as in :data:`GRANTED_FORMAT`), and the time
+the request acted at."""
 
 
 def format_member(permits: int, seq: int) -> str:

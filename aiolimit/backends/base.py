@@ -48,6 +48,10 @@ class Grant(NamedTuple):
     blocked_until: int | None = None
     """The end of the limiter's latest ``block()`` (limiter's clock), if it has one: a caller
     that sleeps out a reservation then asks ``block_left`` whether a block came meanwhile."""
+    binding: int = 0
+    """Which of the config's rates has the fewest permits left (``left``): its place in
+    ``RateLimiterConfig.rates``, the first of several such (always 0 for a single rate). A
+    store that does not say keeps the default."""
 
     @property
     def granted(self) -> Literal[True]:
@@ -63,6 +67,8 @@ class Refusal(NamedTuple):
     """When it was decided, on the limiter's clock."""
     left: int
     """Permits left (negative while reservations are queued)."""
+    binding: int = 0
+    """Which of the config's rates has the fewest permits left, as ``Grant.binding``."""
 
     @property
     def granted(self) -> Literal[False]:

@@ -195,7 +195,8 @@ class MemoryBackend(Backend):
         delay = start - now
         if delay > 0 and max_wait_us is not None and delay > max_wait_us:
             group.save(limiter, now)  # what the reclaim changed is written back, nothing else
-            return Refusal(delay, now, group.left(now))
+            left, binding = group.left(now)
+            return Refusal(delay, now, left, binding)
         member = group.commit(permits, start)
         ttl = group.save(limiter, now)
         stored = limiter.config
@@ -207,7 +208,8 @@ class MemoryBackend(Backend):
             _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = now + max(ms(config.keep_alive_us), ttl)
-        return Grant(delay, start, group.left(now), member, stored.blocked_until)
+        left, binding = group.left(now)
+        return Grant(delay, start, left, member, stored.blocked_until, binding)
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
@@ -220,7 +222,7 @@ class MemoryBackend(Backend):
         limiter, config, now = self._configured(name, self._now(), record=False)
         group = _group(limiter, config, self._budget_key(config), False, now)
         group.reclaim(now)
-        left = group.left(now)
+        left = group.left(now)[0]
         if config.min_spacing_us > 0 or group.blocked_until is not None:
             start = group.earliest(1, now)
             if start is not None and start > now:

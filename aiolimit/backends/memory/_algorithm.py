@@ -39,8 +39,10 @@ class Group(abc.ABC):
         entries; the counters have none). Called before the other methods."""
 
     @abc.abstractmethod
-    def left(self, now: int) -> int:
-        """Permits a request could take at ``now`` (negative while reservations are queued)."""
+    def left(self, now: int) -> tuple[int, int]:
+        """Permits a request could take at ``now`` (negative while reservations are queued),
+        and the rate that has the fewest left (its place in the config's rates; the first of
+        several such)."""
 
     @abc.abstractmethod
     def start(self, permits: int, now: int) -> int | None:

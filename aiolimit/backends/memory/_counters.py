@@ -88,10 +88,10 @@ class Counters(Group):
     def reclaim(self, now: int) -> None:
         pass  # the numbers say by themselves what has run out
 
-    def left(self, now: int) -> int:
+    def left(self, now: int) -> tuple[int, int]:
         n = self.state.n
         return min(
-            self.rate_left(rate, n[2 * i], n[2 * i + 1], now)
+            (self.rate_left(rate, n[2 * i], n[2 * i + 1], now), i)
             for i, rate in enumerate(self.config.rates)
         )
 

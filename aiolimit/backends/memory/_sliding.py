@@ -194,8 +194,11 @@ class SlidingLog(Group):
             if self.write and self.used[i] != before:
                 self.touched[i] = True  # what the reclaim changed is written back
 
-    def left(self, now: int) -> int:
-        return min(r.permits - u for r, u in zip(self.config.rates, self.used, strict=True))
+    def left(self, now: int) -> tuple[int, int]:
+        return min(
+            (r.permits - u, i)
+            for i, (r, u) in enumerate(zip(self.config.rates, self.used, strict=True))
+        )
 
     def latest(self) -> int | None:
         if len(self.budgets) == 1 and not self.config.min_spacing_us:

@@ -191,12 +191,15 @@ def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     raw = reply if reply.__class__ is bytes else _text(reply).encode()
     code, _, rest = raw.partition(b" ")
     if code == _GRANTED:
-        left, start, delay, member, *blocked = rest.split(b" ")
+        # (_protocol.GRANTED_FORMAT)
+        left, binding, start, delay, member, *blocked = rest.split(b" ")
         until = int(blocked[0]) if blocked else None
-        return _tuple(Grant, (int(delay), int(start), int(left), member.decode(), until))
-    if code == _REFUSED:
-        wait, left, now = rest.split(b" ")
-        return _tuple(Refusal, (int(wait), int(now), int(left)))
+        return _tuple(
+            Grant, (int(delay), int(start), int(left), member.decode(), until, int(binding))
+        )
+    if code == _REFUSED:  # (_protocol.REFUSED_FORMAT)
+        wait, left, binding, now = rest.split(b" ")
+        return _tuple(Refusal, (int(wait), int(now), int(left), int(binding)))
     return _trouble(Reply(int(code)), rest.decode())
 
 

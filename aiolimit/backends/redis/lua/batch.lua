@@ -13,16 +13,19 @@
 -- grant is logged at the future time they become free, and the caller sleeps until then, so
 -- waiters are served in the order they asked, across every process, in one round trip each.
 -- The reply to a request is one string (the codes are _protocol.Reply):
---   "0 <left> <start> <delay> <member> [<blocked until>]"
+--   "0 <left> <binding> <start> <delay> <member> [<blocked until>]"
 --                                         granted at `start` (us), `delay` us from now
 --                                         (0: now; > 0: a reservation); the end of the
 --                                         limiter's latest block() when it has one
---   "1 <wait> <left> <now>"               refused; wait = us until `permits` are free
+--   "1 <wait> <left> <binding> <now>"     refused; wait = us until `permits` are free
 --   "-1"                                  no config
 --   "-2 <rate>"                           permits exceed the (smallest) rate
 --   "-3 <type>"                           the keys were built for the other rate type
 --   "-4"                                  queue full: more than 2^53 permits would be logged
 --   "-5 <message>"                        the request failed (e.g. a key holds foreign data)
+-- where `left` is the fewest permits left under any rate and `binding` the rate that has them
+-- (its place in the config's rates, from 0; the first of several such): the formats
+-- _protocol.GRANTED_FORMAT and REFUSED_FORMAT state.
 
 -- Writes back a group that granted or changed (its logs are written as they go); once.
 local function close_group(group)
@@ -107,7 +110,8 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   end
   local algorithm, delay = group.algorithm, start - now
   if delay > 0 and max_wait >= 0 and delay > max_wait then
-    return string.format('1 %d %d %d', delay, algorithm.left(group, now), now)
+    local left, binding = algorithm.left(group, now)
+    return string.format('1 %d %d %d %d', delay, left, binding - 1, now)
   end
 
   -- Nothing below can fail: the grant, and the state that counts it, are written together.
@@ -116,10 +120,11 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if config.type == 'PER_CLIENT' then
     group.client_id = client_id
   end
+  local left, binding = algorithm.left(group, now)
   if config.blocked_until then -- this limiter has been blocked: see block.lua
-    return string.format('0 %d %d %d %s %d', algorithm.left(group, now), start, delay, member, config.blocked_until)
+    return string.format('0 %d %d %d %d %s %d', left, binding - 1, start, delay, member, config.blocked_until)
   end
-  return string.format('0 %d %d %d %s', algorithm.left(group, now), start, delay, member)
+  return string.format('0 %d %d %d %d %s', left, binding - 1, start, delay, member)
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.

@@ -124,12 +124,14 @@ local function counters(rule)
     -- the numbers say by themselves what has run out
   end
   function algorithm.left(group, now)
-    local left, n = nil, group.n
+    local left, binding, n = nil, nil, group.n
     for i, r in ipairs(group.config.rates) do
       local l = rule.left(r, n[2 * i - 1], n[2 * i], now)
-      left = math.min(left or l, l)
+      if not left or l < left then
+        left, binding = l, i
+      end
     end
-    return left
+    return left, binding
   end
   function algorithm.start(group, permits, now)
     local start, n = now, group.n

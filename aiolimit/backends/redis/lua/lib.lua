@@ -215,7 +215,8 @@ end
 --   reclaim(group, now, write)     forgets the grants that no longer count at `now`; without
 --                                  `write` nothing is written (what went is only not counted)
 --   left(group, now)               permits a request could take at `now` (negative while
---                                  reservations are queued)
+--                                  reservations are queued), and the rate that has the
+--                                  fewest left (its number; the first of several such)
 --   start(group, permits, now)     the earliest time every rate allows `permits` (spacing and
 --                                  blocks aside); nil when a log would exceed MAX_EXACT
 --   latest(group)                  the latest grant's start where a spacing or several rates

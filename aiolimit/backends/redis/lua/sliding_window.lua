@@ -316,11 +316,14 @@ function sliding.reclaim(group, now, write)
 end
 
 function sliding.left(group, now)
-  local left
-  for _, budget in ipairs(group.budgets) do
-    left = math.min(left or budget.rate - budget.used, budget.rate - budget.used)
+  local left, binding
+  for i, budget in ipairs(group.budgets) do
+    local l = budget.rate - budget.used
+    if not left or l < left then
+      left, binding = l, i
+    end
   end
-  return left
+  return left, binding
 end
 
 function sliding.start(group, permits, now)
