@@ -958,6 +958,24 @@ class Twins:
         ("delete",),
     ],
 )  # fmt: skip
+@example(  # an OVERALL token bucket keeps its missing tokens through keep_state (issue 15.12)
+    first=(
+        RateType.OVERALL, 3, INTERVALS_US[0], None,
+        Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[1]),), 0,
+    ),
+    operations=[
+        ("acquire", "a", 3),
+        ("advance", "1us"),
+        ("configure", "set", (
+            RateType.OVERALL, 3, INTERVALS_US[1], None,
+            Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[2]),), 0,
+        ), True),
+        ("acquire", "a", 1),
+        ("advance", "half"),
+        ("available", "a"),
+        ("reserve", "a", 2, "forever"),
+    ],
+)  # fmt: skip
 @given(first=config, operations=st.lists(operation, min_size=5, max_size=50))
 async def test_memory_and_redis_agree_and_never_exceed_the_rate(
     redis_server: LocalRedis, first: Config, operations: list[tuple[Any, ...]]
