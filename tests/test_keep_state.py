@@ -67,17 +67,25 @@ async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
 async def test_a_longer_interval_with_keep_state_counts_grants_already_reclaimed(
     request, store, name, algorithm, rate_type
 ):
-    _not_kept(request, BUCKET_FULL if algorithm is BUCKET else RECLAIMED)
-    # As above, with one more grant at 150 s, which reclaims the 10 of 0 from the state under
-    # the old rate before the change: 11 grants lie inside the new window.
+    if algorithm is not SLIDING:
+        _not_kept(request, BUCKET_FULL if algorithm is BUCKET else RECLAIMED)
+    # 9 grants under 10 per 100 s at 0 and one at 99 s (so the state lives on past 100 s);
+    # at 150 s one more, which reclaims the 9 of 0 from the state under the old rate; then
+    # the rate becomes 10 per 1000 s: 11 grants lie inside the new window.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
-    assert await _granted(limiter, 10) == 10
-    clock.advance(150)
+    assert await _granted(limiter, 9) == 9
+    clock.advance(99)
+    assert await limiter.try_acquire()
+    clock.advance(51)
     assert await limiter.try_acquire()
     await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
     assert await _granted(limiter, 10) == 0
+    clock.advance(849)  # the grants of 0 leave the new window at 1000 s, not before
+    assert await _granted(limiter, 10) == 0
+    clock.advance(1)
+    assert await _granted(limiter, 10) == 8
 
 
 @ALGORITHMS
