@@ -9,10 +9,13 @@ on its own clock: nothing here depends on timing.
 
 from __future__ import annotations
 
-import pytest
-from conformance import manual_clock
+import re
 
-from aiolimit import Algorithm, Rate, RateLimiter, RateType
+import pytest
+from conformance import ManualClock, manual_clock
+
+from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
+from aiolimit.backends._protocol import HELD_BUCKETS
 
 ALGORITHMS = pytest.mark.parametrize("algorithm", list(Algorithm), ids=lambda a: a.name.lower())
 RATE_TYPES = pytest.mark.parametrize("rate_type", list(RateType), ids=lambda t: t.name.lower())
@@ -20,6 +23,7 @@ RATE_TYPES = pytest.mark.parametrize("rate_type", list(RateType), ids=lambda t: 
 
 SLIDING, BUCKET, FIXED = Algorithm.SLIDING_WINDOW, Algorithm.TOKEN_BUCKET, Algorithm.FIXED_WINDOW
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
+START = round(ManualClock.START * 1e6)
 
 # Not kept yet (docs/algorithms.md, "What keep_state=True keeps"): no store keeps history past
 # what the old config needs, so grants whose state has gone (reclaimed from a log, replaced by
@@ -104,3 +108,37 @@ async def test_a_longer_interval_with_keep_state_keeps_grants_inside_the_old_win
     clock.advance(5)
     await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
     assert await _granted(limiter, 10) == 4
+
+
+@RATE_TYPES
+async def test_a_sliding_window_keeps_a_bounded_summary_of_what_it_reclaimed(
+    store, name, rate_type
+):
+    # A grant every 60 s under 2 per 100 s, from 0 to 420 s: each from 120 s reclaims the one
+    # of 120 s before. The log keeps their permits in at most HELD_BUCKETS spans of 100 s (its
+    # value key stays small): at 420 s, 1 of span 200-300 s and 1 of 300-400 s; those of 0,
+    # 60, 120 and 180 s are forgotten. A longer interval counts the spans it covers.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=SLIDING)
+    for i in range(8):
+        if i:
+            clock.advance(60)
+        assert await limiter.try_acquire()
+    held = await _held(store, backend, name)
+    assert held == [[1, START + 240_000_000], [1, START + 300_000_000]]
+    assert len(held) == HELD_BUCKETS
+    await limiter.set_rate(rate_type, [Rate(12, 1000)], algorithm=SLIDING, keep_state=True)
+    assert await _granted(limiter, 12) == 8  # 2 logged and 2 held count
+
+
+async def _held(store, backend, name: str) -> list[list[int]]:
+    """The held entries of the limiter's one budget (OVERALL or the default client's)."""
+    if isinstance(backend, RedisBackend):
+        values = [k for k in await backend.redis.keys("*") if b":value" in k]
+        assert len(values) == 1, values
+        value = (await backend.redis.get(values[0])).decode()
+        return [[int(p), int(at)] for p, at in re.findall(r" ~(\d+):(-?\d+)", value)]
+    limiter = backend._shared.limiters[name]
+    (budget,) = limiter.budgets.values()
+    return budget.held
