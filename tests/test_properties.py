@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -692,9 +693,16 @@ class Twins:
                 logged = await self.redis.zrange(
                     f"{self.tag}:permits{i}{suffix}", 0, -1, withscores=True
                 )
-                memory_state = (budget.used, budget.seq, [(m, t) for t, m, _ in budget.live()])
+                memory_state = (
+                    budget.used,
+                    budget.seq,
+                    [(m, t) for t, m, _ in budget.live()],
+                    budget.held,
+                )
                 redis_gen, used, seq, _cursor = value.split(" ", 3)
-                redis_state = (int(used), int(seq), [(_text(m), int(t)) for m, t in logged])
+                held = [[int(p), int(at)] for p, at in re.findall(r" ~(\d+):(-?\d+)", value)]
+                logs = [(_text(m), int(t)) for m, t in logged]
+                redis_state = (int(used), int(seq), logs, held)
                 assert redis_state == memory_state, (
                     f"{i}{suffix}: redis {redis_state}, {memory_state}"
                 )
@@ -956,6 +964,38 @@ class Twins:
         ), True),
         ("acquire", "b", 2),
         ("delete",),
+    ],
+)  # fmt: skip
+@example(  # an OVERALL token bucket keeps its missing tokens through keep_state (issue 15.12)
+    first=(
+        RateType.OVERALL, 3, INTERVALS_US[0], None,
+        Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[1]),), 0,
+    ),
+    operations=[
+        ("acquire", "a", 3),
+        ("advance", "1us"),
+        ("configure", "set", (
+            RateType.OVERALL, 3, INTERVALS_US[1], None,
+            Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[2]),), 0,
+        ), True),
+        ("acquire", "a", 1),
+        ("advance", "half"),
+        ("available", "a"),
+        ("reserve", "a", 2, "forever"),
+    ],
+)  # fmt: skip
+@example(  # a sliding window keeps what it reclaimed; keep_state to a longer interval logs it
+    first=(RateType.PER_CLIENT, 3, INTERVALS_US[0], None),
+    operations=[
+        ("acquire", "a", 2),
+        ("advance", "half"),
+        ("acquire", "a", 1),
+        ("advance", "interval"),
+        ("acquire", "a", 1),
+        ("configure", "set", (RateType.PER_CLIENT, 3, INTERVALS_US[2], None), True),
+        ("acquire", "a", 1),
+        ("available", "a"),
+        ("reserve", "a", 1, "forever"),
     ],
 )  # fmt: skip
 @given(first=config, operations=st.lists(operation, min_size=5, max_size=50))

@@ -14,6 +14,7 @@ from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiterConfig, RateType
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     GRANTED_FORMAT,
+    HELD_BUCKETS,
     MAX_BATCH,
     MAX_EXACT,
     RECEIPT_US,
@@ -138,13 +139,26 @@ def test_the_value_key_is_written_as_the_protocol_says() -> None:
     written = re.search(r"return (gen \.\. .*)\n", lua("lib"))
     assert written, "lib.lua no longer writes the value key in encode_budget"
     parts = [part.strip() for part in written[1].split("..")]
-    fields = {"gen": "<gen>", "fmt(budget.used)": "<used>", "fmt(budget.seq)": "<seq>"}
+    fields = {
+        "gen": "<gen>",
+        "fmt(budget.used)": "<used>",
+        "fmt(budget.seq)": "<seq>",
+        "format_held(budget.held)": "[ ~<permits>:<at>]...",
+    }
     text = "".join(
         part.strip("'") if part.startswith("'") else fields.get(part, "<cursor>") for part in parts
     )
     assert text == VALUE_FORMAT
     assert parse_value("ab12 5 2 -") == ("ab12", 5, 2, None)
     assert parse_value("ab12 -3 9 1700 4 2") == ("ab12", -3, 9, (1700, 4, 2))
+    assert parse_value("ab12 -3 9 1700 4 2 ~5:-10 ~2:90") == ("ab12", -3, 9, (1700, 4, 2))
+    assert parse_value("ab12 5 2 - ~5:10") == ("ab12", 5, 2, None)
+
+
+def test_held_lua_keeps_as_many_spans_as_the_protocol_says() -> None:
+    found = re.search(r"^local HELD_BUCKETS = (\d+)", lua("held"), re.MULTILINE)
+    assert found, "held.lua no longer states how many spans it keeps"
+    assert int(found[1]) == HELD_BUCKETS
 
 
 def test_lib_lua_says_the_time_refusal_the_client_recognises() -> None:

@@ -24,6 +24,7 @@ from ..errors import InvalidArgumentError
 __all__ = [
     "COUNTERS_FORMAT",
     "GRANTED_FORMAT",
+    "HELD_BUCKETS",
     "MAX_BATCH",
     "MAX_EXACT",
     "RECEIPT_US",
@@ -137,15 +138,19 @@ def parse_rates(text: str) -> tuple[Rate, ...]:
     return tuple(rates)
 
 
-VALUE_FORMAT = "<gen> <used> <seq> <cursor>"
+VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~<permits>:<at>]..."
 """A budget's value key: the config generation the state belongs to, the permits its log
-holds (reservations included), the number of its last grant, and where the last wait
-computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``)."""
+holds (reservations included), the number of its last grant, where the last wait
+computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), then up
+to ``HELD_BUCKETS`` entries of the grants reclaimed from the log (held.lua)."""
+
+HELD_BUCKETS = 2
+"""Spans of reclaimed grants a sliding window's budget keeps (held.lua)."""
 
 
 def parse_value(value: str) -> tuple[str, int, int, tuple[int, int, int] | None]:
     """``(gen, used, seq, cursor)`` of a budget's value key (see :data:`VALUE_FORMAT`)."""
-    gen, used, seq, where = value.split(" ", 3)
+    gen, used, seq, where = value.split(" ~", 1)[0].split(" ", 3)
     if where == "-":
         return gen, int(used), int(seq), None
     score, up_to, at = map(int, where.split(" "))

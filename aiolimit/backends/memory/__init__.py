@@ -18,7 +18,7 @@ from ._fixed_window import FixedWindow
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
-from ._token_bucket import TokenBucket
+from ._token_bucket import TokenBucket, convert_buckets
 
 __all__ = ["MemoryBackend"]
 
@@ -161,6 +161,8 @@ class MemoryBackend(Backend):
                 stored.state = old.state  # the new config carries the field over
             group = _group(limiter, config, None, True, now)
             group.reclaim(now)
+            if isinstance(group, TokenBucket) and state_in_config(config) and not group.fresh:
+                convert_buckets(group, old.config.rates, now)
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)

@@ -16,24 +16,29 @@ from .._protocol import (
     parse_member,
 )
 from ._algorithm import Group
+from ._held import hold, restore_held
 from ._state import Budget, Limiter, Slot, ms
 
 
-def reclaim_log(budget: Budget, window_start: int, write: bool) -> int:
-    """Permits used once grants that left the window are reclaimed (at most
-    ``RECLAIM_STEPS`` of them); with ``write`` they are removed from the budget."""
+def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
+    """Permits used once grants that left the window (``interval`` up to ``now``) are
+    reclaimed (at most ``RECLAIM_STEPS`` of them); with ``write`` they are removed from the
+    budget, and kept as held (held.lua)."""
+    window_start = now - interval
     grants, head = budget.grants, budget.head
     count = min(budget.rank_after(window_start) - head, RECLAIM_STEPS)
     if count == 0:
         return budget.used
     if count == RECLAIM_STEPS and grants[-1][0] <= window_start:
         if write:  # the whole log has expired
+            hold(budget, budget.used, grants[-1][0], interval)
             budget.used = budget.seq = 0
             budget.clear()
         return 0
     used = budget.used - sum(p for _, _, p in grants[head : head + count])
     if write:
         last = grants[head + count - 1][0]
+        hold(budget, budget.used - used, last, interval)
         budget.drop_front(count)
         if budget.cs is not None and budget.cs <= last:
             budget.cs = None
@@ -189,8 +194,10 @@ class SlidingLog(Group):
 
     def reclaim(self, now: int) -> None:
         for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=False)):
+            if self.write and self.stored[i] and restore_held(budget, rate.interval_us, now):
+                self.touched[i] = True  # after set_rate to a longer interval (held.lua)
             before = budget.used
-            self.used[i] = reclaim_log(budget, now - rate.interval_us, self.write)
+            self.used[i] = reclaim_log(budget, rate.interval_us, now, self.write)
             if self.write and self.used[i] != before:
                 self.touched[i] = True  # what the reclaim changed is written back
 

@@ -57,6 +57,8 @@ class Budget:
     # per grant however long the log.
     grants: list[tuple[int, str, int]] = field(default_factory=list)
     head: int = 0
+    # What it keeps of the grants reclaimed from the log: [permits, latest start] (held.lua).
+    held: list[list[int]] = field(default_factory=list)
     expires_at: float = FOREVER
     # TOKEN_BUCKET and FIXED_WINDOW: the latest grant's start, and per rate two numbers.
     last: int | None = None

@@ -4,6 +4,7 @@ is full again (GCRA's theoretical arrival time), exactly: ``a`` us and ``b``/per
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..._types import Rate
 from .._protocol import MAX_EXACT
@@ -91,3 +92,22 @@ class TokenBucket(Counters):
         if tat < now:
             tat, frac = now, 0
         return count, tat, frac
+
+
+def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> None:
+    """set_rate with keep_state, an OVERALL bucket (set_rate.lua's ``convert_buckets``):
+    each rate keeps the tokens missing from its bucket, refilled at the new rate from
+    ``now`` (rounded up to a whole microsecond, in doubles as Lua computes it)."""
+    n = list(bucket.state.n)
+    for i, rate in enumerate(bucket.config.rates):
+        if i >= len(old):
+            break
+        was = old[i]
+        if (was.permits, was.interval_us) == (rate.permits, rate.interval_us):
+            continue
+        due = n[2 * i] - now + (1 if n[2 * i + 1] > 0 else 0)
+        if due > 0:
+            ratio = float(due) * was.permits * rate.interval_us
+            n[2 * i] = now + math.ceil(ratio / (float(was.interval_us) * rate.permits))
+            n[2 * i + 1] = 0
+    bucket.state = replace(bucket.state, n=n)

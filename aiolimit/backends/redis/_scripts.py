@@ -25,10 +25,11 @@ TIME_REFUSED = "the server refused TIME in a script"
 """What lib.lua says when the server refuses ``TIME`` in scripts."""
 
 
-LIBRARY = ("lib", "sliding_window", "counters", "token_bucket", "fixed_window")
+LIBRARY = ("lib", "held", "sliding_window", "counters", "token_bucket", "fixed_window")
 """The files every script starts with, in order: the core, then each algorithm, which adds
-its functions to the core's ``ALGORITHMS`` table (``counters`` is what the token bucket and
-fixed windows share). Adding an algorithm adds its file here."""
+its functions to the core's ``ALGORITHMS`` table (``held`` is what a sliding window keeps of
+reclaimed grants, ``counters`` what the token bucket and fixed windows share). Adding an
+algorithm adds its file here."""
 
 
 def lua_source(*names: str) -> str:

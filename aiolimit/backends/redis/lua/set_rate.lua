@@ -27,8 +27,30 @@
 -- Returns {written, follow}: written 1, or 0 when not written (try: a config exists; update:
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
 
+-- An OVERALL token bucket keeps the tokens missing from each rate's bucket, not the time it
+-- is full again: they refill at the new rate from `now` (rounded up to a whole microsecond,
+-- never down). `old` is the old config's HMGET below. (A PER_CLIENT client's bucket does not
+-- know the rate that wrote it: it keeps its full time, docs/algorithms.md.)
+local function convert_buckets(group, old, now)
+  local olds = {}
+  for p, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
+    table.insert(olds, { rate = tonumber(p), interval = tonumber(i) })
+  end
+  if #olds == 0 and old[8] then
+    olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) }
+  end
+  local n = group.n
+  for i, r in ipairs(group.config.rates) do
+    local o = olds[i]
+    local due = o and n[2 * i - 1] - now + (n[2 * i] > 0 and 1 or 0)
+    if due and due > 0 and (o.rate ~= r.rate or o.interval ~= r.interval) then
+      n[2 * i - 1], n[2 * i] = now + math.ceil(due * o.rate * r.interval / (o.interval * r.rate)), 0
+    end
+  end
+end
+
 local mode = ARGV[1]
-local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state')
+local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state', 'rate')
 local old_type = old[1]
 if (mode == 'try' and old_type) or (mode == 'update' and not old_type) then
   return { 0, 0 }
@@ -69,6 +91,9 @@ if keep then
   clock = config.clock and fmt(config.clock)
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
+  if algorithm == 'TOKEN_BUCKET' and config.in_hash and not group.fresh then
+    convert_buckets(group, old, now)
+  end
   group.algorithm.keep(group)
   if not group.fresh then
     group.algorithm.save(group, now)

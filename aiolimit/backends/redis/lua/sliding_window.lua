@@ -16,15 +16,17 @@
 -- Reads a budget. State of another generation (or a log without its value key) belongs to
 -- no limiter: with `write` it is dropped, without it is simply not counted.
 local function load_budget(value_key, permits_key, config, write)
-  local budget = { value_key = value_key, permits_key = permits_key, used = 0, seq = 0 }
+  local budget = { value_key = value_key, permits_key = permits_key, used = 0, seq = 0, held = {} }
   local raw = redis.call('GET', value_key)
+  local held
   if raw then
+    raw, held = parse_held(raw) -- (held.lua)
     local gen, used, seq, cursor = string.match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
     if not gen then
       error('aiolimit: the state in ' .. value_key .. ' is not aiolimit state; delete() the limiter')
     end
     if gen == config.gen then
-      budget.used, budget.seq = tonumber(used), tonumber(seq)
+      budget.used, budget.seq, budget.held = tonumber(used), tonumber(seq), held
       local cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
       if cs then
         budget.cs, budget.cp, budget.cg = tonumber(cs), tonumber(cp), tonumber(cg)
@@ -44,7 +46,7 @@ end
 
 local function encode_budget(budget, gen)
   local cursor = budget.cs and (fmt(budget.cs) .. ' ' .. fmt(budget.cp) .. ' ' .. fmt(budget.cg)) or '-'
-  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' ' .. cursor
+  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' ' .. cursor .. format_held(budget.held)
 end
 
 -- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
@@ -73,6 +75,9 @@ local function reclaim(budget, window_start, write)
     -- Many expired: if the whole log has, drop it at once (UNLINK frees it off the main thread).
     local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
     if tonumber(newest[2]) <= window_start then
+      if write then
+        hold(budget, budget.used, tonumber(newest[2]), budget.interval)
+      end
       budget.used, budget.cs = 0, nil
       if write then
         budget.seq = 0
@@ -91,6 +96,7 @@ local function reclaim(budget, window_start, write)
     budget.dirty = true
     redis.call('ZREMRANGEBYRANK', key, 0, #expired / 2 - 1)
     local last = tonumber(expired[#expired])
+    hold(budget, sum, last, budget.interval)
     if budget.cs and budget.cs <= last then
       budget.cs = nil
     elseif budget.cs then
@@ -310,6 +316,8 @@ function sliding.reclaim(group, now, write)
   for _, budget in ipairs(group.budgets) do
     if not write then
       budget.logged = budget.used -- the walk counts the expired grants still logged
+    elseif not budget.fresh then
+      restore_held(budget, now) -- after set_rate to a longer interval (held.lua)
     end
     reclaim(budget, now - budget.interval, write)
   end
