@@ -211,7 +211,7 @@ async def test_the_loop_lag_is_how_late_a_stalled_loop_woke_its_ticker():
     try:
         await asyncio.sleep(0.02)
         assert lag.now() < 0.1
-        time.sleep(0.3)  # the whole loop stalls, as when the process is not scheduled
+        time.sleep(0.3)  # noqa: ASYNC251 - the whole loop stalls, as when not scheduled
         await asyncio.sleep(0)
         assert lag.now() >= 0.29
     finally:
