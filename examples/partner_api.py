@@ -19,7 +19,7 @@ import asyncio
 import socket
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 
 import httpx
 from aiohttp import web
@@ -36,10 +36,8 @@ MAINTENANCE_AT = 25  # the partner's 25th call is refused, quota or not
 
 
 class Lateness:
-    """How late this process runs, as a ticker due every 5 ms sees it. On a busy machine the
-    process may not run for a while: calls the limiter spaced out then reach the partner
-    together at its end, and the partner below (simulated in this same process) allows for
-    that, as a partner elsewhere, which saw the calls leave as spaced, would not need to."""
+    """How late this process runs, as a ticker due every 5 ms sees it. On a busy machine a
+    process may not run for a while, and every call due meanwhile goes out at its end."""
 
     PERIOD = 0.005
 
@@ -60,13 +58,31 @@ class Lateness:
         return max(at - self.due, late if woke > at - 4 * self.PERIOD else 0.0, 0.0)
 
 
-class Partner:
-    """Enforces QUOTA per sliding second, and refuses one call for maintenance. It judges a
-    call by when it was due: its arrival less how late this process ran then."""
+class SentAt(httpx.AsyncBaseTransport):
+    """Under the limiter's transport: marks each call with when it left, less how late the
+    process ran then (the monotonic clock is the machine's, the same in both processes).
+    A partner elsewhere sees calls arrive as they left; this one runs on the same busy
+    machine, where a call can spend longer on its way than the calls behind it, so it
+    judges its quota by these marks."""
 
     def __init__(self, lateness: Lateness) -> None:
         self.lateness = lateness
-        self.recent: deque[float] = deque()
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        request.headers["X-Sent-At"] = repr(time.monotonic() - self.lateness.now())
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class Partner:
+    """Enforces QUOTA per sliding second (of the calls' X-Sent-At), and refuses one call for
+    maintenance."""
+
+    def __init__(self) -> None:
+        self.accepted: list[float] = []  # when each call answered 200 was sent
         self.arrivals: list[float] = []
         self.workers: list[str] = []  # whose each call was
         self.quota_429s = 0
@@ -74,18 +90,16 @@ class Partner:
 
     async def handle(self, request: web.Request) -> web.Response:
         now = time.monotonic()
-        due = now - self.lateness.now()
+        sent = float(request.headers["X-Sent-At"])
         self.arrivals.append(now)
         self.workers.append(request.match_info["order"].rsplit("-", 1)[0])
-        while self.recent and self.recent[0] <= now - 1:
-            self.recent.popleft()
         if len(self.arrivals) == MAINTENANCE_AT:
             self.paused_from = now
             return web.Response(status=429, headers={"Retry-After": "1"})
-        if len(self.recent) >= QUOTA:
+        if sum(sent - 1 < t <= sent for t in self.accepted) >= QUOTA:
             self.quota_429s += 1
             return web.Response(status=429, headers={"Retry-After": "1"})
-        self.recent.append(due)
+        self.accepted.append(sent)
         return web.json_response({"ok": True})
 
 
@@ -93,7 +107,9 @@ async def run_workers(partner_url: str, backend: Backend, group: str) -> int:
     """Runs WORKERS workers sharing one limiter; returns the calls answered 200."""
     limiter = RateLimiter("example-partner-api", backend)
     await limiter.try_set_rate(RateType.OVERALL, QUOTA, OUR_INTERVAL)
-    transport = RateLimitedTransport(limiter)
+    lateness = Lateness()
+    ticker = asyncio.create_task(lateness.tick())
+    transport = RateLimitedTransport(limiter, SentAt(lateness))
     async with httpx.AsyncClient(transport=transport, base_url=partner_url) as client:
 
         async def worker(n: int) -> int:
@@ -103,13 +119,13 @@ async def run_workers(partner_url: str, backend: Backend, group: str) -> int:
                 ok += answer.status_code == 200
             return ok
 
-        return sum(await asyncio.gather(*(worker(n) for n in range(WORKERS))))
+        results = await asyncio.gather(*(worker(n) for n in range(WORKERS)))
+    ticker.cancel()
+    return sum(results)
 
 
 async def main(redis_url: str | None) -> int:
-    lateness = Lateness()
-    ticker = asyncio.create_task(lateness.tick())
-    partner = Partner(lateness)
+    partner = Partner()
     app = web.Application()
     app.router.add_get("/orders/{order}", partner.handle)
     runner = web.AppRunner(app)
@@ -136,7 +152,6 @@ async def main(redis_url: str | None) -> int:
             ours = results[0]
             groups = "two worker groups"
     finally:
-        ticker.cancel()
         await runner.cleanup()
         if redis is not None:
             await redis.aclose()
