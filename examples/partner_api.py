@@ -19,7 +19,7 @@ import asyncio
 import socket
 import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 
 import httpx
 from aiohttp import web
@@ -43,19 +43,20 @@ class Lateness:
 
     def __init__(self) -> None:
         self.due = time.monotonic()
-        self.last = (0.0, 0.0)  # when the last tick woke, and how late
+        self.ticks: deque[tuple[float, float]] = deque(maxlen=20)  # (woke, how late): 0.1 s
 
     async def tick(self) -> None:
         while True:
             self.due = time.monotonic() + self.PERIOD
             await asyncio.sleep(self.PERIOD)
             woke = time.monotonic()
-            self.last = (woke, woke - self.due)
+            self.ticks.append((woke, woke - self.due))
 
     def now(self) -> float:
+        """How late the process ran in the last 0.1 s: the tick due now, or one before."""
         at = time.monotonic()
-        woke, late = self.last
-        return max(at - self.due, late if woke > at - 4 * self.PERIOD else 0.0, 0.0)
+        recent = (late for woke, late in self.ticks if woke > at - 0.1)
+        return max(at - self.due, *recent, 0.0)
 
 
 class SentAt(httpx.AsyncBaseTransport):

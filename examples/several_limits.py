@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import os
 import time
+from collections import deque
 
 from redis.asyncio import Redis
 
@@ -36,7 +37,7 @@ class Lateness:
 
     def __init__(self) -> None:
         self.due = time.monotonic()
-        self.last = (0.0, 0.0)  # when the last tick woke, and how late
+        self.ticks: deque[tuple[float, float]] = deque(maxlen=20)  # (woke, how late): 0.1 s
         self.most = 0.0
 
     async def tick(self) -> None:
@@ -44,13 +45,14 @@ class Lateness:
             self.due = time.monotonic() + self.PERIOD
             await asyncio.sleep(self.PERIOD)
             woke = time.monotonic()
-            self.last = (woke, woke - self.due)
+            self.ticks.append((woke, woke - self.due))
             self.most = max(self.most, woke - self.due)
 
     def now(self) -> float:
+        """How late the process ran in the last 0.1 s: the tick due now, or one before."""
         at = time.monotonic()
-        woke, late = self.last
-        return max(at - self.due, late if woke > at - 4 * self.PERIOD else 0.0, 0.0)
+        recent = (late for woke, late in self.ticks if woke > at - 0.1)
+        return max(at - self.due, *recent, 0.0)
 
 
 class PartnerApi:
