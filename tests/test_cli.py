@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -184,3 +186,33 @@ def test_the_verdict_fails_with_exit_code_1_on_over_admission(capsys):
     out = capsys.readouterr().out
     assert "busiest window  3 permits" in out
     assert "FAIL: a 1 s window held 3 permits, over the rate of 2" in out
+
+
+def test_the_verdict_takes_a_stall_of_the_loop_as_the_stamps_uncertainty(capsys):
+    # Four grants the limiter spread over 0.3 s all woke at 0.9 after a stall of the whole
+    # process; the loop ran 0.35 s late then, and the grants made on time after it fill the
+    # rate again: by the wake times alone, one window holds 5 of a rate of 4.
+    woke = [0.0, 0.9, 0.9, 0.9, 1.5, 1.6]
+    late = [0.0, 0.35, 0.35, 0.35, 0.0, 0.0]
+    bunched = demo.Run(rate=4, interval=1.0, stamps=woke, per_worker=[3, 3])
+    assert demo.verdict(bunched, elapsed=2.0) == 1
+    stalled = demo.Run(rate=4, interval=1.0, stamps=woke, late=late, per_worker=[3, 3])
+    assert demo.verdict(stalled, elapsed=2.0) == 0
+    # An on-time loop (no lag) leaves every stamp a point: over-admission still fails.
+    on_time = demo.Run(rate=2, interval=1.0, stamps=[0.0, 0.1, 0.2], late=[0.0] * 3)
+    on_time.per_worker = [3]
+    assert demo.verdict(on_time, elapsed=1.0) == 1
+    assert "FAIL: a 1 s window held 3 permits, over the rate of 2" in capsys.readouterr().out
+
+
+async def test_the_loop_lag_is_how_late_a_stalled_loop_woke_its_ticker():
+    lag = demo.LoopLag()
+    ticker = asyncio.ensure_future(lag.tick())
+    try:
+        await asyncio.sleep(0.02)
+        assert lag.now() < 0.1
+        time.sleep(0.3)  # noqa: ASYNC251 - the whole loop stalls, as when not scheduled
+        await asyncio.sleep(0)
+        assert lag.now() >= 0.29
+    finally:
+        ticker.cancel()

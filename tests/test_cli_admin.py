@@ -15,10 +15,11 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 import redis as sync_redis
@@ -278,22 +279,42 @@ def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
         assert match["queued"] == "1" and 58 <= float(match["ahead"]) <= 60
 
 
-def test_watch_counts_grants_per_second(capsys, url, name):
+def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
+    # The 40 grants are made between watch's two readings (each waits for the other), and the
+    # rate shown is theirs over the interval watch itself measured between the readings,
+    # however late a busy machine ran its ticks.
+    from aiolimit._tools.admin import watch
+
+    read, first_read, granted = watch._read, threading.Event(), threading.Event()
+    nows: list[float] = []
+
+    async def reading_in_turn(*args: Any) -> Any:
+        if nows:
+            assert await asyncio.to_thread(granted.wait, 30)
+        nows.append(args[-1])
+        got = await read(*args)
+        first_read.set()
+        return got
+
+    monkeypatch.setattr(watch, "_read", reading_in_turn)
+
     async def grant_between_ticks(backend: RedisBackend) -> int:
         limiter = RateLimiter(name, backend)
         await limiter.set_rate(RateType.OVERALL, 1000, 60)
         watcher = asyncio.create_task(
             asyncio.to_thread(cli.main, ["watch", name, "--count", "2", "--redis", url])
         )
-        await asyncio.sleep(0.5)  # the first tick is at once; the second 1 s later
+        assert await asyncio.to_thread(first_read.wait, 30)
         assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
+        granted.set()
         return await watcher
 
     assert on_server(url, grant_between_ticks) == 0
     lines = capsys.readouterr().out.splitlines()
     second = WATCH_LINE.fullmatch(lines[1])
     assert second is not None
-    assert 30 <= float(second["rate"]) <= 41  # 40 grants in one tick of 1 s and a bit
+    assert len(nows) == 2 and nows[1] > nows[0]
+    assert float(second["rate"]) == pytest.approx(40 / (nows[1] - nows[0]), abs=0.051)
     assert second["taken"] == "40"
 
 

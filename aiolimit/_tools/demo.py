@@ -2,7 +2,10 @@
 
 The verdict does not trust the limiter: every worker stamps each grant with the event loop's
 monotonic clock as soon as ``acquire()`` returns, and the audit slides a window over those
-stamps to find the most permits any window held.
+stamps to find the most permits any window held. On a busy machine the whole process may not
+run for a while, and workers due in that time all wake at its end: each stamp is then the span
+from how late the loop was running (a ticker measures it) to the wake, so a stall does not
+bunch grants the limiter spread, while on time the span is a point and over-admission shows.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import bisect
+import collections
 import contextlib
 import random
 import sys
@@ -24,7 +28,7 @@ from .audit import busiest_window
 from .options import masked, server_options
 from .text import plural, shown
 
-__all__ = ["Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
+__all__ = ["LoopLag", "Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
 
 _BAR_WIDTH = 20
 # A stamp is taken a little after its grant (scheduling, the reply's trip back), and not
@@ -97,6 +101,7 @@ class Run:
     interval: float
     started: float = 0.0
     stamps: list[float] = field(default_factory=list)  # seconds since start, in grant order
+    late: list[float] = field(default_factory=list)  # how late the loop ran at each stamp
     per_worker: list[int] = field(default_factory=list)
     error: LimiterError | None = None
     over: bool = False  # the run has ended: a grant still made is not the run's
@@ -131,12 +136,40 @@ def _seconds(value: float) -> str:
     return f"{value:g} s"
 
 
-async def _worker(limiter: RateLimiter, run: Run, index: int) -> None:
+class LoopLag:
+    """How late this event loop runs now, as a ticker due every ``PERIOD`` sees it: the
+    lateness of the tick still waiting, or of any that woke in the last ``RECENT`` seconds."""
+
+    PERIOD = 0.005
+    RECENT = 0.05
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._due = self._loop.time()
+        self._woken: collections.deque[tuple[float, float]] = collections.deque()  # (woke, late)
+
+    async def tick(self) -> None:
+        while True:
+            self._due = self._loop.time() + self.PERIOD
+            await asyncio.sleep(self.PERIOD)
+            woke = self._loop.time()
+            self._woken.append((woke, woke - self._due))
+            while self._woken[0][0] < woke - self.RECENT:
+                self._woken.popleft()
+
+    def now(self) -> float:
+        at = self._loop.time()
+        recent = (late for woke, late in self._woken if woke >= at - self.RECENT)
+        return max(at - self._due, *recent, 0.0)
+
+
+async def _worker(limiter: RateLimiter, run: Run, index: int, lag: LoopLag) -> None:
     loop = asyncio.get_running_loop()
     while True:
         await limiter.acquire()
         if run.over:
             return
+        run.late.append(lag.now())
         run.stamps.append(loop.time() - run.started)
         run.per_worker[index] += 1
         # The guarded call to some downstream service.
@@ -160,7 +193,9 @@ async def _run_for(
     LimiterError is kept in ``run.error``; anything else, such as the reader of stdout
     going away, is raised). ``end`` runs before the tasks are stopped; they have all ended
     when this returns."""
-    tasks = [asyncio.ensure_future(_worker(limiter, run, index)) for index in range(workers)]
+    lag = LoopLag()
+    tasks = [asyncio.ensure_future(_worker(limiter, run, i, lag)) for i in range(workers)]
+    tasks.append(asyncio.ensure_future(lag.tick()))
     tasks.append(asyncio.ensure_future(_report(run, duration)))
     try:
         done, _ = await asyncio.wait(tasks, timeout=duration, return_when=asyncio.FIRST_EXCEPTION)
@@ -247,7 +282,9 @@ async def _demo(args: argparse.Namespace) -> int:
 
 def verdict(run: Run, elapsed: float) -> int:
     tolerance = min(_STAMP_TOLERANCE, run.interval / 10)
-    busiest = busiest_window(run.stamps, run.interval, slack=tolerance).most
+    late = run.late or [0.0] * len(run.stamps)
+    spans = [(stamp - lag, stamp) for stamp, lag in zip(run.stamps, late, strict=True)]
+    busiest = busiest_window(spans, run.interval, slack=tolerance).most
     total = len(run.stamps)
     allowed = allowed_by_rate(run.rate, run.interval, elapsed)
     shares = f"{min(run.per_worker)}-{max(run.per_worker)} per worker"
