@@ -1,11 +1,11 @@
 -- The sliding window: a log of grants per rate, each scored by its start; a grant counts until
 -- one interval after it starts (backends/memory/_sliding.py is its Python twin).
---
 -- The log of one rate of a budget:
 --   value key    string "<gen> <used> <seq> <cursor>": the config generation the state
 --                belongs to, the permits its log holds (granted in the window, reservations
 --                included), the sequence number of its last grant, and the walk cursor
---                ("<score> <prefix> <group>", or "-" for none; see `wait_for`).
+--                ("<score> <prefix> <group>", or "-" for none; see `wait_for`), then
+--                held.lua's summary of grants that left the window (" ~<permits>:<at>"...).
 --   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
@@ -127,7 +127,6 @@ local function save_budget(budget, config, now)
 end
 
 -- -- waiting ---------------------------------------------------------------------------------
---
 -- A request for `permits` when only `left` are free waits until `need = permits - left` of
 -- the logged permits have expired: the log is summed oldest first until it holds `need`,
 -- and the wait ends when that grant expires. Summing from the oldest grant every time would
@@ -292,7 +291,6 @@ local function newest_start(group)
 end
 
 -- -- the group (see "groups" in lib.lua): group.budgets holds a log per rate ----------------------
-
 local sliding = { idempotent = true } -- a grant handed back is no longer in its log
 ALGORITHMS.SLIDING_WINDOW = sliding
 
