@@ -14,7 +14,6 @@ from ._base import _Limiter
 from ._breaker import Breaker
 from ._types import Duration
 from .backends.base import Backend, Grant
-from .errors import BackendError
 
 __all__ = ["RateLimiter"]
 
@@ -72,16 +71,12 @@ class RateLimiter(_Limiter):
         permits = check_permits(permits)
         max_wait = max_wait_of(timeout)
         observer = _observe.current
-        breaker = self._breaker
-        if observer is not None or breaker.is_open:
+        if observer is not None:
             return (await acquire([self], [permits], max_wait, observer)).granted
         # The common case in this frame: a grant at once, or a refusal. A reservation (to
         # sleep out, then check for a block) goes on along the one path.
-        try:
-            attempt = await self._backend.try_acquire(self._name, permits, max_wait)
-        except BackendError as exc:
-            breaker.failed(exc)
-            raise
+        call = self._backend.try_acquire(self._name, permits, max_wait)
+        attempt = await self._breaker.guard(call)
         if not isinstance(attempt, Grant):
             return False
         if attempt.starts_in <= 0:
