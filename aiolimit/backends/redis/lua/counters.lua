@@ -39,11 +39,27 @@ end
 -- Reads the numbers into group.n (a full bucket / no window for a rate without state).
 local function load_counters(group, rule, write)
   local config = group.config
-  group.n, group.fresh = {}, true
+  local rates, n = config.rates, {}
+  group.n, group.fresh = n, true
   -- at: where <last> stands (after the generation in a value key)
   local raw, at = config.state, 1
   if not config.in_hash then
     raw, at = redis.call('GET', group.value_key), 2
+  end
+  if raw and #rates == 1 then
+    -- One rate, the common case: one match. (A state another config wrote, with several
+    -- rates, takes the general way below.)
+    local gen, last, a, b = config.gen, nil, nil, nil
+    if at == 1 then
+      last, a, b = string.match(raw, '^(%S+) (%-?%d+) (%-?%d+)$')
+    else
+      gen, last, a, b = string.match(raw, '^(%S+) (%S+) (%-?%d+) (%-?%d+)$')
+    end
+    if a and gen == config.gen then
+      group.fresh, group.last = false, tonumber(last)
+      n[1], n[2] = rule.loaded(rates[1], tonumber(a), tonumber(b))
+      return
+    end
   end
   if raw then
     local fields, count = {}, 0
@@ -51,14 +67,14 @@ local function load_counters(group, rule, write)
       count = count + 1
       fields[count] = field
     end
-    if (at == 1 or fields[1] == config.gen) and #fields >= at and (#fields - at) % 2 == 0 then
+    if (at == 1 or fields[1] == config.gen) and count >= at and (count - at) % 2 == 0 then
       -- (set_rate with keep_state may have changed the rates: each keeps its own state by
       -- position, a rate added starts afresh)
-      group.fresh = nil
+      group.fresh = false
       group.last = tonumber(fields[at])
-      for i, r in ipairs(config.rates) do
-        group.n[2 * i - 1], group.n[2 * i] =
-          rule.loaded(r, tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0'))
+      for i = 1, #rates do
+        n[2 * i - 1], n[2 * i] =
+          rule.loaded(rates[i], tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0'))
       end
       return
     end
@@ -66,8 +82,8 @@ local function load_counters(group, rule, write)
       drop_counters(group) -- another generation's, or another config's
     end
   end
-  for i = 1, 2 * #config.rates do
-    group.n[i] = 0
+  for i = 1, 2 * #rates do
+    n[i] = 0
   end
 end
 
@@ -79,8 +95,9 @@ local function save_counters(group, rule, now)
   local config, n = group.config, group.n
   -- The state matters until every rate allows its full count again, and the spacing has passed.
   local until_ = group.last and (group.last + config.spacing) or 0
-  for i, r in ipairs(config.rates) do
-    until_ = math.max(until_, rule.until_(r, n[2 * i - 1], n[2 * i]))
+  local rates = config.rates
+  for i = 1, #rates do
+    until_ = math.max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i]))
   end
   if until_ <= now then
     drop_counters(group)
@@ -115,6 +132,7 @@ local function save_counters(group, rule, now)
 end
 
 -- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
+-- (Numeric loops over the rates: they run for every request of a batch.)
 local function counters(rule)
   local algorithm = {}
   function algorithm.load(group, write)
@@ -124,19 +142,20 @@ local function counters(rule)
     -- the numbers say by themselves what has run out
   end
   function algorithm.left(group, now)
-    local left, binding, n = nil, nil, group.n
-    for i, r in ipairs(group.config.rates) do
-      local l = rule.left(r, n[2 * i - 1], n[2 * i], now)
-      if not left or l < left then
+    local rates, n = group.config.rates, group.n
+    local left, binding = rule.left(rates[1], n[1], n[2], now), 1
+    for i = 2, #rates do
+      local l = rule.left(rates[i], n[2 * i - 1], n[2 * i], now)
+      if l < left then
         left, binding = l, i
       end
     end
     return left, binding
   end
   function algorithm.start(group, permits, now)
-    local start, n = now, group.n
-    for i, r in ipairs(group.config.rates) do
-      start = math.max(start, rule.start(r, n[2 * i - 1], n[2 * i], permits, now))
+    local start, rates, n = now, group.config.rates, group.n
+    for i = 1, #rates do
+      start = math.max(start, rule.start(rates[i], n[2 * i - 1], n[2 * i], permits, now))
     end
     return start
   end
@@ -144,13 +163,13 @@ local function counters(rule)
     return group.last
   end
   function algorithm.commit(group, permits, start)
-    local n = group.n
+    local rates, n = group.config.rates, group.n
     group.last = math.max(group.last or start, start)
-    for i, r in ipairs(group.config.rates) do
-      n[2 * i - 1], n[2 * i] = rule.take(r, n[2 * i - 1], n[2 * i], permits, start)
+    for i = 1, #rates do
+      n[2 * i - 1], n[2 * i] = rule.take(rates[i], n[2 * i - 1], n[2 * i], permits, start)
     end
-    group.dirty, group.fresh = true, nil
-    return grant_member(permits, start, rule.tag(group.config.rates[1], n[1], n[2], permits, start))
+    group.dirty, group.fresh = true, false
+    return grant_member(permits, start, rule.tag(rates[1], n[1], n[2], permits, start))
   end
   function algorithm.keep(group)
     group.dirty = not group.fresh
@@ -159,13 +178,13 @@ local function counters(rule)
     return save_counters(group, rule, now)
   end
   function algorithm.release(group, wanted, member, now)
-    local start, released, n = nil, 0, group.n
+    local start, released, rates, n = nil, 0, group.config.rates, group.n
     if member then
       wanted, start = parse_grant(member)
     end
-    for i, r in ipairs(group.config.rates) do
+    for i = 1, #rates do
       local count
-      count, n[2 * i - 1], n[2 * i] = rule.release(r, n[2 * i - 1], n[2 * i], wanted, start, now)
+      count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], wanted, start, now)
       released = math.max(released, count)
     end
     if released > 0 then

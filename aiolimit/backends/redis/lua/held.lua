@@ -12,6 +12,9 @@ local HELD_BUCKETS = 2
 -- The value without its held entries, and the entries ({permits, at}, oldest first).
 local function parse_held(raw)
   local held = {}
+  if not string.find(raw, '~', 1, true) then
+    return raw, held -- (the common case: nothing held)
+  end
   for permits, at in string.gmatch(raw, ' ~(%d+):(%-?%d+)') do
     if #held < HELD_BUCKETS then
       held[#held + 1] = { tonumber(permits), tonumber(at) }
@@ -21,6 +24,9 @@ local function parse_held(raw)
 end
 
 local function format_held(held)
+  if not held or #held == 0 then
+    return ''
+  end
   local parts = {}
   for i, entry in ipairs(held or {}) do
     parts[i] = ' ~' .. fmt(entry[1]) .. ':' .. fmt(entry[2])

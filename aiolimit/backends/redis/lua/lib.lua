@@ -87,7 +87,7 @@ end
 -- The member a grant is handed back by: "<permits>:<start>:<tag>", the tag telling it from
 -- the budget's other grants that start then (_protocol.format_grant).
 local function grant_member(permits, start, tag)
-  return fmt(permits) .. ':' .. fmt(start) .. ':' .. fmt(tag)
+  return string.format('%d:%d:%d', permits, start, tag)
 end
 
 -- permits, start, tag of a grant's member (nil when it is not one).
@@ -105,51 +105,62 @@ local function error_text(e)
   return string.match(e, 'aiolimit: (.*)$') or e
 end
 
--- Reads the config hash; returns nil when the limiter has no config.
+-- Reads the config hash; returns nil when the limiter has no config. One HGETALL straight into
+-- one table (every field named in its constructor, so it is allocated once): the fields a
+-- config lacks keep their defaults.
 local function load_config(config_key)
-  local c = redis.call('HMGET', config_key, 'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen',
-    'algorithm', 'rates', 'spacing', 'blocked_until', 'state')
-  if not c[1] then
+  local c = redis.call('HGETALL', config_key)
+  if #c == 0 then
     return nil
   end
   local config = {
-    key = config_key,
-    rate = tonumber(c[1]),
-    interval = tonumber(c[2]),
-    type = c[3],
-    keep_alive = tonumber(c[4] or '0'),
+    key = config_key, rate = false, interval = false, type = false,
+    keep_alive = 0,
     -- set by expire(): when the whole limiter disappears; no state may outlive it
-    expires_at = c[5] and tonumber(c[5]),
+    expires_at = false,
     -- the latest client-supplied time this limiter has acted on (clock='client' only)
-    clock = c[6] and tonumber(c[6]),
-    gen = c[7] or '-',
-    algorithm = c[8] or 'SLIDING_WINDOW',
-    spacing = tonumber(c[10] or '0'),
+    clock = false, clock_moved = false,
+    gen = '-', algorithm = 'SLIDING_WINDOW', rates = false, spacing = 0,
     -- set by block(): no grant starts before it
-    blocked_until = c[11] and tonumber(c[11]),
+    blocked_until = false,
     -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
-    state = c[12],
+    state = false,
+    in_hash = false, max_permits = false, longest = false,
   }
-  if not (config.rate and config.interval and config.keep_alive and config.type and config.spacing
+  for i = 1, #c, 2 do
+    config[c[i]] = c[i + 1]
+  end
+  local rate, interval = tonumber(config.rate), tonumber(config.interval)
+  config.rate, config.interval = rate, interval
+  -- (the fields below are rarely there: only what came from the hash is a string to convert)
+  if config.keep_alive ~= 0 then
+    config.keep_alive = tonumber(config.keep_alive)
+  end
+  if config.spacing ~= 0 then
+    config.spacing = tonumber(config.spacing)
+  end
+  config.expires_at = config.expires_at and tonumber(config.expires_at)
+  config.clock = config.clock and tonumber(config.clock)
+  config.blocked_until = config.blocked_until and tonumber(config.blocked_until)
+  if not (rate and interval and config.keep_alive and config.type and config.spacing
         and ALGORITHMS[config.algorithm]) then
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
   end
   -- Every rate as {rate, interval}; the first is the one in 'rate' and 'interval'.
-  config.rates = { { rate = config.rate, interval = config.interval } }
-  if c[9] then
-    config.rates = {}
-    for p, i in string.gmatch(c[9], '(%d+):(%d+)') do
-      table.insert(config.rates, { rate = tonumber(p), interval = tonumber(i) })
+  -- The most permits one request may take (the smallest rate's), and how long a grant counts.
+  if config.rates then
+    local rates, max_permits, longest = {}, rate, interval
+    for p, i in string.gmatch(config.rates, '(%d+):(%d+)') do
+      p, i = tonumber(p), tonumber(i)
+      rates[#rates + 1] = { rate = p, interval = i }
+      max_permits, longest = math.min(max_permits, p), math.max(longest, i)
     end
+    config.rates, config.max_permits, config.longest = rates, max_permits, longest
+  else
+    config.rates, config.max_permits, config.longest = { { rate = rate, interval = interval } }, rate, interval
   end
   -- Where the state of its budget lives: in the config hash (OVERALL counters), or in value keys.
   config.in_hash = config.type == 'OVERALL' and config.algorithm ~= 'SLIDING_WINDOW'
-  -- The most permits one request may take (the smallest rate's), and how long a grant counts.
-  config.max_permits, config.longest = config.rate, config.interval
-  for _, r in ipairs(config.rates) do
-    config.max_permits = math.min(config.max_permits, r.rate)
-    config.longest = math.max(config.longest, r.interval)
-  end
   return config
 end
 
@@ -234,8 +245,15 @@ end
 -- latest of them, no earlier than the latest grant, nor than it plus the spacing.
 
 local function load_group(config, value_key, permits_key, write)
-  local group = { config = config, value_key = value_key, permits_key = permits_key }
-  group.algorithm = ALGORITHMS[config.algorithm]
+  -- (Every field a group may be given is named here, so the table is allocated once.)
+  local group = {
+    config = config, value_key = value_key, permits_key = permits_key,
+    algorithm = ALGORITHMS[config.algorithm],
+    fresh = false, dirty = false, n = false, last = false, budgets = false,
+    -- (batch.lua's)
+    now = false, config_key = false, registry_key = false, latest = false, client_id = false,
+    closed = false,
+  }
   group.algorithm.load(group, write)
   return group
 end

@@ -27,7 +27,10 @@ local function load_budget(value_key, permits_key, config, write)
     end
     if gen == config.gen then
       budget.used, budget.seq, budget.held = tonumber(used), tonumber(seq), held
-      local cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+      local cs, cp, cg
+      if cursor ~= '-' then
+        cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+      end
       if cs then
         budget.cs, budget.cp, budget.cg = tonumber(cs), tonumber(cp), tonumber(cg)
       end
@@ -45,8 +48,11 @@ local function load_budget(value_key, permits_key, config, write)
 end
 
 local function encode_budget(budget, gen)
-  local cursor = budget.cs and (fmt(budget.cs) .. ' ' .. fmt(budget.cp) .. ' ' .. fmt(budget.cg)) or '-'
-  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' ' .. cursor .. format_held(budget.held)
+  local held = format_held(budget.held)
+  if budget.cs then
+    return string.format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
+  end
+  return string.format('%s %d %d -%s', gen, budget.used, budget.seq, held)
 end
 
 -- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
