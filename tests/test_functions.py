@@ -123,3 +123,26 @@ async def test_a_functions_error_reads_as_a_scripts_does(redis: Redis, prefix: s
     message = str(raised.value)
     assert message.startswith("Redis refused the set_rate script: WRONGTYPE"), message
     assert "user_function" not in message and "script:" not in message.split(":", 1)[1], message
+
+
+async def test_limiters_of_many_rates_each_keep_their_own_across_calls(
+    redis: Redis, prefix: str
+) -> None:
+    # The library keeps each stored rate's parsed form from one FCALL to the next, at most a
+    # few hundred of them: 600 limiters of 600 rates (the cache filled and emptied twice),
+    # then each again, and one changed; every limiter answers by its own rate throughout.
+    backend = RedisBackend(redis, prefix=prefix)
+    before = await script_calls(redis)
+    limiters = [RateLimiter(f"rates-{rate}", backend) for rate in range(1, 601)]
+    for rate, limiter in enumerate(limiters, 1):
+        await limiter.set_rate(RateType.OVERALL, rate, 3600)
+    for taken in range(2):
+        left = await asyncio.gather(*(limiter.available_permits() for limiter in limiters))
+        assert left == [max(rate - taken, 0) for rate in range(1, 601)]
+        took = await asyncio.gather(*(limiter.try_acquire(1) for limiter in limiters))
+        assert took == [rate > taken for rate in range(1, 601)]
+    await limiters[0].set_rate(RateType.OVERALL, 3, 3600, keep_state=True)
+    assert await limiters[0].try_acquire(2) and not await limiters[0].try_acquire(1)
+    assert await limiters[599].try_acquire(598) and not await limiters[599].try_acquire(1)
+    assert not await limiters[1].try_acquire(1)  # 2 per hour, taken
+    assert (await script_calls(redis))["fcall"] > before["fcall"] + 1200  # through the library

@@ -115,16 +115,16 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   end
 
   -- Nothing below can fail: the grant, and the state that counts it, are written together.
-  local member = algorithm.commit(group, permits, start)
+  local tag = algorithm.commit(group, permits, start)
   group.latest = math.max(group.latest or start, start)
   if config.type == 'PER_CLIENT' then
     group.client_id = client_id
   end
   local left, binding = algorithm.left(group, now)
   if config.blocked_until then -- this limiter has been blocked: see block.lua
-    return string.format('0 %d %d %d %d %s %d', left, binding - 1, start, delay, member, config.blocked_until)
+    return string.format(GRANTED_BLOCKED, left, binding - 1, start, delay, permits, start, tag, config.blocked_until)
   end
-  return string.format('0 %d %d %d %d %s', left, binding - 1, start, delay, member)
+  return string.format(GRANTED, left, binding - 1, start, delay, permits, start, tag)
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.

@@ -169,7 +169,7 @@ local function counters(rule)
       n[2 * i - 1], n[2 * i] = rule.take(rates[i], n[2 * i - 1], n[2 * i], permits, start)
     end
     group.dirty, group.fresh = true, false
-    return grant_member(permits, start, rule.tag(rates[1], n[1], n[2], permits, start))
+    return rule.tag(rates[1], n[1], n[2], permits, start)
   end
   function algorithm.keep(group)
     group.dirty = not group.fresh

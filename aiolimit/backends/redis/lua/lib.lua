@@ -84,11 +84,11 @@ local function member_id(member)
   return string.match(member, '^%d+:(.*)$')
 end
 
--- The member a grant is handed back by: "<permits>:<start>:<tag>", the tag telling it from
--- the budget's other grants that start then (_protocol.format_grant).
-local function grant_member(permits, start, tag)
-  return string.format('%d:%d:%d', permits, start, tag)
-end
+-- The reply to a granted request (batch.lua's `acquire`), with the member the grant is handed
+-- back by in it: "<permits>:<start>:<tag>", the tag telling it from the budget's other grants
+-- that start then (_protocol.format_grant). One string.format makes both.
+local GRANTED = '0 %d %d %d %d %d:%d:%d'
+local GRANTED_BLOCKED = GRANTED .. ' %d'
 
 -- permits, start, tag of a grant's member (nil when it is not one).
 local function parse_grant(member)
@@ -103,6 +103,46 @@ local function error_text(e)
   end
   e = string.gsub(tostring(e), '%s+', ' ')
   return string.match(e, 'aiolimit: (.*)$') or e
+end
+
+-- Every rate of a config as {rate, interval}, the first the one in 'rate' and 'interval'
+-- (also .rate and .interval); with the most permits one request may take (the smallest
+-- rate's), and how long a grant counts. Kept in RATES by the fields as stored ('rates' or
+-- 'interval', then 'rate'), so the limiters of one rate share one table, never written after
+-- it is made. (Loaded as a function library, RATES lives from one call to the next: a cache
+-- of a pure parse, bounded, emptied when full.) nil when the fields are not numbers.
+local RATES, RATES_KEPT, RATES_MAX = {}, 0, 256
+
+local function config_rates(stored, rate, interval)
+  local first = stored or interval
+  local kept = RATES[first]
+  if kept and kept[rate] then
+    return kept[rate]
+  end
+  local rates = { rate = tonumber(rate), interval = tonumber(interval) }
+  if not (rates.rate and rates.interval) then
+    return nil
+  end
+  rates.max_permits, rates.longest = rates.rate, rates.interval
+  if stored then
+    for p, i in string.gmatch(stored, '(%d+):(%d+)') do
+      p, i = tonumber(p), tonumber(i)
+      rates[#rates + 1] = { rate = p, interval = i }
+      rates.max_permits, rates.longest = math.min(rates.max_permits, p), math.max(rates.longest, i)
+    end
+  else
+    rates[1] = { rate = rates.rate, interval = rates.interval }
+  end
+  if RATES_KEPT >= RATES_MAX then
+    RATES, RATES_KEPT, kept = {}, 0, nil
+  end
+  if not kept then
+    kept = {}
+    RATES[first] = kept
+  end
+  kept[rate] = rates
+  RATES_KEPT = RATES_KEPT + 1
+  return rates
 end
 
 -- Reads the config hash; returns nil when the limiter has no config. One HGETALL straight into
@@ -130,8 +170,11 @@ local function load_config(config_key)
   for i = 1, #c, 2 do
     config[c[i]] = c[i + 1]
   end
-  local rate, interval = tonumber(config.rate), tonumber(config.interval)
-  config.rate, config.interval = rate, interval
+  local rates = config.rate and config.interval and config_rates(config.rates or nil, config.rate, config.interval)
+  if rates then
+    config.rate, config.interval, config.rates = rates.rate, rates.interval, rates
+    config.max_permits, config.longest = rates.max_permits, rates.longest
+  end
   -- (the fields below are rarely there: only what came from the hash is a string to convert)
   if config.keep_alive ~= 0 then
     config.keep_alive = tonumber(config.keep_alive)
@@ -142,22 +185,8 @@ local function load_config(config_key)
   config.expires_at = config.expires_at and tonumber(config.expires_at)
   config.clock = config.clock and tonumber(config.clock)
   config.blocked_until = config.blocked_until and tonumber(config.blocked_until)
-  if not (rate and interval and config.keep_alive and config.type and config.spacing
-        and ALGORITHMS[config.algorithm]) then
+  if not (rates and config.keep_alive and config.type and config.spacing and ALGORITHMS[config.algorithm]) then
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
-  end
-  -- Every rate as {rate, interval}; the first is the one in 'rate' and 'interval'.
-  -- The most permits one request may take (the smallest rate's), and how long a grant counts.
-  if config.rates then
-    local rates, max_permits, longest = {}, rate, interval
-    for p, i in string.gmatch(config.rates, '(%d+):(%d+)') do
-      p, i = tonumber(p), tonumber(i)
-      rates[#rates + 1] = { rate = p, interval = i }
-      max_permits, longest = math.min(max_permits, p), math.max(longest, i)
-    end
-    config.rates, config.max_permits, config.longest = rates, max_permits, longest
-  else
-    config.rates, config.max_permits, config.longest = { { rate = rate, interval = interval } }, rate, interval
   end
   -- Where the state of its budget lives: in the config hash (OVERALL counters), or in value keys.
   config.in_hash = config.type == 'OVERALL' and config.algorithm ~= 'SLIDING_WINDOW'
@@ -232,7 +261,8 @@ end
 --                                  blocks aside); nil when a log would exceed MAX_EXACT
 --   latest(group)                  the latest grant's start where a spacing or several rates
 --                                  need it (nil: none)
---   commit(group, permits, start)  takes `permits` at `start` in every rate; the member
+--   commit(group, permits, start)  takes `permits` at `start` in every rate; the tag of the
+--                                  grant's member (GRANTED)
 --   keep(group)                    marks every stored part for `save` to write back
 --   save(group, now)               writes back what changed; the longest TTL in ms (0: gone)
 --   release(group, wanted, member, now)  hands back `wanted` permits from the latest grants

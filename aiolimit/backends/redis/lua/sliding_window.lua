@@ -373,7 +373,7 @@ function sliding.commit(group, permits, start)
     cursor_moved(budget, start, permits)
     budget.latest = math.max(budget.latest or start, start)
   end
-  return grant_member(permits, start, seq)
+  return seq
 end
 
 function sliding.keep(group)
