@@ -22,7 +22,6 @@ from aiolimit.backends._protocol import (
     RECLAIM_STEPS,
     REFUSED_FORMAT,
     STATE_FIELD,
-    VALUE_FORMAT,
     WALK_STEPS,
     Reply,
     format_grant,
@@ -147,6 +146,12 @@ async def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does
         await limiter.delete()
         await redis.aclose()
     assert parse_grant(format_grant(2, 1700, -3)) == (2, 1700, -3)
+
+
+def test_release_lua_remembers_a_receipt_as_long_as_the_protocol_says() -> None:
+    found = re.search(r"^local RECEIPT_US = (\d+)", lua("release"), re.MULTILINE)
+    assert found, "release.lua no longer states how long it keeps a receipt"
+    assert int(found[1]) == RECEIPT_US
 
 
 async def test_the_value_key_is_written_as_the_protocol_says(redis_server) -> None:
