@@ -4,6 +4,7 @@
     python benchmarks/lua_cost.py --limiters 1 --batch 1,8,32
     git archive main aiolimit/backends/redis/lua | tar -x -C /tmp/main-lua
     python benchmarks/lua_cost.py --lua /tmp/main-lua/aiolimit/backends/redis/lua --lua .
+    python benchmarks/lua_cost.py --floor               # and the floor of the layout
 
 No client code in the way: acquire_many calls of ``--batch`` requests, each on a limiter
 picked at random among ``--limiters`` (rate never refused), sent in pipelines of 16 calls
@@ -11,6 +12,11 @@ by a plain synchronous client, and INFO commandstats' script time (EVALSHA, FCAL
 per request. Each directory of Lua runs twice: with EVALSHA (the whole script every call) and
 as a Redis Functions library (FCALL: the library defined once). Rounds alternate between
 the versions; min and median of the rounds, which a busy machine disturbs less than a mean.
+
+``--floor`` adds a reference that is not aiolimit: the least an acquire_many can do on the same
+keys and layout (an OVERALL token bucket's config hash: HGETALL it, a bare GCRA step, HSET the
+state, a reply in aiolimit's format), with no other rule, check or bound. What aiolimit's
+script costs above it is what its semantics and structure cost.
 """
 
 from __future__ import annotations
@@ -30,6 +36,31 @@ from aiolimit.backends.redis import _scripts
 from aiolimit.backends.redis._keys import Keys
 
 PIPELINE = 16  # calls per pipeline
+
+FLOOR = """
+redis.register_function('floor_acquire_many', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local replies = {}
+  for i, arg in ipairs(ARGV) do
+    local k, permits = string.match(arg, '^(%d+) (%d+) ')
+    local key = KEYS[tonumber(k)]
+    local c = redis.call('HGETALL', key)
+    local config = { rate = false, interval = false, state = false }
+    for j = 1, #c, 2 do
+      config[c[j]] = c[j + 1]
+    end
+    local rate, interval, tat = tonumber(config.rate), tonumber(config.interval), now
+    if config.state then
+      tat = math.max(now, tonumber(string.match(config.state, '^%S+ (%-?%d+) ')))
+    end
+    tat = tat + tonumber(permits) * math.floor(interval / rate)
+    redis.call('HSET', key, 'state', string.format('- %d 0', tat))
+    replies[i] = string.format('0 %d 0 %d 0 %d:%d:%d', rate - 1, now, permits, now, tat - now)
+  end
+  return table.concat(replies, '\\n')
+end)
+"""
 
 
 def source(lua: Path, names: list[str]) -> str:
@@ -99,6 +130,7 @@ def main() -> None:
     parser.add_argument("--batch", default="32", help="requests per call, comma-separated")
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=4000, help="per round (4000)")
+    parser.add_argument("--floor", action="store_true", help="add the layout's floor")
     args = parser.parse_args()
     dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
     with LocalRedis() as server:
@@ -112,6 +144,12 @@ def main() -> None:
             )
             redis.function_load(library(lua, f"lua_cost_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_cost_{k}_acquire_many")
+        if args.floor and args.algorithm == "TOKEN_BUCKET":
+            redis.function_load("#!lua name=floor\n" + FLOOR, replace=True)
+            variants["floor (not aiolimit: HGETALL, GCRA, HSET) FCALL"] = (
+                "FCALL",
+                "floor_acquire_many",
+            )
         for batch in map(int, args.batch.split(",")):
             results: dict[str, list[float]] = {v: [] for v in variants}
             for _ in range(args.rounds):
