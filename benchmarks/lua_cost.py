@@ -5,6 +5,7 @@
     git archive main aiolimit/backends/redis/lua | tar -x -C /tmp/main-lua
     python benchmarks/lua_cost.py --lua /tmp/main-lua/aiolimit/backends/redis/lua --lua .
     python benchmarks/lua_cost.py --floor               # and the floor of the layout
+    python benchmarks/lua_cost.py --clients 10000       # one PER_CLIENT limiter, 10 000 clients
 
 No client code in the way: acquire_many calls of ``--batch`` requests, each on a limiter
 picked at random among ``--limiters`` (rate never refused), sent in pipelines of 16 calls
@@ -12,6 +13,9 @@ by a plain synchronous client, and INFO commandstats' script time (EVALSHA, FCAL
 per request. Each directory of Lua runs twice: with EVALSHA (the whole script every call) and
 as a Redis Functions library (FCALL: the library defined once). Rounds alternate between
 the versions; min and median of the rounds, which a busy machine disturbs less than a mean.
+
+``--clients N`` measures one PER_CLIENT limiter instead, each request from a client picked at
+random among N (a web app's per-client rule).
 
 ``--floor`` adds a reference that is not aiolimit: the least an acquire_many can do on the same
 keys and layout (an OVERALL token bucket's config hash: HGETALL it, a bare GCRA step, HSET the
@@ -26,6 +30,7 @@ import asyncio
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
@@ -79,18 +84,34 @@ def library(lua: Path, name: str) -> str:
     )
 
 
-async def configure(url: str, limiters: int, algorithm: aiolimit.Algorithm) -> None:
+async def configure(
+    url: str,
+    limiters: int,
+    algorithm: aiolimit.Algorithm,
+    rate_type: aiolimit.RateType = aiolimit.RateType.OVERALL,
+) -> None:
     redis = AsyncRedis.from_url(url)
     backend = aiolimit.RedisBackend(redis)
     names = [aiolimit.RateLimiter(f"lua-{i}", backend) for i in range(limiters)]
     for start in range(0, limiters, 200):
         await asyncio.gather(
             *(
-                limiter.set_rate(aiolimit.RateType.OVERALL, 10**9, 1, algorithm=algorithm)
+                limiter.set_rate(rate_type, 10**9, 1, algorithm=algorithm)
                 for limiter in names[start : start + 200]
             )
         )
     await redis.aclose()
+
+
+def request_of(limiters: int, clients: int, pick: Any) -> tuple[tuple[bytes, ...], list[bytes]]:
+    """One acquire request: on a limiter picked among ``limiters``, or (``clients`` > 0) on
+    the one PER_CLIENT limiter from a client picked among ``clients``."""
+    if clients:
+        client = f"c{pick(clients)}"
+        keys = Keys("aiolimit:", "lua-0").budget(aiolimit.RateType.PER_CLIENT, client, True)
+        return keys, [f"1 - -1 PER_CLIENT {client}".encode()]
+    keys = Keys("aiolimit:", f"lua-{pick(limiters)}").budget(aiolimit.RateType.OVERALL, "")
+    return keys, [b"1 - -1 OVERALL"]
 
 
 def script_usec(redis: Redis) -> int:
@@ -98,20 +119,16 @@ def script_usec(redis: Redis) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "fcall"))
 
 
-def one_round(redis: Redis, command: tuple[str, str], limiters: int, batch: int, n: int) -> float:
+def one_round(
+    redis: Redis, command: tuple[str, str], limiters: int, batch: int, n: int, clients: int = 0
+) -> float:
     """Script µs per request over about ``n`` requests."""
     pick = random.Random(1).randrange
     calls = max(40, n // batch)
     before = script_usec(redis)
     pipe = redis.pipeline(transaction=False)
     for i in range(calls):
-        requests = [
-            (
-                Keys("aiolimit:", f"lua-{pick(limiters)}").budget(aiolimit.RateType.OVERALL, ""),
-                [b"1 - -1 OVERALL"],
-            )
-            for _ in range(batch)
-        ]
+        requests = [request_of(limiters, clients, pick) for _ in range(batch)]
         keys, args = _scripts._merge_acquires(requests)
         pipe.execute_command(*command, len(keys), *keys, *args)
         if i % PIPELINE == PIPELINE - 1 or i == calls - 1:
@@ -131,10 +148,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--requests", type=int, default=4000, help="per round (4000)")
     parser.add_argument("--floor", action="store_true", help="add the layout's floor")
+    parser.add_argument("--clients", type=int, default=0, help="one PER_CLIENT limiter")
     args = parser.parse_args()
     dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
     with LocalRedis() as server:
-        asyncio.run(configure(server.url, args.limiters, aiolimit.Algorithm(args.algorithm)))
+        algorithm = aiolimit.Algorithm(args.algorithm)
+        if args.clients:
+            asyncio.run(configure(server.url, 1, algorithm, aiolimit.RateType.PER_CLIENT))
+        else:
+            asyncio.run(configure(server.url, args.limiters, algorithm))
         redis = Redis.from_url(server.url)
         variants: dict[str, tuple[str, str]] = {}
         for k, lua in enumerate(dirs):
@@ -144,7 +166,7 @@ def main() -> None:
             )
             redis.function_load(library(lua, f"lua_cost_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_cost_{k}_acquire_many")
-        if args.floor and args.algorithm == "TOKEN_BUCKET":
+        if args.floor and args.algorithm == "TOKEN_BUCKET" and not args.clients:
             redis.function_load("#!lua name=floor\n" + FLOOR, replace=True)
             variants["floor (not aiolimit: HGETALL, GCRA, HSET) FCALL"] = (
                 "FCALL",
@@ -155,12 +177,13 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, command in variants.items():
                     results[name].append(
-                        one_round(redis, command, args.limiters, batch, args.requests)
+                        one_round(redis, command, args.limiters, batch, args.requests, args.clients)
                     )
             for name, values in results.items():
                 values.sort()
+                scope = f"clients={args.clients}" if args.clients else f"limiters={args.limiters}"
                 print(
-                    f"{args.algorithm} limiters={args.limiters} batch={batch} {name}: "
+                    f"{args.algorithm} {scope} batch={batch} {name}: "
                     f"min {values[0]:.2f}, median {values[len(values) // 2]:.2f} µs/request"
                 )
         redis.close()

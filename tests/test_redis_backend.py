@@ -23,6 +23,7 @@ from servers import valkey_server_binary
 
 import aiolimit
 from aiolimit import (
+    Algorithm,
     Backend,
     BackendError,
     MemoryBackend,
@@ -598,3 +599,32 @@ async def test_lua_and_memory_twin_agree_on_releases_within_one_microsecond(
 
     from_memory, from_lua = await twin_run(redis, prefix, script)
     assert from_lua == from_memory
+
+
+async def test_a_batch_of_many_clients_keeps_the_registry_as_separate_calls_would(
+    redis: Redis, prefix: str
+) -> None:
+    # 40 clients of one PER_CLIENT limiter ask at once (their requests share round trips):
+    # each is scored by its own grant, a client whose grant is two intervals old is dropped,
+    # and the registry outlives every client's state, as when each asks on its own.
+    from conformance import ManualClock
+
+    clock = ManualClock()
+    backend = RedisBackend(redis, prefix=prefix, clock=clock)
+    limiter = RateLimiter("many", backend)
+    keys = backend.keys("many")
+    await limiter.set_rate(RateType.PER_CLIENT, 3, 10, algorithm=Algorithm.TOKEN_BUCKET)
+    assert await limiter.for_client("old").try_acquire()
+    clock.advance(21)  # "old"'s grant is more than two intervals old
+    clients = [limiter.for_client(f"c{i}") for i in range(40)]
+    calls_before = int((await redis.info("commandstats"))["cmdstat_fcall"]["calls"])
+    assert all(await asyncio.gather(*(client.try_acquire(2) for client in clients)))
+    calls = int((await redis.info("commandstats"))["cmdstat_fcall"]["calls"]) - calls_before
+    assert calls < 40  # shared round trips
+    start = round(clock() * 1e6)
+    registry = await redis.zrange(keys.registry, 0, -1, withscores=True)
+    assert sorted(registry) == sorted((f"c{i}".encode(), float(start)) for i in range(40))
+    # (each client's state lives until its bucket is full again: 2 tokens of 3 per 10 s)
+    state_ttl = await redis.pttl(keys.client_value("c0"))
+    assert 6000 < state_ttl <= 6667
+    assert state_ttl + 10_000 - 50 < await redis.pttl(keys.registry) <= state_ttl + 10_002

@@ -27,8 +27,10 @@
 -- (its place in the config's rates, from 0; the first of several such): the formats
 -- _protocol.GRANTED_FORMAT and REFUSED_FORMAT state.
 
--- Writes back a group that granted or changed (its logs are written as they go); once.
-local function close_group(group)
+-- Writes back a group that granted or changed (its logs are written as they go); once. A
+-- PER_CLIENT client's score in the registry is written here; what the registry itself needs
+-- (old clients dropped, its TTL) is noted for close_batch, once per registry per call.
+local function close_group(batch, group)
   if group.closed then
     return
   end
@@ -40,12 +42,25 @@ local function close_group(group)
   end
   if group.client_id then
     -- Scored by the client's latest grant, which an earlier reservation may lie beyond.
-    local score = redis.call('ZSCORE', group.registry_key, group.client_id)
-    if not score or tonumber(score) < group.latest then
-      redis.call('ZADD', group.registry_key, fmt(group.latest), group.client_id)
+    -- ZADD's GT (Redis >= 6.2) moves a score only forwards, in one command. (Servers that
+    -- tell scripts their version, Redis >= 7 and Valkey, have it; older ones read the score.)
+    if (redis.REDIS_VERSION_NUM or 0) >= 0x060200 then
+      redis.call('ZADD', group.registry_key, 'GT', fmt(group.latest), group.client_id)
+    else
+      local score = redis.call('ZSCORE', group.registry_key, group.client_id)
+      if not score or tonumber(score) < group.latest then
+        redis.call('ZADD', group.registry_key, fmt(group.latest), group.client_id)
+      end
     end
-    redis.call('ZREMRANGEBYSCORE', group.registry_key, '-inf', fmt(now - 2 * config.longest))
-    extend_registry(group.registry_key, ttl + ms(config.longest), config, now)
+    local registry = batch.registries[group.registry_key]
+    if not registry then
+      registry = { config = config, now = now, ttl = 0 }
+      batch.registries[group.registry_key] = registry
+      batch.registry_order[#batch.registry_order + 1] = group.registry_key
+    end
+    -- (with clock='client' the groups of one call may act at different times: the latest)
+    registry.now = math.max(registry.now, now)
+    registry.ttl = math.max(registry.ttl, ttl + ms(config.longest))
   end
   if config.keep_alive > 0 and not config.expires_at then
     redis.call('PEXPIRE', group.config_key, math.max(ms(config.keep_alive), ttl))
@@ -53,25 +68,26 @@ local function close_group(group)
 end
 
 local function new_batch()
-  return { configs = {}, groups = {}, order = {} }
+  return { configs = {}, groups = {}, order = {}, checked = {}, registries = {}, registry_order = {} }
 end
 
 local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
   local group = batch.groups[value_key]
   if group and group.now ~= now then
-    close_group(group) -- another clock reading: write back and start over, as a new call would
+    close_group(batch, group) -- another clock reading: write back and start over, as a new call would
     group = nil
   end
   if group then
     return group
   end
-  if config.type == 'PER_CLIENT' then
+  if config.type == 'PER_CLIENT' and not batch.checked[registry_key] then
     -- The registry is written when the batch closes, where nothing may fail any more.
     local kind = redis.call('TYPE', registry_key)
     kind = kind.ok or kind
     if kind ~= 'zset' and kind ~= 'none' then
       error('aiolimit: ' .. registry_key .. ' holds a ' .. kind .. ', not aiolimit state; delete() the limiter')
     end
+    batch.checked[registry_key] = true
   end
   group = load_group(config, value_key, permits_key, true)
   group.algorithm.reclaim(group, now, true)
@@ -136,10 +152,17 @@ local function try_acquire(batch, config_key, value_key, permits_key, registry_k
   return '-5 ' .. error_text(reply)
 end
 
--- Writes every group a batch granted from, and every clock it moved, once.
+-- Writes every group a batch granted from, each registry it wrote to, and every clock it
+-- moved, once.
 local function close_batch(batch)
   for _, group in ipairs(batch.order) do
-    close_group(group)
+    close_group(batch, group)
+  end
+  for _, registry_key in ipairs(batch.registry_order) do
+    local registry = batch.registries[registry_key]
+    local config, now = registry.config, registry.now
+    redis.call('ZREMRANGEBYSCORE', registry_key, '-inf', fmt(now - 2 * config.longest))
+    extend_registry(registry_key, registry.ttl, config, now)
   end
   for _, config in pairs(batch.configs) do
     if config then
