@@ -56,7 +56,12 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
-from aiolimit.backends._protocol import format_grant, parse_counters, state_in_config
+from aiolimit.backends._protocol import (
+    format_grant,
+    parse_counters,
+    parse_windows,
+    state_in_config,
+)
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
@@ -568,12 +573,15 @@ class Twins:
         for client_id, budget in limiter.budgets.items():
             suffix = "" if client_id is None else f":{client_id}"
             keys[f"{self.tag}:value{suffix}"] = budget.expires_at
-            if not budget.n:  # (the counters of a token bucket or fixed windows: no log)
+            # (The counters of a token bucket or fixed windows: no log. A log emptied while
+            # its summary of reclaimed grants lives: the value key alone.)
+            if not budget.n and budget.live():
                 keys[f"{self.tag}:permits{suffix}"] = budget.expires_at
         for (client_id, i), budget in limiter.extra.items():  # a sliding window's rate i
             suffix = "" if client_id is None else f":{client_id}"
             keys[f"{self.tag}:value{i}{suffix}"] = budget.expires_at
-            keys[f"{self.tag}:permits{i}{suffix}"] = budget.expires_at
+            if budget.live():
+                keys[f"{self.tag}:permits{i}{suffix}"] = budget.expires_at
         # Redis's registry outlives every client's state: its TTL is clamped to expire()'s
         # end rounded up to the ms, as the state's is. The memory backend's is clamped to the
         # end itself, and may go first (by less than 1 ms, or by the skew while the clock is
@@ -669,11 +677,11 @@ class Twins:
             assert redis == memory, f"config: redis {redis}, memory {memory}"
             # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
             # state has no generation, nor does its config).
-            in_hash = parse_counters(fields["state"]) if "state" in fields else None
+            text = fields.get("state")
+            in_hash = None if text is None else (*parse_counters(text), parse_windows(text))
             state = stored.state
-            assert in_hash == (None if state is None else (state.last, state.n)), (
-                f"state: redis {in_hash}, memory {state}"
-            )
+            memory_state = None if state is None else (state.last, state.n, state.held)
+            assert in_hash == memory_state, f"state: redis {in_hash}, memory {state}"
             gen = fields.get("gen")
             assert (gen is None) == state_in_config(stored.config)
         logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
@@ -684,10 +692,11 @@ class Twins:
             suffix = "" if client_id is None else f":{client_id}"
             value = _text(await self.redis.get(f"{self.tag}:value{i}{suffix}"))
             if budget.n:  # a token bucket's or fixed windows' "<gen> <last> <n1> ..."
-                redis_gen, last, *numbers = value.split(" ")
-                redis_counters = (None if last == "-" else int(last), [int(n) for n in numbers])
-                assert redis_counters == (budget.last, budget.n), (
-                    f"{suffix}: redis {redis_counters}, memory {(budget.last, budget.n)}"
+                redis_gen, text = value.split(" ", 1)
+                redis_counters = (*parse_counters(text), parse_windows(text))
+                memory_counters = (budget.last, budget.n, budget.held)
+                assert redis_counters == memory_counters, (
+                    f"{suffix}: redis {redis_counters}, memory {memory_counters}"
                 )
             else:
                 logged = await self.redis.zrange(

@@ -45,7 +45,7 @@ class Counters(Group):
                 pair = self.loaded(rate, n[2 * i], n[2 * i + 1])
                 if pair is not None:
                     n[2 * i], n[2 * i + 1] = pair
-            state = Budget(expires_at=state.expires_at, last=state.last, n=n)
+            state = Budget(expires_at=state.expires_at, last=state.last, n=n, held=state.held)
         self.state, self.fresh = state, False
 
     # -- what each algorithm says, per rate: its two numbers (a, b) --------------------------

@@ -7,6 +7,7 @@ import bisect
 
 from ..._types import RateLimiterConfig
 from .._protocol import (
+    HELD_BUCKETS,
     MAX_EXACT,
     RECLAIM_STEPS,
     WALK_STEPS,
@@ -130,11 +131,14 @@ def wait_for(budget: Budget, need: int, interval: int, now: int) -> int:
 
 
 def store_log(budget: Budget, interval: int, now: int, deadline: int | None) -> bool:
-    """Gives the budget a TTL that outlives its newest grant (but not the limiter's
-    ``deadline``); False: no grant is left and the budget is gone."""
-    if len(budget.grants) == budget.head:
+    """Gives the budget a TTL of ``HELD_BUCKETS`` intervals from its newest grant, logged or
+    held (but not past the limiter's ``deadline``); False: nothing is left, the budget is
+    gone."""
+    newest = [budget.grants[-1][0]] if len(budget.grants) > budget.head else []
+    newest += [budget.held[-1][1]] if budget.held else []
+    if not newest or max(newest) + HELD_BUCKETS * interval <= now:
         return False
-    ttl = max(ms(budget.grants[-1][0] + interval - now), 1000)
+    ttl = ms(max(newest) + HELD_BUCKETS * interval - now)
     if deadline is not None:
         ttl = max(min(ttl, ms(deadline - now)), 1000)
     budget.expires_at = now + ttl

@@ -4,7 +4,8 @@
 --
 -- A PER_CLIENT client's value key holds "<gen> <last> <a 1> <b 1> ... <a n> <b n>": the
 -- config generation, the start of the latest grant ("-": none; kept only for the spacing and
--- for FIFO across several rates), then per rate its two numbers.
+-- for FIFO across several rates), then per rate its two numbers; then what an algorithm
+-- keeps besides (group.tail, " ~..."; fixed_window.lua's earlier windows).
 -- An OVERALL budget keeps the same numbers, without the generation, in its config hash: field
 -- 'state', "<last> <a 1> <b 1> ...". One key instead of two halves the memory of such a
 -- limiter and saves a GET per call. The field has no TTL of its own: it goes with the config
@@ -46,6 +47,11 @@ local function load_counters(group, rule, write)
     raw, at = redis.call('GET', group.value_key), 2
   end
   if raw then
+    -- (what an algorithm keeps beyond its numbers, " ~...": fixed_window.lua's summary)
+    local tail = string.find(raw, ' ~', 1, true)
+    if tail then
+      raw, group.tail = string.sub(raw, 1, tail - 1), string.sub(raw, tail)
+    end
     local fields, count = {}, 0
     for field in string.gmatch(raw, '%S+') do
       count = count + 1
@@ -103,6 +109,9 @@ local function save_counters(group, rule, now)
       fields[i + 1] = fmt(number)
     end
     state = table.concat(fields, ' ')
+  end
+  if group.tail then
+    state = state .. group.tail
   end
   if config.in_hash then
     -- No TTL of its own: the state goes with the config (see above).

@@ -31,14 +31,7 @@
 -- is full again: they refill at the new rate from `now` (rounded up to a whole microsecond,
 -- never down). `old` is the old config's HMGET below. (A PER_CLIENT client's bucket does not
 -- know the rate that wrote it: it keeps its full time, docs/algorithms.md.)
-local function convert_buckets(group, old, now)
-  local olds = {}
-  for p, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
-    table.insert(olds, { rate = tonumber(p), interval = tonumber(i) })
-  end
-  if #olds == 0 and old[8] then
-    olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) }
-  end
+local function convert_buckets(group, olds, now)
   local n = group.n
   for i, r in ipairs(group.config.rates) do
     local o = olds[i]
@@ -47,6 +40,18 @@ local function convert_buckets(group, old, now)
       n[2 * i - 1], n[2 * i] = now + math.ceil(due * o.rate * r.interval / (o.interval * r.rate)), 0
     end
   end
+end
+
+-- The old config's rates ({rate, interval} each), from the HMGET below.
+local function old_rates(old)
+  local olds = {}
+  for p, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
+    table.insert(olds, { rate = tonumber(p), interval = tonumber(i) })
+  end
+  if #olds == 0 and old[8] then
+    olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) }
+  end
+  return olds
 end
 
 local mode = ARGV[1]
@@ -92,7 +97,9 @@ if keep then
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
   if algorithm == 'TOKEN_BUCKET' and config.in_hash and not group.fresh then
-    convert_buckets(group, old, now)
+    convert_buckets(group, old_rates(old), now)
+  elseif algorithm == 'FIXED_WINDOW' and config.in_hash and not group.fresh and windows_outlived(group, old_rates(old), now) then
+    group.fresh = true -- (the new config has no state field: nothing to remove)
   end
   group.algorithm.keep(group)
   if not group.fresh then
