@@ -25,14 +25,6 @@ SLIDING, BUCKET, FIXED = Algorithm.SLIDING_WINDOW, Algorithm.TOKEN_BUCKET, Algor
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
 START = round(ManualClock.START * 1e6)
 
-# Not kept yet (docs/algorithms.md, "What keep_state=True keeps"). Marked strict: each fails
-# today, and passes once kept.
-CLIENT_BUCKET = "a PER_CLIENT bucket does not know the rate that wrote it: keeps its full time"
-
-
-def _not_kept(request: pytest.FixtureRequest, reason: str) -> None:
-    request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-
 
 async def _granted(limiter: RateLimiter, tries: int) -> int:
     return sum([await limiter.try_acquire() for _ in range(tries)])
@@ -41,7 +33,7 @@ async def _granted(limiter: RateLimiter, tries: int) -> int:
 @ALGORITHMS
 @RATE_TYPES
 async def test_the_issue_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
     # Issue 15, item 12, as it was reported: 10 grants under 10 per 1 s; 1.5 s later (Redis's
     # keys age with the clock) the rate becomes 10 per 10 s, keeping the state. The windows
@@ -59,7 +51,7 @@ async def test_the_issue_switch_to_a_longer_interval_after_the_old_one_keeps_its
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
     # 10 grants under 10 per 100 s at 0; at 150 s (past the old window) the rate becomes 10
     # per 1000 s, keeping the state. The 10 grants are inside the new window: nothing more is
@@ -77,7 +69,7 @@ async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
 @pytest.mark.parametrize(("after", "granted"), [(199, 0), (200, 10)])
 @RATE_TYPES
 async def test_the_state_is_kept_for_two_intervals_after_its_newest_grant(
-    request, store, name, algorithm, rate_type, after, granted
+    store, name, algorithm, rate_type, after, granted
 ):
     # The horizon: a budget's state (its summary included) lives HELD_BUCKETS intervals from
     # its newest grant's start (a fixed window's: its window's start), then is forgotten: a
@@ -108,10 +100,8 @@ AFTER_RECLAIMED = {
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_longer_interval_with_keep_state_counts_grants_already_reclaimed(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
-    if algorithm is BUCKET and rate_type is PER_CLIENT:
-        _not_kept(request, CLIENT_BUCKET)
     # 9 grants under 10 per 100 s at 0 and one at 99 s (so the state lives on past 100 s);
     # at 150 s one more, which reclaims the 9 of 0 from the log (a fixed window: starts a new
     # window) under the old rate; then the rate becomes 10 per 1000 s.
@@ -135,10 +125,8 @@ async def test_a_longer_interval_with_keep_state_counts_grants_already_reclaimed
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_longer_interval_with_keep_state_keeps_grants_inside_the_old_window(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
-    if algorithm is BUCKET and rate_type is PER_CLIENT:
-        _not_kept(request, CLIENT_BUCKET)
     # 6 grants under 10 per 100 s at 0; at 5 s the rate becomes 10 per 1000 s: 4 more, no
     # more (a token bucket misses 5.5 tokens at 5 s; at the new rate they refill in 550 s).
     clock, backend = manual_clock(store)
@@ -171,14 +159,12 @@ async def test_a_full_bucket_switched_to_a_longer_interval_grants_its_full_rate(
 
 @RATE_TYPES
 async def test_a_bucket_converts_its_missing_tokens_through_successive_changes(
-    request, store, name, rate_type
+    store, name, rate_type
 ):
     # Each change converts the tokens missing at that moment to the new rate, an OVERALL
     # bucket at the change, a PER_CLIENT client's at its next call (from the change's time):
     # both admit the same. 8 of 10 per 100 s at 0 (8 missing, 80 s); at 20 s, 6 missing
     # become 10 per 200 s (120 s); at 40 s, 5 missing (100 s) become 5 per 100 s (100 s).
-    if rate_type is PER_CLIENT:
-        _not_kept(request, CLIENT_BUCKET)
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
@@ -193,7 +179,7 @@ async def test_a_bucket_converts_its_missing_tokens_through_successive_changes(
 
 @RATE_TYPES
 async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
-    request, store, name, rate_type
+    store, name, rate_type
 ):
     # One grant in each window of 100 s from 0 to 300 s: the state keeps the latest window and
     # HELD_BUCKETS before it (100-200 s and 200-300 s), not the window of 0. Switched to 10

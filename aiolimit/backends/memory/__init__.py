@@ -18,7 +18,7 @@ from ._fixed_window import FixedWindow, windows_outlived
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
-from ._token_bucket import TokenBucket, convert_buckets
+from ._token_bucket import TokenBucket, convert_buckets, next_epoch
 
 __all__ = ["MemoryBackend"]
 
@@ -173,6 +173,8 @@ class MemoryBackend(Backend):
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
+            if isinstance(group, TokenBucket) and not state_in_config(config):
+                next_epoch(stored, old, now)
             # Clients follow the new rate at their next grant; a longer interval lengthens
             # their TTLs now (refresh.lua, in chunks on Redis).
             if config.longest_us > old.config.longest_us and limiter.registry:

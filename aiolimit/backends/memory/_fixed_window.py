@@ -11,6 +11,7 @@ from dataclasses import replace
 from ..._types import MAX_RATES, Rate, RateLimiterConfig
 from .._protocol import HELD_BUCKETS
 from ._counters import Counters
+from ._held import kept_until
 from ._state import Limiter
 
 
@@ -74,9 +75,13 @@ class FixedWindow(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return b - permits  # the permits its window held before it
 
-    def rate_until(self, rate: Rate, a: int, b: int) -> int:
-        # One interval for the window, then the rest of the summary's span, for a longer one.
-        return (window_of(a, rate.interval_us) + HELD_BUCKETS) * rate.interval_us
+    def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
+        # Its window, then the rest of the summary's span, for a longer interval (held.lua).
+        window, interval = window_of(a, rate.interval_us), rate.interval_us
+        keep_alive = self.config.keep_alive_us or 0
+        return kept_until(
+            keep_alive, (window + 1) * interval, (window + HELD_BUCKETS) * interval, now
+        )
 
     def rate_release(
         self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int

@@ -13,7 +13,8 @@
 -- harmless until the next write drops it: a bucket whose full time has passed is full, a
 -- window that has ended holds nothing, whatever the rates.
 --
--- A rule is a table of functions of one rate r ({rate, interval}) and its numbers a, b:
+-- A rule is a table of functions of one rate r ({rate, interval}) and its numbers a, b
+-- (and, optionally, adopt(config, gen): see token_bucket.lua):
 --   loaded(r, a, b)                  a, b as this rate reads numbers another rate may have
 --                                    written (set_rate with keep_state)
 --   left(r, a, b, now)               permits the rate allows at `now`
@@ -21,7 +22,7 @@
 --   take(r, a, b, permits, start)    a, b once `permits` are taken at `start`
 --   tag(r, a, b, permits, start)     what tells a grant from the budget's others that start
 --                                    then, from the first rate's numbers after it
---   until_(r, a, b)                  until when the numbers matter
+--   until_(r, a, b, config, now)     until when the numbers matter (kept_until, held.lua)
 --   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
 --                                    started at `start` (nil: the latest grants) handed back,
 --                                    no more than it still holds at `now`
@@ -57,14 +58,19 @@ local function load_counters(group, rule, write)
       count = count + 1
       fields[count] = field
     end
-    if (at == 1 or fields[1] == config.gen) and #fields >= at and (#fields - at) % 2 == 0 then
+    -- (a token bucket's client state of earlier rates: converted, see token_bucket.lua)
+    local adopt = at == 2 and fields[1] ~= config.gen and rule.adopt and rule.adopt(config, fields[1])
+    if (at == 1 or fields[1] == config.gen or adopt) and #fields >= at and (#fields - at) % 2 == 0 then
       -- (set_rate with keep_state may have changed the rates: each keeps its own state by
       -- position, a rate added starts afresh)
       group.fresh = nil
       group.last = tonumber(fields[at])
       for i, r in ipairs(config.rates) do
-        group.n[2 * i - 1], group.n[2 * i] =
-          rule.loaded(r, tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0'))
+        local a, b = tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0')
+        if adopt then
+          a, b = adopt(i, a, b)
+        end
+        group.n[2 * i - 1], group.n[2 * i] = rule.loaded(r, a, b)
       end
       return
     end
@@ -86,7 +92,7 @@ local function save_counters(group, rule, now)
   -- The state matters until every rate allows its full count again, and the spacing has passed.
   local until_ = group.last and (group.last + config.spacing) or 0
   for i, r in ipairs(config.rates) do
-    until_ = math.max(until_, rule.until_(r, n[2 * i - 1], n[2 * i]))
+    until_ = math.max(until_, rule.until_(r, n[2 * i - 1], n[2 * i], config, now))
   end
   if until_ <= now then
     drop_counters(group)

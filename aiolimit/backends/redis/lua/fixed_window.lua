@@ -42,9 +42,10 @@ local fixed = counters({
   tag = function(r, window_end, count, permits)
     return count - permits -- the permits its window held before it
   end,
-  until_ = function(r, window_end)
-    -- One interval for the window, then the rest of the summary's span, for a longer one.
-    return (window_of(r, window_end) + HELD_BUCKETS) * r.interval
+  until_ = function(r, window_end, count, config, now)
+    -- Its window, then the rest of the summary's span, for a longer interval (held.lua).
+    local window = window_of(r, window_end)
+    return kept_until(config, (window + 1) * r.interval, (window + HELD_BUCKETS) * r.interval, now)
   end,
   release = function(r, window_end, count, wanted, start, now)
     -- Only the latest window's count is kept: a grant there (or, without a member, in the

@@ -9,6 +9,16 @@
 
 local HELD_BUCKETS = 2
 
+-- Until when a budget's state is kept: what it counts until `counts` (us), its summary for
+-- set_rate to a longer interval until `horizon`, but a config with a keep_alive lives only
+-- that long after its last call once the grants have stopped counting: so no longer.
+local function kept_until(config, counts, horizon, now)
+  if config.keep_alive > 0 then
+    return math.min(horizon, math.max(counts, now + config.keep_alive))
+  end
+  return horizon
+end
+
 -- The value without its held entries, and the entries ({permits, at}, oldest first).
 local function parse_held(raw)
   local held = {}

@@ -111,9 +111,8 @@ end
 
 -- Writes a budget back and gives both keys a TTL of HELD_BUCKETS intervals from its newest
 -- grant, logged or held (a reservation may lie in the future): one interval for the log,
--- the rest for set_rate to a longer interval (held.lua); but not past the limiter itself
--- when expire() gave it an end. With nothing left the budget is simply gone. Returns the
--- TTL in ms (0: gone).
+-- the rest for set_rate to a longer interval (held.lua; not past keep_alive once the log
+-- has counted, nor past expire()'s end). Nothing left: gone. Returns the TTL in ms (0: gone).
 local function save_budget(budget, config, now)
   local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
   local last = newest[2] and tonumber(newest[2])
@@ -121,7 +120,8 @@ local function save_budget(budget, config, now)
   if held and not (last and last >= held[2]) then
     last = held[2]
   end
-  local until_ = last and last + HELD_BUCKETS * (budget.interval or config.interval)
+  local interval = budget.interval or config.interval
+  local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
   if not (until_ and until_ > now) then
     redis.call('DEL', budget.value_key)
     return 0
