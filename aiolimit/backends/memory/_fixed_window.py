@@ -80,7 +80,7 @@ class FixedWindow(Counters):
         window, interval = window_of(a, rate.interval_us), rate.interval_us
         keep_alive = self.config.keep_alive_us or 0
         return kept_until(
-            keep_alive, (window + 1) * interval, (window + HELD_BUCKETS) * interval, now
+            keep_alive, (window + 1) * interval, (window + 1 + HELD_BUCKETS) * interval, now
         )
 
     def rate_release(
@@ -100,10 +100,10 @@ class FixedWindow(Counters):
 def windows_outlived(windows: FixedWindow, old: tuple[Rate, ...], now: int) -> bool:
     """set_rate with keep_state, an OVERALL limiter (fixed_window.lua's
     ``windows_outlived``): its state is forgotten when a PER_CLIENT client's key would have
-    expired, ``HELD_BUCKETS`` intervals of the old rates from its latest window's start."""
+    expired, ``HELD_BUCKETS`` intervals of the old rates after its latest window's end."""
     n = windows.state.n
     return all(
-        (window_of(n[2 * i], was.interval_us) + HELD_BUCKETS) * was.interval_us <= now
+        (window_of(n[2 * i], was.interval_us) + 1 + HELD_BUCKETS) * was.interval_us <= now
         for i, was in enumerate(old)
         if 2 * i < len(n)
     )

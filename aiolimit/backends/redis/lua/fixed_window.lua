@@ -44,8 +44,8 @@ local fixed = counters({
   end,
   until_ = function(r, window_end, count, config, now)
     -- Its window, then the rest of the summary's span, for a longer interval (held.lua).
-    local window = window_of(r, window_end)
-    return kept_until(config, (window + 1) * r.interval, (window + HELD_BUCKETS) * r.interval, now)
+    local ends = (window_of(r, window_end) + 1) * r.interval
+    return kept_until(config, ends, ends + HELD_BUCKETS * r.interval, now)
   end,
   release = function(r, window_end, count, wanted, start, now)
     -- Only the latest window's count is kept: a grant there (or, without a member, in the
@@ -126,11 +126,11 @@ end
 
 -- set_rate with keep_state, an OVERALL limiter: its state (in the config, without a TTL)
 -- is forgotten when a PER_CLIENT client's key would have expired: HELD_BUCKETS intervals
--- of the rates that wrote it (`olds`) from its latest window's start, for every rate.
+-- of the rates that wrote it (`olds`) after its latest window's end, for every rate.
 local function windows_outlived(group, olds, now)
   local n = group.n
   for i, o in ipairs(olds) do
-    if n[2 * i - 1] and (window_of(o, n[2 * i - 1]) + HELD_BUCKETS) * o.interval > now then
+    if n[2 * i - 1] and (window_of(o, n[2 * i - 1]) + 1 + HELD_BUCKETS) * o.interval > now then
       return false
     end
   end

@@ -38,6 +38,15 @@ local function format_held(held)
   return table.concat(parts)
 end
 
+-- The later of `last` and the newest held entry's `at` (nil: neither).
+local function with_held(budget, last)
+  local held = budget.held[#budget.held]
+  if held and not (last and last >= held[2]) then
+    return held[2]
+  end
+  return last
+end
+
 -- Keeps `permits` of grants reclaimed from the log, the latest of which started at `at`.
 local function hold(budget, permits, at, interval)
   if permits <= 0 then

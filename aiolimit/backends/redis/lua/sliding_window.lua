@@ -115,11 +115,7 @@ end
 -- has counted, nor past expire()'s end). Nothing left: gone. Returns the TTL in ms (0: gone).
 local function save_budget(budget, config, now)
   local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
-  local last = newest[2] and tonumber(newest[2])
-  local held = budget.held[#budget.held]
-  if held and not (last and last >= held[2]) then
-    last = held[2]
-  end
+  local last = with_held(budget, newest[2] and tonumber(newest[2]))
   local interval = budget.interval or config.interval
   local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
   if not (until_ and until_ > now) then
