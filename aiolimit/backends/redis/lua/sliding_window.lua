@@ -10,7 +10,8 @@
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
 -- "value"/"permits"; same hash tag, so the same slot). Both keys carry the same TTL, which
--- outlives the newest grant by one interval: an idle budget simply disappears.
+-- outlives the newest grant by HELD_BUCKETS intervals (see save_budget): an idle budget
+-- simply disappears.
 -- window_start = now - interval, and a grant scored at or before window_start has expired.
 
 -- Reads a budget. State of another generation (or a log without its value key) belongs to
@@ -114,16 +115,20 @@ local function reclaim(budget, window_start, write)
   end
 end
 
--- Writes a budget back and gives both keys a TTL that outlives its newest grant (a
--- reservation may lie in the future), but not the limiter itself when expire() gave it an
--- end. With no grant left the budget is simply gone. Returns the TTL in ms (0: gone).
+-- Writes a budget back and gives both keys a TTL of HELD_BUCKETS intervals from its newest
+-- grant, logged or held (a reservation may lie in the future): one interval for the log,
+-- the rest for set_rate to a longer interval (held.lua; not past keep_alive once the log
+-- has counted, nor past expire()'s end). Nothing left: gone. Returns the TTL in ms (0: gone).
 local function save_budget(budget, config, now)
   local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
-  if #newest == 0 then
+  local last = with_held(budget, newest[2] and tonumber(newest[2]))
+  local interval = budget.interval or config.interval
+  local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
+  if not (until_ and until_ > now) then
     redis.call('DEL', budget.value_key)
     return 0
   end
-  local ttl = math.max(ms(tonumber(newest[2]) + (budget.interval or config.interval) - now), 1)
+  local ttl = ms(until_ - now)
   if config.expires_at then
     ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
   end
