@@ -154,7 +154,7 @@ local function load_config(config_key)
     return nil
   end
   local config = {
-    key = config_key, rate = false, interval = false, type = false,
+    key = config_key, rate = false, interval = false, type = false, epochs = false,
     keep_alive = 0,
     -- set by expire(): when the whole limiter disappears; no state may outlive it
     expires_at = false,
