@@ -69,7 +69,9 @@ end)
 
 
 def source(lua: Path, names: list[str]) -> str:
-    return "\n".join((lua / f"{name}.lua").read_text() for name in names)
+    # (a file an older version did not have yet is left out)
+    files = [lua / f"{name}.lua" for name in names]
+    return "\n".join(file.read_text() for file in files if file.exists())
 
 
 def library(lua: Path, name: str) -> str:

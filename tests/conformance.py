@@ -129,6 +129,25 @@ class ManualClock:
         self._us += round(seconds * 1e6)
 
 
+async def advance(store: Any, clock: ManualClock, seconds: float) -> None:
+    """Moves the test's clock, and Redis's key expiry with it: Redis expires keys on its own
+    clock, which ``clock`` does not move, so every key's TTL is shortened by ``seconds`` (and
+    a key whose TTL runs out is deleted), as that much real time would have. The memory
+    backend already expires its state on the limiter's clock."""
+    clock.advance(seconds)
+    if not store.is_redis:
+        return
+    backend = store.backend()
+    assert isinstance(backend, RedisBackend)
+    redis, elapsed = backend.redis, round(seconds * 1000)
+    for key in await redis.keys("*"):
+        ttl = await redis.pttl(key)
+        if ttl > elapsed:
+            await redis.pexpire(key, ttl - elapsed)
+        elif ttl >= 0:
+            await redis.delete(key)
+
+
 def manual_clock(store: Any) -> tuple[ManualClock, Backend]:
     """A clock the test moves, and a backend of the store that reads it (another client of
     it, as ``new_client`` makes)."""

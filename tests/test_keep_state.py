@@ -3,8 +3,10 @@ still inside the new window keep counting, for OVERALL and PER_CLIENT alike, on 
 of the conformance suite and every algorithm.
 
 The limiter's clock is one the test moves (``manual_clock``: it starts at a whole hour, the
-start of every window used here), and the intervals are long, so that Redis keeps the keys
-on its own clock: nothing here depends on timing.
+start of every window used here), and ``advance`` ages Redis's keys with it, so that they
+expire when they would in real time, as the memory backend's do: nothing here depends on
+timing. Where an algorithm keeps no grant by design (a token bucket keeps its level), the
+test states what it does admit.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conformance import ManualClock, manual_clock
+from conformance import ManualClock, advance, manual_clock
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
 from aiolimit.backends._protocol import HELD_BUCKETS
@@ -25,19 +27,6 @@ SLIDING, BUCKET, FIXED = Algorithm.SLIDING_WINDOW, Algorithm.TOKEN_BUCKET, Algor
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
 START = round(ManualClock.START * 1e6)
 
-# Not kept yet (docs/algorithms.md, "What keep_state=True keeps"): no store keeps history past
-# what the old config needs, so grants whose state has gone (reclaimed from a log, replaced by
-# a later window, a token back in its bucket, a key expired) are not counted. Marked strict:
-# each fails today, and passes once kept.
-BUCKET_FULL = "a token bucket keeps no grant whose token is back in the bucket"
-RECLAIMED = "grants reclaimed from the state under the old interval are not kept"
-EXPIRED = "state expired under the old interval is not kept"
-CLIENT_BUCKET = "a PER_CLIENT bucket does not know the rate that wrote it: keeps its full time"
-
-
-def _not_kept(request: pytest.FixtureRequest, reason: str) -> None:
-    request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
-
 
 async def _granted(limiter: RateLimiter, tries: int) -> int:
     return sum([await limiter.try_acquire() for _ in range(tries)])
@@ -45,69 +34,168 @@ async def _granted(limiter: RateLimiter, tries: int) -> int:
 
 @ALGORITHMS
 @RATE_TYPES
-async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
-    request, store, name, algorithm, rate_type
+async def test_the_issue_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
+    store, name, algorithm, rate_type
 ):
-    # (Redis expires the keys on its own clock, which barely moves here: they are still there.
-    # The memory backend expires them on the limiter's clock, as Redis would in real time.)
-    if algorithm is BUCKET:
-        _not_kept(request, BUCKET_FULL)
-    elif store.kind == "memory" and (algorithm is SLIDING or rate_type is PER_CLIENT):
-        _not_kept(request, EXPIRED)
-    # 10 grants under 10 per 100 s at 0; at 150 s (past the old window: its state has gone
-    # or could have) the rate becomes 10 per 1000 s, keeping the state. The 10 grants are
-    # inside the new window: nothing more is admitted until they leave it.
+    # Issue 15, item 12, as it was reported: 10 grants under 10 per 1 s; 1.5 s later (Redis's
+    # keys age with the clock) the rate becomes 10 per 10 s, keeping the state. The windows
+    # still count the 10 grants; a token bucket was full again (its 10 tokens came back in
+    # 1 s) and grants its full rate at once, as any full bucket does.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    assert await _granted(limiter, 10) == 10
+    await advance(store, clock, 1.5)
+    await limiter.set_rate(rate_type, [Rate(10, 10)], algorithm=algorithm, keep_state=True)
+    assert await _granted(limiter, 10) == (10 if algorithm is BUCKET else 0)
+
+
+@ALGORITHMS
+@RATE_TYPES
+async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
+    store, name, algorithm, rate_type
+):
+    # 10 grants under 10 per 100 s at 0; at 150 s (past the old window) the rate becomes 10
+    # per 1000 s, keeping the state. The 10 grants are inside the new window: nothing more is
+    # admitted until they leave it. A bucket full again at 100 s grants its full rate.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
     assert await _granted(limiter, 10) == 10
-    clock.advance(150)
+    await advance(store, clock, 150)
     await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
-    assert await _granted(limiter, 10) == 0
+    assert await _granted(limiter, 10) == (10 if algorithm is BUCKET else 0)
+
+
+@pytest.mark.parametrize("algorithm", [SLIDING, FIXED], ids=lambda a: a.name.lower())
+@pytest.mark.parametrize(("after", "granted"), [(199, 0), (200, 10)])
+@RATE_TYPES
+async def test_the_state_is_kept_for_two_intervals_after_its_newest_grant(
+    store, name, algorithm, rate_type, after, granted
+):
+    # The horizon: a budget's state (its summary included) lives HELD_BUCKETS intervals after
+    # its newest grant (a fixed window's: after its window's end, here 100 s later), then is
+    # forgotten: a switch to a longer interval later than that starts afresh.
+    after += 100 if algorithm is FIXED else 0
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
+    assert await _granted(limiter, 10) == 10
+    await advance(store, clock, after)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
+    assert await _granted(limiter, 10) == granted
+
+
+# What each algorithm admits in test_a_longer_interval_with_keep_state_counts_grants_already_
+# reclaimed: right after the change, at 999 s, at 1000 s.
+AFTER_RECLAIMED = {
+    # 11 grants in the new window; those of 0 leave it at 1000 s, not before.
+    SLIDING: (0, 0, 8),
+    # 11 grants in the new window [0, 1000 s); at 1000 s a new window starts.
+    FIXED: (0, 0, 10),
+    # 1 token missing at 150 s (10 s at 10 per 100 s) takes 100 s at 10 per 1000 s: the
+    # bucket holds 9; at 999 s it has refilled 8 of the 9 taken; at 1000 s not one more.
+    BUCKET: (9, 8, 0),
+}
 
 
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_longer_interval_with_keep_state_counts_grants_already_reclaimed(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
-    if algorithm is not SLIDING:
-        _not_kept(request, BUCKET_FULL if algorithm is BUCKET else RECLAIMED)
     # 9 grants under 10 per 100 s at 0 and one at 99 s (so the state lives on past 100 s);
-    # at 150 s one more, which reclaims the 9 of 0 from the state under the old rate; then
-    # the rate becomes 10 per 1000 s: 11 grants lie inside the new window.
+    # at 150 s one more, which reclaims the 9 of 0 from the log (a fixed window: starts a new
+    # window) under the old rate; then the rate becomes 10 per 1000 s.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
     assert await _granted(limiter, 9) == 9
-    clock.advance(99)
+    await advance(store, clock, 99)
     assert await limiter.try_acquire()
-    clock.advance(51)
+    await advance(store, clock, 51)
     assert await limiter.try_acquire()
     await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
-    assert await _granted(limiter, 10) == 0
-    clock.advance(849)  # the grants of 0 leave the new window at 1000 s, not before
-    assert await _granted(limiter, 10) == 0
-    clock.advance(1)
-    assert await _granted(limiter, 10) == 8
+    now, before_end, at_end = AFTER_RECLAIMED[algorithm]
+    assert await _granted(limiter, 10) == now
+    await advance(store, clock, 849)
+    assert await _granted(limiter, 10) == before_end
+    await advance(store, clock, 1)
+    assert await _granted(limiter, 10) == at_end
 
 
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_longer_interval_with_keep_state_keeps_grants_inside_the_old_window(
-    request, store, name, algorithm, rate_type
+    store, name, algorithm, rate_type
 ):
-    if algorithm is BUCKET and rate_type is PER_CLIENT:
-        _not_kept(request, CLIENT_BUCKET)
     # 6 grants under 10 per 100 s at 0; at 5 s the rate becomes 10 per 1000 s: 4 more, no
     # more (a token bucket misses 5.5 tokens at 5 s; at the new rate they refill in 550 s).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
     assert await _granted(limiter, 6) == 6
-    clock.advance(5)
+    await advance(store, clock, 5)
     await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
     assert await _granted(limiter, 10) == 4
+
+
+@RATE_TYPES
+async def test_a_full_bucket_switched_to_a_longer_interval_grants_its_full_rate(
+    store, name, rate_type
+):
+    # A bucket's state is its level: a token back in the bucket is no grant any more. Full at
+    # 100 s, switched at 150 s to 10 per 1000 s: 10 at once, then one per 100 s.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    assert await _granted(limiter, 10) == 10
+    await advance(store, clock, 150)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=BUCKET, keep_state=True)
+    assert await _granted(limiter, 11) == 10
+    await advance(store, clock, 99.999)
+    assert await _granted(limiter, 1) == 0
+    await advance(store, clock, 0.001)
+    assert await _granted(limiter, 2) == 1
+
+
+@RATE_TYPES
+async def test_a_bucket_converts_its_missing_tokens_through_successive_changes(
+    store, name, rate_type
+):
+    # Each change converts the tokens missing at that moment to the new rate, an OVERALL
+    # bucket at the change, a PER_CLIENT client's at its next call (from the change's time):
+    # both admit the same. 8 of 10 per 100 s at 0 (8 missing, 80 s); at 20 s, 6 missing
+    # become 10 per 200 s (120 s); at 40 s, 5 missing (100 s) become 5 per 100 s (100 s).
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    assert await _granted(limiter, 8) == 8
+    await advance(store, clock, 20)
+    await limiter.set_rate(rate_type, [Rate(10, 200)], algorithm=BUCKET, keep_state=True)
+    await advance(store, clock, 20)
+    await limiter.set_rate(rate_type, [Rate(5, 100)], algorithm=BUCKET, keep_state=True)
+    await advance(store, clock, 40)  # 5 missing at 40 s, one back per 20 s: 3 at 80 s
+    assert await _granted(limiter, 5) == 2
+
+
+@RATE_TYPES
+async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
+    store, name, rate_type
+):
+    # One grant in each window of 100 s from 0 to 300 s: the state keeps the latest window and
+    # HELD_BUCKETS before it (100-200 s and 200-300 s), not the window of 0. Switched to 10
+    # per 1000 s at 350 s, the new window [0, 1000 s) counts 3 of the 4 grants.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=FIXED)
+    for i in range(4):
+        if i:
+            await advance(store, clock, 100)
+        assert await limiter.try_acquire()
+    await advance(store, clock, 50)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
+    assert await _granted(limiter, 10) == 10 - 1 - HELD_BUCKETS
 
 
 @RATE_TYPES
@@ -123,7 +211,7 @@ async def test_a_sliding_window_keeps_a_bounded_summary_of_what_it_reclaimed(
     await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=SLIDING)
     for i in range(8):
         if i:
-            clock.advance(60)
+            await advance(store, clock, 60)
         assert await limiter.try_acquire()
     held = await _held(store, backend, name)
     assert held == [[1, START + 240_000_000], [1, START + 300_000_000]]

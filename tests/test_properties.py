@@ -56,7 +56,12 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
-from aiolimit.backends._protocol import format_grant, parse_counters, state_in_config
+from aiolimit.backends._protocol import (
+    format_grant,
+    parse_counters,
+    parse_windows,
+    state_in_config,
+)
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)
@@ -568,12 +573,15 @@ class Twins:
         for client_id, budget in limiter.budgets.items():
             suffix = "" if client_id is None else f":{client_id}"
             keys[f"{self.tag}:value{suffix}"] = budget.expires_at
-            if not budget.n:  # (the counters of a token bucket or fixed windows: no log)
+            # (The counters of a token bucket or fixed windows: no log. A log emptied while
+            # its summary of reclaimed grants lives: the value key alone.)
+            if not budget.n and budget.live():
                 keys[f"{self.tag}:permits{suffix}"] = budget.expires_at
         for (client_id, i), budget in limiter.extra.items():  # a sliding window's rate i
             suffix = "" if client_id is None else f":{client_id}"
             keys[f"{self.tag}:value{i}{suffix}"] = budget.expires_at
-            keys[f"{self.tag}:permits{i}{suffix}"] = budget.expires_at
+            if budget.live():
+                keys[f"{self.tag}:permits{i}{suffix}"] = budget.expires_at
         # Redis's registry outlives every client's state: its TTL is clamped to expire()'s
         # end rounded up to the ms, as the state's is. The memory backend's is clamped to the
         # end itself, and may go first (by less than 1 ms, or by the skew while the clock is
@@ -669,11 +677,11 @@ class Twins:
             assert redis == memory, f"config: redis {redis}, memory {memory}"
             # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
             # state has no generation, nor does its config).
-            in_hash = parse_counters(fields["state"]) if "state" in fields else None
+            text = fields.get("state")
+            in_hash = None if text is None else (*parse_counters(text), parse_windows(text))
             state = stored.state
-            assert in_hash == (None if state is None else (state.last, state.n)), (
-                f"state: redis {in_hash}, memory {state}"
-            )
+            memory_state = None if state is None else (state.last, state.n, state.held)
+            assert in_hash == memory_state, f"state: redis {in_hash}, memory {state}"
             gen = fields.get("gen")
             assert (gen is None) == state_in_config(stored.config)
         logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
@@ -684,10 +692,11 @@ class Twins:
             suffix = "" if client_id is None else f":{client_id}"
             value = _text(await self.redis.get(f"{self.tag}:value{i}{suffix}"))
             if budget.n:  # a token bucket's or fixed windows' "<gen> <last> <n1> ..."
-                redis_gen, last, *numbers = value.split(" ")
-                redis_counters = (None if last == "-" else int(last), [int(n) for n in numbers])
-                assert redis_counters == (budget.last, budget.n), (
-                    f"{suffix}: redis {redis_counters}, memory {(budget.last, budget.n)}"
+                redis_gen, text = value.split(" ", 1)
+                redis_counters = (*parse_counters(text), parse_windows(text))
+                memory_counters = (budget.last, budget.n, budget.held)
+                assert redis_counters == memory_counters, (
+                    f"{suffix}: redis {redis_counters}, memory {memory_counters}"
                 )
             else:
                 logged = await self.redis.zrange(
@@ -706,7 +715,12 @@ class Twins:
                 assert redis_state == memory_state, (
                     f"{i}{suffix}: redis {redis_state}, {memory_state}"
                 )
-            assert gen is None or redis_gen == gen, f"{suffix}: generation {redis_gen}, not {gen}"
+            # (A token bucket's client state says which rates epoch of the config wrote it.)
+            want = None if gen is None else gen.split(".")[0]
+            want = want if want is None or not budget.epoch else f"{want}.{budget.epoch}"
+            assert want is None or redis_gen == want, (
+                f"{suffix}: generation {redis_gen}, not {want}"
+            )
 
     # -- one step ---------------------------------------------------------------------------
 
@@ -982,6 +996,42 @@ class Twins:
         ("advance", "half"),
         ("available", "a"),
         ("reserve", "a", 2, "forever"),
+    ],
+)  # fmt: skip
+@example(  # a PER_CLIENT bucket converts at its next call through two changes (issue 15.12)
+    first=(
+        RateType.PER_CLIENT, 3, INTERVALS_US[0], None,
+        Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[1]),), 0,
+    ),
+    operations=[
+        ("acquire", "a", 3),
+        ("acquire", "b", 2),
+        ("advance", "1us"),
+        ("configure", "set", (
+            RateType.PER_CLIENT, 3, INTERVALS_US[1], None,
+            Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[2]),), 0,
+        ), True),
+        ("acquire", "a", 1),
+        ("advance", "half"),
+        ("configure", "set", (RateType.PER_CLIENT, 2, INTERVALS_US[2], None,
+            Algorithm.TOKEN_BUCKET, (), 0), True),
+        ("available", "b"),
+        ("reserve", "b", 2, "forever"),
+        ("acquire", "a", 1),
+    ],
+)  # fmt: skip
+@example(  # fixed windows keep earlier windows; keep_state to a longer interval counts them
+    first=(RateType.PER_CLIENT, 3, INTERVALS_US[0], None, Algorithm.FIXED_WINDOW, (), 0),
+    operations=[
+        ("acquire", "a", 2),
+        ("advance", "interval"),
+        ("acquire", "a", 1),
+        ("advance", "interval"),
+        ("acquire", "a", 3),
+        ("configure", "set", (RateType.PER_CLIENT, 3, INTERVALS_US[2], None,
+            Algorithm.FIXED_WINDOW, (), 0), True),
+        ("acquire", "a", 1),
+        ("available", "a"),
     ],
 )  # fmt: skip
 @example(  # a sliding window keeps what it reclaimed; keep_state to a longer interval logs it

@@ -42,6 +42,7 @@ __all__ = [
     "parse_member",
     "parse_rates",
     "parse_value",
+    "parse_windows",
     "state_in_config",
 ]
 
@@ -162,11 +163,13 @@ STATE_FIELD = "state"
 (see :func:`state_in_config`), in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no
 generation: it goes with the config, and is absent while the state is fresh."""
 
-COUNTERS_FORMAT = "<last> <n 1> <n 2> ..."
+COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~<rate>:<count>:<ago> ...]"
 """The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
 several rates or a spacing need it), then per rate two numbers: a bucket's full time (us) and
-its remainder (in 1/permits of a us), or the end of a window (us) and the permits in it. A
-PER_CLIENT client's value key holds ``"<gen> "`` and this."""
+its remainder (in 1/permits of a us), or the end of a window (us) and the permits in it.
+Fixed windows add up to ``HELD_BUCKETS`` earlier windows per rate that held grants: the
+rate's place (from 1), the permits, and how long before the rate's latest window end theirs
+ended (us). A PER_CLIENT client's value key holds ``"<gen> "`` and this."""
 
 
 def state_in_config(config: RateLimiterConfig) -> bool:
@@ -178,5 +181,13 @@ def state_in_config(config: RateLimiterConfig) -> bool:
 def parse_counters(text: str) -> tuple[int | None, list[int]]:
     """``(last, numbers)`` of a token bucket's or fixed windows' state (see
     :data:`COUNTERS_FORMAT`)."""
-    last, *numbers = text.split(" ")
+    last, *numbers = text.split(" ~", 1)[0].split(" ")
     return None if last == "-" else int(last), [int(n) for n in numbers]
+
+
+def parse_windows(text: str) -> list[list[int]]:
+    """The earlier windows of fixed windows' state (see :data:`COUNTERS_FORMAT`), as
+    ``[rate, count, end]``, oldest first."""
+    numbers = parse_counters(text)[1]
+    windows = [[int(n) for n in entry.split(":")] for entry in text.split(" ~")[1:]]
+    return [[i, count, numbers[2 * i - 2] - ago] for i, count, ago in windows]

@@ -14,11 +14,11 @@ from .._protocol import parse_grant, state_in_config
 from ..base import Backend, Grant, Refusal, SetMode
 from ._algorithm import Group
 from ._counters import Counters
-from ._fixed_window import FixedWindow
+from ._fixed_window import FixedWindow, windows_outlived
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
-from ._token_bucket import TokenBucket, convert_buckets
+from ._token_bucket import TokenBucket, convert_buckets, next_epoch
 
 __all__ = ["MemoryBackend"]
 
@@ -163,9 +163,18 @@ class MemoryBackend(Backend):
             group.reclaim(now)
             if isinstance(group, TokenBucket) and state_in_config(config) and not group.fresh:
                 convert_buckets(group, old.config.rates, now)
+            elif (
+                isinstance(group, FixedWindow)
+                and state_in_config(config)
+                and not group.fresh
+                and windows_outlived(group, old.config.rates, now)
+            ):
+                group.fresh, stored.state = True, None  # forgotten, as an expired key
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
+            if isinstance(group, TokenBucket) and not state_in_config(config):
+                next_epoch(stored, old, now)
             # Clients follow the new rate at their next grant; a longer interval lengthens
             # their TTLs now (refresh.lua, in chunks on Redis).
             if config.longest_us > old.config.longest_us and limiter.registry:

@@ -6,6 +6,7 @@ methods of :class:`Counters`."""
 from __future__ import annotations
 
 import abc
+from dataclasses import replace
 
 from ..._types import Rate, RateLimiterConfig
 from .._protocol import format_grant, parse_grant, state_in_config
@@ -45,7 +46,7 @@ class Counters(Group):
                 pair = self.loaded(rate, n[2 * i], n[2 * i + 1])
                 if pair is not None:
                     n[2 * i], n[2 * i + 1] = pair
-            state = Budget(expires_at=state.expires_at, last=state.last, n=n)
+            state = replace(state, n=n)
         self.state, self.fresh = state, False
 
     # -- what each algorithm says, per rate: its two numbers (a, b) --------------------------
@@ -73,8 +74,9 @@ class Counters(Group):
         first rate's numbers once it has taken ``permits`` (see ``format_grant``)."""
 
     @abc.abstractmethod
-    def rate_until(self, rate: Rate, a: int, b: int) -> int:
-        """Until when the numbers matter (after it the rate allows its full count)."""
+    def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
+        """Until when the numbers matter (after it the rate allows its full count, and a
+        longer interval has nothing to count)."""
 
     @abc.abstractmethod
     def rate_release(
@@ -124,7 +126,7 @@ class Counters(Group):
         config, state, n = self.config, self.state, self.state.n
         until = state.last + config.min_spacing_us if state.last is not None else 0
         for i, rate in enumerate(config.rates):
-            until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1]))
+            until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
         if until <= now:
             if state_in_config(config):
                 stored.state = None
@@ -139,7 +141,7 @@ class Counters(Group):
         if state_in_config(config):
             stored.state = state  # no TTL of its own: it goes with the config
         else:
-            state.expires_at = now + ttl
+            state.expires_at, state.epoch = now + ttl, stored.epoch
             limiter.store(self.key, state)
         return ttl
 

@@ -1,11 +1,18 @@
 """Fixed windows (fixed_window.lua, step for step): per rate the end of the latest window
 holding grants (``a``; windows are aligned to multiples of the interval since the epoch, so
-its end says which it is under any interval) and the permits in it (``b``)."""
+its end says which it is under any interval) and the permits in it (``b``); besides, per
+rate, up to ``HELD_BUCKETS`` earlier windows that held grants (``Budget.held``: ``[rate,
+count, end]``, oldest first), which a longer interval counts in the window that covers them."""
 
 from __future__ import annotations
 
-from ..._types import Rate
+from dataclasses import replace
+
+from ..._types import MAX_RATES, Rate, RateLimiterConfig
+from .._protocol import HELD_BUCKETS
 from ._counters import Counters
+from ._held import kept_until
+from ._state import Limiter
 
 
 def window_of(end: int, interval: int) -> int:
@@ -15,6 +22,38 @@ def window_of(end: int, interval: int) -> int:
 
 class FixedWindow(Counters):
     __slots__ = ()
+
+    def __init__(
+        self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
+    ) -> None:
+        super().__init__(limiter, config, key, write)
+        # The earlier windows of rates the config still has; those that lie in a rate's
+        # latest window (after set_rate to a longer interval) count in it (a copy, stored
+        # only if saved, as in Counters).
+        state, rates = self.state, config.rates
+        n, held = list(state.n), []
+        for i, count, end in state.held[: HELD_BUCKETS * MAX_RATES]:
+            if i > len(rates):
+                continue
+            interval = rates[i - 1].interval_us
+            if window_of(end, interval) == window_of(n[2 * i - 2], interval):
+                n[2 * i - 1] += count
+            else:
+                held.append([i, count, end])
+        if held != state.held:
+            self.state = replace(state, n=n, held=held)
+
+    def commit(self, permits: int, start: int) -> str:
+        # Keeps the windows the grant leaves behind: per rate at most HELD_BUCKETS.
+        n, held = self.state.n, self.state.held
+        for i, rate in enumerate(self.config.rates, 1):
+            end, count = n[2 * i - 2], n[2 * i - 1]
+            if count > 0 and start // rate.interval_us > window_of(end, rate.interval_us):
+                mine = [j for j, entry in enumerate(held) if entry[0] == i]
+                if len(mine) == HELD_BUCKETS:
+                    del held[mine[0]]
+                held.append([i, count, end])
+        return super().commit(permits, start)
 
     def rate_left(self, rate: Rate, a: int, b: int, now: int) -> int:
         window, current = window_of(a, rate.interval_us), now // rate.interval_us
@@ -36,8 +75,13 @@ class FixedWindow(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return b - permits  # the permits its window held before it
 
-    def rate_until(self, rate: Rate, a: int, b: int) -> int:
-        return (window_of(a, rate.interval_us) + 1) * rate.interval_us
+    def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
+        # Its window, then the rest of the summary's span, for a longer interval (held.lua).
+        window, interval = window_of(a, rate.interval_us), rate.interval_us
+        keep_alive = self.config.keep_alive_us or 0
+        return kept_until(
+            keep_alive, (window + 1) * interval, (window + 1 + HELD_BUCKETS) * interval, now
+        )
 
     def rate_release(
         self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
@@ -51,3 +95,15 @@ class FixedWindow(Counters):
             return 0, a, b
         count = min(wanted, b)
         return count, a, b - count
+
+
+def windows_outlived(windows: FixedWindow, old: tuple[Rate, ...], now: int) -> bool:
+    """set_rate with keep_state, an OVERALL limiter (fixed_window.lua's
+    ``windows_outlived``): its state is forgotten when a PER_CLIENT client's key would have
+    expired, ``HELD_BUCKETS`` intervals of the old rates after its latest window's end."""
+    n = windows.state.n
+    return all(
+        (window_of(n[2 * i], was.interval_us) + 1 + HELD_BUCKETS) * was.interval_us <= now
+        for i, was in enumerate(old)
+        if 2 * i < len(n)
+    )

@@ -9,6 +9,15 @@ from .._protocol import HELD_BUCKETS, format_member
 from ._state import Budget
 
 
+def kept_until(keep_alive: int, counts: int, horizon: int, now: int) -> int:
+    """Until when a budget's state is kept (held.lua's ``kept_until``): what it counts until
+    ``counts``, its summary until ``horizon``, but with a ``keep_alive`` (us) no longer than
+    that after the call once the grants have stopped counting: the config goes then."""
+    if keep_alive > 0:
+        return min(horizon, max(counts, now + keep_alive))
+    return horizon
+
+
 def hold(budget: Budget, permits: int, at: int, interval: int) -> None:
     """Keeps ``permits`` of grants reclaimed from the log, the latest of which started at
     ``at``."""

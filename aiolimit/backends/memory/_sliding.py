@@ -7,6 +7,7 @@ import bisect
 
 from ..._types import RateLimiterConfig
 from .._protocol import (
+    HELD_BUCKETS,
     MAX_EXACT,
     RECLAIM_STEPS,
     WALK_STEPS,
@@ -16,7 +17,7 @@ from .._protocol import (
     parse_member,
 )
 from ._algorithm import Group
-from ._held import hold, restore_held
+from ._held import hold, kept_until, restore_held
 from ._state import Budget, Limiter, Slot, ms
 
 
@@ -129,12 +130,21 @@ def wait_for(budget: Budget, need: int, interval: int, now: int) -> int:
     return max(at + interval - now, 1)
 
 
-def store_log(budget: Budget, interval: int, now: int, deadline: int | None) -> bool:
-    """Gives the budget a TTL that outlives its newest grant (but not the limiter's
-    ``deadline``); False: no grant is left and the budget is gone."""
-    if len(budget.grants) == budget.head:
+def store_log(
+    budget: Budget, interval: int, now: int, deadline: int | None, keep_alive: int
+) -> bool:
+    """Gives the budget a TTL of ``HELD_BUCKETS`` intervals from its newest grant, logged or
+    held (not past ``kept_until``, nor the limiter's ``deadline``); False: nothing is left,
+    the budget is gone."""
+    newest = [budget.grants[-1][0]] if len(budget.grants) > budget.head else []
+    newest += [budget.held[-1][1]] if budget.held else []
+    if not newest:
         return False
-    ttl = max(ms(budget.grants[-1][0] + interval - now), 1000)
+    last = max(newest)
+    until = kept_until(keep_alive, last + interval, last + HELD_BUCKETS * interval, now)
+    if until <= now:
+        return False
+    ttl = ms(until - now)
     if deadline is not None:
         ttl = max(min(ttl, ms(deadline - now)), 1000)
     budget.expires_at = now + ttl
@@ -256,11 +266,12 @@ class SlidingLog(Group):
     def save(self, limiter: Limiter, now: int) -> int:
         assert limiter.config is not None
         deadline, longest = limiter.config.deadline, 0
+        keep_alive = self.config.keep_alive_us or 0
         for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
             if not self.touched[i]:
                 continue
             slot: Slot = self.key if i == 0 else (self.key, i + 1)
-            if store_log(budget, rate.interval_us, now, deadline):
+            if store_log(budget, rate.interval_us, now, deadline, keep_alive):
                 limiter.store(slot, budget)
                 self.stored[i] = True
                 longest = max(longest, int(budget.expires_at) - now)

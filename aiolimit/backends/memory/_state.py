@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 from typing import Any
 
-from ..._types import RateLimiterConfig
+from ..._types import Rate, RateLimiterConfig
 
 FOREVER = float("inf")
 HIGH = "\U0010ffff"  # sorts after every member
@@ -38,6 +38,10 @@ class Config:
     # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
     # has no TTL of its own and goes with the config; see counters.lua).
     state: Budget | None = None
+    # A PER_CLIENT token bucket's rates epoch, and the earlier ones' (epoch, end, rates),
+    # newest first: the gen ".<epoch>" and the field 'epochs' (see token_bucket.lua).
+    epoch: int = 0
+    epochs: list[tuple[int, int, tuple[Rate, ...]]] = field(default_factory=list)
 
 
 @dataclass
@@ -63,6 +67,7 @@ class Budget:
     # TOKEN_BUCKET and FIXED_WINDOW: the latest grant's start, and per rate two numbers.
     last: int | None = None
     n: list[int] = field(default_factory=list)
+    epoch: int = 0  # a PER_CLIENT token bucket's: the rates epoch that wrote it
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

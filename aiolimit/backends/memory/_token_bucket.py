@@ -6,9 +6,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from ..._types import Rate
-from .._protocol import MAX_EXACT
+from ..._types import Rate, RateLimiterConfig
+from .._protocol import MAX_EXACT, state_in_config
 from ._counters import Counters
+from ._state import Config, Limiter
 
 
 def cost(rate: Rate, permits: int) -> tuple[int, int]:
@@ -49,6 +50,15 @@ def refilled_since(rate: Rate, permits: int, start: int, now: int) -> int:
 class TokenBucket(Counters):
     __slots__ = ()
 
+    def __init__(
+        self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
+    ) -> None:
+        super().__init__(limiter, config, key, write)
+        stored = limiter.config
+        assert stored is not None
+        if not self.fresh and not state_in_config(config) and self.state.epoch < stored.epoch:
+            adopted(self, stored, self.state.epoch)  # a client's state of earlier rates
+
     def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
         if b >= rate.permits:  # a remainder of another rate: a whole us, rounded up
             return a + 1, 0
@@ -70,7 +80,7 @@ class TokenBucket(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return a - start  # the bucket's full time after it, from its start
 
-    def rate_until(self, rate: Rate, a: int, b: int) -> int:
+    def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         return a + (1 if b > 0 else 0)
 
     def rate_release(
@@ -94,20 +104,56 @@ class TokenBucket(Counters):
         return count, tat, frac
 
 
+EPOCHS_KEPT = 4
+"""Earlier rates a PER_CLIENT token bucket's config keeps (token_bucket.lua)."""
+
+
+def converted(was: Rate, rate: Rate, tat: int, frac: int, at: int) -> tuple[int, int]:
+    """set_rate with keep_state (token_bucket.lua's ``converted``): the tokens missing at the
+    change ``at``, written under ``was``, refilled at ``rate`` from then on (rounded up to a
+    whole microsecond, in doubles as Lua computes it)."""
+    due = tat - at + (1 if frac > 0 else 0)
+    if due > 0 and (was.permits, was.interval_us) != (rate.permits, rate.interval_us):
+        ratio = float(due) * was.permits * rate.interval_us
+        return at + math.ceil(ratio / (float(was.interval_us) * rate.permits)), 0
+    return tat, frac
+
+
 def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> None:
-    """set_rate with keep_state, an OVERALL bucket (set_rate.lua's ``convert_buckets``):
-    each rate keeps the tokens missing from its bucket, refilled at the new rate from
-    ``now`` (rounded up to a whole microsecond, in doubles as Lua computes it)."""
+    """set_rate with keep_state, an OVERALL bucket (set_rate.lua's ``convert_buckets``)."""
     n = list(bucket.state.n)
-    for i, rate in enumerate(bucket.config.rates):
-        if i >= len(old):
-            break
-        was = old[i]
-        if (was.permits, was.interval_us) == (rate.permits, rate.interval_us):
-            continue
-        due = n[2 * i] - now + (1 if n[2 * i + 1] > 0 else 0)
-        if due > 0:
-            ratio = float(due) * was.permits * rate.interval_us
-            n[2 * i] = now + math.ceil(ratio / (float(was.interval_us) * rate.permits))
-            n[2 * i + 1] = 0
+    for i, rate in enumerate(bucket.config.rates[: len(old)]):
+        n[2 * i], n[2 * i + 1] = converted(old[i], rate, n[2 * i], n[2 * i + 1], now)
+    bucket.state = replace(bucket.state, n=n)
+
+
+def next_epoch(stored: Config, old: Config, now: int) -> None:
+    """set_rate with keep_state, a PER_CLIENT bucket (set_rate.lua's ``next_epoch``): when
+    the rates change, the next rates epoch, the old rates kept with the change's time."""
+    stored.epoch, stored.epochs = old.epoch, old.epochs
+
+    def pairs(rates: tuple[Rate, ...]) -> list[tuple[int, int]]:
+        return [(rate.permits, rate.interval_us) for rate in rates]
+
+    if pairs(old.config.rates) != pairs(stored.config.rates):
+        stored.epoch = old.epoch + 1
+        stored.epochs = [(old.epoch, now, old.config.rates), *old.epochs][:EPOCHS_KEPT]
+
+
+def adopted(bucket: TokenBucket, stored: Config, epoch: int) -> None:
+    """A client's state of an earlier rates epoch (token_bucket.lua's ``adopt``): each rate's
+    numbers converted through every change since, each at its time; an epoch older than
+    those kept converts nothing."""
+    epochs = {e: (at, rates) for e, at, rates in stored.epochs}
+    n = list(bucket.state.n)
+    for i in range(len(bucket.config.rates)):
+        for e in range(epoch, stored.epoch):
+            if e not in epochs:
+                break
+            at, rates = epochs[e]
+            after = epochs[e + 1][1] if e + 1 in epochs else bucket.config.rates
+            if i >= len(rates) or i >= len(after):
+                n[2 * i], n[2 * i + 1] = 0, 0
+                break
+            n[2 * i], n[2 * i + 1] = converted(rates[i], after[i], n[2 * i], n[2 * i + 1], at)
     bucket.state = replace(bucket.state, n=n)

@@ -25,10 +25,19 @@ TIME_REFUSED = "the server refused TIME in a script"
 """What lib.lua says when the server refuses ``TIME`` in scripts."""
 
 
-LIBRARY = ("lib", "held", "sliding_window", "counters", "token_bucket", "fixed_window")
+LIBRARY = (
+    "lib",
+    "held",
+    "sliding_walk",
+    "sliding_window",
+    "counters",
+    "token_bucket",
+    "fixed_window",
+)
 """The files every script starts with, in order: the core, then each algorithm, which adds
 its functions to the core's ``ALGORITHMS`` table (``held`` is what a sliding window keeps of
-reclaimed grants, ``counters`` what the token bucket and fixed windows share). Adding an
+reclaimed grants, ``sliding_walk`` how it finds a waiter's slot, ``counters`` what the token
+bucket and fixed windows share). Adding an
 algorithm adds its file here."""
 
 

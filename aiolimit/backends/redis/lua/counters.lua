@@ -4,7 +4,8 @@
 --
 -- A PER_CLIENT client's value key holds "<gen> <last> <a 1> <b 1> ... <a n> <b n>": the
 -- config generation, the start of the latest grant ("-": none; kept only for the spacing and
--- for FIFO across several rates), then per rate its two numbers.
+-- for FIFO across several rates), then per rate its two numbers; then what an algorithm
+-- keeps besides (group.tail, " ~..."; fixed_window.lua's earlier windows).
 -- An OVERALL budget keeps the same numbers, without the generation, in its config hash: field
 -- 'state', "<last> <a 1> <b 1> ...". One key instead of two halves the memory of such a
 -- limiter and saves a GET per call. The field has no TTL of its own: it goes with the config
@@ -12,7 +13,8 @@
 -- harmless until the next write drops it: a bucket whose full time has passed is full, a
 -- window that has ended holds nothing, whatever the rates.
 --
--- A rule is a table of functions of one rate r ({rate, interval}) and its numbers a, b:
+-- A rule is a table of functions of one rate r ({rate, interval}) and its numbers a, b
+-- (and, optionally, adopt(config, gen): see token_bucket.lua):
 --   loaded(r, a, b)                  a, b as this rate reads numbers another rate may have
 --                                    written (set_rate with keep_state)
 --   left(r, a, b, now)               permits the rate allows at `now`
@@ -20,7 +22,7 @@
 --   take(r, a, b, permits, start)    a, b once `permits` are taken at `start`
 --   tag(r, a, b, permits, start)     what tells a grant from the budget's others that start
 --                                    then, from the first rate's numbers after it
---   until_(r, a, b)                  until when the numbers matter
+--   until_(r, a, b, config, now)     until when the numbers matter (kept_until, held.lua)
 --   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
 --                                    started at `start` (nil: the latest grants) handed back,
 --                                    no more than it still holds at `now`
@@ -48,7 +50,7 @@ local function load_counters(group, rule, write)
   end
   if raw and #rates == 1 then
     -- One rate, the common case: one match. (A state another config wrote, with several
-    -- rates, takes the general way below.)
+    -- rates, or more than its numbers, or of earlier rates, takes the general way below.)
     local gen, last, a, b = config.gen, nil, nil, nil
     if at == 1 then
       last, a, b = string.match(raw, '^(%S+) (%-?%d+) (%-?%d+)$')
@@ -62,19 +64,29 @@ local function load_counters(group, rule, write)
     end
   end
   if raw then
+    -- (what an algorithm keeps beyond its numbers, " ~...": fixed_window.lua's summary)
+    local tail = string.find(raw, ' ~', 1, true)
+    if tail then
+      raw, group.tail = string.sub(raw, 1, tail - 1), string.sub(raw, tail)
+    end
     local fields, count = {}, 0
     for field in string.gmatch(raw, '%S+') do
       count = count + 1
       fields[count] = field
     end
-    if (at == 1 or fields[1] == config.gen) and count >= at and (count - at) % 2 == 0 then
+    -- (a token bucket's client state of earlier rates: converted, see token_bucket.lua)
+    local adopt = at == 2 and fields[1] ~= config.gen and rule.adopt and rule.adopt(config, fields[1])
+    if (at == 1 or fields[1] == config.gen or adopt) and count >= at and (count - at) % 2 == 0 then
       -- (set_rate with keep_state may have changed the rates: each keeps its own state by
       -- position, a rate added starts afresh)
       group.fresh = false
       group.last = tonumber(fields[at])
       for i = 1, #rates do
-        n[2 * i - 1], n[2 * i] =
-          rule.loaded(rates[i], tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0'))
+        local a, b = tonumber(fields[2 * i - 1 + at] or '0'), tonumber(fields[2 * i + at] or '0')
+        if adopt then
+          a, b = adopt(i, a, b)
+        end
+        n[2 * i - 1], n[2 * i] = rule.loaded(rates[i], a, b)
       end
       return
     end
@@ -97,7 +109,7 @@ local function save_counters(group, rule, now)
   local until_ = group.last and (group.last + config.spacing) or 0
   local rates = config.rates
   for i = 1, #rates do
-    until_ = math.max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i]))
+    until_ = math.max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
   end
   if until_ <= now then
     drop_counters(group)
@@ -120,6 +132,9 @@ local function save_counters(group, rule, now)
       fields[i + 1] = fmt(number)
     end
     state = table.concat(fields, ' ')
+  end
+  if group.tail then
+    state = state .. group.tail
   end
   if config.in_hash then
     -- No TTL of its own: the state goes with the config (see above).

@@ -2,13 +2,17 @@
 -- backends/memory/_fixed_window.py. Per rate a = the end of the latest window holding grants
 -- (windows are aligned to multiples of the interval since the Unix epoch; its end says which
 -- it is under any interval, so a new interval keeps its count), b = the permits in it.
+-- Besides, per rate, up to HELD_BUCKETS earlier windows that held grants (group.held:
+-- {rate, count, end}, oldest first), kept as the value's tail " ~<rate>:<count>:<ago>", `ago`
+-- the rate's latest window end minus theirs: a longer interval (set_rate with keep_state)
+-- counts those that fall in its window with the latest one (see `load`).
 
 -- The number of the window that ends at `window_end` (-1: none yet).
 local function window_of(r, window_end)
   return math.floor((window_end - 1) / r.interval)
 end
 
-ALGORITHMS.FIXED_WINDOW = counters({
+local fixed = counters({
   loaded = function(r, window_end, count)
     return window_end, count
   end,
@@ -38,8 +42,10 @@ ALGORITHMS.FIXED_WINDOW = counters({
   tag = function(r, window_end, count, permits)
     return count - permits -- the permits its window held before it
   end,
-  until_ = function(r, window_end)
-    return (window_of(r, window_end) + 1) * r.interval
+  until_ = function(r, window_end, count, config, now)
+    -- Its window, then the rest of the summary's span, for a longer interval (held.lua).
+    local ends = (window_of(r, window_end) + 1) * r.interval
+    return kept_until(config, ends, ends + HELD_BUCKETS * r.interval, now)
   end,
   release = function(r, window_end, count, wanted, start, now)
     -- Only the latest window's count is kept: a grant there (or, without a member, in the
@@ -51,3 +57,82 @@ ALGORITHMS.FIXED_WINDOW = counters({
     return back, window_end, count - back
   end,
 })
+ALGORITHMS.FIXED_WINDOW = fixed
+
+-- Reads the earlier windows of group.tail (entries of rates the config still has), counting
+-- those that lie in a rate's latest window into its count: after set_rate to a longer
+-- interval, a window holds the earlier windows it covers (their ends fall inside it).
+local function load_windows(group)
+  local n, rates, held = group.n, group.config.rates, {}
+  for i, count, ago in string.gmatch(group.tail or '', ' ~(%d+):(%d+):(%d+)') do
+    local r = rates[tonumber(i)]
+    if #held == HELD_BUCKETS * MAX_RATES then
+      break -- (written by this file: never more)
+    end
+    i = tonumber(i)
+    local window_end = n[2 * i - 1] - tonumber(ago)
+    if r and window_of(r, window_end) == window_of(r, n[2 * i - 1]) then
+      n[2 * i] = n[2 * i] + tonumber(count)
+    elseif r then
+      held[#held + 1] = { i, tonumber(count), window_end }
+    end
+  end
+  group.held, group.tail = held, nil
+end
+
+-- Keeps the windows a grant at `start` leaves behind: per rate at most HELD_BUCKETS.
+local function hold_windows(group, start)
+  local n, held = group.n, group.held
+  for i, r in ipairs(group.config.rates) do
+    if n[2 * i] > 0 and math.floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
+      local first, count = nil, 0
+      for j, entry in ipairs(held) do
+        if entry[1] == i then
+          first, count = first or j, count + 1
+        end
+      end
+      if count == HELD_BUCKETS then
+        table.remove(held, first)
+      end
+      held[#held + 1] = { i, n[2 * i], n[2 * i - 1] }
+    end
+  end
+end
+
+local load, commit, save = fixed.load, fixed.commit, fixed.save
+
+function fixed.load(group, write)
+  load(group, write)
+  if group.fresh then
+    group.tail = nil
+  end
+  load_windows(group)
+end
+
+function fixed.commit(group, permits, start)
+  hold_windows(group, start)
+  return commit(group, permits, start)
+end
+
+function fixed.save(group, now)
+  local parts = {}
+  for j, entry in ipairs(group.held) do
+    local i = entry[1]
+    parts[j] = ' ~' .. fmt(i) .. ':' .. fmt(entry[2]) .. ':' .. fmt(group.n[2 * i - 1] - entry[3])
+  end
+  group.tail = #parts > 0 and table.concat(parts) or nil
+  return save(group, now)
+end
+
+-- set_rate with keep_state, an OVERALL limiter: its state (in the config, without a TTL)
+-- is forgotten when a PER_CLIENT client's key would have expired: HELD_BUCKETS intervals
+-- of the rates that wrote it (`olds`) after its latest window's end, for every rate.
+local function windows_outlived(group, olds, now)
+  local n = group.n
+  for i, o in ipairs(olds) do
+    if n[2 * i - 1] and (window_of(o, n[2 * i - 1]) + 1 + HELD_BUCKETS) * o.interval > now then
+      return false
+    end
+  end
+  return true
+end

@@ -9,6 +9,16 @@
 
 local HELD_BUCKETS = 2
 
+-- Until when a budget's state is kept: what it counts until `counts` (us), its summary for
+-- set_rate to a longer interval until `horizon`, but a config with a keep_alive lives only
+-- that long after its last call once the grants have stopped counting: so no longer.
+local function kept_until(config, counts, horizon, now)
+  if config.keep_alive > 0 then
+    return math.min(horizon, math.max(counts, now + config.keep_alive))
+  end
+  return horizon
+end
+
 -- The value without its held entries, and the entries ({permits, at}, oldest first).
 local function parse_held(raw)
   local held = {}
@@ -32,6 +42,15 @@ local function format_held(held)
     parts[i] = ' ~' .. fmt(entry[1]) .. ':' .. fmt(entry[2])
   end
   return table.concat(parts)
+end
+
+-- The later of `last` and the newest held entry's `at` (nil: neither).
+local function with_held(budget, last)
+  local held = budget.held[#budget.held]
+  if held and not (last and last >= held[2]) then
+    return held[2]
+  end
+  return last
 end
 
 -- Keeps `permits` of grants reclaimed from the log, the latest of which started at `at`.

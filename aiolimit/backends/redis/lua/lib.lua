@@ -154,7 +154,7 @@ local function load_config(config_key)
     return nil
   end
   local config = {
-    key = config_key, rate = false, interval = false, type = false,
+    key = config_key, rate = false, interval = false, type = false, epochs = false,
     keep_alive = 0,
     -- set by expire(): when the whole limiter disappears; no state may outlive it
     expires_at = false,
@@ -279,7 +279,7 @@ local function load_group(config, value_key, permits_key, write)
   local group = {
     config = config, value_key = value_key, permits_key = permits_key,
     algorithm = ALGORITHMS[config.algorithm],
-    fresh = false, dirty = false, n = false, last = false, budgets = false,
+    fresh = false, dirty = false, n = false, last = false, tail = false, budgets = false,
     -- (batch.lua's)
     now = false, config_key = false, registry_key = false, latest = false, client_id = false,
     closed = false,

@@ -28,10 +28,46 @@
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
 
 -- An OVERALL token bucket keeps the tokens missing from each rate's bucket, not the time it
--- is full again: they refill at the new rate from `now` (rounded up to a whole microsecond,
--- never down). `old` is the old config's HMGET below. (A PER_CLIENT client's bucket does not
--- know the rate that wrote it: it keeps its full time, docs/algorithms.md.)
-local function convert_buckets(group, old, now)
+-- is full again: they refill at the new rate from `now` (token_bucket.lua's `converted`).
+-- A PER_CLIENT client's bucket is converted at its next call: see `next_epoch`.
+local function convert_buckets(group, olds, now)
+  local n = group.n
+  for i, r in ipairs(group.config.rates) do
+    if olds[i] then
+      n[2 * i - 1], n[2 * i] = converted(olds[i], r, n[2 * i - 1], n[2 * i], now)
+    end
+  end
+end
+
+local function format_rates(rates)
+  local parts = {}
+  for i, r in ipairs(rates) do
+    parts[i] = fmt(r.rate) .. ':' .. fmt(r.interval)
+  end
+  return table.concat(parts, ',')
+end
+
+-- A PER_CLIENT token bucket whose rates change: the next rates epoch (token_bucket.lua), its
+-- generation written, the old rates kept in 'epochs' with the time of the change.
+local function next_epoch(config, olds, old_epochs, now)
+  local rates = format_rates(olds)
+  if rates == format_rates(config.rates) then
+    return
+  end
+  local base, epoch = split_gen(config.gen)
+  local kept = { fmt(epoch) .. ' ' .. fmt(now) .. ' ' .. rates }
+  for entry in string.gmatch(old_epochs or '', '[^|]+') do
+    if #kept == EPOCHS_KEPT then
+      break
+    end
+    kept[#kept + 1] = entry
+  end
+  config.gen = base .. '.' .. fmt(epoch + 1)
+  redis.call('HSET', config.key, 'gen', config.gen, 'epochs', table.concat(kept, '|'))
+end
+
+-- The old config's rates ({rate, interval} each), from the HMGET below.
+local function old_rates(old)
   local olds = {}
   for p, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
     table.insert(olds, { rate = tonumber(p), interval = tonumber(i) })
@@ -39,18 +75,12 @@ local function convert_buckets(group, old, now)
   if #olds == 0 and old[8] then
     olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) }
   end
-  local n = group.n
-  for i, r in ipairs(group.config.rates) do
-    local o = olds[i]
-    local due = o and n[2 * i - 1] - now + (n[2 * i] > 0 and 1 or 0)
-    if due and due > 0 and (o.rate ~= r.rate or o.interval ~= r.interval) then
-      n[2 * i - 1], n[2 * i] = now + math.ceil(due * o.rate * r.interval / (o.interval * r.rate)), 0
-    end
-  end
+  return olds
 end
 
 local mode = ARGV[1]
-local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state', 'rate')
+local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state', 'rate',
+  'epochs')
 local old_type = old[1]
 if (mode == 'try' and old_type) or (mode == 'update' and not old_type) then
   return { 0, 0 }
@@ -89,10 +119,18 @@ if keep then
   config.state = config.in_hash and old[7] or nil -- written back by save, if it lives
   local now = limiter_now(config, ARGV[7])
   clock = config.clock and fmt(config.clock)
+  if algorithm == 'TOKEN_BUCKET' and not config.in_hash then
+    if old[9] then
+      redis.call('HSET', KEYS[1], 'epochs', old[9]) -- (the config was written afresh)
+    end
+    next_epoch(config, old_rates(old), old[9], now)
+  end
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
   if algorithm == 'TOKEN_BUCKET' and config.in_hash and not group.fresh then
-    convert_buckets(group, old, now)
+    convert_buckets(group, old_rates(old), now)
+  elseif algorithm == 'FIXED_WINDOW' and config.in_hash and not group.fresh and windows_outlived(group, old_rates(old), now) then
+    group.fresh = true -- (the new config has no state field: nothing to remove)
   end
   group.algorithm.keep(group)
   if not group.fresh then

@@ -10,7 +10,8 @@
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
 -- "value"/"permits"; same hash tag, so the same slot). Both keys carry the same TTL, which
--- outlives the newest grant by one interval: an idle budget simply disappears.
+-- outlives the newest grant by HELD_BUCKETS intervals (see save_budget): an idle budget
+-- simply disappears.
 -- window_start = now - interval, and a grant scored at or before window_start has expired.
 
 -- Reads a budget. State of another generation (or a log without its value key) belongs to
@@ -114,16 +115,20 @@ local function reclaim(budget, window_start, write)
   end
 end
 
--- Writes a budget back and gives both keys a TTL that outlives its newest grant (a
--- reservation may lie in the future), but not the limiter itself when expire() gave it an
--- end. With no grant left the budget is simply gone. Returns the TTL in ms (0: gone).
+-- Writes a budget back and gives both keys a TTL of HELD_BUCKETS intervals from its newest
+-- grant, logged or held (a reservation may lie in the future): one interval for the log,
+-- the rest for set_rate to a longer interval (held.lua; not past keep_alive once the log
+-- has counted, nor past expire()'s end). Nothing left: gone. Returns the TTL in ms (0: gone).
 local function save_budget(budget, config, now)
   local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
-  if #newest == 0 then
+  local last = with_held(budget, newest[2] and tonumber(newest[2]))
+  local interval = budget.interval or config.interval
+  local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
+  if not (until_ and until_ > now) then
     redis.call('DEL', budget.value_key)
     return 0
   end
-  local ttl = math.max(ms(tonumber(newest[2]) + (budget.interval or config.interval) - now), 1)
+  local ttl = ms(until_ - now)
   if config.expires_at then
     ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
   end
@@ -132,118 +137,7 @@ local function save_budget(budget, config, now)
   return ttl
 end
 
--- -- waiting ---------------------------------------------------------------------------------
--- A request for `permits` when only `left` are free waits until `need = permits - left` of
--- the logged permits have expired: the log is summed oldest first until it holds `need`,
--- and the wait ends when that grant expires. Summing from the oldest grant every time would
--- cost O(queue depth) per waiter, so the budget keeps a cursor: a score `cs`, the permits
--- `cp` logged at or before it, and the permits `cg` logged exactly at it. Each walk starts
--- at the cursor (forwards when need > cp, else backwards) and leaves it where it stopped, so
--- a queue of waiters served in order moves it a few entries each: O(1) per waiter however
--- deep the queue. A walk reads at most WALK_STEPS entries; if it has not arrived by then it
--- assumes one permit per entry still to come, which reaches `need` no earlier than the exact
--- answer: a later slot, never an earlier one.
-
-local function walk_forward(budget, need)
-  local key = budget.permits_key
-  local rank, prefix = 0, 0
-  if budget.cs then
-    rank = redis.call('ZCOUNT', key, '-inf', fmt(budget.cs))
-    prefix = budget.cp
-  end
-  local found, group_score, group = nil, nil, 0
-  local steps, size = 0, 16
-  while steps < WALK_STEPS do
-    local entries = redis.call('ZRANGE', key, rank, rank + size - 1, 'WITHSCORES')
-    for i = 1, #entries, 2 do
-      local score = tonumber(entries[i + 1])
-      if found and score ~= found then
-        budget.cs, budget.cp, budget.cg = found, prefix, group
-        return found
-      end
-      local permits = member_permits(entries[i])
-      if score == group_score then
-        group = group + permits
-      else
-        group_score, group = score, permits
-      end
-      prefix = prefix + permits
-      rank, steps = rank + 1, steps + 1
-      if not found and prefix >= need then
-        found = score
-      end
-    end
-    if #entries < 2 * size then -- the end of the log
-      if found then
-        budget.cs, budget.cp, budget.cg = found, prefix, group
-      end
-      return found
-    end
-    size = math.min(size * 4, WALK_STEPS - steps + 1)
-  end
-  if found then
-    return found
-  end
-  -- Out of steps: with at least one permit per entry, `need` is reached at most this far on.
-  local at = math.min(rank - 1 + need - prefix, redis.call('ZCARD', key) - 1)
-  local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
-  return tonumber(entry[2])
-end
-
-local function walk_back(budget, need)
-  -- The cursor's group holds `need`; find the oldest group that still does.
-  local answer = budget.cs
-  local below = budget.cp - budget.cg -- permits logged before the answer's group
-  if below < need then
-    return answer
-  end
-  local key = budget.permits_key
-  local group_score, group, offset, steps, size = nil, 0, 0, 0, 16
-  while steps < WALK_STEPS do
-    local entries = redis.call('ZREVRANGEBYSCORE', key, '(' .. fmt(budget.cs), '-inf', 'WITHSCORES', 'LIMIT', offset, size)
-    for i = 1, #entries, 2 do
-      local score = tonumber(entries[i + 1])
-      if group_score and score ~= group_score then
-        -- group_score's group is complete and holds `need` (its prefix is `below`)
-        answer = group_score
-        budget.cs, budget.cp, budget.cg = group_score, below, group
-        below = below - group
-        if below < need then
-          return answer
-        end
-        group = 0
-      end
-      group_score = score
-      group = group + member_permits(entries[i])
-      steps = steps + 1
-    end
-    if #entries < 2 * size then -- the start of the log: the last group read is the oldest
-      if group_score then
-        budget.cs, budget.cp, budget.cg = group_score, below, group
-        return group_score
-      end
-      return answer
-    end
-    offset = offset + size
-    size = math.min(size * 4, WALK_STEPS - steps + 1)
-  end
-  -- Out of steps: the group being read holds `need` too, but it may not be the oldest.
-  return group_score or answer
-end
-
--- Microseconds from `now` until `need` more permits have left the window.
-local function wait_for(budget, need, interval, now)
-  local at
-  if budget.cs and budget.cp >= need then
-    at = walk_back(budget, need)
-  else
-    at = walk_forward(budget, need)
-  end
-  if not at then
-    return interval -- the log holds fewer permits than `used` says: it was tampered with
-  end
-  return math.max(at + interval - now, 1)
-end
+-- (Waiting, the walk of a log to the slot a request waits for: sliding_walk.lua.)
 
 -- Removes the grant `member` from one log, or (member nil) `wanted` permits from its newest
 -- grants that have started (at most WALK_STEPS of them); returns how many permits went.

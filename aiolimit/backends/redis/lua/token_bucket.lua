@@ -43,7 +43,77 @@ local function refilled_since(r, permits, start, now)
   return math.min(back, permits)
 end
 
+-- set_rate with keep_state: a bucket keeps the tokens missing from it at the change (`at`),
+-- refilled at the new rate from then on (rounded up to a whole microsecond, never down).
+-- `was` is the rate that wrote (tat, frac), r the new one.
+local function converted(was, r, tat, frac, at)
+  local due = tat - at + (frac > 0 and 1 or 0)
+  if due > 0 and (was.rate ~= r.rate or was.interval ~= r.interval) then
+    return at + math.ceil(due * was.rate * r.interval / (was.interval * r.rate)), 0
+  end
+  return tat, frac
+end
+
+-- A PER_CLIENT bucket cannot be converted by set_rate (O(1) for any number of clients): its
+-- client's next call does it. So the generation a client's state carries says which rates
+-- wrote it: "<gen>.<epoch>" (no ".<epoch>": 0), the epoch moved on by each set_rate that
+-- keeps the state and changes the rates; and the config keeps the rates of the last
+-- EPOCHS_KEPT epochs before its own, in the field 'epochs': "<epoch> <at> <rates>|..."
+-- (newest first; `at` the change that ended it, <rates> "<rate>:<interval>,...").
+local EPOCHS_KEPT = 4
+
+-- The base generation and the rates epoch of a generation.
+local function split_gen(gen)
+  local base, epoch = string.match(gen, '^(.-)%.(%d+)$')
+  if base then
+    return base, tonumber(epoch)
+  end
+  return gen, 0
+end
+
+-- The config's earlier epochs: {[epoch] = {at = ..., rates = {{rate, interval}, ...}}}.
+local function parse_epochs(text)
+  local epochs, count = {}, 0
+  for epoch, at, rates in string.gmatch(text or '', '(%d+) (%d+) ([%d:,]+)') do
+    count = count + 1
+    if count > EPOCHS_KEPT then
+      break -- (written by set_rate: never more)
+    end
+    local list = {}
+    for p, i in string.gmatch(rates, '(%d+):(%d+)') do
+      list[#list + 1] = { rate = tonumber(p), interval = tonumber(i) }
+    end
+    epochs[tonumber(epoch)] = { at = tonumber(at), rates = list }
+  end
+  return epochs
+end
+
 ALGORITHMS.TOKEN_BUCKET = counters({
+  -- A client's state of an earlier rates epoch of this config (nil: not this config's): a
+  -- function of (i, tat, frac) converting rate i's numbers through every change since,
+  -- each at its time, as set_rate converts an OVERALL bucket. An epoch older than those
+  -- kept converts nothing: the bucket keeps its full time.
+  adopt = function(config, gen)
+    local base, epoch = split_gen(gen)
+    local current_base, current = split_gen(config.gen)
+    if base ~= current_base or epoch >= current then
+      return nil
+    end
+    local epochs = parse_epochs(redis.call('HMGET', config.key, 'epochs')[1]) -- (HMGET: in every ACL line)
+    return function(i, tat, frac)
+      for e = epoch, current - 1 do
+        if not epochs[e] then
+          break
+        end
+        local was, r = epochs[e].rates[i], (epochs[e + 1] or config).rates[i]
+        if not (was and r) then
+          return 0, 0 -- a rate added since: a full bucket; one removed: forgotten
+        end
+        tat, frac = converted(was, r, tat, frac, epochs[e].at)
+      end
+      return tat, frac
+    end
+  end,
   loaded = function(r, tat, frac)
     if frac >= r.rate then -- a remainder of another rate: a whole us, rounded up
       return tat + 1, 0
