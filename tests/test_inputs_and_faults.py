@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 from aiolimit import (
     MAX_DURATION,
     MAX_RATE,
+    Algorithm,
     Backend,
     BackendError,
     InvalidArgumentError,
@@ -799,3 +800,32 @@ async def test_a_plain_limiter_named_like_a_shard_shares_nothing_with_the_sharde
     if store.is_redis:
         keys = {key.decode() async for key in backend.redis.scan_iter(match="aiolimit:*")}  # type: ignore[attr-defined]
         assert keys and all("#shard" in key for key in keys), keys
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm), ids=lambda a: a.name.lower())
+async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
+    redis_server: LocalRedis, algorithm: Algorithm
+) -> None:
+    # The scripts read a config hash whole: fields that are not a config's (written by
+    # another hand, or named like what a script works out from the config) neither send its
+    # writes to another key nor change its rate; rates that are not rates are a typed error.
+    redis = Redis.from_url(redis_server.url)
+    backend = RedisBackend(redis, prefix="foreign:")
+    limiter = RateLimiter("fields", backend)
+    config = backend.keys("fields").config
+    try:
+        await limiter.set_rate(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        await redis.hset(
+            config,
+            mapping={"key": "foreign:elsewhere", "max_permits": "99", "longest": "1", "x": "y"},
+        )
+        assert [await limiter.try_acquire() for _ in range(4)] == [True] * 3 + [False]
+        with pytest.raises(InvalidArgumentError):
+            await limiter.try_acquire(4)
+        assert await redis.exists("foreign:elsewhere") == 0
+        await redis.hset(config, "rates", "not rates")
+        with pytest.raises(BackendError, match="not an aiolimit config"):
+            await limiter.try_acquire()
+    finally:
+        await redis.delete(*(await redis.keys("foreign:*")))
+        await redis.aclose()

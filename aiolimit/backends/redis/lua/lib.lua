@@ -133,6 +133,9 @@ local function config_rates(stored, rate, interval)
   else
     rates[1] = { rate = rates.rate, interval = rates.interval }
   end
+  if #rates == 0 then
+    return nil
+  end
   if RATES_KEPT >= RATES_MAX then
     RATES, RATES_KEPT, kept = {}, 0, nil
   end
@@ -170,6 +173,8 @@ local function load_config(config_key)
   for i = 1, #c, 2 do
     config[c[i]] = c[i + 1]
   end
+  -- (what is not a field of the hash, whatever fields a foreign hand wrote there)
+  config.key, config.clock_moved = config_key, false
   local rates = config.rate and config.interval and config_rates(config.rates or nil, config.rate, config.interval)
   if rates then
     config.rate, config.interval, config.rates = rates.rate, rates.interval, rates
