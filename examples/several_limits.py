@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+from datetime import timedelta
 
 from redis.asyncio import Redis
 
@@ -37,12 +38,12 @@ class PartnerApi:
 
     def __init__(self, rates: tuple[Rate, ...]) -> None:
         self.rates = rates
-        self.accepted: list[float] = []  # the grants' starts, in seconds
+        self.accepted: list[int] = []  # the grants' starts, in microseconds (exact)
         self.rejected = 0
 
-    async def call(self, i: int, sent: float) -> int:
+    async def call(self, i: int, sent: int) -> int:
         for rate in self.rates:
-            window = rate.interval.total_seconds()
+            window = rate.interval // timedelta(microseconds=1)
             recent = [t for t in self.accepted if t > sent - window]
             if len(recent) >= rate.permits:
                 self.rejected += 1
@@ -56,7 +57,7 @@ async def run(backend: Backend, scale: float) -> None:
     partner = PartnerApi(tuple(rates))
     limiter = RateLimiter("example-several-limits", backend)
     await limiter.set_rate(RateType.OVERALL, rates)  # both must hold
-    first: float | None = None
+    first: int | None = None
     waited: list[int] = []
 
     async def call(i: int) -> None:
@@ -65,14 +66,14 @@ async def run(backend: Backend, scale: float) -> None:
         # and says which instant that was: the grant's start, on the limiter's clock.
         acquired = await acquire_all([(limiter, 1)], timeout=None)  # None: always granted
         grant = acquired.attempts[0]
-        sent = grant.starts_at / 1e6
+        sent = grant.starts_at  # microseconds
         first = sent if first is None else first
         status = await partner.call(i, sent)
         wait = grant.starts_in / 1e6
         if wait > 30 / scale:  # waited for the minute window
             waited.append(i)
         print(
-            f"call {i:2d} at {(sent - first) * scale:6.2f} s (scaled), "
+            f"call {i:2d} at {(sent - first) / 1e6 * scale:6.2f} s (scaled), "
             f"waited {wait * scale:5.2f} s: {status}"
         )
 
