@@ -16,96 +16,74 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import time
-from collections import deque
+from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, Rate, RateLimiter, RateType, RedisBackend
+from aiolimit import Backend, MemoryBackend, Rate, RateLimiter, RateType, RedisBackend, acquire_all
 
 RATES = Rate.parse("3/second; 20/minute")
 CALLS = 24
 
 
-class Lateness:
-    """How late this process runs, as a ticker due every 5 ms sees it. On a busy machine the
-    process may not run for a while: calls the limiter spaced out then reach the partner
-    together at its end, and the partner below (simulated in this same process) allows for
-    that, as a partner elsewhere, which saw the calls leave as spaced, would not need to."""
-
-    PERIOD = 0.005
-
-    def __init__(self) -> None:
-        self.due = time.monotonic()
-        self.ticks: deque[tuple[float, float]] = deque(maxlen=20)  # (woke, how late): 0.1 s
-        self.most = 0.0
-
-    async def tick(self) -> None:
-        while True:
-            self.due = time.monotonic() + self.PERIOD
-            await asyncio.sleep(self.PERIOD)
-            woke = time.monotonic()
-            self.ticks.append((woke, woke - self.due))
-            self.most = max(self.most, woke - self.due)
-
-    def now(self) -> float:
-        """How late the process ran in the last 0.1 s: the tick due now, or one before."""
-        at = time.monotonic()
-        recent = (late for woke, late in self.ticks if woke > at - 0.1)
-        return max(at - self.due, *recent, 0.0)
-
-
 class PartnerApi:
     """The partner's side: answers 429 when a call breaks any of its limits (sliding
-    windows over the calls it accepted)."""
+    windows over the calls it accepted).
 
-    def __init__(self, rates: tuple[Rate, ...], lateness: Lateness) -> None:
+    It judges each call by when the limiter let it go: the start of its grant, on the
+    limiter's clock. A partner elsewhere sees a call when it arrives instead, a little after
+    its grant started; this one runs in the same process as the callers, and on a busy machine
+    the process (or Redis) may not run for a while, so calls the limiter spaced out would reach
+    it together and be judged for the machine's load, not for the limiter's spacing."""
+
+    def __init__(self, rates: tuple[Rate, ...]) -> None:
         self.rates = rates
-        self.lateness = lateness
-        self.accepted: list[float] = []  # when each call was due: less how late we ran then
+        self.accepted: list[int] = []  # the grants' starts, in microseconds (exact)
         self.rejected = 0
 
-    async def call(self, i: int) -> int:
-        at = time.monotonic()
+    async def call(self, i: int, sent: int) -> int:
         for rate in self.rates:
-            window = rate.interval.total_seconds()
-            # 10 ms of slack, as a partner allows for network jitter: a call reaches it a little
-            # after the limiter granted it, and calls granted together arrive spread out.
-            recent = [t for t in self.accepted if t > at - window + 0.010]
+            window = rate.interval // timedelta(microseconds=1)
+            recent = [t for t in self.accepted if t > sent - window]
             if len(recent) >= rate.permits:
                 self.rejected += 1
                 return 429
-        self.accepted.append(at - self.lateness.now())
+        self.accepted.append(sent)
         return 200
 
 
 async def run(backend: Backend, scale: float) -> None:
     rates = [Rate(rate.permits, rate.interval / scale) for rate in RATES]
-    lateness = Lateness()
-    ticker = asyncio.create_task(lateness.tick())
-    partner = PartnerApi(tuple(rates), lateness)
+    partner = PartnerApi(tuple(rates))
     limiter = RateLimiter("example-several-limits", backend)
     await limiter.set_rate(RateType.OVERALL, rates)  # both must hold
-    start = time.monotonic()
+    first: int | None = None
     waited: list[int] = []
 
     async def call(i: int) -> None:
-        before = time.monotonic()
-        async with limiter:  # waits for the instant both rates allow this call
-            status = await partner.call(i)
-        if time.monotonic() - before > 30 / scale:  # waited for the minute window
+        nonlocal first
+        # Waits for the instant both rates allow this call, as `async with limiter:` does,
+        # and says which instant that was: the grant's start, on the limiter's clock.
+        acquired = await acquire_all([(limiter, 1)], timeout=None)  # None: always granted
+        grant = acquired.attempts[0]
+        sent = grant.starts_at  # microseconds
+        first = sent if first is None else first
+        status = await partner.call(i, sent)
+        wait = grant.starts_in / 1e6
+        if wait > 30 / scale:  # waited for the minute window
             waited.append(i)
-        print(f"call {i:2d} at {(time.monotonic() - start) * scale:5.1f} s (scaled): {status}")
+        print(
+            f"call {i:2d} at {(sent - first) / 1e6 * scale:6.2f} s (scaled), "
+            f"waited {wait * scale:5.2f} s: {status}"
+        )
 
     for i in range(CALLS):  # one caller after another, as a worker loop would
         await call(i)
-    ticker.cancel()
     await limiter.delete()
     print(
         f"{CALLS} calls, {partner.rejected} rejected with 429; the per-minute limit held back "
         f"call {', '.join(map(str, waited)) or 'none'} (the per-second one paced the others)"
     )
-    print(f"this process ran up to {lateness.most * 1000:.0f} ms late (a busy machine)")
 
 
 async def main() -> None:

@@ -25,6 +25,7 @@ from redis.asyncio import RedisCluster
 from aiolimit._tools import LocalRedis, free_port, redis_server_binary
 
 SLOTS = 16384
+SOCKET_TIMEOUT = 1.0  # seconds: cluster_client's connect and read timeouts
 
 
 def redis_cli_binary() -> str:
@@ -207,5 +208,9 @@ def running_cluster(**options: int) -> Iterator[Cluster]:
 
 def cluster_client(cluster: Cluster, **options: Any) -> RedisCluster:
     """An asyncio client of the cluster with short timeouts (a dead node fails fast)."""
-    settings: dict[str, Any] = {"socket_timeout": 1, "socket_connect_timeout": 1, **options}
+    settings: dict[str, Any] = {
+        "socket_timeout": SOCKET_TIMEOUT,
+        "socket_connect_timeout": SOCKET_TIMEOUT,
+        **options,
+    }
     return RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port, **settings)

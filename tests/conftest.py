@@ -132,6 +132,16 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
 
 
 @pytest.fixture
+async def loop_lag() -> AsyncIterator[LoopLag]:
+    """How late the test's event loop runs, for a ``Tolerance`` in a test without ``store``."""
+    lag = LoopLag().start()
+    try:
+        yield lag
+    finally:
+        await lag.stop()
+
+
+@pytest.fixture
 def name() -> str:
     """A fresh limiter name per test."""
     return f"limiter-{next(_names)}"
