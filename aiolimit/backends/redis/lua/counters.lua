@@ -51,15 +51,18 @@ local function load_counters(group, rule, write)
   if raw and #rates == 1 then
     -- One rate, the common case: one match. (A state another config wrote, with several
     -- rates, or more than its numbers, or of earlier rates, takes the general way below.)
-    local gen, last, a, b = config.gen, nil, nil, nil
+    local gen, last, a, b, tail = config.gen, nil, nil, nil, nil
     if at == 1 then
-      last, a, b = string.match(raw, '^(%S+) (%-?%d+) (%-?%d+)$')
+      last, a, b, tail = string.match(raw, '^(%S+) (%-?%d+) (%-?%d+)(.*)$')
     else
-      gen, last, a, b = string.match(raw, '^(%S+) (%S+) (%-?%d+) (%-?%d+)$')
+      gen, last, a, b, tail = string.match(raw, '^(%S+) (%S+) (%-?%d+) (%-?%d+)(.*)$')
     end
-    if a and gen == config.gen then
+    if a and gen == config.gen and (tail == '' or string.sub(tail, 1, 2) == ' ~') then
       group.fresh, group.last = false, tonumber(last)
       n[1], n[2] = rule.loaded(rates[1], tonumber(a), tonumber(b))
+      if tail ~= '' then
+        group.tail = tail
+      end
       return
     end
   end

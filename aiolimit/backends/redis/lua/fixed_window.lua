@@ -64,7 +64,11 @@ ALGORITHMS.FIXED_WINDOW = fixed
 -- interval, a window holds the earlier windows it covers (their ends fall inside it).
 local function load_windows(group)
   local n, rates, held = group.n, group.config.rates, {}
-  for i, count, ago in string.gmatch(group.tail or '', ' ~(%d+):(%d+):(%d+)') do
+  group.held = held
+  if not group.tail then
+    return
+  end
+  for i, count, ago in string.gmatch(group.tail, ' ~(%d+):(%d+):(%d+)') do
     local r = rates[tonumber(i)]
     if #held == HELD_BUCKETS * MAX_RATES then
       break -- (written by this file: never more)
@@ -77,7 +81,7 @@ local function load_windows(group)
       held[#held + 1] = { i, tonumber(count), window_end }
     end
   end
-  group.held, group.tail = held, nil
+  group.tail = nil
 end
 
 -- Keeps the windows a grant at `start` leaves behind: per rate at most HELD_BUCKETS.
@@ -115,12 +119,20 @@ function fixed.commit(group, permits, start)
 end
 
 function fixed.save(group, now)
-  local parts = {}
-  for j, entry in ipairs(group.held) do
-    local i = entry[1]
-    parts[j] = ' ~' .. fmt(i) .. ':' .. fmt(entry[2]) .. ':' .. fmt(group.n[2 * i - 1] - entry[3])
+  local held, n = group.held, group.n
+  if #held == 0 then
+    group.tail = nil
+  elseif #held == 1 then -- (one rate with one earlier window, or two: one format)
+    local i = held[1][1]
+    group.tail = string.format(' ~%d:%d:%d', i, held[1][2], n[2 * i - 1] - held[1][3])
+  else
+    local parts = {}
+    for j, entry in ipairs(held) do
+      local i = entry[1]
+      parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
+    end
+    group.tail = table.concat(parts)
   end
-  group.tail = #parts > 0 and table.concat(parts) or nil
   return save(group, now)
 end
 

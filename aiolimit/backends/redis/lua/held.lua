@@ -22,24 +22,29 @@ end
 -- The value without its held entries, and the entries ({permits, at}, oldest first).
 local function parse_held(raw)
   local held = {}
-  if not string.find(raw, '~', 1, true) then
-    return raw, held -- (the common case: nothing held)
+  local at = string.find(raw, ' ~', 1, true)
+  if not at then
+    return raw, held -- (nothing held)
   end
-  for permits, at in string.gmatch(raw, ' ~(%d+):(%-?%d+)') do
+  for permits, start in string.gmatch(string.sub(raw, at), ' ~(%d+):(%-?%d+)') do
     if #held < HELD_BUCKETS then
-      held[#held + 1] = { tonumber(permits), tonumber(at) }
+      held[#held + 1] = { tonumber(permits), tonumber(start) }
     end
   end
-  return (string.gsub(raw, ' ~.*$', '')), held
+  return string.sub(raw, 1, at - 1), held
 end
 
 local function format_held(held)
   if not held or #held == 0 then
     return ''
+  elseif #held == 1 then
+    return string.format(' ~%d:%d', held[1][1], held[1][2])
+  elseif #held == 2 then -- (HELD_BUCKETS: one format)
+    return string.format(' ~%d:%d ~%d:%d', held[1][1], held[1][2], held[2][1], held[2][2])
   end
   local parts = {}
-  for i, entry in ipairs(held or {}) do
-    parts[i] = ' ~' .. fmt(entry[1]) .. ':' .. fmt(entry[2])
+  for i, entry in ipairs(held) do
+    parts[i] = string.format(' ~%d:%d', entry[1], entry[2])
   end
   return table.concat(parts)
 end

@@ -284,7 +284,7 @@ local function load_group(config, value_key, permits_key, write)
   local group = {
     config = config, value_key = value_key, permits_key = permits_key,
     algorithm = ALGORITHMS[config.algorithm],
-    fresh = false, dirty = false, n = false, last = false, tail = false, budgets = false,
+    fresh = false, dirty = false, n = false, last = false, tail = false, held = false, budgets = false,
     -- (batch.lua's)
     now = false, config_key = false, registry_key = false, latest = false, client_id = false,
     closed = false,
