@@ -34,36 +34,23 @@ async def _granted(limiter: RateLimiter, tries: int) -> int:
 
 @ALGORITHMS
 @RATE_TYPES
-async def test_the_issue_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
-    store, name, algorithm, rate_type
+@pytest.mark.parametrize(
+    ("interval", "after", "longer"), [(1, 1.5, 10), (100, 150, 1000)], ids=["issue", "long"]
+)
+async def test_a_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
+    store, name, algorithm, rate_type, interval, after, longer
 ):
-    # Issue 15, item 12, as it was reported: 10 grants under 10 per 1 s; 1.5 s later (Redis's
-    # keys age with the clock) the rate becomes 10 per 10 s, keeping the state. The windows
-    # still count the 10 grants; a token bucket was full again (its 10 tokens came back in
-    # 1 s) and grants its full rate at once, as any full bucket does.
+    # Issue 15, item 12, as it was reported ("issue"): 10 grants under 10 per 1 s; 1.5 s later
+    # (past the old window; Redis's keys age with the clock) the rate becomes 10 per 10 s,
+    # keeping the state. The windows still count the 10 grants: nothing more is admitted
+    # until they leave the new window. A token bucket was full again (its 10 tokens came back
+    # within the old interval) and grants its full rate at once, as any full bucket does.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    await limiter.set_rate(rate_type, [Rate(10, interval)], algorithm=algorithm)
     assert await _granted(limiter, 10) == 10
-    await advance(store, clock, 1.5)
-    await limiter.set_rate(rate_type, [Rate(10, 10)], algorithm=algorithm, keep_state=True)
-    assert await _granted(limiter, 10) == (10 if algorithm is BUCKET else 0)
-
-
-@ALGORITHMS
-@RATE_TYPES
-async def test_a_longer_interval_with_keep_state_keeps_counting_recent_grants(
-    store, name, algorithm, rate_type
-):
-    # 10 grants under 10 per 100 s at 0; at 150 s (past the old window) the rate becomes 10
-    # per 1000 s, keeping the state. The 10 grants are inside the new window: nothing more is
-    # admitted until they leave it. A bucket full again at 100 s grants its full rate.
-    clock, backend = manual_clock(store)
-    limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
-    assert await _granted(limiter, 10) == 10
-    await advance(store, clock, 150)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
+    await advance(store, clock, after)
+    await limiter.set_rate(rate_type, [Rate(10, longer)], algorithm=algorithm, keep_state=True)
     assert await _granted(limiter, 10) == (10 if algorithm is BUCKET else 0)
 
 
