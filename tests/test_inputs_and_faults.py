@@ -826,6 +826,13 @@ async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
         await redis.hset(config, "rates", "not rates")
         with pytest.raises(BackendError, match="not an aiolimit config"):
             await limiter.try_acquire()
+        # A hash of many fields is not a config either (the scripts' loop over it is bounded).
+        # (Another backend: this one's breaker has just seen the store fail.)
+        limiter = RateLimiter("fields", RedisBackend(redis, prefix="foreign:"))
+        await limiter.set_rate(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        await redis.hset(config, mapping={f"field-{i}": i for i in range(40)})
+        with pytest.raises(BackendError, match="not an aiolimit config"):
+            await limiter.try_acquire()
     finally:
         await redis.delete(*(await redis.keys("foreign:*")))
         await redis.aclose()

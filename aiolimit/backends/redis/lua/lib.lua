@@ -27,6 +27,7 @@ local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
 local WALK_STEPS = 1000 -- log entries one wait computation may read
 local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget
 local MAX_RATES = 8 -- rates one limiter applies at once
+local CONFIG_FIELDS = 32 -- fields a config hash may have (it has 3 to 15)
 
 local server_now -- read once per script call
 
@@ -155,6 +156,8 @@ local function load_config(config_key)
   local c = redis.call('HGETALL', config_key)
   if #c == 0 then
     return nil
+  elseif #c > 2 * CONFIG_FIELDS then -- (bounds the loop below: a config has fewer)
+    error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
   end
   local config = {
     key = config_key, rate = false, interval = false, type = false, epochs = false,
