@@ -62,8 +62,8 @@ local function next_epoch(config, olds, old_epochs, now)
     end
     kept[#kept + 1] = entry
   end
-  config.gen = base .. '.' .. fmt(epoch + 1)
-  redis.call('HSET', config.key, 'gen', config.gen, 'epochs', table.concat(kept, '|'))
+  config.gen, config.epochs = base .. '.' .. fmt(epoch + 1), table.concat(kept, '|')
+  redis.call('HSET', config.key, 'gen', config.gen, 'epochs', config.epochs)
 end
 
 -- The old config's rates ({rate, interval} each), from the HMGET below.
@@ -121,6 +121,7 @@ if keep then
   clock = config.clock and fmt(config.clock)
   if algorithm == 'TOKEN_BUCKET' and not config.in_hash then
     if old[9] then
+      config.epochs = old[9]
       redis.call('HSET', KEYS[1], 'epochs', old[9]) -- (the config was written afresh)
     end
     next_epoch(config, old_rates(old), old[9], now)

@@ -99,7 +99,7 @@ ALGORITHMS.TOKEN_BUCKET = counters({
     if base ~= current_base or epoch >= current then
       return nil
     end
-    local epochs = parse_epochs(redis.call('HMGET', config.key, 'epochs')[1]) -- (HMGET: in every ACL line)
+    local epochs = parse_epochs(config.epochs or nil) -- (read with the config)
     return function(i, tat, frac)
       for e = epoch, current - 1 do
         if not epochs[e] then
