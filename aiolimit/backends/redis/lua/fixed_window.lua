@@ -119,20 +119,12 @@ function fixed.commit(group, permits, start)
 end
 
 function fixed.save(group, now)
-  local held, n = group.held, group.n
-  if #held == 0 then
-    group.tail = nil
-  elseif #held == 1 then -- (one rate with one earlier window, or two: one format)
-    local i = held[1][1]
-    group.tail = string.format(' ~%d:%d:%d', i, held[1][2], n[2 * i - 1] - held[1][3])
-  else
-    local parts = {}
-    for j, entry in ipairs(held) do
-      local i = entry[1]
-      parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
-    end
-    group.tail = table.concat(parts)
+  local parts, n = {}, group.n
+  for j, entry in ipairs(group.held) do
+    local i = entry[1]
+    parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
   end
+  group.tail = #parts > 0 and table.concat(parts) or nil
   return save(group, now)
 end
 

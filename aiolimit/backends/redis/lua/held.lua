@@ -37,10 +37,6 @@ end
 local function format_held(held)
   if not held or #held == 0 then
     return ''
-  elseif #held == 1 then
-    return string.format(' ~%d:%d', held[1][1], held[1][2])
-  elseif #held == 2 then -- (HELD_BUCKETS: one format)
-    return string.format(' ~%d:%d ~%d:%d', held[1][1], held[1][2], held[2][1], held[2][2])
   end
   local parts = {}
   for i, entry in ipairs(held) do
