@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import valkey.asyncio
+import valkey.asyncio.connection
 import valkey.exceptions
 from cluster import wait_until
 from redis.asyncio import Redis
@@ -251,10 +252,18 @@ async def valkey_client(redis_server: LocalRedis) -> Iterator[valkey.asyncio.Val
 
 
 async def test_a_valkey_py_client_grants_refuses_and_waits(
-    valkey_client: valkey.asyncio.Valkey,
+    valkey_client: valkey.asyncio.Valkey, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     limiter = RateLimiter("valkey-py", RedisBackend(valkey_client))
     await valkey_client.script_flush()  # as on a fresh server
+    await valkey_client.function_flush()
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the connection's own send or read was used")
+
+    # Its round trips go straight to the pooled connection's stream, as redis-py's do.
+    monkeypatch.setattr(valkey.asyncio.connection.Connection, "send_packed_command", refuse)
+    monkeypatch.setattr(valkey.asyncio.connection.Connection, "read_response", refuse)
     await limiter.set_rate(RateType.OVERALL, 2, 0.3)
     assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
         True,

@@ -7,8 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
+from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 
+import aiolimit
 from aiolimit import RateLimiter, RateType, RedisBackend
 from aiolimit._tools import LocalRedis
 
@@ -59,3 +62,90 @@ async def test_any_other_client_gets_round_trips_through_its_own_pipeline(
         await limiter.delete()
     finally:
         await redis.aclose()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+async def test_a_round_trip_reads_the_connections_stream_itself(
+    redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch, protocol: int
+) -> None:
+    # Without health checks, a round trip writes to the pooled connection's stream and reads
+    # with its parser: not the connection's send and read, which cost a task and a timeout
+    # context per command. Error replies (here NOSCRIPT, then the source) still read right.
+    redis = Redis.from_url(redis_server.url, protocol=protocol)
+    try:
+        limiter = RateLimiter("wire-direct", RedisBackend(redis, prefix="wire:"))
+        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        await redis.execute_command("FUNCTION", "FLUSH")
+        await redis.script_flush()
+        monkeypatch.setattr(Connection, "send_packed_command", refuse)
+        monkeypatch.setattr(Connection, "read_response", refuse)
+        taken = await asyncio.gather(*(limiter.try_acquire() for _ in range(70)))
+        assert taken == [True] * 60 + [False] * 10
+        assert await limiter.available_permits() == 0
+        monkeypatch.undo()
+        await limiter.delete()
+    finally:
+        await redis.aclose()
+
+
+async def test_a_client_with_health_checks_gets_them_on_its_round_trips(
+    redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    redis = Redis.from_url(redis_server.url, health_check_interval=0.001)
+    checks = 0
+    check_health = Connection.check_health
+
+    async def counted(self: Connection) -> None:
+        nonlocal checks
+        checks += 1
+        await check_health(self)
+
+    try:
+        limiter = RateLimiter("wire-health", RedisBackend(redis, prefix="wire:"))
+        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        monkeypatch.setattr(Connection, "check_health", counted)
+        for _ in range(3):
+            await asyncio.sleep(0.002)  # each round trip's connection is due a check
+            assert await limiter.try_acquire()
+        assert checks >= 3
+        monkeypatch.undo()
+        await limiter.delete()
+    finally:
+        await redis.aclose()
+
+
+# A script that keeps the server busy for ARGV[1] µs.
+BUSY = """
+local t = redis.call('TIME')
+repeat
+    local n = redis.call('TIME')
+until (n[1] - t[1]) * 1000000 + (n[2] - t[2]) >= tonumber(ARGV[1])
+"""
+
+
+async def test_a_round_trip_past_the_socket_timeout_drops_its_connection(
+    redis_server: LocalRedis,
+) -> None:
+    # The whole round trip is bounded by the connection's socket timeout: a script that runs
+    # longer (a stalled server) fails as the client's own TimeoutError, and the connection it
+    # was read on is closed, never handed out again half-read.
+    redis = Redis.from_url(redis_server.url, socket_timeout=0.2)
+    staller = Redis.from_url(redis_server.url)
+    try:
+        backend = RedisBackend(redis, prefix="wire:", timeout=None)
+        aiolimit.breaker_of(backend).first_backoff = 0
+        limiter = RateLimiter("wire-stall", backend)
+        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        (connection,) = redis.connection_pool._available_connections
+        stall = asyncio.ensure_future(staller.eval(BUSY, 0, 600_000))
+        await asyncio.sleep(0.05)
+        with pytest.raises(aiolimit.BackendError) as raised:
+            await limiter.try_acquire()
+        assert isinstance(raised.value.__cause__, redis_errors.TimeoutError)
+        assert not connection.is_connected
+        await stall
+        assert await limiter.try_acquire()
+        await limiter.delete()
+    finally:
+        await redis.aclose()
+        await staller.aclose()

@@ -13,6 +13,7 @@ subclass or a stand-in) gets the same commands through its own ``execute_command
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -92,6 +93,8 @@ class _Connections:
         connection = await self._connection()
 
         async def once() -> list[Any]:
+            if _direct(connection):
+                return await _direct_exchange(connection, packed, len(commands))
             await connection.send_packed_command(packed)
             replies: list[Any] = []
             for _ in commands:
@@ -109,6 +112,60 @@ class _Connections:
             return replies
         finally:
             await self._pool.release(connection)
+
+
+def _direct(connection: Any) -> bool:
+    """Whether a round trip may use ``connection``'s stream and reply parser itself: a
+    connection with the insides redis-py's (and valkey-py's) have had since 5.0, and no
+    health checks to run (those go through the connection's own send and read)."""
+    return (
+        not connection.health_check_interval
+        and hasattr(connection, "_writer")
+        and hasattr(connection, "_parser")
+    )
+
+
+async def _direct_exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
+    """One round trip on ``connection``'s own stream, read with its own parser (so RESP2,
+    RESP3 and hiredis replies read as they always do), under one timer for the whole round
+    trip: the connection's socket timeout, as its own send and read would keep, without
+    their task and timeout context per command. Errors are the client's own, and drop the
+    connection, as its own send and read do."""
+    if not connection.is_connected:
+        await connection.connect()
+    writer = connection._writer
+    loop = asyncio.get_running_loop()
+    timer = None
+    expired: list[bool] = []
+    if connection.socket_timeout:
+
+        def expire() -> None:
+            expired.append(True)
+            writer.transport.abort()  # the read in progress fails at once
+
+        timer = loop.call_later(connection.socket_timeout, expire)
+    try:
+        writer.write(packed)
+        if writer.transport.get_write_buffer_size():
+            await writer.drain()
+        parser = connection._parser
+        replies: list[Any] = []
+        for _ in range(count):
+            try:  # an error reply is that command's reply (the parsers return it, mostly)
+                replies.append(await parser.read_response())
+            except _REPLY_ERRORS as exc:
+                replies.append(exc)
+        return replies
+    except BaseException as exc:
+        await connection.disconnect(nowait=True)
+        if expired:
+            raise redis_errors.TimeoutError("Timeout reading from the Redis server") from None
+        if isinstance(exc, OSError):
+            raise redis_errors.ConnectionError(f"Error on the Redis connection: {exc}") from exc
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 async def _through_client(redis: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
