@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from . import _observe
 from ._breaker import Breaker, breaker_of
 from ._observe import Observer
-from ._types import MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal
 from .errors import BackendError, InvalidArgumentError, LimiterError
@@ -40,6 +40,8 @@ def max_wait_of(timeout: Duration | None) -> int | None:
 
     A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
     long, so no wait can be."""
+    if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
+        return timeout * 1_000_000
     if timeout is None or exceeds_max_duration(timeout):
         return None
     max_wait = to_micros(timeout, "timeout")
@@ -49,6 +51,8 @@ def max_wait_of(timeout: Duration | None) -> int | None:
 
 
 def check_permits(permits: object) -> int:
+    if permits.__class__ is int and 1 <= permits <= MAX_RATE:
+        return permits
     if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
         raise InvalidArgumentError(
             f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"

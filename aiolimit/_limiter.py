@@ -14,6 +14,7 @@ from ._base import _Limiter
 from ._breaker import Breaker
 from ._types import Duration
 from .backends.base import Backend, Grant
+from .errors import BackendError
 
 __all__ = ["RateLimiter"]
 
@@ -75,8 +76,18 @@ class RateLimiter(_Limiter):
             return (await acquire([self], [permits], max_wait, observer)).granted
         # The common case in this frame: a grant at once, or a refusal. A reservation (to
         # sleep out, then check for a block) goes on along the one path.
-        call = self._backend.try_acquire(self._name, permits, max_wait)
-        attempt = await self._breaker.guard(call)
+        # (Breaker.guard written out: one coroutine fewer per call.)
+        breaker = self._breaker
+        breaker.enter()
+        try:
+            attempt = await self._backend.try_acquire(self._name, permits, max_wait)
+        except BackendError as exc:
+            breaker.failed(exc)
+            raise
+        except BaseException:
+            breaker.left()
+            raise
+        breaker.answered()
         if not isinstance(attempt, Grant):
             return False
         if attempt.starts_in <= 0:
