@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import BlockingConnectionPool, Connection, ConnectionPool
 
 import aiolimit
 from aiolimit import RateLimiter, RateType, RedisBackend
 from aiolimit._tools import LocalRedis
+from aiolimit.backends.redis import _wire
 
 
 def refuse(*args: Any, **kwargs: Any) -> Any:
@@ -149,3 +150,79 @@ async def test_a_round_trip_past_the_socket_timeout_drops_its_connection(
     finally:
         await redis.aclose()
         await staller.aclose()
+
+
+async def test_round_trips_in_a_burst_share_a_connection_and_give_it_back(
+    redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Taking a connection from redis-py's pool and giving it back costs more than a small
+    # round trip: while round trips keep coming, the one kept serves the next; once none is
+    # under way or waiting, every connection is back in the pool.
+    redis = Redis.from_url(redis_server.url)
+    taken = round_trips = 0
+    get_connection = ConnectionPool.get_connection
+    direct_exchange = _wire._direct_exchange
+
+    async def counted_get(self: ConnectionPool, *args: Any, **kwargs: Any) -> Any:
+        nonlocal taken
+        taken += 1
+        return await get_connection(self, *args, **kwargs)
+
+    async def counted_exchange(*args: Any) -> Any:
+        nonlocal round_trips
+        round_trips += 1
+        return await direct_exchange(*args)
+
+    async def caller() -> None:
+        for _ in range(20):
+            assert await limiter.try_acquire()
+
+    try:
+        limiter = RateLimiter("wire-burst", RedisBackend(redis, prefix="wire:"))
+        await limiter.set_rate(RateType.OVERALL, 10_000, 60)
+        monkeypatch.setattr(ConnectionPool, "get_connection", counted_get)
+        monkeypatch.setattr(_wire, "_direct_exchange", counted_exchange)
+        await asyncio.gather(*(caller() for _ in range(64)))
+        assert round_trips >= 20
+        assert 1 <= taken <= 2  # (two round trips in flight at most)
+        pool = redis.connection_pool
+        assert not pool._in_use_connections
+        assert len(pool._available_connections) == taken
+        monkeypatch.undo()
+        await limiter.delete()
+    finally:
+        await redis.aclose()
+
+
+async def test_a_blocking_pools_connection_goes_back_after_each_round_trip(
+    redis_server: LocalRedis,
+) -> None:
+    # Callers of a BlockingConnectionPool wait for a free connection: none is kept from it,
+    # so with one connection the client's own commands still get it between round trips of
+    # a burst that lasts longer than the pool lets them wait.
+    pool = BlockingConnectionPool.from_url(redis_server.url, max_connections=1, timeout=1)
+    redis = Redis(connection_pool=pool)
+    loop = asyncio.get_running_loop()
+    done = False
+
+    async def caller() -> None:
+        end = loop.time() + 3
+        while not done and loop.time() < end:
+            assert await limiter.try_acquire()
+
+    async def own_commands() -> int:
+        nonlocal done
+        await asyncio.sleep(0.1)  # in the middle of the burst
+        try:
+            return sum([await redis.ping() for _ in range(20)])
+        finally:
+            done = True
+
+    try:
+        limiter = RateLimiter("wire-blocking", RedisBackend(redis, prefix="wire:"))
+        await limiter.set_rate(RateType.OVERALL, 10**9, 60)
+        *_, answered = await asyncio.gather(*(caller() for _ in range(16)), own_commands())
+        assert answered == 20
+        await limiter.delete()
+    finally:
+        await redis.aclose()

@@ -138,18 +138,25 @@ class Coalescer:
 
     async def _send_queued(self) -> None:
         try:
-            while self._queue:
-                batch, more = self._take()
-                if not batch:
-                    return  # each waits for a limiter in the other round trip: it sends them
-                if more and len(self._pumps) < _IN_FLIGHT:
-                    self._pumps.add(asyncio.get_running_loop().create_task(self._send_queued()))
-                flying = {_limiter_of(request) for request in batch}
-                self._flying.append(flying)
-                try:
-                    await self._send(self._calls(batch))
-                finally:
-                    self._flying = [other for other in self._flying if other is not flying]
+            while True:
+                while self._queue:
+                    batch, more = self._take()
+                    if not batch:
+                        return  # each waits for a limiter in the other round trip: it sends them
+                    if more and len(self._pumps) < _IN_FLIGHT:
+                        self._pumps.add(asyncio.get_running_loop().create_task(self._send_queued()))
+                    flying = {_limiter_of(request) for request in batch}
+                    self._flying.append(flying)
+                    try:
+                        await self._send(self._calls(batch))
+                    finally:
+                        self._flying = [other for other in self._flying if other is not flying]
+                # The callers just answered often call again at once: one turn of the loop
+                # lets them, and their round trip goes from here, on this round trip's
+                # connection, not from a new task on one taken from the pool again.
+                await asyncio.sleep(0)
+                if not self._queue:
+                    return
         except BaseException as exc:
             for request in self._queue:
                 request.settle(exc)
@@ -158,6 +165,8 @@ class Coalescer:
         finally:
             # Leave at once (not in a done callback), so a call arriving next starts a pump.
             self._pumps.discard(asyncio.current_task())  # type: ignore[arg-type,unused-ignore]
+            if not self._pumps:  # the last round trip of a burst: its connections go back
+                await self._wire.rest()
 
     def _take(self) -> tuple[list[Request], bool]:
         """The requests of the next round trip, and whether others wait that a second round

@@ -70,15 +70,26 @@ def _bulk(arg: Any) -> bytes:
 
 
 class _Connections:
-    """Round trips written straight to connections of one client's pool."""
+    """Round trips written straight to connections of one client's pool. A connection that
+    served a round trip is kept for the next one while round trips keep coming (the
+    coalescer calls :meth:`rest` when none is under way or waiting): taking one from
+    redis-py's pool and giving it back costs more than a small round trip's own work. Not
+    from a pool whose callers wait for a free connection (``BlockingConnectionPool``): a
+    connection kept from it could keep them waiting for a whole burst."""
 
-    __slots__ = ("_bare", "_pool")
+    __slots__ = ("_bare", "_keep", "_kept", "_pool")
 
     def __init__(self, redis: Any) -> None:
         self._pool = redis.connection_pool
         self._bare = True  # get_connection() without a command name (redis-py >= 5.3)
+        self._keep = not any(
+            kind.__name__ == "BlockingConnectionPool" for kind in type(self._pool).__mro__
+        )
+        self._kept: list[Any] = []
 
     async def _connection(self) -> Any:
+        if self._kept:
+            return self._kept.pop()
         if self._bare:
             try:
                 return await self._pool.get_connection()
@@ -109,9 +120,20 @@ class _Connections:
 
         try:
             replies: list[Any] = await connection.retry.call_with_retry(once, drop)
-            return replies
-        finally:
-            await self._pool.release(connection)
+        except BaseException:
+            await asyncio.shield(self._pool.release(connection))
+            raise
+        if self._keep:
+            self._kept.append(connection)
+        else:
+            await asyncio.shield(self._pool.release(connection))
+        return replies
+
+    async def rest(self) -> None:
+        """Gives the kept connections back to the pool."""
+        kept, self._kept = self._kept, []
+        for connection in kept:
+            await asyncio.shield(self._pool.release(connection))
 
 
 def _direct(connection: Any) -> bool:
@@ -204,6 +226,12 @@ class Wire:
         # Whether calls go as FCALL: None until the library was offered to the server. Only on
         # a plain client (a cluster would need the library on every master).
         self._functions: bool | None = None if self._connections is not None else False
+
+    async def rest(self) -> None:
+        """No round trip is under way or waiting: the connections kept between round trips
+        go back to the client's pool."""
+        if self._connections is not None:
+            await self._connections.rest()
 
     async def _send(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
         if self._connections is not None:
