@@ -110,21 +110,41 @@ function fixed.load(group, write)
   if group.fresh then
     group.tail = nil
   end
+  local tail, rates = group.tail, group.config.rates
+  if tail and #rates == 1 then
+    -- One rate, whose newest earlier window (the tail's last entry: the least `ago`) lies
+    -- before its latest window: none counts into it, and the tail stays as it is (group.held
+    -- nil) unless a grant starts another window (commit).
+    local ago, latest = tonumber(string.match(tail, ':(%d+)$')), group.n[1]
+    if ago and window_of(rates[1], latest - ago) < window_of(rates[1], latest) then
+      group.held = nil
+      return
+    end
+  end
   load_windows(group)
 end
 
 function fixed.commit(group, permits, start)
+  if not group.held then
+    local r = group.config.rates[1]
+    if math.floor(start / r.interval) == window_of(r, group.n[1]) then
+      return commit(group, permits, start) -- the same window: the tail's `ago`s still hold
+    end
+    load_windows(group) -- (counts nothing in: see load)
+  end
   hold_windows(group, start)
   return commit(group, permits, start)
 end
 
 function fixed.save(group, now)
-  local parts, n = {}, group.n
-  for j, entry in ipairs(group.held) do
-    local i = entry[1]
-    parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
+  if group.held then
+    local parts, n = {}, group.n
+    for j, entry in ipairs(group.held) do
+      local i = entry[1]
+      parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
+    end
+    group.tail = #parts > 0 and table.concat(parts) or nil
   end
-  group.tail = #parts > 0 and table.concat(parts) or nil
   return save(group, now)
 end
 
