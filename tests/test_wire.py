@@ -226,3 +226,12 @@ async def test_a_blocking_pools_connection_goes_back_after_each_round_trip(
         await limiter.delete()
     finally:
         await redis.aclose()
+
+
+def test_commands_are_packed_as_redis_py_packs_them() -> None:
+    commands = [
+        ("FCALL", "aiolimit_acquire_many", 2, b"{a}:config", b"", b"x" * 255, b"y" * 256),
+        ("SET", "k\u00e9y", b"v" * 1000, "PX", 1500),
+        ("PING",),
+    ]
+    assert _wire._packed(commands) == b"".join(Connection().pack_commands(commands))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
@@ -232,16 +232,16 @@ class RedisBackend(Backend):
 
     # -- operations ----------------------------------------------------------------------------
 
-    async def try_acquire(
+    def try_acquire(  # (a coroutine function in all but name: one frame fewer per call)
         self, name: str, permits: int, max_wait_us: int | None = 0
-    ) -> Grant | Refusal:
+    ) -> Coroutine[Any, Any, Grant | Refusal]:
         def hand_back(reply: Any) -> None:
             # The caller was cancelled while its call was in flight: its grant goes back.
             attempt = scripts.ACQUIRE.decode(reply)
             if isinstance(attempt, Grant):
                 self.hand_back(name, attempt.member)
 
-        return await self._budget_call(
+        return self._budget_call(
             name,
             scripts.ACQUIRE,
             lambda rate_type: [

@@ -140,12 +140,11 @@ class Coalescer:
         try:
             while True:
                 while self._queue:
-                    batch, more = self._take()
+                    batch, flying, more = self._take()
                     if not batch:
                         return  # each waits for a limiter in the other round trip: it sends them
                     if more and len(self._pumps) < _IN_FLIGHT:
                         self._pumps.add(asyncio.get_running_loop().create_task(self._send_queued()))
-                    flying = {_limiter_of(request) for request in batch}
                     self._flying.append(flying)
                     try:
                         await self._send(self._calls(batch))
@@ -168,9 +167,9 @@ class Coalescer:
             if not self._pumps:  # the last round trip of a burst: its connections go back
                 await self._wire.rest()
 
-    def _take(self) -> tuple[list[Request], bool]:
-        """The requests of the next round trip, and whether others wait that a second round
-        trip could carry at once.
+    def _take(self) -> tuple[list[Request], set[Key | None], bool]:
+        """The requests of the next round trip, their limiters, and whether others wait that
+        a second round trip could carry at once.
 
         Two round trips in flight (at most _ROUND_TRIP_MOST requests each while more wait):
         Redis runs one while this process reads the other's replies and prepares the next, so
@@ -182,7 +181,8 @@ class Coalescer:
         busy: set[Key | None] = set().union(*self._flying) if self._flying else set()
         if not busy and len(queue) <= _ROUND_TRIP_MOST:
             self._queue = []
-            return queue, False
+            # (_limiter_of, written out: this runs for every request)
+            return queue, {r.keys[0] if r.keys else None for r in queue}, False
         batch: list[Request] = []
         taken: set[Key | None] = set()
         rest: list[Request] = []
@@ -197,7 +197,7 @@ class Coalescer:
                 batch.append(request)
                 taken.add(limiter)
         self._queue = rest
-        return batch, bool(rest)
+        return batch, taken, bool(rest)
 
     def _calls(self, requests: list[Request]) -> list[Call]:
         calls: list[Call] = []

@@ -199,18 +199,22 @@ _tuple = tuple.__new__  # builds a Grant or Refusal without NamedTuple's Python-
 def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     # The hot path: plain bytes compared and split, no enum until a code needs reading.
     raw = reply if reply.__class__ is bytes else _text(reply).encode()
-    code, _, rest = raw.partition(b" ")
-    if code == _GRANTED:
-        # (_protocol.GRANTED_FORMAT)
-        left, binding, start, delay, member, *blocked = rest.split(b" ")
-        until = int(blocked[0]) if blocked else None
+    fields = raw.split(b" ")
+    code = fields[0]
+    if code == _GRANTED:  # (_protocol.GRANTED_FORMAT)
+        if len(fields) == 6:
+            _, left, binding, start, delay, member = fields
+            until = None
+        else:
+            _, left, binding, start, delay, member, blocked = fields
+            until = int(blocked)
         return _tuple(
             Grant, (int(delay), int(start), int(left), member.decode(), until, int(binding))
         )
     if code == _REFUSED:  # (_protocol.REFUSED_FORMAT)
-        wait, left, binding, now = rest.split(b" ")
+        _, wait, left, binding, now = fields
         return _tuple(Refusal, (int(wait), int(now), int(left), int(binding)))
-    return _trouble(Reply(int(code)), rest.decode())
+    return _trouble(Reply(int(code)), raw.partition(b" ")[2].decode())
 
 
 def _merge_acquires(

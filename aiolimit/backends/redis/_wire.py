@@ -52,15 +52,23 @@ def _plain(redis: Any) -> bool:
 
 def _packed(commands: Sequence[tuple[Any, ...]]) -> bytes:
     """``commands`` in the Redis protocol (RESP), as one buffer. Their keys and arguments are
-    bytes already; only a command's name and counts are converted here."""
+    bytes already; only a command's name and counts are converted here (a bulk string's
+    header is looked up for the usual lengths, not formatted: this runs for every key)."""
     out: list[bytes] = []
+    add, extend = out.append, out.extend
     for command in commands:
-        out.append(b"*%d\r\n" % len(command))
-        out += [
-            b"$%d\r\n%b\r\n" % (len(arg), arg) if arg.__class__ is bytes else _bulk(arg)
-            for arg in command
-        ]
+        add(b"*%d\r\n" % len(command))
+        for arg in command:
+            if arg.__class__ is bytes:
+                size = len(arg)
+                extend((_HEADERS[size] if size < _HEADED else b"$%d\r\n" % size, arg, b"\r\n"))
+            else:
+                add(_bulk(arg))
     return b"".join(out)
+
+
+_HEADED = 256
+_HEADERS = [b"$%d\r\n" % size for size in range(_HEADED)]
 
 
 def _bulk(arg: Any) -> bytes:
