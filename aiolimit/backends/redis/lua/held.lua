@@ -19,37 +19,55 @@ local function kept_until(config, counts, horizon, now)
   return horizon
 end
 
--- The value without its held entries, and the entries ({permits, at}, oldest first).
+-- A budget's held entries are one flat array, oldest first: { permits 1, at 1, permits 2, at 2 }
+-- (no table per entry: this is read and written on most calls of a busy log).
+
+-- The value without its held entries, and the entries.
 local function parse_held(raw)
-  local held = {}
   local at = string.find(raw, ' ~', 1, true)
   if not at then
-    return raw, held -- (nothing held)
+    return raw, {} -- (nothing held)
   end
+  local value = string.sub(raw, 1, at - 1)
+  -- What this file writes: one or two entries, each read with one match.
+  local p1, a1, p2, a2 = string.match(raw, '^ ~(%d+):(%-?%d+) ~(%d+):(%-?%d+)$', at)
+  if p1 then
+    return value, { tonumber(p1), tonumber(a1), tonumber(p2), tonumber(a2) }
+  end
+  p1, a1 = string.match(raw, '^ ~(%d+):(%-?%d+)$', at)
+  if p1 then
+    return value, { tonumber(p1), tonumber(a1) }
+  end
+  local held = {}
   for permits, start in string.gmatch(string.sub(raw, at), ' ~(%d+):(%-?%d+)') do
-    if #held < HELD_BUCKETS then
-      held[#held + 1] = { tonumber(permits), tonumber(start) }
+    if #held < 2 * HELD_BUCKETS then
+      held[#held + 1], held[#held + 2] = tonumber(permits), tonumber(start)
     end
   end
-  return string.sub(raw, 1, at - 1), held
+  return value, held
 end
 
 local function format_held(held)
-  if not held or #held == 0 then
+  local n = held and #held or 0
+  if n == 0 then
     return ''
+  elseif n == 2 then
+    return string.format(' ~%d:%d', held[1], held[2])
+  elseif n == 4 then
+    return string.format(' ~%d:%d ~%d:%d', held[1], held[2], held[3], held[4])
   end
   local parts = {}
-  for i, entry in ipairs(held) do
-    parts[i] = string.format(' ~%d:%d', entry[1], entry[2])
+  for i = 1, n, 2 do
+    parts[#parts + 1] = string.format(' ~%d:%d', held[i], held[i + 1])
   end
   return table.concat(parts)
 end
 
 -- The later of `last` and the newest held entry's `at` (nil: neither).
 local function with_held(budget, last)
-  local held = budget.held[#budget.held]
-  if held and not (last and last >= held[2]) then
-    return held[2]
+  local at = budget.held[#budget.held]
+  if at and not (last and last >= at) then
+    return at
   end
   return last
 end
@@ -60,13 +78,14 @@ local function hold(budget, permits, at, interval)
     return
   end
   local held = budget.held
-  local last = held[#held]
-  if last and math.floor(last[2] / interval) == math.floor(at / interval) then
-    last[1], last[2] = last[1] + permits, math.max(last[2], at)
+  local n = #held
+  if n > 0 and math.floor(held[n] / interval) == math.floor(at / interval) then
+    held[n - 1], held[n] = held[n - 1] + permits, math.max(held[n], at)
     return
   end
-  held[#held + 1] = { permits, at }
-  if #held > HELD_BUCKETS then
+  held[n + 1], held[n + 2] = permits, at
+  if n + 2 > 2 * HELD_BUCKETS then
+    table.remove(held, 1)
     table.remove(held, 1)
   end
 end
@@ -74,14 +93,19 @@ end
 -- Logs again the held entries the budget's (new) interval still counts at `now`, each as one
 -- grant at its `at`; returns the permits logged. The walk cursor starts over.
 local function restore_held(budget, now)
-  local kept, back = {}, 0
-  for _, entry in ipairs(budget.held) do
-    if entry[2] > now - budget.interval then
+  local held, kept, back = budget.held, {}, 0
+  local n = #held
+  if n == 0 or held[n] <= now - budget.interval then
+    return 0 -- (the newest entry's `at` is the latest: none is counted again)
+  end
+  for i = 1, n, 2 do
+    local permits, at = held[i], held[i + 1]
+    if at > now - budget.interval then
       budget.seq = budget.seq + 1
-      redis.call('ZADD', budget.permits_key, fmt(entry[2]), fmt(entry[1]) .. ':' .. fmt(budget.seq))
-      back = back + entry[1]
+      redis.call('ZADD', budget.permits_key, fmt(at), fmt(permits) .. ':' .. fmt(budget.seq))
+      back = back + permits
     else
-      kept[#kept + 1] = entry
+      kept[#kept + 1], kept[#kept + 2] = permits, at
     end
   end
   if back > 0 then
