@@ -35,6 +35,7 @@ __all__ = [
     "granted_items",
     "header_fields",
     "items_of",
+    "read_granted_items",
     "refused_item",
     "with_fields",
 ]
@@ -90,11 +91,22 @@ def refused_item(rule: Rule, retry_in_us: int, binding: int) -> Item:
     return Item(rule, 0, whole_seconds(retry_in_us), waiting_policy(rule, binding, retry_in_us))
 
 
-async def granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item]:
+def granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item] | None:
     """The items of the rules that granted a request: ``(rule, its limiter as the request's
-    client sees it, the grant)`` each. A rule with several rates and none left asks when
-    the next permit frees: its reset (a rule with one rate, or permits left, costs no
-    read)."""
+    client sees it, the grant)`` each; None when a rule with several rates has none left,
+    whose reset is read by :func:`read_granted_items` (a rule with one rate, or permits left,
+    costs no read)."""
+    items = []
+    for rule, _, grant in granted:
+        if grant.left <= 0 and len(rule.rates) > 1:
+            return None
+        items.append(granted_item(rule, grant.left, grant.binding))
+    return items
+
+
+async def read_granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item]:
+    """:func:`granted_items`, reading when the next permit frees for each rule with several
+    rates and none left: its reset."""
     items = [granted_item(rule, grant.left, grant.binding) for rule, _, grant in granted]
     asks = [
         (i, rule, limiter)

@@ -14,11 +14,19 @@ from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
-from ._fields import Item, granted_item, granted_items, header_fields, items_of, refused_item
+from ._fields import (
+    Item,
+    granted_item,
+    granted_items,
+    header_fields,
+    items_of,
+    read_granted_items,
+    refused_item,
+)
 from ._rules import Rule, whole_seconds
 from ._types import Scope
 
-__all__ = ["Gate", "RateLimitStats", "Verdict", "record", "refusal_headers"]
+__all__ = ["Gate", "RateLimitStats", "Verdict", "record", "record_allowed", "refusal_headers"]
 
 log = logging.getLogger("aiolimit")
 
@@ -186,9 +194,10 @@ class Gate:
         if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        items = await granted_items(
-            [(r.rule, r.limiter, a) for r, a in pairs if isinstance(a, Grant)]
-        )
+        granted = [(r.rule, r.limiter, a) for r, a in pairs if isinstance(a, Grant)]
+        items = granted_items(granted)
+        if items is None:
+            items = await read_granted_items(granted)
         costs = {r.rule.name: r.cost for r in requests}
         return Verdict(200, 0, items, "", acquired, costs)
 
@@ -265,17 +274,25 @@ def _grants_of(scope: Scope) -> list[tuple[Acquired, dict[str, int]]]:
     return grants
 
 
+def record_allowed(scope: Scope, verdict: Verdict) -> bool:
+    """Notes an allowing verdict's fields and grants in the scope (:func:`record` without a
+    coroutine); False for any other verdict, which :func:`record` notes."""
+    if verdict.status != 200:
+        return False
+    items_of(scope).extend(verdict.items)
+    if verdict.acquired is not None and verdict.costs is not None:
+        _grants_of(scope).append((verdict.acquired, verdict.costs))
+    return True
+
+
 async def record(scope: Scope, verdict: Verdict) -> None:
     """Notes the verdict's fields and grants in the scope; a refusal hands back the grants
     that a middleware or dependency outside made for this request, so a request refused
     anywhere consumes nothing anywhere."""
+    if record_allowed(scope, verdict):
+        return
     items = items_of(scope)
     grants = _grants_of(scope)
-    if verdict.status == 200:
-        items.extend(verdict.items)
-        if verdict.acquired is not None and verdict.costs is not None:
-            grants.append((verdict.acquired, verdict.costs))
-        return
     if grants:  # refused (429) or unchecked (503): the request is not served
         await asyncio.gather(*(acquired.release() for acquired, _ in grants))
         back = {name: cost for _, costs in grants for name, cost in costs.items()}

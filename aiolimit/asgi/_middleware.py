@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from .._types import Duration
 from ..backends.base import Backend
 from ._fields import header_fields, items_of, with_fields
-from ._gate import Gate, RateLimitStats, Verdict, record, refusal_headers
+from ._gate import Gate, RateLimitStats, Verdict, record, record_allowed, refusal_headers
 from ._rules import Rule
 from ._types import ASGIApp, Message, OnBackendError, Receive, Scope, Send
 
@@ -77,7 +77,8 @@ class RateLimitMiddleware:
             await self.app(scope, receive, send)
             return
         verdict = await self._gate.check(scope)
-        await record(scope, verdict)
+        if not record_allowed(scope, verdict):
+            await record(scope, verdict)
         if kind == "websocket":
             if verdict.status == 200:
                 await self.app(scope, receive, send)
