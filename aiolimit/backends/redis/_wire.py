@@ -146,12 +146,15 @@ class _Connections:
 
 def _direct(connection: Any) -> bool:
     """Whether a round trip may use ``connection``'s stream and reply parser itself: a
-    connection with the insides redis-py's (and valkey-py's) have had since 5.0, and no
-    health checks to run (those go through the connection's own send and read)."""
+    connected connection with the insides redis-py's (and valkey-py's) have had since 5.0,
+    and no health checks to run. A connection to (re)connect goes through its own send,
+    which connects as its library does (a retry inside the client's retry policy would
+    multiply the time to give up on a server that is down)."""
     return (
         not connection.health_check_interval
         and hasattr(connection, "_writer")
         and hasattr(connection, "_parser")
+        and connection.is_connected
     )
 
 
@@ -161,8 +164,6 @@ async def _direct_exchange(connection: Any, packed: bytes, count: int) -> list[A
     trip: the connection's socket timeout, as its own send and read would keep, without
     their task and timeout context per command. Errors are the client's own, and drop the
     connection, as its own send and read do."""
-    if not connection.is_connected:
-        await connection.connect()
     writer = connection._writer
     loop = asyncio.get_running_loop()
     timer = None
