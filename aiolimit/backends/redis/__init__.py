@@ -18,8 +18,18 @@ from ..base import Backend, Grant, Refusal, SetMode, call_timeout
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
 from ._compat import ANY, UNREACHABLE, slot
-from ._keys import Keys
-from ._scripts import Failed, Follow, NotConfigured, OtherType, OverRate, QueueFull, Trouble
+from ._keys import Keys, Recent
+from ._scripts import (
+    TROUBLE,
+    Failed,
+    Follow,
+    NotConfigured,
+    OtherType,
+    OverRate,
+    QueueFull,
+    Trouble,
+    decoded,
+)
 
 __all__ = ["RedisBackend"]
 
@@ -30,33 +40,6 @@ Clock = Literal["server", "client"] | Callable[[], float]
 _CLIENTS_PER_CALL = 100
 
 R = TypeVar("R")
-_K = TypeVar("_K")
-_V = TypeVar("_V")
-_REMEMBERED = 10_000  # limiters a backend keeps keys and rate types of
-
-
-class _Recent(dict[_K, _V]):
-    """A dict that forgets its oldest entry (dicts keep insertion order) once it holds
-    _REMEMBERED: a process may use any number of limiter names over its life, and what is
-    kept per name is only a cache."""
-
-    __slots__ = ()
-
-    def __setitem__(self, key: _K, value: _V) -> None:
-        if len(self) >= _REMEMBERED and key not in self:
-            del self[next(iter(self))]
-        super().__setitem__(key, value)
-
-
-_TROUBLE = frozenset((NotConfigured, OtherType, OverRate, QueueFull, Failed))
-
-
-def _decoded(script: scripts.Script[R] | scripts.ReadCommand[R], reply: Any) -> R:
-    """``reply`` as ``script`` reads it; a reply it cannot read is a BackendError."""
-    try:
-        return script.decode(reply)
-    except (ValueError, LookupError, TypeError) as exc:
-        raise BackendError(f"unexpected reply to {script.what}: {reply!r:.200}") from exc
 
 
 class RedisBackend(Backend):
@@ -106,9 +89,9 @@ class RedisBackend(Backend):
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
         self._timeout = timeout_s
-        self._keys: _Recent[str, Keys] = _Recent()
+        self._keys: Recent[str, Keys] = Recent()
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
-        self._types: _Recent[str, RateType] = _Recent()
+        self._types: Recent[str, RateType] = Recent()
 
     def with_client(self, client_id: str) -> RedisBackend:
         other = RedisBackend(
@@ -159,7 +142,7 @@ class RedisBackend(Backend):
             reply = await self._pipe.submit(script, keys, args, orphan, self._timeout)
         except ANY as exc:
             raise self._error(script.what, exc) from exc
-        return _decoded(script, reply)
+        return decoded(script, reply)
 
     async def _budget_call(
         self,
@@ -187,8 +170,8 @@ class RedisBackend(Backend):
                 )
             except ANY as exc:
                 raise self._error(script.what, exc) from exc
-            reply = _decoded(script, raw)
-            if reply.__class__ in _TROUBLE:
+            reply = decoded(script, raw)
+            if reply.__class__ in TROUBLE:
                 if isinstance(reply, OtherType):
                     rate_type = reply.rate_type
                     continue

@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 from ..._types import RateType, check_text
 
-__all__ = ["Keys", "escape_tag"]
+__all__ = ["Keys", "Recent", "escape_tag"]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+REMEMBERED = 10_000  # limiters a backend keeps keys and rate types of
+
+
+class Recent(dict[_K, _V]):
+    """A dict that forgets its oldest entry (dicts keep insertion order) once it holds
+    REMEMBERED: a process may use any number of limiter names over its life, and what is
+    kept per name is only a cache."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: _K, value: _V) -> None:
+        if len(self) >= REMEMBERED and key not in self:
+            del self[next(iter(self))]
+        super().__setitem__(key, value)
 
 
 def escape_tag(name: str) -> str:

@@ -14,6 +14,7 @@ from importlib import resources
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
+from ...errors import BackendError
 from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal
 from . import _functions
@@ -163,6 +164,18 @@ def _trouble(code: Reply, detail: str) -> Trouble:
     if code is Reply.FAILED:
         return Failed(detail)
     raise ValueError(f"reply code {code!r} carries a result")
+
+
+TROUBLE = frozenset((NotConfigured, OtherType, OverRate, QueueFull, Failed))
+"""The classes of Trouble (a reply's class is looked up, not matched with isinstance)."""
+
+
+def decoded(script: Script[R] | ReadCommand[R], reply: Any) -> R:
+    """``reply`` as ``script`` reads it; a reply it cannot read is a BackendError."""
+    try:
+        return script.decode(reply)
+    except (ValueError, LookupError, TypeError) as exc:
+        raise BackendError(f"unexpected reply to {script.what}: {reply!r:.200}") from exc
 
 
 # -- acquire, acquire_many ----------------------------------------------------------------------
