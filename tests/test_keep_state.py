@@ -186,6 +186,26 @@ async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
 
 
 @RATE_TYPES
+async def test_several_rates_switched_to_one_count_the_first_rates_earlier_windows(
+    store, name, rate_type
+):
+    # Under 100 per 10 s and 100 per 1 s, 3 grants at 20.5 s and 3 at 49.9 s: the summary
+    # keeps the 10 s window that ended at 30 s and, last, the 1 s window that ended at 21 s.
+    # Switched to 6 per 25 s, the window [25 s, 50 s) holds both grants of 10 s windows
+    # (those ending at 30 and 50 s): 6, so none more. (The 1 s rate's entry says nothing
+    # about the first rate's: it must not stand in for them.)
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(100, 10), Rate(100, 1)], algorithm=FIXED)
+    await advance(store, clock, 20.5)
+    assert await _granted(limiter, 3) == 3
+    await advance(store, clock, 29.4)
+    assert await _granted(limiter, 3) == 3
+    await limiter.set_rate(rate_type, [Rate(6, 25)], algorithm=FIXED, keep_state=True)
+    assert await _granted(limiter, 6) == 0
+
+
+@RATE_TYPES
 async def test_a_sliding_window_keeps_a_bounded_summary_of_what_it_reclaimed(
     store, name, rate_type
 ):

@@ -74,11 +74,13 @@ local function load_windows(group)
       break -- (written by this file: never more)
     end
     i = tonumber(i)
-    local window_end = n[2 * i - 1] - tonumber(ago)
-    if r and window_of(r, window_end) == window_of(r, n[2 * i - 1]) then
-      n[2 * i] = n[2 * i] + tonumber(count)
-    elseif r then
-      held[#held + 1] = { i, tonumber(count), window_end }
+    if r then -- (an entry of a rate the config no longer has is dropped)
+      local window_end = n[2 * i - 1] - tonumber(ago)
+      if window_of(r, window_end) == window_of(r, n[2 * i - 1]) then
+        n[2 * i] = n[2 * i] + tonumber(count)
+      else
+        held[#held + 1] = { i, tonumber(count), window_end }
+      end
     end
   end
   group.tail = nil
@@ -112,10 +114,14 @@ function fixed.load(group, write)
   end
   local tail, rates = group.tail, group.config.rates
   if tail and #rates == 1 then
-    -- One rate, whose newest earlier window (the tail's last entry: the least `ago`) lies
-    -- before its latest window: none counts into it, and the tail stays as it is (group.held
-    -- nil) unless a grant starts another window (commit).
-    local ago, latest = tonumber(string.match(tail, ':(%d+)$')), group.n[1]
+    -- One rate, and a tail of one or two entries of it (not of rates the config had before),
+    -- whose newest earlier window (the last entry: the least `ago`) lies before its latest
+    -- window: none counts into it, and the tail stays as it is (group.held nil) unless a
+    -- grant starts another window (commit).
+    local ago = string.match(tail, '^ ~1:%d+:(%d+)$')
+      or string.match(tail, '^ ~1:%d+:%d+ ~1:%d+:(%d+)$')
+    local latest = group.n[1]
+    ago = tonumber(ago)
     if ago and window_of(rates[1], latest - ago) < window_of(rates[1], latest) then
       group.held = nil
       return
