@@ -94,11 +94,7 @@ end
 -- grant at its `at`; returns the permits logged. The walk cursor starts over.
 local function restore_held(budget, now)
   local held, kept, back = budget.held, {}, 0
-  local n = #held
-  if n == 0 or held[n] <= now - budget.interval then
-    return 0 -- (the newest entry's `at` is the latest: none is counted again)
-  end
-  for i = 1, n, 2 do
+  for i = 1, #held, 2 do
     local permits, at = held[i], held[i + 1]
     if at > now - budget.interval then
       budget.seq = budget.seq + 1
