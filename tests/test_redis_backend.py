@@ -166,6 +166,26 @@ async def test_state_keys_carry_a_ttl_of_two_intervals_and_config_none(
         assert key == keys.config or await redis.pttl(key) > 0, f"{key} has no TTL"
 
 
+async def test_a_grant_before_a_reservation_keeps_the_ttl_the_reservation_needs(
+    redis: Redis, prefix: str
+) -> None:
+    # A call that grants sets the TTL from its own grant and the TTL the keys already have:
+    # a reservation logged earlier may lie beyond the grant (its started grants handed back,
+    # a later request fits now), and the keys must outlive it by two intervals all the same.
+    backend = RedisBackend(redis, prefix=prefix)
+    keys = backend.keys("queued")
+    await RateLimiter("queued", backend).set_rate(RateType.OVERALL, 10, 20)
+    first = await backend.try_acquire("queued", 8)
+    reserved = await backend.try_acquire("queued", 5, max_wait_us=60_000_000)
+    assert isinstance(first, Grant) and isinstance(reserved, Grant)
+    assert reserved.starts_in > 19_000_000  # its slot: when the 8 leave the window
+    assert await backend.release("queued", 8, first.member) == 8
+    assert isinstance(await backend.try_acquire("queued", 1), Grant)  # now, before the reservation
+    for key in (keys.value, keys.permits):
+        # the reservation's start (~20 s from now) and two intervals: ~60 s, not ~40 s
+        assert await redis.pttl(key) > 59_000
+
+
 async def test_keep_alive_gives_the_config_a_ttl_that_each_grant_slides(
     redis: Redis, prefix: str
 ) -> None:

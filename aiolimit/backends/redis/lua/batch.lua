@@ -98,9 +98,14 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   return group
 end
 
-local function acquire(batch, config_key, value_key, permits_key, registry_key, request)
-  local permits, now_arg, max_wait, rate_type, client_id =
-    string.match(request, '^(%d+) (%S+) (%S+) (%S+) ?(.*)$')
+-- A request's fields (see above), as strings, from its text; `before` matches what precedes
+-- them (acquire_many's "<k> ", in the same match). nil when it is not a request.
+local REQUEST = '(%d+) (%S+) (%S+) (%S+) ?(.*)$'
+
+local function acquire(batch, config_key, value_key, permits_key, registry_key, permits, now_arg, max_wait, rate_type, client_id)
+  if not client_id then
+    error('aiolimit: a request is "<permits> <now> <max wait> <rate type> [<client id>]"')
+  end
   permits = tonumber(permits)
   max_wait = tonumber(max_wait)
   local config = batch.configs[config_key]
@@ -144,8 +149,8 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.
-local function try_acquire(batch, config_key, value_key, permits_key, registry_key, request)
-  local ok, reply = pcall(acquire, batch, config_key, value_key, permits_key, registry_key, request)
+local function try_acquire(batch, config_key, value_key, permits_key, registry_key, ...)
+  local ok, reply = pcall(acquire, batch, config_key, value_key, permits_key, registry_key, ...)
   if ok then
     return reply
   end

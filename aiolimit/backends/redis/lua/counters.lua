@@ -144,7 +144,7 @@ local function save_counters(group, rule, now)
     config.state = state
     redis.call('HSET', config.key, 'state', state)
   else
-    redis.call('SET', group.value_key, config.gen .. ' ' .. state, 'PX', ttl)
+    redis.call('SET', group.value_key, config.gen .. ' ' .. state, 'PX', fmt(ttl))
   end
   return ttl
 end

@@ -26,6 +26,9 @@
 local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
 local WALK_STEPS = 1000 -- log entries one wait computation may read
 local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget
+-- (the same bounds as the text a command takes: a number passed to redis.call is formatted
+-- again on every call)
+local WALK_LIMIT, RECLAIM_LIMIT = WALK_STEPS .. '', RECLAIM_STEPS .. ''
 local MAX_RATES = 8 -- rates one limiter applies at once
 local CONFIG_FIELDS = 32 -- fields a config hash may have (it has 3 to 15)
 
@@ -69,8 +72,25 @@ local function limiter_now(config, arg)
   return now
 end
 
+-- An integer as text. A batch formats the same few numbers again and again (its time, the
+-- window's start, permits, sequence numbers), and string.format is among the dearest calls
+-- a script makes: the texts are kept, at most FMT_MAX of them (loaded as a function library,
+-- from one call to the next: a cache of a pure function, emptied when full).
+local FMT, FMT_KEPT, FMT_MAX = {}, 0, 512
+
 local function fmt(n)
-  return string.format('%d', n)
+  local text = FMT[n]
+  if text then
+    return text
+  end
+  text = string.format('%d', n)
+  if n == n then -- (NaN is no table key)
+    if FMT_KEPT >= FMT_MAX then
+      FMT, FMT_KEPT = {}, 0
+    end
+    FMT[n], FMT_KEPT = text, FMT_KEPT + 1
+  end
+  return text
 end
 
 local function ms(us)

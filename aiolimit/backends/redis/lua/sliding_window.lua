@@ -74,13 +74,13 @@ local function reclaim(budget, window_start, write)
     return
   end
   local key = budget.permits_key
-  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(window_start), 'WITHSCORES', 'LIMIT', 0, RECLAIM_STEPS)
+  local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(window_start), 'WITHSCORES', 'LIMIT', '0', RECLAIM_LIMIT)
   if #expired == 0 then
     return
   end
   if #expired == 2 * RECLAIM_STEPS then
     -- Many expired: if the whole log has, drop it at once (UNLINK frees it off the main thread).
-    local newest = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+    local newest = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
     if tonumber(newest[2]) <= window_start then
       if write then
         hold(budget, budget.used, tonumber(newest[2]), budget.interval)
@@ -101,7 +101,7 @@ local function reclaim(budget, window_start, write)
   budget.used = budget.used - sum
   if write then
     budget.dirty = true
-    redis.call('ZREMRANGEBYRANK', key, 0, #expired / 2 - 1)
+    redis.call('ZREMRANGEBYRANK', key, '0', fmt(#expired / 2 - 1))
     local last = tonumber(expired[#expired])
     hold(budget, sum, last, budget.interval)
     if budget.cs and budget.cs <= last then
@@ -119,21 +119,36 @@ end
 -- grant, logged or held (a reservation may lie in the future): one interval for the log,
 -- the rest for set_rate to a longer interval (held.lua; not past keep_alive once the log
 -- has counted, nor past expire()'s end). Nothing left: gone. Returns the TTL in ms (0: gone).
+--
+-- A call that granted knows its own latest grant but not the log's newest (an earlier
+-- reservation may lie beyond it), and the keys' TTL already covers every grant logged before
+-- (every write gives them this TTL, and without keep_alive it only grows with the newest
+-- grant): the TTL is the longer of the two, read with PTTL rather than the log's newest entry.
 local function save_budget(budget, config, now)
-  local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
-  local last = with_held(budget, newest[2] and tonumber(newest[2]))
   local interval = budget.interval or config.interval
-  local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
-  if not (until_ and until_ > now) then
-    redis.call('DEL', budget.value_key)
-    return 0
+  local ttl, kept = nil, -1
+  if budget.latest and config.keep_alive == 0 then
+    kept = redis.call('PTTL', budget.value_key) -- (-2: no key, so the log is this call's)
   end
-  local ttl = ms(until_ - now)
+  if kept ~= -1 then
+    local last = with_held(budget, budget.latest)
+    ttl = math.max(ms(last + HELD_BUCKETS * interval - now), kept)
+  else
+    local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
+    local last = with_held(budget, newest[2] and tonumber(newest[2]))
+    local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
+    if not (until_ and until_ > now) then
+      redis.call('DEL', budget.value_key)
+      return 0
+    end
+    ttl = ms(until_ - now)
+  end
   if config.expires_at then
     ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
   end
-  redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', ttl)
-  redis.call('PEXPIRE', budget.permits_key, ttl)
+  local px = fmt(ttl)
+  redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', px)
+  redis.call('PEXPIRE', budget.permits_key, px)
   return ttl
 end
 
@@ -160,7 +175,7 @@ local function release_log(budget, wanted, member, now)
     return count
   end
   -- Reservations (grants starting in the future) belong to waiting callers.
-  local entries = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'WITHSCORES', 'LIMIT', 0, WALK_STEPS)
+  local entries = redis.call('ZREVRANGEBYSCORE', key, fmt(now), '-inf', 'WITHSCORES', 'LIMIT', '0', WALK_LIMIT)
   for i = 1, #entries, 2 do
     if count >= wanted then
       break
@@ -181,7 +196,7 @@ local function newest_start(group)
   local last
   for _, budget in ipairs(group.budgets) do
     if not budget.fresh then
-      local newest = redis.call('ZRANGE', budget.permits_key, -1, -1, 'WITHSCORES')
+      local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
       if #newest > 0 then
         last = math.max(last or tonumber(newest[2]), tonumber(newest[2]))
       end
