@@ -74,6 +74,19 @@ def source(lua: Path, names: list[str]) -> str:
     return "\n".join(file.read_text() for file in files if file.exists())
 
 
+def begin_call(lua: Path) -> str:
+    """What a call runs first, in the version ``lua``."""
+    if "local function begin_call()" in (lua / "lib.lua").read_text():
+        return "begin_call()"
+    return "server_now = nil"
+
+
+def script(lua: Path) -> str:
+    """acquire_many as an EVALSHA script, in the version ``lua``."""
+    prelude = source(lua, [*_scripts.LIBRARY, "batch"])
+    return f"{prelude}\n{begin_call(lua)}\n{source(lua, ['acquire_many'])}"
+
+
 def library(lua: Path, name: str) -> str:
     # (versions before functions read the global unpack at load, which FUNCTION LOAD refuses)
     prelude = source(lua, [*_scripts.LIBRARY, "batch"]).replace(
@@ -82,7 +95,7 @@ def library(lua: Path, name: str) -> str:
     body = source(lua, ["acquire_many"])
     return (
         f"#!lua name={name}\n{prelude}\nredis.register_function('{name}_acquire_many', "
-        f"function(KEYS, ARGV)\nserver_now = nil\n{body}\nend)\n"
+        f"function(KEYS, ARGV)\n{begin_call(lua)}\n{body}\nend)\n"
     )
 
 
@@ -164,7 +177,7 @@ def main() -> None:
         for k, lua in enumerate(dirs):
             variants[f"{lua} EVALSHA"] = (
                 "EVALSHA",
-                redis.script_load(source(lua, [*_scripts.LIBRARY, "batch", "acquire_many"])),
+                redis.script_load(script(lua)),
             )
             redis.function_load(library(lua, f"lua_cost_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_cost_{k}_acquire_many")

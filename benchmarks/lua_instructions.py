@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from lua_cost import configure, library, source
+from lua_cost import configure, library, script
 from redis import Redis
 
 import aiolimit
@@ -92,8 +92,7 @@ def main() -> None:
         )
         variants: dict[str, tuple[str, str]] = {}
         for k, lua in enumerate(dirs):
-            script = source(lua, [*_scripts.LIBRARY, "batch", "acquire_many"])
-            variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script))
+            variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script(lua)))
             redis.function_load(library(lua, f"lua_ir_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_ir_{k}_acquire_many")
         work = calls_of(args.limiters, args.batch, args.calls)

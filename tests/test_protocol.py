@@ -78,26 +78,43 @@ def test_lib_lua_lists_the_acquire_replies_in_the_formats_of_the_protocol() -> N
     assert REFUSED_FORMAT in listed
 
 
+def made_replies(source: str) -> list[str]:
+    """The replies lib.lua joins from fmt's texts (``local reply = '0 ' .. fmt(left) ..``, and
+    what is added to it), each as text with ``<name>`` for every number."""
+    def text(expression: str) -> str:
+        parts = re.findall(r"'([^']*)'|fmt\((\w+)\)|(\w+)", expression)
+        return "".join(literal or f"<{number or name}>" for literal, number, name in parts)
+
+    made = re.search(r"local reply = ((?:.|\n\s+\.\.)*)", source)
+    if not made:
+        return []
+    reply = text(made[1])
+    added = re.findall(r"return reply \.\. (.*)", source)
+    return [reply, *(reply + text(more) for more in added)]
+
+
 @pytest.mark.parametrize(("said", "stated"), [("0", GRANTED_FORMAT), ("1", REFUSED_FORMAT)])
 def test_batch_lua_formats_each_acquire_reply_with_the_fields_of_the_protocol(
     said: str, stated: str
 ) -> None:
-    """Every string.format batch.lua answers a request with has one field per field of the
-    format (the optional one counted where it is sent)."""
-    # (a format may be a constant of lib.lua's, as GRANTED is)
-    formats = re.findall(
-        rf"(?:string\.format\(|^local [A-Z_]+ = )'{said} ([^']*)'", lua("lib"), re.M
-    )
-    assert formats, f"lib.lua no longer answers '{said} ...' with string.format"
+    """Every reply lib.lua and batch.lua answer a request with, by string.format (bound as
+    ``format``) or joined from fmt's texts, has one field per field of the protocol's format
+    (the optional one counted where it is sent)."""
+    source = lua("lib") + lua("batch")
+    formats = re.findall(rf"\bformat\('{said} ([^']*)'", source)
+    formats += [reply[len(said) + 1 :] for reply in made_replies(source) if reply.startswith(said)]
+    assert formats, f"lib.lua no longer answers '{said} ...'"
     required = len(re.findall(r"(?<!\[)<[^>]*>(?!\])", stated))
     for made in formats:
         assert len(made.split(" ")) in (required, required + stated.count("[")), made
+    if said == "0":  # the member: permits, start and tag, as _protocol reads it
+        assert {made.split(" ")[4] for made in formats} == {"<permits>:<start>:<tag>"}
 
 
 def returned_codes(source: str) -> set[int]:
     """Every code a script returns: the first number of a reply string or table."""
     strings = re.findall(
-        r"(?:return|local reply =|^local GRANTED =) (?:string\.format\()?'(-?\d+)[ ']", source, re.M
+        r"(?:return|local reply =) (?:format\()?'(-?\d+)[ ']", source, re.M
     )
     tables = re.findall(r"return \{ (-?\d+)[ ,}]", source)
     return {int(code) for code in strings + tables}
@@ -114,7 +131,7 @@ def test_the_grant_member_is_formatted_and_parsed_as_lib_lua_does() -> None:
     assert made, "lib.lua no longer makes a grant's member as fmt(permits) .. ':' .. seq"
     assert format_member(2, 7) == f"2{made[1]}7"
     read = re.search(
-        r"member_permits\(member\)\s+return tonumber\(string\.match\(member, '\^"
+        r"member_permits\(member\)\s+return tonumber\(match\(member, '\^"
         r"\(%d\+\)([^']*)'\)\)",
         lua("lib"),
     )

@@ -54,7 +54,7 @@ def register(operation: str, prelude: tuple[str, ...]) -> str:
 @cache
 def library() -> str:
     """The library's code for ``FUNCTION LOAD``: every prelude file once, in order, then one
-    function per operation. ``server_now`` (lib.lua) is read once per call: reset per call."""
+    function per operation, which starts with lib.lua's ``begin_call()``."""
     files: list[str] = []
     for _, prelude in _operations:
         files += [name for name in prelude if name not in files]
@@ -62,6 +62,6 @@ def library() -> str:
     for operation, _ in _operations:
         parts.append(
             f"redis.register_function('{function_name(operation)}', function(KEYS, ARGV)\n"
-            f"server_now = nil\n{_lua(operation)}\nend)"
+            f"begin_call()\n{_lua(operation)}\nend)"
         )
     return "\n".join(parts) + "\n"

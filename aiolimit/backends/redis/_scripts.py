@@ -49,7 +49,8 @@ def lua_source(*names: str) -> str:
 
 
 class Script(Generic[R]):
-    """One operation's Lua, ``LIBRARY`` + ``uses`` + ``<name>.lua``: run with EVALSHA, or EVAL
+    """One operation's Lua, ``LIBRARY`` + ``uses`` + lib.lua's ``begin_call()`` + ``<name>.lua``:
+    run with EVALSHA, or EVAL
     to load it. ``decode`` turns its reply into ``R``. Every script is safe to send again
     (``resend``): where a call ran and only its reply was lost, the second admits no more than
     one call would (each says why where it is defined below)."""
@@ -67,7 +68,7 @@ class Script(Generic[R]):
         batch: Batch | None = None,
     ) -> None:
         self.name = name
-        self.source = lua_source(*LIBRARY, *uses, name)
+        self.source = f"{lua_source(*LIBRARY, *uses)}\nbegin_call()\n{lua_source(name)}"
         self.sha = hashlib.sha1(self.source.encode()).hexdigest()
         # Its function in the library of every script, for servers that have Redis Functions.
         self.function: str | None = _functions.register(name, (*LIBRARY, *uses))

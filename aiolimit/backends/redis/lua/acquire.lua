@@ -10,6 +10,6 @@
 -- Returns the reply string described at `acquire` in lib.lua.
 
 local batch = new_batch()
-local reply = try_acquire(batch, KEYS[1], KEYS[2], KEYS[3], KEYS[4], string.match(ARGV[1] or '', '^' .. REQUEST))
+local reply = try_acquire(batch, KEYS[1], KEYS[2], KEYS[3], KEYS[4], match(ARGV[1] or '', '^' .. REQUEST))
 close_batch(batch)
 return reply

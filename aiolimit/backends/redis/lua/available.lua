@@ -18,6 +18,6 @@ local group = load_group(config, KEYS[2], KEYS[3], false)
 group.algorithm.reclaim(group, now, false)
 local left = group.algorithm.left(group, now)
 if (config.spacing > 0 or config.blocked_until) and earliest(group, 1, now) > now then
-  left = math.min(left, 0) -- the spacing or a block holds the next grant back
+  left = min(left, 0) -- the spacing or a block holds the next grant back
 end
 return { 0, left }

@@ -59,11 +59,11 @@ local function close_group(batch, group)
       batch.registry_order[#batch.registry_order + 1] = group.registry_key
     end
     -- (with clock='client' the groups of one call may act at different times: the latest)
-    registry.now = math.max(registry.now, now)
-    registry.ttl = math.max(registry.ttl, ttl + ms(config.longest))
+    registry.now = max(registry.now, now)
+    registry.ttl = max(registry.ttl, ttl + ms(config.longest))
   end
   if config.keep_alive > 0 and not config.expires_at then
-    redis.call('PEXPIRE', group.config_key, math.max(ms(config.keep_alive), ttl))
+    redis.call('PEXPIRE', config.key, max(ms(config.keep_alive), ttl))
   end
 end
 
@@ -92,7 +92,7 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   group = load_group(config, value_key, permits_key, true)
   group.algorithm.reclaim(group, now, true)
   group.now = now
-  group.config_key, group.registry_key = config_key, registry_key
+  group.registry_key = registry_key
   batch.groups[value_key] = group
   table.insert(batch.order, group)
   return group
@@ -106,8 +106,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if not client_id then
     error('aiolimit: a request is "<permits> <now> <max wait> <rate type> [<client id>]"')
   end
-  permits = tonumber(permits)
-  max_wait = tonumber(max_wait)
+  permits, max_wait = permits + 0, max_wait + 0 -- (+ 0: see `fmt` in lib.lua)
   local config = batch.configs[config_key]
   if config == nil then
     config = load_config(config_key) or false
@@ -132,20 +131,18 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   local algorithm, delay = group.algorithm, start - now
   if delay > 0 and max_wait >= 0 and delay > max_wait then
     local left, binding = algorithm.left(group, now)
-    return string.format('1 %d %d %d %d', delay, left, binding - 1, now)
+    return format('1 %d %d %d %d', delay, left, binding - 1, now)
   end
 
   -- Nothing below can fail: the grant, and the state that counts it, are written together.
   local tag = algorithm.commit(group, permits, start)
-  group.latest = math.max(group.latest or start, start)
+  group.latest = max(group.latest or start, start)
   if config.type == 'PER_CLIENT' then
     group.client_id = client_id
   end
   local left, binding = algorithm.left(group, now)
-  if config.blocked_until then -- this limiter has been blocked: see block.lua
-    return string.format(GRANTED_BLOCKED, left, binding - 1, start, delay, permits, start, tag, config.blocked_until)
-  end
-  return string.format(GRANTED, left, binding - 1, start, delay, permits, start, tag)
+  -- (config.blocked_until: this limiter has been blocked, see block.lua)
+  return granted(left, binding - 1, start, delay, permits, tag, config.blocked_until)
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.

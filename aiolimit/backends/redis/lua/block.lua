@@ -21,7 +21,7 @@ if ARGV[1] == 'clear' then
   redis.call('HDEL', KEYS[1], 'blocked_until')
 elseif ARGV[1] ~= '-' then
   save_clock(config)
-  blocked_until = math.max(blocked_until, now + tonumber(ARGV[1]))
+  blocked_until = max(blocked_until, now + tonumber(ARGV[1]))
   redis.call('HSET', KEYS[1], 'blocked_until', fmt(blocked_until))
 end
-return { 0, math.max(blocked_until - now, 0) }
+return { 0, max(blocked_until - now, 0) }

@@ -53,13 +53,13 @@ local function load_counters(group, rule, write)
     -- rates, or more than its numbers, or of earlier rates, takes the general way below.)
     local gen, last, a, b, tail = config.gen, nil, nil, nil, nil
     if at == 1 then
-      last, a, b, tail = string.match(raw, '^(%S+) (%-?%d+) (%-?%d+)(.*)$')
+      last, a, b, tail = match(raw, '^(%S+) (%-?%d+) (%-?%d+)(.*)$')
     else
-      gen, last, a, b, tail = string.match(raw, '^(%S+) (%S+) (%-?%d+) (%-?%d+)(.*)$')
+      gen, last, a, b, tail = match(raw, '^(%S+) (%S+) (%-?%d+) (%-?%d+)(.*)$')
     end
     if a and gen == config.gen and (tail == '' or string.sub(tail, 1, 2) == ' ~') then
       group.fresh, group.last = false, tonumber(last)
-      n[1], n[2] = rule.loaded(rates[1], tonumber(a), tonumber(b))
+      n[1], n[2] = rule.loaded(rates[1], a + 0, b + 0)
       if tail ~= '' then
         group.tail = tail
       end
@@ -112,7 +112,7 @@ local function save_counters(group, rule, now)
   local until_ = group.last and (group.last + config.spacing) or 0
   local rates = config.rates
   for i = 1, #rates do
-    until_ = math.max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
+    until_ = max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
   end
   if until_ <= now then
     drop_counters(group)
@@ -120,15 +120,15 @@ local function save_counters(group, rule, now)
   end
   local ttl = ms(until_ - now)
   if config.expires_at then
-    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
+    ttl = max(min(ttl, ms(config.expires_at - now)), 1)
   end
   -- The latest start is kept only where a later request needs it: with several rates (for
   -- FIFO) or a spacing; one rate keeps its requests in order by itself. (A short value is
   -- stored by Redis in one allocation.)
   local keep_last = group.last and (#config.rates > 1 or config.spacing > 0)
   local state
-  if #n == 2 then -- one rate: one format call
-    state = keep_last and string.format('%d %d %d', group.last, n[1], n[2]) or string.format('- %d %d', n[1], n[2])
+  if #n == 2 then -- one rate: one concatenation
+    state = (keep_last and fmt(group.last) or '-') .. ' ' .. fmt(n[1]) .. ' ' .. fmt(n[2])
   else
     local fields = { keep_last and fmt(group.last) or '-' }
     for i, number in ipairs(n) do
@@ -173,7 +173,7 @@ local function counters(rule)
   function algorithm.start(group, permits, now)
     local start, rates, n = now, group.config.rates, group.n
     for i = 1, #rates do
-      start = math.max(start, rule.start(rates[i], n[2 * i - 1], n[2 * i], permits, now))
+      start = max(start, rule.start(rates[i], n[2 * i - 1], n[2 * i], permits, now))
     end
     return start
   end
@@ -182,7 +182,7 @@ local function counters(rule)
   end
   function algorithm.commit(group, permits, start)
     local rates, n = group.config.rates, group.n
-    group.last = math.max(group.last or start, start)
+    group.last = max(group.last or start, start)
     for i = 1, #rates do
       n[2 * i - 1], n[2 * i] = rule.take(rates[i], n[2 * i - 1], n[2 * i], permits, start)
     end
@@ -203,7 +203,7 @@ local function counters(rule)
     for i = 1, #rates do
       local count
       count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], wanted, start, now)
-      released = math.max(released, count)
+      released = max(released, count)
     end
     if released > 0 then
       group.dirty = true

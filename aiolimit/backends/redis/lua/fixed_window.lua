@@ -9,7 +9,7 @@
 
 -- The number of the window that ends at `window_end` (-1: none yet).
 local function window_of(r, window_end)
-  return math.floor((window_end - 1) / r.interval)
+  return floor((window_end - 1) / r.interval)
 end
 
 local fixed = counters({
@@ -17,12 +17,12 @@ local fixed = counters({
     return window_end, count
   end,
   left = function(r, window_end, count, now)
-    local window, current = window_of(r, window_end), math.floor(now / r.interval)
+    local window, current = window_of(r, window_end), floor(now / r.interval)
     return window < current and r.rate or (window == current and r.rate - count or 0)
   end,
   start = function(r, window_end, count, permits, now)
     local window = window_of(r, window_end)
-    if window < math.floor(now / r.interval) then
+    if window < floor(now / r.interval) then
       return now
     end
     if count + permits <= r.rate then
@@ -31,7 +31,7 @@ local fixed = counters({
     return (window + 1) * r.interval
   end,
   take = function(r, window_end, count, permits, start)
-    local window = math.floor(start / r.interval)
+    local window = floor(start / r.interval)
     if window == window_of(r, window_end) then
       count = count + permits
     else
@@ -50,10 +50,10 @@ local fixed = counters({
   release = function(r, window_end, count, wanted, start, now)
     -- Only the latest window's count is kept: a grant there (or, without a member, in the
     -- current window when nothing is reserved ahead) can go back.
-    if math.floor((start or now) / r.interval) ~= window_of(r, window_end) then
+    if floor((start or now) / r.interval) ~= window_of(r, window_end) then
       return 0, window_end, count
     end
-    local back = math.min(wanted, count)
+    local back = min(wanted, count)
     return back, window_end, count - back
   end,
 })
@@ -90,7 +90,7 @@ end
 local function hold_windows(group, start)
   local n, held = group.n, group.held
   for i, r in ipairs(group.config.rates) do
-    if n[2 * i] > 0 and math.floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
+    if n[2 * i] > 0 and floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
       local first, count = nil, 0
       for j, entry in ipairs(held) do
         if entry[1] == i then
@@ -118,8 +118,8 @@ function fixed.load(group, write)
     -- whose newest earlier window (the last entry: the least `ago`) lies before its latest
     -- window: none counts into it, and the tail stays as it is (group.held nil) unless a
     -- grant starts another window (commit).
-    local ago = string.match(tail, '^ ~1:%d+:(%d+)$')
-      or string.match(tail, '^ ~1:%d+:%d+ ~1:%d+:(%d+)$')
+    local ago = match(tail, '^ ~1:%d+:(%d+)$')
+      or match(tail, '^ ~1:%d+:%d+ ~1:%d+:(%d+)$')
     local latest = group.n[1]
     ago = tonumber(ago)
     if ago and window_of(rates[1], latest - ago) < window_of(rates[1], latest) then
@@ -133,7 +133,7 @@ end
 function fixed.commit(group, permits, start)
   if not group.held then
     local r = group.config.rates[1]
-    if math.floor(start / r.interval) == window_of(r, group.n[1]) then
+    if floor(start / r.interval) == window_of(r, group.n[1]) then
       return commit(group, permits, start) -- the same window: the tail's `ago`s still hold
     end
     load_windows(group) -- (counts nothing in: see load)
@@ -147,7 +147,7 @@ function fixed.save(group, now)
     local parts, n = {}, group.n
     for j, entry in ipairs(group.held) do
       local i = entry[1]
-      parts[j] = string.format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
+      parts[j] = format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
     end
     group.tail = #parts > 0 and table.concat(parts) or nil
   end

@@ -14,7 +14,7 @@ local HELD_BUCKETS = 2
 -- that long after its last call once the grants have stopped counting: so no longer.
 local function kept_until(config, counts, horizon, now)
   if config.keep_alive > 0 then
-    return math.min(horizon, math.max(counts, now + config.keep_alive))
+    return min(horizon, max(counts, now + config.keep_alive))
   end
   return horizon
 end
@@ -30,13 +30,13 @@ local function parse_held(raw)
   end
   local value = string.sub(raw, 1, at - 1)
   -- What this file writes: one or two entries, each read with one match.
-  local p1, a1, p2, a2 = string.match(raw, '^ ~(%d+):(%-?%d+) ~(%d+):(%-?%d+)$', at)
+  local p1, a1, p2, a2 = match(raw, '^ ~(%d+):(%-?%d+) ~(%d+):(%-?%d+)$', at)
   if p1 then
-    return value, { tonumber(p1), tonumber(a1), tonumber(p2), tonumber(a2) }
+    return value, { p1 + 0, a1 + 0, p2 + 0, a2 + 0 }
   end
-  p1, a1 = string.match(raw, '^ ~(%d+):(%-?%d+)$', at)
+  p1, a1 = match(raw, '^ ~(%d+):(%-?%d+)$', at)
   if p1 then
-    return value, { tonumber(p1), tonumber(a1) }
+    return value, { p1 + 0, a1 + 0 }
   end
   local held = {}
   for permits, start in string.gmatch(string.sub(raw, at), ' ~(%d+):(%-?%d+)') do
@@ -52,13 +52,13 @@ local function format_held(held)
   if n == 0 then
     return ''
   elseif n == 2 then
-    return string.format(' ~%d:%d', held[1], held[2])
+    return format(' ~%d:%d', held[1], held[2])
   elseif n == 4 then
-    return string.format(' ~%d:%d ~%d:%d', held[1], held[2], held[3], held[4])
+    return format(' ~%d:%d ~%d:%d', held[1], held[2], held[3], held[4])
   end
   local parts = {}
   for i = 1, n, 2 do
-    parts[#parts + 1] = string.format(' ~%d:%d', held[i], held[i + 1])
+    parts[#parts + 1] = format(' ~%d:%d', held[i], held[i + 1])
   end
   return table.concat(parts)
 end
@@ -79,8 +79,8 @@ local function hold(budget, permits, at, interval)
   end
   local held = budget.held
   local n = #held
-  if n > 0 and math.floor(held[n] / interval) == math.floor(at / interval) then
-    held[n - 1], held[n] = held[n - 1] + permits, math.max(held[n], at)
+  if n > 0 and floor(held[n] / interval) == floor(at / interval) then
+    held[n - 1], held[n] = held[n - 1] + permits, max(held[n], at)
     return
   end
   held[n + 1], held[n + 2] = permits, at

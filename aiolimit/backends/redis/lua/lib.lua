@@ -34,6 +34,19 @@ local CONFIG_FIELDS = 32 -- fields a config hash may have (it has 3 to 15)
 
 local server_now -- read once per script call
 
+-- The standard functions a request calls most, as upvalues: a global is two table reads away
+-- (the globals, then string or math). A function library is loaded where the standard
+-- libraries cannot be reached yet, so they are bound as each call starts.
+local format, match, max, min, floor, ceil
+
+-- What every script call runs first (_scripts, _functions): forgets the last call's TIME and
+-- binds the functions above.
+local function begin_call()
+  server_now = nil
+  format, match = string.format, string.match
+  max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
+end
+
 -- The algorithms a config may name (docs/algorithms.md), each a table of the functions
 -- below ("groups"), filled in by its own file.
 local ALGORITHMS = {}
@@ -72,6 +85,9 @@ local function limiter_now(config, arg)
   return now
 end
 
+-- (And the other way: a number a pattern captured, or a score Redis replied, is read with
+-- `text + 0`, one conversion; tonumber converts a string twice, once to check it.)
+--
 -- An integer as text. A batch formats the same few numbers again and again (its time, the
 -- window's start, permits, sequence numbers), and string.format is among the dearest calls
 -- a script makes: the texts are kept, at most FMT_MAX of them (loaded as a function library,
@@ -83,7 +99,7 @@ local function fmt(n)
   if text then
     return text
   end
-  text = string.format('%d', n)
+  text = format('%d', n)
   if n == n then -- (NaN is no table key)
     if FMT_KEPT >= FMT_MAX then
       FMT, FMT_KEPT = {}, 0
@@ -94,26 +110,34 @@ local function fmt(n)
 end
 
 local function ms(us)
-  return math.ceil(us / 1000)
+  return ceil(us / 1000)
 end
 
 local function member_permits(member)
-  return tonumber(string.match(member, '^(%d+):'))
+  return tonumber(match(member, '^(%d+):'))
 end
 
 local function member_id(member)
-  return string.match(member, '^%d+:(.*)$')
+  return match(member, '^%d+:(.*)$')
 end
 
 -- The reply to a granted request (batch.lua's `acquire`), with the member the grant is handed
 -- back by in it: "<permits>:<start>:<tag>", the tag telling it from the budget's other grants
--- that start then (_protocol.format_grant). One string.format makes both.
-local GRANTED = '0 %d %d %d %d %d:%d:%d'
-local GRANTED_BLOCKED = GRANTED .. ' %d'
+-- that start then (_protocol.format_grant); with the end of the limiter's latest block when
+-- it has one. Joined from fmt's texts, which a batch mostly finds made (its time, permits,
+-- no delay): a string.format costs about as much per number as the rest of a grant's Lua.
+local function granted(left, binding, start, delay, permits, tag, blocked_until)
+  local reply = '0 ' .. fmt(left) .. ' ' .. fmt(binding) .. ' ' .. fmt(start) .. ' ' .. fmt(delay) .. ' '
+    .. fmt(permits) .. ':' .. fmt(start) .. ':' .. fmt(tag)
+  if blocked_until then
+    return reply .. ' ' .. fmt(blocked_until)
+  end
+  return reply
+end
 
 -- permits, start, tag of a grant's member (nil when it is not one).
 local function parse_grant(member)
-  local permits, start, tag = string.match(member, '^(%d+):(%d+):(%-?%d+)$')
+  local permits, start, tag = match(member, '^(%d+):(%d+):(%-?%d+)$')
   return tonumber(permits), tonumber(start), tonumber(tag)
 end
 
@@ -123,7 +147,7 @@ local function error_text(e)
     e = e.err or 'error'
   end
   e = string.gsub(tostring(e), '%s+', ' ')
-  return string.match(e, 'aiolimit: (.*)$') or e
+  return match(e, 'aiolimit: (.*)$') or e
 end
 
 -- Every rate of a config as {rate, interval}, the first the one in 'rate' and 'interval'
@@ -149,7 +173,7 @@ local function config_rates(stored, rate, interval)
     for p, i in string.gmatch(stored, '(%d+):(%d+)') do
       p, i = tonumber(p), tonumber(i)
       rates[#rates + 1] = { rate = p, interval = i }
-      rates.max_permits, rates.longest = math.min(rates.max_permits, p), math.max(rates.longest, i)
+      rates.max_permits, rates.longest = min(rates.max_permits, p), max(rates.longest, i)
     end
   else
     rates[1] = { rate = rates.rate, interval = rates.interval }
@@ -179,16 +203,14 @@ local function load_config(config_key)
   elseif #c > 2 * CONFIG_FIELDS then -- (bounds the loop below: a config has fewer)
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
   end
+  -- The fields a config rarely has are not named (nil: none), so that the table is no bigger
+  -- than most configs need: 'epochs' (token_bucket.lua), 'expires_at' (set by expire(): when
+  -- the whole limiter disappears; no state may outlive it), 'clock' (the latest
+  -- client-supplied time this limiter has acted on, clock='client' only) and
+  -- 'blocked_until' (set by block(): no grant starts before it).
   local config = {
-    key = config_key, rate = false, interval = false, type = false, epochs = false,
-    keep_alive = 0,
-    -- set by expire(): when the whole limiter disappears; no state may outlive it
-    expires_at = false,
-    -- the latest client-supplied time this limiter has acted on (clock='client' only)
-    clock = false, clock_moved = false,
-    gen = '-', algorithm = 'SLIDING_WINDOW', rates = false, spacing = 0,
-    -- set by block(): no grant starts before it
-    blocked_until = false,
+    key = config_key, rate = false, interval = false, type = false, keep_alive = 0,
+    clock_moved = false, gen = '-', algorithm = 'SLIDING_WINDOW', rates = false, spacing = 0,
     -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
     state = false,
     in_hash = false, max_permits = false, longest = false,
@@ -210,9 +232,15 @@ local function load_config(config_key)
   if config.spacing ~= 0 then
     config.spacing = tonumber(config.spacing)
   end
-  config.expires_at = config.expires_at and tonumber(config.expires_at)
-  config.clock = config.clock and tonumber(config.clock)
-  config.blocked_until = config.blocked_until and tonumber(config.blocked_until)
+  if config.expires_at then
+    config.expires_at = tonumber(config.expires_at)
+  end
+  if config.clock then
+    config.clock = tonumber(config.clock)
+  end
+  if config.blocked_until then
+    config.blocked_until = tonumber(config.blocked_until)
+  end
   if not (rates and config.keep_alive and config.type and config.spacing and ALGORITHMS[config.algorithm]) then
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
   end
@@ -246,7 +274,7 @@ end
 -- expire() set.
 local function extend_registry(registry_key, ttl, config, now)
   if config.expires_at then
-    ttl = math.min(ttl, math.max(ms(config.expires_at - now), 1))
+    ttl = min(ttl, max(ms(config.expires_at - now), 1))
   end
   local current = redis.call('PTTL', registry_key)
   if current < ttl then -- (-1: no TTL, -2: no key)
@@ -309,7 +337,7 @@ local function load_group(config, value_key, permits_key, write)
     algorithm = ALGORITHMS[config.algorithm],
     fresh = false, dirty = false, n = false, last = false, tail = false, held = false, budgets = false,
     -- (batch.lua's)
-    now = false, config_key = false, registry_key = false, latest = false, client_id = false,
+    now = false, registry_key = false, latest = false, client_id = false,
     closed = false,
   }
   group.algorithm.load(group, write)
@@ -326,10 +354,10 @@ local function earliest(group, permits, now)
   end
   local last = group.algorithm.latest(group)
   if last then
-    start = math.max(start, last + config.spacing)
+    start = max(start, last + config.spacing)
   end
   if config.blocked_until then
-    start = math.max(start, config.blocked_until)
+    start = max(start, config.blocked_until)
   end
   return start
 end

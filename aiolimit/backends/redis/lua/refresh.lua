@@ -16,7 +16,7 @@ end
 local now = now_us(ARGV[1])
 local longest = 0
 for i = 2, #ARGV do
-  longest = math.max(longest, refresh_group(KEYS[2 * i - 1], KEYS[2 * i], config, now))
+  longest = max(longest, refresh_group(KEYS[2 * i - 1], KEYS[2 * i], config, now))
 end
 if longest > 0 then
   extend_registry(KEYS[2], longest + ms(config.longest), config, now)

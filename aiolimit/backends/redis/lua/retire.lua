@@ -16,7 +16,7 @@ local live = config and config.gen ~= '-' and split_gen(config.gen)
 for i, id in ipairs(ARGV) do
   local value_key, permits_key = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local raw = redis.call('GET', value_key)
-  if not (live and raw and split_gen(string.match(raw, '^%S*')) == live) then
+  if not (live and raw and split_gen(match(raw, '^%S*')) == live) then
     redis.call('UNLINK', unpack(all_rate_keys(KEYS[1], value_key, permits_key)))
   end
   redis.call('ZREM', KEYS[2], id)

@@ -140,7 +140,7 @@ if keep then
   -- A longer interval: the clients' state must live longer.
   local old_longest = tonumber(old[3] or '0')
   for _, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
-    old_longest = math.max(old_longest, tonumber(i))
+    old_longest = max(old_longest, tonumber(i))
   end
   if old[3] and config.longest > old_longest and redis.call('EXISTS', KEYS[4]) == 1 then
     follow = 1

@@ -49,13 +49,13 @@ local function walk_forward(budget, need)
       end
       return found
     end
-    size = math.min(size * 4, WALK_STEPS - steps + 1)
+    size = min(size * 4, WALK_STEPS - steps + 1)
   end
   if found then
     return found
   end
   -- Out of steps: with at least one permit per entry, `need` is reached at most this far on.
-  local at = math.min(rank - 1 + need - prefix, redis.call('ZCARD', key) - 1)
+  local at = min(rank - 1 + need - prefix, redis.call('ZCARD', key) - 1)
   local entry = redis.call('ZRANGE', key, at, at, 'WITHSCORES')
   return tonumber(entry[2])
 end
@@ -95,7 +95,7 @@ local function walk_back(budget, need)
       return answer
     end
     offset = offset + size
-    size = math.min(size * 4, WALK_STEPS - steps + 1)
+    size = min(size * 4, WALK_STEPS - steps + 1)
   end
   -- Out of steps: the group being read holds `need` too, but it may not be the oldest.
   return group_score or answer
@@ -112,5 +112,5 @@ local function wait_for(budget, need, interval, now)
   if not at then
     return interval -- the log holds fewer permits than `used` says: it was tampered with
   end
-  return math.max(at + interval - now, 1)
+  return max(at + interval - now, 1)
 end

@@ -22,15 +22,15 @@ local function load_budget(value_key, permits_key, config, write)
   local held
   if raw then
     raw, held = parse_held(raw) -- (held.lua)
-    local gen, used, seq, cursor = string.match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
+    local gen, used, seq, cursor = match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
     if not gen then
       error('aiolimit: the state in ' .. value_key .. ' is not aiolimit state; delete() the limiter')
     end
     if gen == config.gen then
-      budget.used, budget.seq, budget.held = tonumber(used), tonumber(seq), held
+      budget.used, budget.seq, budget.held = used + 0, seq + 0, held
       local cs, cp, cg
       if cursor ~= '-' then
-        cs, cp, cg = string.match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
+        cs, cp, cg = match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
       end
       if cs then
         budget.cs, budget.cp, budget.cg = tonumber(cs), tonumber(cp), tonumber(cg)
@@ -51,9 +51,9 @@ end
 local function encode_budget(budget, gen)
   local held = format_held(budget.held)
   if budget.cs then
-    return string.format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
+    return format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
   end
-  return string.format('%s %d %d -%s', gen, budget.used, budget.seq, held)
+  return format('%s %d %d -%s', gen, budget.used, budget.seq, held)
 end
 
 -- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
@@ -102,7 +102,7 @@ local function reclaim(budget, window_start, write)
   if write then
     budget.dirty = true
     redis.call('ZREMRANGEBYRANK', key, '0', fmt(#expired / 2 - 1))
-    local last = tonumber(expired[#expired])
+    local last = expired[#expired] + 0
     hold(budget, sum, last, budget.interval)
     if budget.cs and budget.cs <= last then
       budget.cs = nil
@@ -132,7 +132,7 @@ local function save_budget(budget, config, now)
   end
   if kept ~= -1 then
     local last = with_held(budget, budget.latest)
-    ttl = math.max(ms(last + HELD_BUCKETS * interval - now), kept)
+    ttl = max(ms(last + HELD_BUCKETS * interval - now), kept)
   else
     local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
     local last = with_held(budget, newest[2] and tonumber(newest[2]))
@@ -144,7 +144,7 @@ local function save_budget(budget, config, now)
     ttl = ms(until_ - now)
   end
   if config.expires_at then
-    ttl = math.max(math.min(ttl, ms(config.expires_at - now)), 1)
+    ttl = max(min(ttl, ms(config.expires_at - now)), 1)
   end
   local px = fmt(ttl)
   redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', px)
@@ -182,7 +182,7 @@ local function release_log(budget, wanted, member, now)
     end
     local m, score = entries[i], tonumber(entries[i + 1])
     local permits = member_permits(m)
-    local rest = permits - math.min(permits, wanted - count)
+    local rest = permits - min(permits, wanted - count)
     take(m, score, permits - rest)
     if rest > 0 then
       redis.call('ZADD', key, fmt(score), fmt(rest) .. ':' .. member_id(m))
@@ -198,7 +198,7 @@ local function newest_start(group)
     if not budget.fresh then
       local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
       if #newest > 0 then
-        last = math.max(last or tonumber(newest[2]), tonumber(newest[2]))
+        last = max(last or tonumber(newest[2]), tonumber(newest[2]))
       end
     end
   end
@@ -255,7 +255,7 @@ function sliding.start(group, permits, now)
     end
     if budget.rate - budget.used < permits and not budget.fresh then
       local need = permits - (budget.rate - (budget.logged or budget.used))
-      start = math.max(start, now + wait_for(budget, need, budget.interval, now))
+      start = max(start, now + wait_for(budget, need, budget.interval, now))
     end
   end
   return start
@@ -271,7 +271,7 @@ end
 function sliding.commit(group, permits, start)
   local seq = 0
   for _, budget in ipairs(group.budgets) do
-    seq = math.max(seq, budget.seq)
+    seq = max(seq, budget.seq)
   end
   seq = seq + 1
   local logged = fmt(permits) .. ':' .. fmt(seq)
@@ -280,7 +280,7 @@ function sliding.commit(group, permits, start)
     budget.seq, budget.fresh = seq, nil
     budget.used = budget.used + permits
     cursor_moved(budget, start, permits)
-    budget.latest = math.max(budget.latest or start, start)
+    budget.latest = max(budget.latest or start, start)
   end
   return seq
 end
@@ -295,7 +295,7 @@ function sliding.save(group, now)
   local longest = 0
   for _, budget in ipairs(group.budgets) do
     if budget.latest or budget.dirty then
-      longest = math.max(longest, save_budget(budget, group.config, now))
+      longest = max(longest, save_budget(budget, group.config, now))
     end
   end
   return longest
@@ -309,7 +309,7 @@ function sliding.release(group, wanted, member, now)
       budget.used = budget.used - count
       budget.dirty = true
     end
-    released = math.max(released, count)
+    released = max(released, count)
   end
   return released
 end

@@ -7,12 +7,12 @@
 -- microseconds and the rest in 1/rate of a microsecond. (Past 2^53 a product is not exact
 -- in a double: the cost is then rounded up to whole microseconds, never down.)
 local function cost(r, n)
-  local q = math.floor(r.interval / r.rate)
+  local q = floor(r.interval / r.rate)
   local rest = n * (r.interval - q * r.rate)
   if rest >= MAX_EXACT then
-    return n * q + math.ceil(rest / r.rate), 0
+    return n * q + ceil(rest / r.rate), 0
   end
-  local whole = math.floor(rest / r.rate)
+  local whole = floor(rest / r.rate)
   return n * q + whole, rest - whole * r.rate
 end
 
@@ -36,11 +36,11 @@ local function refilled_since(r, permits, start, now)
   if now - start >= r.interval then
     return permits
   end
-  local back = math.floor((now - start) * r.rate / r.interval)
+  local back = floor((now - start) * r.rate / r.interval)
   if back < permits and cost(r, back + 1) <= now - start then
     back = back + 1 -- (the product in doubles may round down)
   end
-  return math.min(back, permits)
+  return min(back, permits)
 end
 
 -- set_rate with keep_state: a bucket keeps the tokens missing from it at the change (`at`),
@@ -49,7 +49,7 @@ end
 local function converted(was, r, tat, frac, at)
   local due = tat - at + (frac > 0 and 1 or 0)
   if due > 0 and (was.rate ~= r.rate or was.interval ~= r.interval) then
-    return at + math.ceil(due * was.rate * r.interval / (was.interval * r.rate)), 0
+    return at + ceil(due * was.rate * r.interval / (was.interval * r.rate)), 0
   end
   return tat, frac
 end
@@ -64,7 +64,7 @@ local EPOCHS_KEPT = 4
 
 -- The base generation and the rates epoch of a generation.
 local function split_gen(gen)
-  local base, epoch = string.match(gen, '^(.-)%.(%d+)$')
+  local base, epoch = match(gen, '^(.-)%.(%d+)$')
   if base then
     return base, tonumber(epoch)
   end
@@ -124,7 +124,7 @@ ALGORITHMS.TOKEN_BUCKET = counters({
     if tat < now or (tat == now and frac == 0) then
       return r.rate
     end
-    return math.floor(((r.interval - (tat - now)) * r.rate - frac) / r.interval)
+    return floor(((r.interval - (tat - now)) * r.rate - frac) / r.interval)
   end,
   start = function(r, tat, frac, permits, now)
     tat, frac = refilled(r, tat, frac, now, permits)
@@ -150,7 +150,7 @@ ALGORITHMS.TOKEN_BUCKET = counters({
         return 0, tat, frac
       end
     end
-    local count = math.min(wanted, math.ceil(((tat - now) * r.rate + frac) / r.interval))
+    local count = min(wanted, ceil(((tat - now) * r.rate + frac) / r.interval))
     local whole, rest = cost(r, wanted)
     tat, frac = tat - whole, frac - rest
     if frac < 0 then
