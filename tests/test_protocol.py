@@ -81,6 +81,7 @@ def test_lib_lua_lists_the_acquire_replies_in_the_formats_of_the_protocol() -> N
 def made_replies(source: str) -> list[str]:
     """The replies lib.lua joins from fmt's texts (``local reply = '0 ' .. fmt(left) ..``, and
     what is added to it), each as text with ``<name>`` for every number."""
+
     def text(expression: str) -> str:
         parts = re.findall(r"'([^']*)'|fmt\((\w+)\)|(\w+)", expression)
         return "".join(literal or f"<{number or name}>" for literal, number, name in parts)
@@ -113,9 +114,7 @@ def test_batch_lua_formats_each_acquire_reply_with_the_fields_of_the_protocol(
 
 def returned_codes(source: str) -> set[int]:
     """Every code a script returns: the first number of a reply string or table."""
-    strings = re.findall(
-        r"(?:return|local reply =) (?:format\()?'(-?\d+)[ ']", source, re.M
-    )
+    strings = re.findall(r"(?:return|local reply =) (?:format\()?'(-?\d+)[ ']", source, re.M)
     tables = re.findall(r"return \{ (-?\d+)[ ,}]", source)
     return {int(code) for code in strings + tables}
 
