@@ -83,6 +83,8 @@ def made_replies(source: str) -> list[str]:
     what is added to it), each as text with ``<name>`` for every number."""
 
     def text(expression: str) -> str:
+        # (a text looked up before fmt is called, "(made[x] or fmt(x))", is fmt(x)'s)
+        expression = re.sub(r"\(\w+\[(\w+)\] or fmt\(\1\)\)", r"fmt(\1)", expression)
         parts = re.findall(r"'([^']*)'|fmt\((\w+)\)|(\w+)", expression)
         return "".join(literal or f"<{number or name}>" for literal, number, name in parts)
 

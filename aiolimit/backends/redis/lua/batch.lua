@@ -98,8 +98,8 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   return group
 end
 
--- A request's fields (see above), as strings, from its text; `before` matches what precedes
--- them (acquire_many's "<k> ", in the same match). nil when it is not a request.
+-- The pattern of a request's fields (see above), each captured as a string: acquire.lua
+-- anchors it, acquire_many.lua matches its "<k> " before it in the same match.
 local REQUEST = '(%d+) (%S+) (%S+) (%S+) ?(.*)$'
 
 local function acquire(batch, config_key, value_key, permits_key, registry_key, permits, now_arg, max_wait, rate_type, client_id)

@@ -51,10 +51,10 @@ local function format_held(held)
   local n = held and #held or 0
   if n == 0 then
     return ''
-  elseif n == 2 then
-    return format(' ~%d:%d', held[1], held[2])
+  elseif n == 2 then -- (joined from fmt's texts: see lib.lua)
+    return ' ~' .. fmt(held[1]) .. ':' .. fmt(held[2])
   elseif n == 4 then
-    return format(' ~%d:%d ~%d:%d', held[1], held[2], held[3], held[4])
+    return ' ~' .. fmt(held[1]) .. ':' .. fmt(held[2]) .. ' ~' .. fmt(held[3]) .. ':' .. fmt(held[4])
   end
   local parts = {}
   for i = 1, n, 2 do
@@ -93,7 +93,16 @@ end
 -- Logs again the held entries the budget's (new) interval still counts at `now`, each as one
 -- grant at its `at`; returns the permits logged. The walk cursor starts over.
 local function restore_held(budget, now)
-  local held, kept, back = budget.held, {}, 0
+  local held, kept, back = budget.held, nil, 0
+  for i = 2, #held, 2 do
+    if held[i] > now - budget.interval then
+      kept = {}
+      break
+    end
+  end
+  if not kept then
+    return 0 -- (the common case: nothing held that the interval counts, nothing to allocate)
+  end
   for i = 1, #held, 2 do
     local permits, at = held[i], held[i + 1]
     if at > now - budget.interval then

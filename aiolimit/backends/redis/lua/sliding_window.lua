@@ -53,7 +53,7 @@ local function encode_budget(budget, gen)
   if budget.cs then
     return format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
   end
-  return format('%s %d %d -%s', gen, budget.used, budget.seq, held)
+  return gen .. ' ' .. fmt(budget.used) .. ' ' .. fmt(budget.seq) .. ' -' .. held
 end
 
 -- Keeps the cursor right when `permits` are added (or, negative, removed) at `score`.
