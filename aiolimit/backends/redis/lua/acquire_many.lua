@@ -13,8 +13,8 @@
 local batch = new_batch()
 local replies = {}
 local pattern = '^(%d+) ' .. REQUEST
-for i, arg in ipairs(ARGV) do
-  local k, permits, now, max_wait, rate_type, client_id = match(arg, pattern)
+for i = 1, #ARGV do
+  local k, permits, now, max_wait, rate_type, client_id = match(ARGV[i], pattern)
   k = k and k + 0 or 1
   replies[i] = try_acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
 end

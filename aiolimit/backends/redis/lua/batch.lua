@@ -94,7 +94,7 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   group.now = now
   group.registry_key = registry_key
   batch.groups[value_key] = group
-  table.insert(batch.order, group)
+  batch.order[#batch.order + 1] = group
   return group
 end
 
@@ -157,10 +157,12 @@ end
 -- Writes every group a batch granted from, each registry it wrote to, and every clock it
 -- moved, once.
 local function close_batch(batch)
-  for _, group in ipairs(batch.order) do
-    close_group(batch, group)
+  local order, registry_order = batch.order, batch.registry_order
+  for k = 1, #order do
+    close_group(batch, order[k])
   end
-  for _, registry_key in ipairs(batch.registry_order) do
+  for k = 1, #registry_order do
+    local registry_key = registry_order[k]
     local registry = batch.registries[registry_key]
     local config, now = registry.config, registry.now
     redis.call('ZREMRANGEBYSCORE', registry_key, '-inf', fmt(now - 2 * config.longest))

@@ -194,7 +194,9 @@ end
 -- The newest grant's start in any of the group's logs (nil: none logged).
 local function newest_start(group)
   local last
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     if not budget.fresh then
       local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
       if #newest > 0 then
@@ -206,13 +208,15 @@ local function newest_start(group)
 end
 
 -- -- the group (see "groups" in lib.lua): group.budgets holds a log per rate ----------------------
+-- (Loops over it are numeric: ipairs calls a C function on every step.)
 local sliding = { idempotent = true } -- a grant handed back is no longer in its log
 ALGORITHMS.SLIDING_WINDOW = sliding
 
 function sliding.load(group, write)
   local config = group.config
   group.budgets, group.fresh = {}, true
-  for i, r in ipairs(config.rates) do
+  for i = 1, #config.rates do
+    local r = config.rates[i]
     local value_key, permits_key = group.value_key, group.permits_key
     if i > 1 then
       value_key = rate_key(config, value_key, 'value', i)
@@ -226,7 +230,9 @@ function sliding.load(group, write)
 end
 
 function sliding.reclaim(group, now, write)
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     if not write then
       budget.logged = budget.used -- the walk counts the expired grants still logged
     elseif not budget.fresh then
@@ -238,7 +244,9 @@ end
 
 function sliding.left(group, now)
   local left, binding
-  for i, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for i = 1, #budgets do
+    local budget = budgets[i]
     local l = budget.rate - budget.used
     if not left or l < left then
       left, binding = l, i
@@ -249,7 +257,9 @@ end
 
 function sliding.start(group, permits, now)
   local start = now
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     if budget.used + permits > MAX_EXACT then
       return nil
     end
@@ -270,12 +280,15 @@ end
 
 function sliding.commit(group, permits, start)
   local seq = 0
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     seq = max(seq, budget.seq)
   end
   seq = seq + 1
   local logged = fmt(permits) .. ':' .. fmt(seq)
-  for _, budget in ipairs(group.budgets) do
+  for k = 1, #budgets do
+    local budget = budgets[k]
     redis.call('ZADD', budget.permits_key, fmt(start), logged)
     budget.seq, budget.fresh = seq, nil
     budget.used = budget.used + permits
@@ -286,14 +299,18 @@ function sliding.commit(group, permits, start)
 end
 
 function sliding.keep(group)
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     budget.dirty = budget.dirty or not budget.fresh
   end
 end
 
 function sliding.save(group, now)
   local longest = 0
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     if budget.latest or budget.dirty then
       longest = max(longest, save_budget(budget, group.config, now))
     end
@@ -303,7 +320,9 @@ end
 
 function sliding.release(group, wanted, member, now)
   local released = 0
-  for _, budget in ipairs(group.budgets) do
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
     local count = release_log(budget, wanted, member, now)
     if count > 0 then
       budget.used = budget.used - count
