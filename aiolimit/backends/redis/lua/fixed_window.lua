@@ -88,12 +88,13 @@ end
 
 -- Keeps the windows a grant at `start` leaves behind: per rate at most HELD_BUCKETS.
 local function hold_windows(group, start)
-  local n, held = group.n, group.held
-  for i, r in ipairs(group.config.rates) do
+  local n, held, rates = group.n, group.held, group.config.rates
+  for i = 1, #rates do
+    local r = rates[i]
     if n[2 * i] > 0 and floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
       local first, count = nil, 0
-      for j, entry in ipairs(held) do
-        if entry[1] == i then
+      for j = 1, #held do
+        if held[j][1] == i then
           first, count = first or j, count + 1
         end
       end
@@ -144,10 +145,12 @@ end
 
 function fixed.save(group, now)
   if group.held then
-    local parts, n = {}, group.n
-    for j, entry in ipairs(group.held) do
+    local parts, n, held = {}, group.n, group.held
+    for j = 1, #held do
+      local entry = held[j]
       local i = entry[1]
-      parts[j] = format(' ~%d:%d:%d', i, entry[2], n[2 * i - 1] - entry[3])
+      -- (joined from fmt's texts, which the same few numbers mostly find made: see lib.lua)
+      parts[j] = ' ~' .. fmt(i) .. ':' .. fmt(entry[2]) .. ':' .. fmt(n[2 * i - 1] - entry[3])
     end
     group.tail = #parts > 0 and table.concat(parts) or nil
   end
