@@ -125,6 +125,30 @@ async def test_a_functions_error_reads_as_a_scripts_does(redis: Redis, prefix: s
     assert "user_function" not in message and "script:" not in message.split(":", 1)[1], message
 
 
+async def test_every_number_a_grant_answers_is_its_own_across_the_kept_texts(
+    redis: Redis, prefix: str
+) -> None:
+    # The library keeps the texts of the integers it formats, at most 512 of them, from one
+    # FCALL to the next. 1 500 grants at as many distinct times (client clock), each taking
+    # 1 to 3 permits (so the permits left differ too): the cache is filled and emptied
+    # several times over, and every grant's start and permits left are still its own.
+    now = [1_700_000_000.0]
+    backend = RedisBackend(redis, prefix=prefix, clock=lambda: now[0])
+    limiter = RateLimiter("texts", backend)
+    await limiter.set_rate(RateType.OVERALL, 10**9, 3600)
+    before = await script_calls(redis)
+    left = 10**9
+    for k in range(1500):
+        now[0] += 0.000_007 * (k % 11 + 1)  # distinct, increasing, whole microseconds
+        permits = k % 3 + 1
+        grant = await backend.try_acquire("texts", permits)
+        left -= permits
+        assert grant.granted and grant.starts_in == 0
+        assert grant.starts_at == round(now[0] * 1_000_000), k
+        assert grant.left == left, k
+    assert (await script_calls(redis))["fcall"] >= before["fcall"] + 1500
+
+
 async def test_limiters_of_many_rates_each_keep_their_own_across_calls(
     redis: Redis, prefix: str
 ) -> None:
