@@ -128,9 +128,9 @@ end
 -- no delay): a string.format costs about as much per number as the rest of a grant's Lua.
 local function granted(left, binding, start, delay, permits, tag, blocked_until)
   local made = FMT -- (the texts fmt has: looked up here, one call fewer per number found)
-  local reply = '0 ' .. (made[left] or fmt(left)) .. ' ' .. (made[binding] or fmt(binding)) .. ' '
-    .. (made[start] or fmt(start)) .. ' ' .. (made[delay] or fmt(delay)) .. ' '
-    .. (made[permits] or fmt(permits)) .. ':' .. (made[start] or fmt(start)) .. ':' .. (made[tag] or fmt(tag))
+  start = made[start] or fmt(start) -- (as text from here: the reply has it twice)
+  local reply = '0 ' .. (made[left] or fmt(left)) .. ' ' .. (made[binding] or fmt(binding)) .. ' ' .. start .. ' '
+    .. (made[delay] or fmt(delay)) .. ' ' .. (made[permits] or fmt(permits)) .. ':' .. start .. ':' .. (made[tag] or fmt(tag))
   if blocked_until then
     return reply .. ' ' .. fmt(blocked_until)
   end
