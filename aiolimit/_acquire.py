@@ -209,7 +209,10 @@ async def _acquire(
         if first is not None:
             attempts, first = first, None
         elif len(limiters) == 1:
-            attempts = [await attempt_one(limiters[0], permits[0], max_wait)]
+            attempt = await attempt_one(limiters[0], permits[0], max_wait)
+            if attempt.__class__ is Grant and attempt.starts_in <= 0:  # the common case
+                return Acquired(limiters, permits, (attempt,), waited)
+            attempts = [attempt]
         else:
             attempts = await _attempt_all(limiters, permits, max_wait)
         grants = _grants(limiters, attempts)

@@ -83,7 +83,7 @@ def granted_item(rule: Rule, left: int, binding: int) -> Item:
     """The item of a rule that granted a request and has ``left`` permits left under the rate
     ``binding``: that rate's policy, with its window."""
     binding = fewest_left(rule, binding)
-    return Item(rule, max(left, 0), window(rule.rates[binding]), binding)
+    return Item(rule, max(left, 0), rule.windows[binding], binding)
 
 
 def refused_item(rule: Rule, retry_in_us: int, binding: int) -> Item:
@@ -91,26 +91,37 @@ def refused_item(rule: Rule, retry_in_us: int, binding: int) -> Item:
     return Item(rule, 0, whole_seconds(retry_in_us), waiting_policy(rule, binding, retry_in_us))
 
 
-def granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item] | None:
+def granted_items(
+    requests: Sequence[tuple[Rule, RateLimiter, int]], grants: Sequence[Grant]
+) -> list[Item] | None:
     """The items of the rules that granted a request: ``(rule, its limiter as the request's
-    client sees it, the grant)`` each; None when a rule with several rates has none left,
-    whose reset is read by :func:`read_granted_items` (a rule with one rate, or permits left,
-    costs no read)."""
+    client sees it, permits)`` each, and its grant; None when a rule with several rates has
+    none left, whose reset is read by :func:`read_granted_items` (a rule with one rate, or
+    permits left, costs no read)."""
     items = []
-    for rule, _, grant in granted:
-        if grant.left <= 0 and len(rule.rates) > 1:
+    for (rule, _, _), grant in zip(requests, grants, strict=True):
+        left = grant.left
+        if left <= 0 and len(rule.rates) > 1:
             return None
-        items.append(granted_item(rule, grant.left, grant.binding))
+        binding = grant.binding
+        if binding:
+            binding = fewest_left(rule, binding)
+        items.append(Item(rule, left if left > 0 else 0, rule.windows[binding], binding))
     return items
 
 
-async def read_granted_items(granted: Sequence[tuple[Rule, RateLimiter, Grant]]) -> list[Item]:
+async def read_granted_items(
+    requests: Sequence[tuple[Rule, RateLimiter, int]], grants: Sequence[Grant]
+) -> list[Item]:
     """:func:`granted_items`, reading when the next permit frees for each rule with several
     rates and none left: its reset."""
-    items = [granted_item(rule, grant.left, grant.binding) for rule, _, grant in granted]
+    items = [
+        granted_item(rule, grant.left, grant.binding)
+        for (rule, _, _), grant in zip(requests, grants, strict=True)
+    ]
     asks = [
         (i, rule, limiter)
-        for i, (rule, limiter, grant) in enumerate(granted)
+        for i, ((rule, limiter, _), grant) in enumerate(zip(requests, grants, strict=True))
         if grant.left <= 0 and len(rule.rates) > 1
     ]
     if asks:
@@ -133,18 +144,26 @@ def _sf_string(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _policy_of(rule: Rule) -> tuple[str, tuple[str, ...]]:
+def _policy_of(rule: Rule) -> tuple[bytes, tuple[str, ...]]:
     """A rule's ``RateLimit-Policy`` items, and its policies' names, as sent (the same for
     every response: worked out once per rule)."""
     named = rule.policies()
     policy = ", ".join(
         f"{_sf_string(name)};q={rate.permits};w={window(rate)}" for name, rate in named
     )
-    return policy, tuple(_sf_string(name) for name, _ in named)
+    return policy.encode(), tuple(_sf_string(name) for name, _ in named)
 
 
 def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, bytes]]:
     """The RateLimit fields for ``items`` (one per rule; the last one per rule counts)."""
+    if len(items) == 1:  # (the common case, written out)
+        item = items[0]
+        policy, names = _policy_of(item.rule)
+        fields = [
+            (b"ratelimit-policy", policy),
+            (b"ratelimit", f"{names[item.policy]};r={item.remaining};t={item.reset}".encode()),
+        ]
+        return fields + _legacy_fields(item) if legacy else fields
     by_rule = {item.rule.name: item for item in items}
     if not by_rule:
         return []
@@ -155,17 +174,20 @@ def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, byte
         policies.append(policy)
         limits.append(f"{names[item.policy]};r={item.remaining};t={item.reset}")
     fields = [
-        (b"ratelimit-policy", ", ".join(policies).encode()),
+        (b"ratelimit-policy", b", ".join(policies)),
         (b"ratelimit", ", ".join(limits).encode()),
     ]
     if legacy:  # the most constraining rule: the fewest permits left, then the latest reset
-        tight = min(by_rule.values(), key=lambda item: (item.remaining, -item.reset))
-        fields += [
-            (b"x-ratelimit-limit", str(tight.rule.rates[tight.policy].permits).encode()),
-            (b"x-ratelimit-remaining", str(tight.remaining).encode()),
-            (b"x-ratelimit-reset", str(math.ceil(time.time()) + tight.reset).encode()),
-        ]
+        fields += _legacy_fields(min(by_rule.values(), key=lambda i: (i.remaining, -i.reset)))
     return fields
+
+
+def _legacy_fields(tight: Item) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-ratelimit-limit", str(tight.rule.rates[tight.policy].permits).encode()),
+        (b"x-ratelimit-remaining", str(tight.remaining).encode()),
+        (b"x-ratelimit-reset", str(math.ceil(time.time()) + tight.reset).encode()),
+    ]
 
 
 def items_of(scope: Scope) -> list[Item]:
@@ -173,10 +195,18 @@ def items_of(scope: Scope) -> list[Item]:
     return items
 
 
+# The names of the fields, as header_fields writes them.
+_OURS = frozenset(
+    (b"ratelimit-policy", b"ratelimit", b"x-ratelimit-limit", b"x-ratelimit-remaining",
+     b"x-ratelimit-reset")
+)  # fmt: skip
+
+
 def with_fields(message: Message, fields: list[tuple[bytes, bytes]]) -> Message:
     """The response start with our fields, and none of the same names the app set."""
     if not fields:
         return message
-    ours = {name for name, _ in fields}
+    ours = _OURS if len(fields) > 2 else (fields[0][0], fields[1][0])
     kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in ours]
-    return {**message, "headers": [*kept, *fields]}
+    kept += fields
+    return {**message, "headers": kept}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple, cast
 
-from .._acquire import Acquired, acquire_all
+from .. import _observe
+from .._acquire import Acquired, acquire, max_wait_of
 from .._limiter import RateLimiter
 from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
@@ -71,8 +72,9 @@ _ALLOWED = Verdict(200, 0, [], "")
 
 class Gate:
     """Checks a request against rules: what the middleware and the dependency share. The
-    permits are taken by :func:`aiolimit.acquire_all`; the configs written by
-    :meth:`RateLimiter.ensure_rate`, once per process and rule, one call for every waiter."""
+    permits are taken along the one permit path (:func:`aiolimit.acquire_all`'s); the configs
+    written by :meth:`RateLimiter.ensure_rate`, once per process and rule, one call for every
+    waiter."""
 
     __slots__ = (
         "_clients",
@@ -80,8 +82,8 @@ class Gate:
         "_error_retry_after",
         "_failures",
         "_limiters",
+        "_max_wait",
         "_on_backend_error",
-        "_wait",
         "rules",
         "stats",
     )
@@ -114,7 +116,7 @@ class Gate:
             )
         self.rules = tuple(rules)
         self._limiters = {rule.name: RateLimiter(rule.name, backend) for rule in rules}
-        self._wait = wait
+        self._max_wait = max_wait_of(wait)
         self._on_backend_error = on_backend_error
         self._error_retry_after = whole_seconds(retry_us)
         # The configure call of each rule under way or done (a done one: configured).
@@ -178,7 +180,10 @@ class Gate:
         if not requests:
             return _ALLOWED
         try:
-            acquired = await self._acquire(requests)
+            try:
+                acquired = await self._acquire(requests)
+            except NotConfiguredError as exc:  # deleted or expired since: write it again
+                acquired = await self._acquire_again(requests, exc.name)
         except InvalidArgumentError:  # a stored config with a lower rate than the cost
             longest = max(rate.interval_us for r in requests for rate in r.rule.rates)
             refusal = Refusal(retry_in=longest, at=0, left=0)
@@ -187,34 +192,47 @@ class Gate:
             acquired = Acquired(limiters, permits, [refusal] * len(requests), 0.0)
         except LimiterError as exc:
             return self._failed(exc)
-        self._answered()
-        pairs = list(zip(requests, acquired.attempts, strict=True))
+        self._failures = 0
+        attempts = acquired.attempts
         if not acquired.granted:
-            return self._refused(pairs)
+            return self._refused(list(zip(requests, attempts, strict=True)))
         if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        granted = [(r.rule, r.limiter, a) for r, a in pairs if isinstance(a, Grant)]
-        items = granted_items(granted)
+        grants = cast("tuple[Grant, ...]", attempts)
+        items = granted_items(requests, grants)
         if items is None:
-            items = await read_granted_items(granted)
+            items = await read_granted_items(requests, grants)
         costs = {r.rule.name: r.cost for r in requests}
         return Verdict(200, 0, items, "", acquired, costs)
 
-    async def _acquire(self, requests: list[_Request]) -> Acquired:
-        """The permits of every request at once; a config deleted meanwhile is written again."""
-        missing = [r.rule for r in requests if r.rule.name not in self._configuring]
-        if missing:
-            await asyncio.gather(*(self._configure(rule) for rule in missing))
-        pairs = [(r.limiter, r.cost) for r in requests]
-        try:
-            return await acquire_all(pairs, timeout=self._wait)
-        except NotConfiguredError as exc:  # deleted or expired since: write it again
-            for request in requests:
-                if request.rule.name == exc.name:
-                    self._configuring.pop(exc.name, None)
-                    await self._configure(request.rule)
-            return await acquire_all(pairs, timeout=self._wait)
+    def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
+        """The permits of every request at once, through the one permit path (the costs are
+        checked already: by the rule, or by ``Rule.cost_of``); the configs are written first
+        where this process has not yet. (A coroutine function in all but name.)"""
+        if len(requests) == 1:
+            request = requests[0]
+            if request.rule.name in self._configuring:
+                return acquire([request.limiter], [request.cost], self._max_wait, _observe.current)
+        elif all(r.rule.name in self._configuring for r in requests):
+            limiters = [r.limiter for r in requests]
+            costs = [r.cost for r in requests]
+            return acquire(limiters, costs, self._max_wait, _observe.current)
+        return self._acquire_configured(requests)
+
+    async def _acquire_configured(self, requests: list[_Request]) -> Acquired:
+        await asyncio.gather(
+            *(self._configure(r.rule) for r in requests if r.rule.name not in self._configuring)
+        )
+        return await self._acquire(requests)
+
+    async def _acquire_again(self, requests: list[_Request], name: str) -> Acquired:
+        """After a config was found missing: it is written again, then the permits asked."""
+        for request in requests:
+            if request.rule.name == name:
+                self._configuring.pop(name, None)
+                await self._configure(request.rule)
+        return await self._acquire(requests)
 
     def _refused(self, pairs: list[tuple[_Request, Grant | Refusal]]) -> Verdict:
         refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 
 from .._types import Duration
 from ..backends.base import Backend
@@ -104,10 +104,11 @@ class RateLimitMiddleware:
     def _adding_fields(self, scope: Scope, send: Send) -> Send:
         legacy = self._legacy
 
-        async def send_with_fields(message: Message) -> None:
+        def send_with_fields(message: Message) -> Awaitable[None]:
+            # (a coroutine function in all but name: one frame fewer per message)
             if message["type"] == "http.response.start":
                 message = with_fields(message, header_fields(items_of(scope), legacy))
-            await send(message)
+            return send(message)
 
         return send_with_fields
 

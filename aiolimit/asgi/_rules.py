@@ -36,7 +36,7 @@ class Rule:
     names the rule's policy in the header fields, so it is printable ASCII.
     """
 
-    __slots__ = ("algorithm", "cost", "key", "methods", "name", "paths", "rates")
+    __slots__ = ("algorithm", "cost", "key", "methods", "name", "paths", "rates", "windows")
 
     def __init__(
         self,
@@ -62,6 +62,7 @@ class Rule:
                 f"not {name!r}"
             )
         self.rates: tuple[Rate, ...] = rates_of(rates, None)
+        self.windows = tuple(window(rate) for rate in self.rates)  # for the header fields
         if key is not None and not callable(key):
             raise InvalidArgumentError(f"key must be a callable of the scope, not {shown(key)}")
         self.key = key
