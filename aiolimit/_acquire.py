@@ -18,14 +18,14 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from . import _observe
 from ._breaker import Breaker, breaker_of
 from ._observe import Observer
 from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .backends._protocol import parse_grant
-from .backends.base import Attempt, Grant, Refusal
+from .backends.base import Attempt, Grant, Refusal, Started
 from .errors import BackendError, InvalidArgumentError, LimiterError
 
 if TYPE_CHECKING:
@@ -277,42 +277,36 @@ async def _attempt_all(
 async def _all_outcomes(
     limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
 ) -> list[Attempt]:
-    """The attempts, with one task fewer than limiters: the last runs in this task (every
-    attempt has made its request before any reply can come, so they go to Redis together).
-    If this task is cancelled meanwhile, the attempts still running are cancelled (their
-    grants go back), and so are grants made."""
-    loop = asyncio.get_running_loop()
-    calls = [(lim._backend, lim._name, count) for lim, count in zip(limiters, permits, strict=True)]
-    others = [loop.create_task(b.try_acquire(n, c, max_wait)) for b, n, c in calls[:-1]]
-    outcomes: list[Attempt | BaseException] = []
-    last: Attempt | BaseException | None = None
+    """The attempts, every request made before any answer is awaited (on Redis they go in
+    one round trip), without a task each (``Backend.start_acquire``). If this task is
+    cancelled meanwhile, the attempts not yet answered are cancelled (their grants go back),
+    and so are grants made."""
+    started: list[Started | Exception] = []
+    outcomes: list[Attempt | Exception] = []
     try:
-        try:
-            last = await calls[-1][0].try_acquire(calls[-1][1], calls[-1][2], max_wait)
-        except Exception as exc:
-            last = exc
-        for task in others:
+        for limiter, count in zip(limiters, permits, strict=True):
             try:
-                outcomes.append(await task)
+                started.append(limiter._backend.start_acquire(limiter._name, count, max_wait))
+            except Exception as exc:
+                started.append(exc)
+        for attempt in started:
+            try:
+                outcomes.append(attempt if isinstance(attempt, Exception) else await attempt)
             except Exception as exc:
                 outcomes.append(exc)
     except BaseException:
-        made: list[tuple[RateLimiter, object]] = [(limiters[-1], last)]
-        for limiter, task in zip(limiters, others, strict=False):
-            if not task.done():
-                task.cancel()  # its grant, if one comes, goes back
-            elif not task.cancelled() and task.exception() is None:
-                made.append((limiter, task.result()))
-        for limiter, outcome in made:
+        for attempt in started[len(outcomes) :]:
+            if not isinstance(attempt, Exception):
+                attempt.cancel()
+        for limiter, outcome in zip(limiters, outcomes, strict=False):
             if isinstance(outcome, Grant):
                 limiter._backend.hand_back(limiter._name, outcome.member)
         raise
-    outcomes.append(last)
-    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
     if failures:
         await _release(_grants(limiters, outcomes))
         raise failures[0]
-    return [outcome for outcome in outcomes if not isinstance(outcome, BaseException)]
+    return cast("list[Attempt]", outcomes)
 
 
 def _grants(

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import uuid
 from typing import Any
 
 import httpx
 import pytest
 from conformance import new_client, now, tolerance
+from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
@@ -24,7 +26,9 @@ from aiolimit import (
     RateLimiter,
     RateLimiterConfig,
     RateType,
+    RedisBackend,
 )
+from aiolimit._tools import LocalRedis
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
 
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
@@ -180,3 +184,63 @@ async def test_ensure_rate_writes_only_when_the_stored_config_differs(store, nam
     assert await limiter.available_permits() == 4
     config = await limiter.get_config()
     assert config == RateLimiterConfig(OVERALL, 6, config.interval if config else None)
+
+
+# -- several limiters' attempts in flight at once (Backend.start_acquire) ---------------------
+
+
+@pytest.mark.parametrize("paused_first", [False, True], ids=["answered-first", "answered-second"])
+async def test_cancelled_while_one_store_answered_and_the_other_is_paused_holds_nothing(
+    redis_server: LocalRedis, valkey_server: LocalRedis, paused_first: bool
+) -> None:
+    # Two limiters on two servers: one answers, the other is paused, and the caller is
+    # cancelled meanwhile. An answer awaited already (answered first) or one that came but
+    # was never awaited (answered second) hands its grant back, and so does the late one.
+    answering, pausing = Redis.from_url(redis_server.url), Redis.from_url(valkey_server.url)
+    quick = RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(answering))
+    slow = RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(pausing))
+    for limiter in (quick, slow):
+        await limiter.set_rate(OVERALL, 5, 60)
+    pairs = [(slow, 1), (quick, 1)] if paused_first else [(quick, 1), (slow, 1)]
+    admin = Redis.from_url(valkey_server.url)
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        call = asyncio.ensure_future(aiolimit.acquire_all(pairs))
+        deadline = asyncio.get_running_loop().time() + 5
+        while await quick.available_permits() != 4:  # quick has granted
+            assert asyncio.get_running_loop().time() < deadline, "quick never granted"
+            await asyncio.sleep(0.01)
+        assert not call.done()
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+    deadline = asyncio.get_running_loop().time() + 5
+    while (await quick.available_permits(), await slow.available_permits()) != (5, 5):
+        assert asyncio.get_running_loop().time() < deadline, "a grant was not handed back"
+        await asyncio.sleep(0.02)
+    for redis in (answering, pausing, admin):
+        await redis.aclose()
+
+
+async def test_several_limiters_on_one_client_share_one_round_trip(redis_server) -> None:
+    redis = Redis.from_url(redis_server.url)
+    limiters = [RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(redis)) for _ in range(3)]
+    for limiter in limiters:
+        await limiter.set_rate(OVERALL, 5, 60)
+        assert await limiter.try_acquire()  # (the backend has learnt the rate type)
+
+    async def scripts_run() -> int:
+        stats = await redis.info("commandstats")
+        return sum(
+            v["calls"]
+            for k, v in stats.items()
+            if k.startswith(("cmdstat_evalsha", "cmdstat_fcall"))
+        )
+
+    before = await scripts_run()
+    assert await aiolimit.acquire_all([(limiter, 1) for limiter in limiters])
+    assert await scripts_run() - before == 1  # one acquire_many call for the three
+    assert [await limiter.available_permits() for limiter in limiters] == [3, 3, 3]
+    await redis.aclose()

@@ -5,14 +5,15 @@ import asyncio
 import logging
 import math
 import uuid
+from collections.abc import Generator
 from datetime import timedelta
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 from .._types import Duration, RateLimiterConfig, check_text
 from ..errors import BackendError, InvalidArgumentError
 from ._protocol import parse_grant
 
-__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode"]
+__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started"]
 
 log = logging.getLogger("aiolimit")
 
@@ -79,6 +80,37 @@ Attempt = Grant | Refusal
 """What one ``Backend.try_acquire`` returns."""
 
 
+class Started(Protocol):
+    """An attempt whose request is made (:meth:`Backend.start_acquire`): ``await`` it once
+    for its :class:`Grant` or :class:`Refusal`, or :meth:`cancel` it when it will not be
+    awaited (a grant it made, or makes, goes back)."""
+
+    def __await__(self) -> Generator[Any, None, Attempt]: ...
+
+    def cancel(self) -> None: ...
+
+
+class _InTask:
+    """A started attempt that runs :meth:`Backend.try_acquire` in a task of its own."""
+
+    __slots__ = ("_backend", "_name", "_task")
+
+    def __init__(self, backend: Backend, name: str, task: asyncio.Future[Attempt]) -> None:
+        self._backend, self._name, self._task = backend, name, task
+
+    def __await__(self) -> Generator[Any, None, Attempt]:
+        return self._task.__await__()
+
+    def cancel(self) -> None:
+        task = self._task
+        if not task.done():
+            task.cancel()  # a grant it makes meanwhile goes back (try_acquire's contract)
+        elif not task.cancelled() and task.exception() is None:
+            attempt = task.result()
+            if isinstance(attempt, Grant):
+                self._backend.hand_back(self._name, attempt.member)
+
+
 class Backend(abc.ABC):
     """Where limiter state lives: the contract every store implements.
 
@@ -137,6 +169,13 @@ class Backend(abc.ABC):
         If the caller is cancelled while the attempt is in flight and it grants, the backend
         hands that exact grant back (:meth:`hand_back`), so a cancelled caller holds nothing.
         """
+
+    def start_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Started:
+        """:meth:`try_acquire` with its request made now, its answer awaited later: how the
+        attempts of several limiters go out together (on Redis, in one round trip) without a
+        task each. This default runs ``try_acquire`` in a task."""
+        task = asyncio.ensure_future(self.try_acquire(name, permits, max_wait_us))
+        return _InTask(self, name, task)
 
     @abc.abstractmethod
     async def wait_time(self, name: str, permits: int) -> int:

@@ -5,7 +5,7 @@ library in ``_compat``."""
 
 from __future__ import annotations
 
-import re
+import asyncio
 import secrets
 import time
 from collections.abc import Callable, Coroutine, Sequence
@@ -14,22 +14,14 @@ from typing import Any, Literal, TypeVar, cast
 from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._protocol import format_rates, parse_grant
-from ..base import Backend, Grant, Refusal, SetMode, call_timeout
+from ..base import Backend, Grant, Refusal, SetMode, Started, call_timeout
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, UNREACHABLE, slot
+from ._compat import ANY, slot
+from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
-from ._scripts import (
-    TROUBLE,
-    Failed,
-    Follow,
-    NotConfigured,
-    OtherType,
-    OverRate,
-    QueueFull,
-    Trouble,
-    decoded,
-)
+from ._request import Sent
+from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
 
 __all__ = ["RedisBackend"]
 
@@ -154,26 +146,30 @@ class RedisBackend(Backend):
         registry: bool = False,
         extra_keys: Sequence[Key] = (),
         orphan: Callable[[Any], None] | None = None,
+        sent: tuple[asyncio.Future[Any], RateType] | None = None,
     ) -> R:
         """Runs a script on this client's budget (with the clients registry if asked),
-        learning the limiter's rate type as needed. (The hot path: _run's two steps are
+        learning the limiter's rate type as needed; ``sent``: its request made already
+        (:meth:`_submit`), with the rate type it assumed. (The hot path: _run's two steps are
         written out here, one coroutine fewer per call.)"""
-        keys = self.keys(name)
         known = self._types.get(name)
-        rate_type = RateType.OVERALL if known is None else known
+        if sent is None:
+            rate_type = RateType.OVERALL if known is None else known
+            future = self._submit(name, script, args, rate_type, registry, extra_keys, orphan)
+        else:
+            future, rate_type = sent
         for _ in range(2):
-            budget = keys.budget(rate_type, self.client_id, registry)
-            keys_sent = (*budget, *extra_keys) if extra_keys else budget
             try:
-                raw = await self._pipe.submit(
-                    script, keys_sent, args(rate_type), orphan, self._timeout
-                )
+                raw = await future
             except ANY as exc:
                 raise self._error(script.what, exc) from exc
             reply = decoded(script, raw)
             if reply.__class__ in TROUBLE:
                 if isinstance(reply, OtherType):
                     rate_type = reply.rate_type
+                    future = self._submit(
+                        name, script, args, rate_type, registry, extra_keys, orphan
+                    )
                     continue
                 raise self._trouble(script.what, name, permits, cast(Trouble, reply))
             if known is not rate_type:
@@ -181,61 +177,67 @@ class RedisBackend(Backend):
             return cast(R, reply)
         raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
 
+    def _submit(
+        self,
+        name: str,
+        script: scripts.Script[Any],
+        args: Callable[[RateType], list[Any]],
+        rate_type: RateType,
+        registry: bool,
+        extra_keys: Sequence[Key],
+        orphan: Callable[[Any], None] | None,
+    ) -> asyncio.Future[Any]:
+        """Makes a budget script's request now (for the round trip under way or the next)."""
+        budget = self.keys(name).budget(rate_type, self.client_id, registry)
+        keys_sent = (*budget, *extra_keys) if extra_keys else budget
+        return self._pipe.submit(script, keys_sent, args(rate_type), orphan, self._timeout)
+
     def _trouble(self, what: str, name: str, permits: int, trouble: Trouble) -> LimiterError:
-        if isinstance(trouble, NotConfigured):
-            return NotConfiguredError(name)
-        if isinstance(trouble, OverRate):
-            return InvalidArgumentError(f"permits ({permits}) exceed the rate ({trouble.rate})")
-        if isinstance(trouble, QueueFull):
-            return BackendError(
-                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-                "more than 2**53, which the scripts cannot count exactly"
-            )
-        if isinstance(trouble, Failed):
-            return self._refused(what, trouble.message, name)
-        raise AssertionError(trouble)  # pragma: no cover - OtherType is retried
+        return trouble_error(what, name, permits, trouble, self._clock is None)
 
     def _error(self, what: str, exc: BaseException) -> BackendError:
-        if isinstance(exc, UNREACHABLE):
-            return BackendError(f"Redis is unreachable or timed out ({what}): {exc}")
-        return self._refused(what, _server_reason(str(exc)))
-
-    def _refused(self, what: str, message: str, name: str | None = None) -> BackendError:
-        """The error for a call Redis refused, or (with ``name``) for a request the script
-        itself reported as failed."""
-        if self._clock is None and scripts.TIME_REFUSED in message:
-            return BackendError(
-                f"the Redis server refused the TIME command in {what} "
-                f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
-                "this host's clock instead"
-            )
-        if name is None:
-            return BackendError(f"Redis refused {what}: {message}")
-        return BackendError(f"{what} failed for {name!r}: {message}")
+        return call_error(what, exc, self._clock is None)
 
     # -- operations ----------------------------------------------------------------------------
 
     def try_acquire(  # (a coroutine function in all but name: one frame fewer per call)
         self, name: str, permits: int, max_wait_us: int | None = 0
     ) -> Coroutine[Any, Any, Grant | Refusal]:
+        args, hand_back = self._acquire_parts(name, permits, max_wait_us)
+        return self._budget_call(
+            name, scripts.ACQUIRE, args, permits=permits, registry=True, orphan=hand_back
+        )
+
+    def start_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Started:
+        args, hand_back = self._acquire_parts(name, permits, max_wait_us)
+        known = self._types.get(name)
+        rate_type = RateType.OVERALL if known is None else known
+        future = self._submit(name, scripts.ACQUIRE, args, rate_type, True, (), hand_back)
+        call: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
+            name, scripts.ACQUIRE, args, permits=permits, registry=True, orphan=hand_back,
+            sent=(future, rate_type),
+        )  # fmt: skip
+        return Sent(call, future, hand_back)
+
+    def _acquire_parts(
+        self, name: str, permits: int, max_wait_us: int | None
+    ) -> tuple[Callable[[RateType], list[Any]], Callable[[Any], None]]:
+        """An acquire request's arguments (by rate type), and what hands back its grant when
+        the caller was cancelled while it was in flight."""
+
+        def args(rate_type: RateType) -> list[Any]:
+            return [
+                scripts.acquire_request(
+                    permits, self._now_arg(), max_wait_us, rate_type, self.client_id
+                )
+            ]
+
         def hand_back(reply: Any) -> None:
-            # The caller was cancelled while its call was in flight: its grant goes back.
             attempt = scripts.ACQUIRE.decode(reply)
             if isinstance(attempt, Grant):
                 self.hand_back(name, attempt.member)
 
-        return self._budget_call(
-            name,
-            scripts.ACQUIRE,
-            lambda rate_type: [
-                scripts.acquire_request(
-                    permits, self._now_arg(), max_wait_us, rate_type, self.client_id
-                )
-            ],
-            permits=permits,
-            registry=True,
-            orphan=hand_back,
-        )
+        return args, hand_back
 
     async def wait_time(self, name: str, permits: int) -> int:
         return await self._budget_call(
@@ -384,12 +386,3 @@ class RedisBackend(Backend):
 
 # What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
 # or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
-_LUA_NOISE = re.compile(
-    r"^(?:ERR )?(?:Error running script \(call to f_\w+\): )?(?:@?user_(?:script|function):\d+: )*"
-    r"|\s*script: \w+, on @?user_(?:script|function):\d+\.?\s*$"
-)
-
-
-def _server_reason(message: str) -> str:
-    """A server's error message in plain words, without a script's position or SHA."""
-    return _LUA_NOISE.sub("", message).strip() or message

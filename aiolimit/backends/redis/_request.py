@@ -8,13 +8,14 @@ to send itself, whether it may be sent again after a lost connection, and, with 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from ...errors import InvalidArgumentError
+from ..base import Attempt
 
-__all__ = ["Batch", "Call", "Key", "Operation", "Request"]
+__all__ = ["Batch", "Call", "Key", "Operation", "Request", "Sent"]
 
 Key = str | bytes
 
@@ -161,3 +162,29 @@ class Call:
         else:
             for request, one in zip(self.requests, self.split(reply), strict=True):
                 request.settle(one)
+
+
+class Sent:
+    """An acquire request made, its reply awaited later (``RedisBackend.start_acquire``):
+    ``call`` awaits ``future`` and decodes its reply. Cancelled unawaited, its grant goes
+    back: the reply goes to ``orphan`` (the coalescer sends it there once the future is
+    cancelled; this does, when it came already)."""
+
+    __slots__ = ("_call", "_future", "_orphan")
+
+    def __init__(
+        self,
+        call: Coroutine[Any, Any, Attempt],
+        future: asyncio.Future[Any],
+        orphan: Callable[[Any], None],
+    ) -> None:
+        self._call, self._future, self._orphan = call, future, orphan
+
+    def __await__(self) -> Generator[Any, None, Attempt]:
+        return self._call.__await__()
+
+    def cancel(self) -> None:
+        self._call.close()
+        future = self._future
+        if not future.cancel() and not future.cancelled() and future.exception() is None:
+            self._orphan(future.result())
