@@ -261,6 +261,26 @@ async def test_an_expiring_grant_frees_only_its_own_permits(store, name):
     assert not await limiter.try_acquire()
 
 
+async def test_grants_of_one_digit_and_of_several_free_exactly_their_permits(store, name):
+    # A grant's member begins with its permits: 3 (one digit) and 12, 100 (several) each
+    # free exactly what they took when they leave the window, and so does a waiter's walk.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, 120, 30)
+    for permits, after in ((3, 5), (12, 5), (100, 5)):
+        assert await limiter.try_acquire(permits)
+        clock.advance(after)
+    assert await limiter.available_permits() == 5
+    assert await limiter.wait_time(20) == pytest.approx(20.0)  # when the 12 have gone too
+    clock.advance(16)  # the 3 have left the window
+    assert await limiter.available_permits() == 8
+    clock.advance(5)  # the 12 too
+    assert await limiter.available_permits() == 20
+    clock.advance(5)  # and the 100
+    assert await limiter.available_permits() == 120
+    assert await limiter.try_acquire(120)
+
+
 async def test_release_hands_back_the_most_recent_grants(store, name):
     limiter = await configured(store, name, 5, 0.4)
     oldest = await take(limiter)

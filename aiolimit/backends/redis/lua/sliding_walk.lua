@@ -2,6 +2,19 @@
 -- window (part of sliding_window.lua, before it in the library; the Python twin is
 -- backends/memory/_sliding.py).
 
+-- The grants a call logs wait in `budget.pending` ({ score, member, ... }) and go to the ZSET
+-- in one ZADD: before anything reads the log, and when the budget is saved (at most
+-- PENDING_MOST of them, a bound on the command's size).
+local PENDING_MOST = 128
+
+local function flush_log(budget)
+  local pending = budget.pending
+  if pending then
+    budget.pending = nil
+    redis.call('ZADD', budget.permits_key, unpack(pending))
+  end
+end
+
 -- -- waiting ---------------------------------------------------------------------------------
 -- A request for `permits` when only `left` are free waits until `need = permits - left` of
 -- the logged permits have expired: the log is summed oldest first until it holds `need`,
@@ -103,6 +116,7 @@ end
 
 -- Microseconds from `now` until `need` more permits have left the window.
 local function wait_for(budget, need, interval, now)
+  flush_log(budget)
   local at
   if budget.cs and budget.cp >= need then
     at = walk_back(budget, need)

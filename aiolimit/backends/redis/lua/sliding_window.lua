@@ -73,6 +73,7 @@ local function reclaim(budget, window_start, write)
   if budget.fresh then
     return
   end
+  flush_log(budget)
   local key = budget.permits_key
   local expired = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(window_start), 'WITHSCORES', 'LIMIT', '0', RECLAIM_LIMIT)
   if #expired == 0 then
@@ -125,6 +126,7 @@ end
 -- (every write gives them this TTL, and without keep_alive it only grows with the newest
 -- grant): the TTL is the longer of the two, read with PTTL rather than the log's newest entry.
 local function save_budget(budget, config, now)
+  flush_log(budget)
   local interval = budget.interval or config.interval
   local ttl, kept = nil, -1
   if budget.latest and config.keep_alive == 0 then
@@ -157,6 +159,7 @@ end
 -- Removes the grant `member` from one log, or (member nil) `wanted` permits from its newest
 -- grants that have started (at most WALK_STEPS of them); returns how many permits went.
 local function release_log(budget, wanted, member, now)
+  flush_log(budget)
   local key, count = budget.permits_key, 0
   local function take(m, score, permits)
     redis.call('ZREM', key, m)
@@ -197,6 +200,7 @@ local function newest_start(group)
   local budgets = group.budgets
   for k = 1, #budgets do
     local budget = budgets[k]
+    flush_log(budget)
     if not budget.fresh then
       local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
       if #newest > 0 then
@@ -286,10 +290,19 @@ function sliding.commit(group, permits, start)
     seq = max(seq, budget.seq)
   end
   seq = seq + 1
-  local logged = fmt(permits) .. ':' .. fmt(seq)
+  local logged, score = fmt(permits) .. ':' .. fmt(seq), fmt(start)
   for k = 1, #budgets do
     local budget = budgets[k]
-    redis.call('ZADD', budget.permits_key, fmt(start), logged)
+    local pending = budget.pending -- (see flush_log)
+    if not pending then
+      budget.pending = { score, logged }
+    else
+      local n = #pending
+      pending[n + 1], pending[n + 2] = score, logged
+      if n + 2 >= PENDING_MOST then
+        flush_log(budget)
+      end
+    end
     budget.seq, budget.fresh = seq, nil
     budget.used = budget.used + permits
     cursor_moved(budget, start, permits)
