@@ -87,7 +87,10 @@ class Acquired:
 
     @property
     def granted(self) -> bool:
-        return all(isinstance(attempt, Grant) for attempt in self.attempts)
+        for attempt in self.attempts:  # noqa: SIM110 (a loop: no generator to make)
+            if not isinstance(attempt, Grant):
+                return False
+        return True
 
     def __bool__(self) -> bool:
         return self.granted
