@@ -143,16 +143,15 @@ async def acquire_all(
         if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], limiter_type):
             break
         limiters.append(pair[0])
-        permits.append(pair[1])
+        permits.append(check_permits(pair[1]))
     if not pairs or len(limiters) < len(pairs):
         raise InvalidArgumentError(
             f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
         )
-    if len(limiters) > 1 and len({(lim.name, lim.backend.client_id) for lim in limiters}) != len(
+    if len(limiters) > 1 and len({(lim._name, lim._backend.client_id) for lim in limiters}) != len(
         limiters
     ):
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
-    permits = [check_permits(p) for p in permits]
     return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
 
 
@@ -222,7 +221,10 @@ async def _acquire(
         if len(grants) < len(attempts):  # one refused: nothing is taken
             await _release(grants)
             return Acquired(limiters, permits, attempts, 0.0)
-        starts_in = max(grant.starts_in for _, grant in grants)
+        starts_in = 0
+        for _, grant in grants:  # (the latest start: a loop, no generator to make)
+            if grant.starts_in > starts_in:
+                starts_in = grant.starts_in
         if starts_in <= 0:
             return Acquired(limiters, permits, attempts, waited)
         await _sleep_out(grants, starts_in, observer, names)
@@ -254,39 +256,23 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
 async def _attempt_all(
     limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
 ) -> list[Attempt]:
-    """One attempt per limiter (two or more), sent together; if any fails, the others'
-    grants go back and the first error is raised. Calls fail at once while a limiter's
-    breaker is open."""
-    breakers = list({id(lim._breaker): lim._breaker for lim in limiters}.values())
-    entered: list[Breaker] = []
-    try:
-        for breaker in breakers:
-            breaker.enter()
-            entered.append(breaker)
-        attempts = await _all_outcomes(limiters, permits, max_wait)
-    except BackendError as exc:
-        for breaker in entered:
-            breaker.failed(exc)
-        raise
-    except BaseException:
-        for breaker in entered:
-            breaker.left()
-        raise
-    for breaker in breakers:
-        breaker.answered()
-    return attempts
-
-
-async def _all_outcomes(
-    limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
-) -> list[Attempt]:
-    """The attempts, every request made before any answer is awaited (on Redis they go in
-    one round trip), without a task each (``Backend.start_acquire``). If this task is
+    """One attempt per limiter (two or more), every request made before any answer is
+    awaited (on Redis they go in one round trip), without a task each
+    (``Backend.start_acquire``); if any fails, the others' grants go back and the first error
+    is raised. Calls fail at once while a limiter's breaker is open. If this task is
     cancelled meanwhile, the attempts not yet answered are cancelled (their grants go back),
     and so are grants made."""
+    breakers: list[Breaker] = []
+    for limiter in limiters:
+        if limiter._breaker not in breakers:  # (limiters of one backend share one)
+            breakers.append(limiter._breaker)
+    entered = 0
     started: list[Started | Exception] = []
     outcomes: list[Attempt | Exception] = []
     try:
+        for breaker in breakers:
+            breaker.enter()
+            entered += 1
         for limiter, count in zip(limiters, permits, strict=True):
             try:
                 started.append(limiter._backend.start_acquire(limiter._name, count, max_wait))
@@ -297,19 +283,35 @@ async def _all_outcomes(
                 outcomes.append(attempt if isinstance(attempt, Exception) else await attempt)
             except Exception as exc:
                 outcomes.append(exc)
-    except BaseException:
+    except BaseException as exc:  # an open breaker, or this task cancelled meanwhile
         for attempt in started[len(outcomes) :]:
             if not isinstance(attempt, Exception):
                 attempt.cancel()
         for limiter, outcome in zip(limiters, outcomes, strict=False):
             if isinstance(outcome, Grant):
                 limiter._backend.hand_back(limiter._name, outcome.member)
+        _breakers_after(breakers[:entered], exc)
         raise
     failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
     if failures:
-        await _release(_grants(limiters, outcomes))
+        try:
+            await _release(_grants(limiters, outcomes))
+        finally:
+            _breakers_after(breakers, failures[0])
         raise failures[0]
+    for breaker in breakers:
+        breaker.answered()
     return cast("list[Attempt]", outcomes)
+
+
+def _breakers_after(breakers: list[Breaker], error: BaseException) -> None:
+    """The breakers of a call that raised ``error``: a store failure counts; anything else
+    (a cancelled caller, a refused argument) only lets the next call probe."""
+    for breaker in breakers:
+        if isinstance(error, BackendError):
+            breaker.failed(error)
+        else:
+            breaker.left()
 
 
 def _grants(
