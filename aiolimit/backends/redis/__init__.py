@@ -203,41 +203,22 @@ class RedisBackend(Backend):
     def try_acquire(  # (a coroutine function in all but name: one frame fewer per call)
         self, name: str, permits: int, max_wait_us: int | None = 0
     ) -> Coroutine[Any, Any, Grant | Refusal]:
-        args, hand_back = self._acquire_parts(name, permits, max_wait_us)
+        call = scripts.AcquireCall(self, name, permits, max_wait_us)
         return self._budget_call(
-            name, scripts.ACQUIRE, args, permits=permits, registry=True, orphan=hand_back
+            name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=call.hand_back
         )
 
     def start_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Started:
-        args, hand_back = self._acquire_parts(name, permits, max_wait_us)
+        call = scripts.AcquireCall(self, name, permits, max_wait_us)
         known = self._types.get(name)
         rate_type = RateType.OVERALL if known is None else known
-        future = self._submit(name, scripts.ACQUIRE, args, rate_type, True, (), hand_back)
-        call: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
-            name, scripts.ACQUIRE, args, permits=permits, registry=True, orphan=hand_back,
+        orphan = call.hand_back
+        future = self._submit(name, scripts.ACQUIRE, call, rate_type, True, (), orphan)
+        answer: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
+            name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=orphan,
             sent=(future, rate_type),
         )  # fmt: skip
-        return Sent(call, future, hand_back)
-
-    def _acquire_parts(
-        self, name: str, permits: int, max_wait_us: int | None
-    ) -> tuple[Callable[[RateType], list[Any]], Callable[[Any], None]]:
-        """An acquire request's arguments (by rate type), and what hands back its grant when
-        the caller was cancelled while it was in flight."""
-
-        def args(rate_type: RateType) -> list[Any]:
-            return [
-                scripts.acquire_request(
-                    permits, self._now_arg(), max_wait_us, rate_type, self.client_id
-                )
-            ]
-
-        def hand_back(reply: Any) -> None:
-            attempt = scripts.ACQUIRE.decode(reply)
-            if isinstance(attempt, Grant):
-                self.hand_back(name, attempt.member)
-
-        return args, hand_back
+        return Sent(answer, future, orphan)
 
     async def wait_time(self, name: str, permits: int) -> int:
         return await self._budget_call(

@@ -83,7 +83,8 @@ class Request:
         # that caller alone, never the round trip its request would share with others.
         # On the hot path both are bytes already, which one C-level join confirms.
         self.keys: tuple[bytes, ...] = cast("tuple[bytes, ...]", tuple(keys))
-        self.args: list[bytes] = cast("list[bytes]", list(args))
+        # (a list is a caller's own, made for this request: kept as it is)
+        self.args: list[bytes] = cast("list[bytes]", args if args.__class__ is list else list(args))
         try:
             b"".join(self.keys)
             b"".join(self.args)

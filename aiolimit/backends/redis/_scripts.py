@@ -231,6 +231,33 @@ def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     return _trouble(Reply(int(code)), raw.partition(b" ")[2].decode())
 
 
+class AcquireCall:
+    """One caller's acquire: the object is the callable of its arguments by rate type (what
+    ``RedisBackend._budget_call`` takes), and :meth:`hand_back` hands back its grant when the
+    caller was cancelled while it was in flight. (One object, not two closures and their
+    cells: fewer objects for the garbage collector while the round trip is out.)"""
+
+    __slots__ = ("backend", "max_wait_us", "name", "permits")
+
+    def __init__(self, backend: Any, name: str, permits: int, max_wait_us: int | None) -> None:
+        self.backend, self.name, self.permits, self.max_wait_us = (
+            backend,
+            name,
+            permits,
+            max_wait_us,
+        )
+
+    def __call__(self, rate_type: RateType) -> list[Any]:
+        backend = self.backend
+        now = backend._now_arg()
+        return [acquire_request(self.permits, now, self.max_wait_us, rate_type, backend.client_id)]
+
+    def hand_back(self, reply: Any) -> None:
+        attempt = ACQUIRE.decode(reply)
+        if isinstance(attempt, Grant):
+            self.backend.hand_back(self.name, attempt.member)
+
+
 def _merge_acquires(
     requests: Sequence[tuple[tuple[bytes, ...], list[bytes]]],
 ) -> tuple[list[Any], list[Any]]:
