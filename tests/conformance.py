@@ -9,18 +9,32 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
 from aiolimit import Backend, RateLimiter, RedisBackend
 from aiolimit._tools import busiest_window
 
+T = TypeVar("T")
+
 
 def now() -> float:
     return asyncio.get_running_loop().time()
+
+
+async def until(
+    read: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str, within: float = 5.0
+) -> T:
+    """Reads ``read()`` every 10 ms until ``done`` holds for it (at most ``within`` seconds of
+    the loop's clock): for what a background task (a hand-back) or a sleeping one does."""
+    deadline = now() + within
+    while not done(value := await read()):
+        assert now() < deadline, f"{what}: still {value!r} after {within} s"
+        await asyncio.sleep(0.01)
+    return value
 
 
 class LoopLag:

@@ -24,6 +24,7 @@ from conformance import (
     now,
     take,
     tolerance,
+    until,
     when_free,
 )
 from redis.asyncio import RedisCluster
@@ -133,16 +134,6 @@ def check_at(store, span: tuple[float, float], offset: float, what: str) -> None
     """Now is ``offset`` after a grant made within ``span`` (to the suite's tolerances)."""
     at = now()
     tolerance(store).check_span((at, at), (span[0] + offset, span[1] + offset), what)
-
-
-async def until(read, done, what: str, within: float = 5.0):
-    """Reads ``read()`` every 10 ms until ``done`` holds for it (at most ``within`` seconds of
-    the loop's clock): for what a background task (a hand-back) or a sleeping one does."""
-    deadline = now() + within
-    while not done(value := await read()):
-        assert now() < deadline, f"{what}: still {value!r} after {within} s"
-        await asyncio.sleep(0.01)
-    return value
 
 
 # -- exact waits --------------------------------------------------------------------------------
