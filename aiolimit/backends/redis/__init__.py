@@ -363,7 +363,3 @@ class RedisBackend(Backend):
         )
         await self._refresh(keys)
         return had_ttl
-
-
-# What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
-# or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.

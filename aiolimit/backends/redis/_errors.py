@@ -11,6 +11,8 @@ from ._scripts import Failed, NotConfigured, OverRate, QueueFull, Trouble
 
 __all__ = ["call_error", "trouble_error"]
 
+# What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
+# or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
 _LUA_NOISE = re.compile(
     r"^(?:ERR )?(?:Error running script \(call to f_\w+\): )?(?:@?user_(?:script|function):\d+: )*"
     r"|\s*script: \w+, on @?user_(?:script|function):\d+\.?\s*$"
