@@ -7,9 +7,10 @@ the memory backend under looptime, real on fakeredis, redis-server and Valkey.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
@@ -35,6 +36,25 @@ async def until(
         assert now() < deadline, f"{what}: still {value!r} after {within} s"
         await asyncio.sleep(0.01)
     return value
+
+
+@contextlib.asynccontextmanager
+async def writes_paused(admin: Any) -> AsyncIterator[None]:
+    """The server ``admin`` is a client of runs no write command (our scripts included) until
+    the block ends (``CLIENT PAUSE ... WRITE``, at most 5 s)."""
+    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+    try:
+        yield
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+
+
+async def cancelled(task: asyncio.Future[Any]) -> None:
+    """Cancels ``task``, still running, and waits until it has ended so."""
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
 
 
 class LoopLag:

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conformance import new_client, now, tolerance, until
+from conformance import cancelled, new_client, now, tolerance, until, writes_paused
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -203,16 +203,10 @@ async def test_cancelled_while_one_store_answered_and_the_other_is_paused_holds_
         await limiter.set_rate(OVERALL, 5, 60)
     pairs = [(slow, 1), (quick, 1)] if paused_first else [(quick, 1), (slow, 1)]
     admin = Redis.from_url(valkey_server.url)
-    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
-    try:
+    async with writes_paused(admin):
         call = asyncio.ensure_future(aiolimit.acquire_all(pairs))
         await until(quick.available_permits, lambda left: left == 4, "quick's grant")
-        assert not call.done()
-        call.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await call
-    finally:
-        await admin.execute_command("CLIENT", "UNPAUSE")
+        await cancelled(call)
 
     async def both() -> tuple[int, int]:
         return await quick.available_permits(), await slow.available_permits()

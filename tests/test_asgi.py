@@ -20,7 +20,7 @@ from typing import Any
 import http_sf
 import httpx
 import pytest
-from conformance import until
+from conformance import cancelled, until, writes_paused
 from redis.asyncio import Redis
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -647,17 +647,11 @@ async def test_a_request_cancelled_while_its_rules_are_checked_hands_every_grant
         sent.append(message)
 
     admin = redis_backend.redis.client()  # its own connection from the same pool settings
-    await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")  # the scripts wait
-    try:
+    async with writes_paused(admin):  # the scripts wait
         checked = asyncio.ensure_future(app(scope, receive, send))
         await asyncio.sleep(0.2)
-        assert not checked.done()
-        checked.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await checked
-    finally:
-        await admin.execute_command("CLIENT", "UNPAUSE")
-        await admin.aclose()
+        await cancelled(checked)
+    await admin.aclose()
     assert sent == []  # nothing was answered
 
     global_limiter = RateLimiter("global", redis_backend)

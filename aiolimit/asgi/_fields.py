@@ -156,14 +156,6 @@ def _policy_of(rule: Rule) -> tuple[bytes, tuple[str, ...]]:
 
 def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, bytes]]:
     """The RateLimit fields for ``items`` (one per rule; the last one per rule counts)."""
-    if len(items) == 1:  # (the common case, written out)
-        item = items[0]
-        policy, names = _policy_of(item.rule)
-        fields = [
-            (b"ratelimit-policy", policy),
-            (b"ratelimit", f"{names[item.policy]};r={item.remaining};t={item.reset}".encode()),
-        ]
-        return fields + _legacy_fields(item) if legacy else fields
     by_rule = {item.rule.name: item for item in items}
     if not by_rule:
         return []

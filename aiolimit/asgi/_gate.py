@@ -203,10 +203,7 @@ class Gate:
         items = granted_items(requests, grants)
         if items is None:
             items = await read_granted_items(requests, grants)
-        if len(requests) == 1:
-            costs = {requests[0].rule.name: requests[0].cost}
-        else:
-            costs = {r.rule.name: r.cost for r in requests}
+        costs = {r.rule.name: r.cost for r in requests}
         return Verdict(200, 0, items, "", acquired, costs)
 
     def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
