@@ -210,11 +210,7 @@ class Gate:
         """The permits of every request at once, through the one permit path (the costs are
         checked already: by the rule, or by ``Rule.cost_of``); the configs are written first
         where this process has not yet. (A coroutine function in all but name.)"""
-        if len(requests) == 1:
-            request = requests[0]
-            if request.rule.name in self._configuring:
-                return acquire([request.limiter], [request.cost], self._max_wait, _observe.current)
-        elif all(r.rule.name in self._configuring for r in requests):
+        if all(r.rule.name in self._configuring for r in requests):
             limiters = [r.limiter for r in requests]
             costs = [r.cost for r in requests]
             return acquire(limiters, costs, self._max_wait, _observe.current)
