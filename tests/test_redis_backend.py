@@ -16,6 +16,8 @@ from importlib import resources
 
 import fakeredis
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.crc import key_slot
@@ -651,3 +653,63 @@ async def test_a_batch_of_many_clients_keeps_the_registry_as_separate_calls_woul
     state_ttl = await redis.pttl(keys.client_value("c0"))
     assert 6000 < state_ttl <= 6667
     assert state_ttl + 10_000 - 50 < await redis.pttl(keys.registry) <= state_ttl + 10_002
+
+
+async def script_calls(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_fcall", {}).get("calls", 0))
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+@settings(
+    max_examples=15,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    requests=st.lists(
+        st.tuples(st.integers(1, 4), st.sampled_from([0, 300_000, None])), min_size=2, max_size=10
+    ),
+    blocked=st.booleans(),
+    later=st.sampled_from([0.1, 0.3, 1.3]),
+)
+async def test_requests_that_share_one_call_are_decided_as_the_memory_twin_decides_them(
+    redis: Redis,
+    prefix: str,
+    algorithm: Algorithm,
+    requests: list[tuple[int, int | None]],
+    blocked: bool,
+    later: float,
+) -> None:
+    # Concurrent requests of one limiter go to Redis in one acquire_many call, where most are
+    # granted by the short way (a grant now) and the rest by the whole decision (reservations,
+    # refusals, a block, a new window). In order, each must come out exactly as the memory
+    # twin decides it, and as a call of its own does: the same grant, start, permits left and
+    # member, or the same refusal; and the state left must count the same once the interval
+    # grows (set_rate with keep_state).
+    from conformance import ManualClock
+
+    async def run(backend: Backend, clock: ManualClock, together: bool) -> list[object]:
+        limiter = RateLimiter("one", backend)
+        await limiter.set_rate(RateType.OVERALL, 5, 1, algorithm=algorithm)
+        assert (await backend.try_acquire("one", 2)).granted  # a grant logged before
+        if blocked:
+            await backend.block("one", 200_000)  # over by the time of the requests but for 0.1
+        clock.advance(later)  # 1.3: the first grant's window (interval) is over
+        if together:
+            calls_before = await script_calls(redis)
+            results = await asyncio.gather(*(backend.try_acquire("one", *r) for r in requests))
+            assert await script_calls(redis) - calls_before == 1  # all made before it went
+        else:
+            results = [await backend.try_acquire("one", *r) for r in requests]
+        await limiter.set_rate(RateType.OVERALL, 5, 3, algorithm=algorithm, keep_state=True)
+        return [*results, await backend.available_permits("one")]
+
+    clock = ManualClock()
+    twin = await run(MemoryBackend(clock=clock), clock, together=False)
+    for together in (True, False):
+        clock = ManualClock()
+        backend = RedisBackend(redis, prefix=f"{prefix}{next(_prefixes)}:", clock=clock)
+        assert await run(backend, clock, together) == twin
+    assert any(isinstance(result, Grant) for result in twin) or blocked

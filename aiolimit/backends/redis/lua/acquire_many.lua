@@ -13,9 +13,18 @@
 local batch = new_batch()
 local replies = {}
 local pattern = '^(%d+) ' .. REQUEST
+local last, k, permits, now, max_wait, rate_type, client_id
 for i = 1, #ARGV do
-  local k, permits, now, max_wait, rate_type, client_id = match(ARGV[i], pattern)
-  k = k and k + 0 or 1
+  local request = ARGV[i]
+  if request ~= last then -- (many tasks of one process ask alike: read once; equal strings are one object)
+    last = request
+    k, permits, now, max_wait, rate_type, client_id = match(request, pattern)
+    if k then -- (read as numbers once; a max wait that is no number stays text, which `acquire` refuses)
+      k, permits, max_wait = k + 0, permits + 0, tonumber(max_wait) or max_wait
+    else
+      k = 1
+    end
+  end
   replies[i] = try_acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
 end
 close_batch(batch)

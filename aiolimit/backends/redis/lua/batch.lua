@@ -124,11 +124,25 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
 
   local now = limiter_now(config, now_arg)
   local group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  local algorithm = group.algorithm
+  -- One rate, no spacing (config.lane), no block ahead and no grant of this call past `now`:
+  -- where the algorithm allows the permits now, that is what the steps below come to, in
+  -- one call.
+  if config.lane and (group.latest or now) <= now and (config.blocked_until or now) <= now then
+    local tag, left = algorithm.grant_now(group, permits, now)
+    if tag then
+      group.latest = now
+      if config.type == 'PER_CLIENT' then
+        group.client_id = client_id
+      end
+      return granted(left, 0, now, 0, permits, tag, config.blocked_until)
+    end
+  end
   local start = earliest(group, permits, now)
   if not start then
     return '-4'
   end
-  local algorithm, delay = group.algorithm, start - now
+  local delay = start - now
   if delay > 0 and max_wait >= 0 and delay > max_wait then
     local left, binding = algorithm.left(group, now)
     return format('1 %d %d %d %d', delay, left, binding - 1, now)

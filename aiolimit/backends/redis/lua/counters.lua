@@ -180,6 +180,20 @@ local function counters(rule)
   function algorithm.latest(group)
     return group.last
   end
+  -- A budget of one rate without a spacing (config.lane): takes `permits` at `now` if the
+  -- rule allows them then; the grant's tag and the permits left after it (nil: not at
+  -- `now`). What start, commit and left come to, in one call.
+  function algorithm.grant_now(group, permits, now)
+    local r, n = group.config.rates[1], group.n
+    local a, b = n[1], n[2]
+    if rule.start(r, a, b, permits, now) > now then
+      return nil
+    end
+    a, b = rule.take(r, a, b, permits, now)
+    n[1], n[2] = a, b
+    group.last, group.dirty, group.fresh = now, true, false
+    return rule.tag(r, a, b, permits, now), rule.left(r, a, b, now)
+  end
   function algorithm.commit(group, permits, start)
     local rates, n = group.config.rates, group.n
     group.last = max(group.last or start, start)

@@ -106,7 +106,7 @@ local function hold_windows(group, start)
   end
 end
 
-local load, commit, save = fixed.load, fixed.commit, fixed.save
+local load, commit, grant_now, save = fixed.load, fixed.commit, fixed.grant_now, fixed.save
 
 function fixed.load(group, write)
   load(group, write)
@@ -141,6 +141,14 @@ function fixed.commit(group, permits, start)
   end
   hold_windows(group, start)
   return commit(group, permits, start)
+end
+
+function fixed.grant_now(group, permits, now)
+  local r = group.config.rates[1]
+  if floor(now / r.interval) == window_of(r, group.n[1]) then
+    return grant_now(group, permits, now) -- the latest window: no earlier one to keep
+  end
+  return nil -- (commit keeps the window it leaves behind)
 end
 
 function fixed.save(group, now)

@@ -164,6 +164,16 @@ end
 -- of a pure parse, bounded, emptied when full.) nil when the fields are not numbers.
 local RATES, RATES_KEPT, RATES_MAX = {}, 0, 256
 
+-- One rate: `rate` permits per `interval` us, and interval = q * rate + rem worked out once
+-- (the token bucket's refill of one permit takes q us and rem/rate of one, token_bucket.lua).
+local function new_rate(rate, interval)
+  local q = floor(interval / rate)
+  if q * rate > interval then
+    q = q - 1 -- (a quotient the division rounded up)
+  end
+  return { rate = rate, interval = interval, q = q, rem = interval - q * rate }
+end
+
 local function config_rates(stored, rate, interval)
   local first = stored or interval
   local kept = RATES[first]
@@ -178,11 +188,11 @@ local function config_rates(stored, rate, interval)
   if stored then
     for p, i in string.gmatch(stored, '(%d+):(%d+)') do
       p, i = tonumber(p), tonumber(i)
-      rates[#rates + 1] = { rate = p, interval = i }
+      rates[#rates + 1] = new_rate(p, i)
       rates.max_permits, rates.longest = min(rates.max_permits, p), max(rates.longest, i)
     end
   else
-    rates[1] = { rate = rates.rate, interval = rates.interval }
+    rates[1] = new_rate(rates.rate, rates.interval)
   end
   if #rates == 0 then
     return nil
@@ -219,7 +229,7 @@ local function load_config(config_key)
     clock_moved = false, gen = '-', algorithm = 'SLIDING_WINDOW', rates = false, spacing = 0,
     -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
     state = false,
-    in_hash = false, max_permits = false, longest = false,
+    in_hash = false, max_permits = false, longest = false, lane = false,
   }
   for i = 1, #c, 2 do
     config[c[i]] = c[i + 1]
@@ -252,6 +262,8 @@ local function load_config(config_key)
   end
   -- Where the state of its budget lives: in the config hash (OVERALL counters), or in value keys.
   config.in_hash = config.type == 'OVERALL' and config.algorithm ~= 'SLIDING_WINDOW'
+  -- One rate and no spacing, where the algorithm has a `grant_now`: see `acquire` (batch.lua).
+  config.lane = #rates == 1 and config.spacing == 0 and ALGORITHMS[config.algorithm].grant_now ~= nil
   return config
 end
 

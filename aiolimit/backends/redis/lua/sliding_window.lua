@@ -311,6 +311,17 @@ function sliding.commit(group, permits, start)
   return seq
 end
 
+-- One rate without a spacing (config.lane, batch.lua): the grant at `now` when the log has
+-- room for it then (nil: not at `now`), as start, commit and left come to it.
+function sliding.grant_now(group, permits, now)
+  local budget = group.budgets[1]
+  if budget.rate - budget.used < permits or budget.used + permits > MAX_EXACT then
+    return nil
+  end
+  local tag = sliding.commit(group, permits, now)
+  return tag, budget.rate - budget.used
+end
+
 function sliding.keep(group)
   local budgets = group.budgets
   for k = 1, #budgets do

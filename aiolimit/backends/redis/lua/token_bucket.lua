@@ -5,15 +5,18 @@
 
 -- The refill that n tokens of rate r cost, n * interval / rate microseconds, exactly: whole
 -- microseconds and the rest in 1/rate of a microsecond. (Past 2^53 a product is not exact
--- in a double: the cost is then rounded up to whole microseconds, never down.)
+-- in a double: the cost is then rounded up to whole microseconds, never down.) r is one of
+-- a config's rates (new_rate in lib.lua: interval = q * rate + rem, rem < rate).
 local function cost(r, n)
-  local q = floor(r.interval / r.rate)
-  local rest = n * (r.interval - q * r.rate)
+  if n == 1 then
+    return r.q, r.rem
+  end
+  local rest = n * r.rem
   if rest >= MAX_EXACT then
-    return n * q + ceil(rest / r.rate), 0
+    return n * r.q + ceil(rest / r.rate), 0
   end
   local whole = floor(rest / r.rate)
-  return n * q + whole, rest - whole * r.rate
+  return n * r.q + whole, rest - whole * r.rate
 end
 
 -- A bucket's full time (us, frac) moved on by n tokens, from no earlier than `from`.
