@@ -20,6 +20,8 @@
 --   left(r, a, b, now)               permits the rate allows at `now`
 --   start(r, a, b, permits, now)     the earliest time it allows `permits` (may be < now)
 --   take(r, a, b, permits, start)    a, b once `permits` are taken at `start`
+--   take_now(r, a, b, permits, now)  take at `now` where start allows `permits` then (nil:
+--                                    not then), for a budget of one rate (`grant_now`)
 --   tag(r, a, b, permits, start)     what tells a grant from the budget's others that start
 --                                    then, from the first rate's numbers after it
 --   until_(r, a, b, config, now)     until when the numbers matter (kept_until, held.lua)
@@ -185,11 +187,10 @@ local function counters(rule)
   -- `now`). What start, commit and left come to, in one call.
   function algorithm.grant_now(group, permits, now)
     local r, n = group.config.rates[1], group.n
-    local a, b = n[1], n[2]
-    if rule.start(r, a, b, permits, now) > now then
+    local a, b = rule.take_now(r, n[1], n[2], permits, now)
+    if not a then
       return nil
     end
-    a, b = rule.take(r, a, b, permits, now)
     n[1], n[2] = a, b
     group.last, group.dirty, group.fresh = now, true, false
     return rule.tag(r, a, b, permits, now), rule.left(r, a, b, now)

@@ -39,6 +39,14 @@ local fixed = counters({
     end
     return (window + 1) * r.interval, count
   end,
+  take_now = function(r, window_end, count, permits, now)
+    -- Only in the latest window: a grant that starts another one leaves this one behind,
+    -- which `commit` keeps (see below).
+    if floor(now / r.interval) == window_of(r, window_end) and count + permits <= r.rate then
+      return window_end, count + permits
+    end
+    return nil
+  end,
   tag = function(r, window_end, count, permits)
     return count - permits -- the permits its window held before it
   end,
@@ -106,7 +114,7 @@ local function hold_windows(group, start)
   end
 end
 
-local load, commit, grant_now, save = fixed.load, fixed.commit, fixed.grant_now, fixed.save
+local load, commit, save = fixed.load, fixed.commit, fixed.save
 
 function fixed.load(group, write)
   load(group, write)
@@ -141,14 +149,6 @@ function fixed.commit(group, permits, start)
   end
   hold_windows(group, start)
   return commit(group, permits, start)
-end
-
-function fixed.grant_now(group, permits, now)
-  local r = group.config.rates[1]
-  if floor(now / r.interval) == window_of(r, group.n[1]) then
-    return grant_now(group, permits, now) -- the latest window: no earlier one to keep
-  end
-  return nil -- (commit keeps the window it leaves behind)
 end
 
 function fixed.save(group, now)

@@ -136,6 +136,13 @@ ALGORITHMS.TOKEN_BUCKET = counters({
   take = function(r, tat, frac, permits, start)
     return refilled(r, tat, frac, start, permits)
   end,
+  take_now = function(r, tat, frac, permits, now)
+    tat, frac = refilled(r, tat, frac, now, permits)
+    if tat - r.interval + (frac > 0 and 1 or 0) <= now then -- (start's, from the same refill)
+      return tat, frac
+    end
+    return nil
+  end,
   tag = function(r, tat, frac, permits, start)
     return tat - start -- the bucket's full time after it, from its start
   end,
