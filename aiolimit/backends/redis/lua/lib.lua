@@ -337,6 +337,10 @@ end
 --                                  need it (nil: none)
 --   commit(group, permits, start)  takes `permits` at `start` in every rate; the tag of the
 --                                  grant's member (GRANTED)
+--   grant_now(group, permits, now) for a config of one rate and no spacing (config.lane):
+--                                  what start, commit and left come to for a grant at
+--                                  `now` (its tag and the permits left), nil when `permits`
+--                                  are not free then; batch.lua's `acquire` asks it first
 --   keep(group)                    marks every stored part for `save` to write back
 --   save(group, now)               writes back what changed; the longest TTL in ms (0: gone)
 --   release(group, wanted, member, now)  hands back `wanted` permits from the latest grants
