@@ -187,7 +187,7 @@ class Coalescer:
         taken: set[Key | None] = set()
         rest: list[Request] = []
         for request in queue:
-            limiter = _limiter_of(request)
+            limiter = request.keys[0] if request.keys else None  # (_limiter_of, written out)
             if limiter in busy or (limiter is None and busy) or None in taken:
                 rest.append(request)
             elif len(batch) >= _ROUND_TRIP_MOST and limiter not in taken:

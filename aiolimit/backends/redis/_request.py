@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from ...errors import InvalidArgumentError
 from ..base import Attempt
@@ -82,9 +82,10 @@ class Request:
         # Encoded now, in the caller's own call: a key or argument that cannot be sent fails
         # that caller alone, never the round trip its request would share with others.
         # On the hot path both are bytes already, which one C-level join confirms.
-        self.keys: tuple[bytes, ...] = cast("tuple[bytes, ...]", tuple(keys))
-        # (a list is a caller's own, made for this request: kept as it is)
-        self.args: list[bytes] = cast("list[bytes]", args if args.__class__ is list else list(args))
+        # (a list is a caller's own, made for this request: kept as it is; the types are
+        # the join's to confirm, with no cast to call)
+        self.keys: tuple[bytes, ...] = tuple(keys)  # type: ignore[arg-type]
+        self.args: list[bytes] = args if args.__class__ is list else list(args)
         try:
             b"".join(self.keys)
             b"".join(self.args)
