@@ -37,12 +37,6 @@ _SECOND = 16  # requests waiting that justify a second round trip in flight
 _ROUND_TRIP_MOST = 32  # requests one round trip takes while more wait (see _take)
 
 
-def _limiter_of(request: Request) -> Key | None:
-    """What a request's order matters within: its first key (a limiter's config hash, or the
-    one key of a plain command); None for a request without keys, which goes alone."""
-    return request.keys[0] if request.keys else None
-
-
 class Coalescer:
     """Shares round trips between concurrent calls on one Redis client.
 
@@ -177,17 +171,19 @@ class Coalescer:
         calls/s of one round trip of 64). The two may reach Redis in either order, so a
         limiter's requests never go in both: a request for a limiter of the other round trip
         waits for it, and a limiter's requests go out in the order they were made."""
+        # A request's limiter, what its order matters within, is its first key (a limiter's
+        # config hash, or the one key of a plain command), None for a request without keys,
+        # which goes alone: `request.keys[0] if request.keys else None`, written out below.
         queue = self._queue
         busy: set[Key | None] = set().union(*self._flying) if self._flying else set()
         if not busy and len(queue) <= _ROUND_TRIP_MOST:
             self._queue = []
-            # (_limiter_of, written out: this runs for every request)
             return queue, {r.keys[0] if r.keys else None for r in queue}, False
         batch: list[Request] = []
         taken: set[Key | None] = set()
         rest: list[Request] = []
         for request in queue:
-            limiter = request.keys[0] if request.keys else None  # (_limiter_of, written out)
+            limiter = request.keys[0] if request.keys else None
             if limiter in busy or (limiter is None and busy) or None in taken:
                 rest.append(request)
             elif len(batch) >= _ROUND_TRIP_MOST and limiter not in taken:
