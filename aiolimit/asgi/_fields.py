@@ -100,13 +100,9 @@ def granted_items(
     permits left, costs no read)."""
     items = []
     for (rule, _, _), grant in zip(requests, grants, strict=True):
-        left = grant.left
-        if left <= 0 and len(rule.rates) > 1:
+        if grant.left <= 0 and len(rule.rates) > 1:
             return None
-        binding = grant.binding
-        if binding:
-            binding = fewest_left(rule, binding)
-        items.append(Item(rule, left if left > 0 else 0, rule.windows[binding], binding))
+        items.append(granted_item(rule, grant.left, grant.binding))
     return items
 
 

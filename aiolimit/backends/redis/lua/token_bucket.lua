@@ -32,6 +32,12 @@ local function refilled(r, us, frac, from, n)
   return us + whole, frac
 end
 
+-- The earliest start of a grant after which the bucket is full at (tat, frac): one interval
+-- before, in whole microseconds, rounded up.
+local function first_start(r, tat, frac)
+  return tat - r.interval + (frac > 0 and 1 or 0)
+end
+
 -- How many of the `permits` tokens of a grant that started at `start` have come back by
 -- `now`, at least: the bucket refills oldest first, a token per interval/rate, and the
 -- grant's first token comes back no earlier than one such step after its start.
@@ -131,14 +137,14 @@ ALGORITHMS.TOKEN_BUCKET = counters({
   end,
   start = function(r, tat, frac, permits, now)
     tat, frac = refilled(r, tat, frac, now, permits)
-    return tat - r.interval + (frac > 0 and 1 or 0)
+    return first_start(r, tat, frac)
   end,
   take = function(r, tat, frac, permits, start)
     return refilled(r, tat, frac, start, permits)
   end,
   take_now = function(r, tat, frac, permits, now)
     tat, frac = refilled(r, tat, frac, now, permits)
-    if tat - r.interval + (frac > 0 and 1 or 0) <= now then -- (start's, from the same refill)
+    if first_start(r, tat, frac) <= now then -- (start's test, on the same refill)
       return tat, frac
     end
     return nil
