@@ -661,6 +661,43 @@ async def script_calls(redis: Redis) -> int:
 
 
 @pytest.mark.parametrize("algorithm", list(Algorithm))
+@pytest.mark.parametrize("rate_type", list(RateType))
+async def test_alike_requests_of_one_call_are_granted_until_the_budget_is_out_then_refused(
+    redis: Redis, prefix: str, algorithm: Algorithm, rate_type: RateType
+) -> None:
+    # The tasks of one process asking one limiter alike send equal requests, and one call
+    # grants a run of them without deciding each afresh while its budget has room. Once it has
+    # none, the rest of the run must come out as calls of their own do: refused, nothing
+    # taken. On the server's clock (the default) and an interval no test outlasts, each
+    # request must be decided as the memory twin decides it, and as a call of its own is.
+    asks = [1] * 3 + [2] + [1] * 4  # two runs of alike requests around another
+
+    async def run(backend: Backend, together: bool) -> list[tuple[bool, int, int | None]]:
+        limiter = RateLimiter("one", backend)
+        await limiter.set_rate(rate_type, 6, 3600, algorithm=algorithm)
+        if together:
+            calls_before = await script_calls(redis)
+            results = await asyncio.gather(*(backend.try_acquire("one", a) for a in asks))
+            assert await script_calls(redis) - calls_before == 1  # all in one call
+        else:
+            results = [await backend.try_acquire("one", a) for a in asks]
+        members = [r.member for r in results if isinstance(r, Grant)]
+        assert len(set(members)) == len(members)  # each grant its own member
+        assert (await backend.available_permits("one")) == 0
+        return [
+            (r.granted, r.left, parse_grant(r.member)[0] if isinstance(r, Grant) else None)
+            for r in results
+        ]
+
+    client_id = "c" if rate_type is RateType.PER_CLIENT else None
+    twin = await run(MemoryBackend(client_id=client_id), together=False)
+    assert [granted for granted, _, _ in twin] == [True] * 5 + [False] * 3
+    for together in (True, False):
+        backend = RedisBackend(redis, prefix=f"{prefix}{next(_prefixes)}:", client_id=client_id)
+        assert await run(backend, together) == twin
+
+
+@pytest.mark.parametrize("algorithm", list(Algorithm))
 @settings(
     max_examples=15,
     deadline=None,

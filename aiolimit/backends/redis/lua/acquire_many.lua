@@ -13,19 +13,21 @@
 local batch = new_batch()
 local replies = {}
 local pattern = '^(%d+) ' .. REQUEST
-local last, k, permits, now, max_wait, rate_type, client_id
-for i = 1, #ARGV do
-  local request = ARGV[i]
-  if request ~= last then -- (many tasks of one process ask alike: read once; equal strings are one object)
-    last = request
-    k, permits, now, max_wait, rate_type, client_id = match(request, pattern)
-    if k then -- (read as numbers once; a max wait that is no number stays text, which `acquire` refuses)
-      k, permits, max_wait = k + 0, permits + 0, tonumber(max_wait) or max_wait
-    else
-      k = 1
-    end
+local count, first = #ARGV, 1
+while first <= count do
+  -- A run of alike requests (equal strings are one object: one comparison each) is read once.
+  local request, last = ARGV[first], first
+  while last < count and ARGV[last + 1] == request do
+    last = last + 1
   end
-  replies[i] = try_acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
+  local k, permits, now, max_wait, rate_type, client_id = match(request, pattern)
+  if k then -- (read as numbers once; a max wait that is no number stays text, which `acquire` refuses)
+    k, permits, max_wait = k + 0, permits + 0, tonumber(max_wait) or max_wait
+  else
+    k = 1
+  end
+  acquire_alike(batch, replies, first, last, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
+  first = last + 1
 end
 close_batch(batch)
 return table.concat(replies, '\n')

@@ -68,7 +68,10 @@ local function close_group(batch, group)
 end
 
 local function new_batch()
-  return { configs = {}, groups = {}, order = {}, checked = {}, registries = {}, registry_order = {} }
+  return {
+    configs = {}, groups = {}, order = {}, checked = {}, registries = {}, registry_order = {},
+    lane = false, at = 0, -- (grant_alike)
+  }
 end
 
 local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
@@ -122,8 +125,13 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
     return '-2 ' .. fmt(config.max_permits)
   end
 
-  local now = limiter_now(config, now_arg)
-  local group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  -- (the server's TIME, once read, and a budget this call has opened at that time: the common
+  -- case, found without a call)
+  local now = now_arg == '-' and server_now or limiter_now(config, now_arg)
+  local group = batch.groups[value_key]
+  if not group or group.now ~= now then
+    group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+  end
   local algorithm = group.algorithm
   -- One rate, no spacing (config.lane), no block ahead and no grant of this call past `now`:
   -- where the algorithm allows the permits now, that is what the steps below come to, in
@@ -135,6 +143,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
       if config.type == 'PER_CLIENT' then
         group.client_id = client_id
       end
+      batch.lane = group -- (see grant_alike)
       return granted(left, 0, now, 0, permits, tag, config.blocked_until)
     end
   end
@@ -166,6 +175,47 @@ local function try_acquire(batch, config_key, value_key, permits_key, registry_k
     return reply
   end
   return '-5 ' .. error_text(reply)
+end
+
+-- Alike requests (the same fields: the tasks of one process asking one budget alike) come one
+-- after another in a call. Once one of them was granted at once on a lane (`acquire` leaves
+-- its group in batch.lane), nothing `acquire` checks has changed for the next: the same
+-- config, time and budget, whose latest grant is `now`. So the next take grant_now alone,
+-- each with the reply `acquire` would give it, until one is not free now: that one goes
+-- through `acquire` like any other. Returns the first request not granted here.
+local function grant_alike(batch, replies, i, last, group, permits)
+  local grant_now, now, blocked_until = group.algorithm.grant_now, group.now, group.config.blocked_until
+  while i <= last do
+    batch.at = i
+    local tag, left = grant_now(group, permits, now)
+    if not tag then
+      return i
+    end
+    replies[i] = granted(left, 0, now, 0, permits, tag, blocked_until)
+    i = i + 1
+  end
+  return i
+end
+
+-- Runs the alike requests first..last, their replies in replies[first..last], each as
+-- try_acquire would: a failure is its own request's "-5" reply alone.
+local function acquire_alike(batch, replies, first, last, config_key, value_key, permits_key, registry_key, permits, ...)
+  local i = first
+  while i <= last do
+    batch.lane = false
+    replies[i] = try_acquire(batch, config_key, value_key, permits_key, registry_key, permits, ...)
+    i = i + 1
+    local group = batch.lane
+    if group and i <= last then
+      local ok, after = pcall(grant_alike, batch, replies, i, last, group, permits)
+      if ok then
+        i = after
+      else
+        replies[batch.at] = '-5 ' .. error_text(after)
+        i = batch.at + 1
+      end
+    end
+  end
 end
 
 -- Writes every group a batch granted from, each registry it wrote to, and every clock it
