@@ -26,7 +26,11 @@ while first <= count do
   else
     k = 1
   end
-  acquire_alike(batch, replies, first, last, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
+  if last == first then
+    replies[first] = try_acquire(batch, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
+  else
+    acquire_alike(batch, replies, first, last, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], permits, now, max_wait, rate_type, client_id)
+  end
   first = last + 1
 end
 close_batch(batch)
