@@ -68,6 +68,65 @@ end)
 """
 
 
+# Two more references, counted by lua_instructions.py --floor. The least a string-keyed GCRA
+# can do (no config: TIME once per call, then GET and SET ... PX per request), the floor the
+# issue's targets were drawn from; and a bare sliding log (per budget once per call: HGETALL
+# the config, GET the value, ZREMRANGEBYSCORE what left the window, then one ZADD of the
+# call's grants, SET the value, PEXPIRE the log; no wait, no TTL rule, no summary).
+GET_SET_FLOOR = """
+redis.register_function('get_set_acquire_many', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local replies = {}
+  for i, arg in ipairs(ARGV) do
+    local k, permits = string.match(arg, '^(%d+) (%d+) ')
+    local key = KEYS[tonumber(k) + 1]
+    local tat = math.max(now, tonumber(redis.call('GET', key) or now)) + tonumber(permits)
+    redis.call('SET', key, string.format('%d', tat), 'PX', '1000')
+    replies[i] = string.format('0 %d 0 %d 0 %d:%d:%d', 999, now, permits, now, tat - now)
+  end
+  return table.concat(replies, '\\n')
+end)
+"""
+
+LOG_FLOOR = """
+redis.register_function('log_acquire_many', function(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local score = string.format('%d', now)
+  local replies, logs, order = {}, {}, {}
+  for i, arg in ipairs(ARGV) do
+    local k, permits = string.match(arg, '^(%d+) (%d+) ')
+    k = tonumber(k)
+    local log = logs[k]
+    if not log then
+      local c = redis.call('HGETALL', KEYS[k])
+      local raw = redis.call('GET', KEYS[k + 1])
+      log = { used = 0, seq = 0, args = {} }
+      if raw then
+        local used, seq = string.match(raw, '^%S+ (%d+) (%d+)')
+        log.used, log.seq = used + 0, seq + 0
+      end
+      redis.call('ZREMRANGEBYSCORE', KEYS[k + 2], '-inf', string.format('%d', now - 1000000))
+      logs[k], order[#order + 1] = log, k
+    end
+    log.seq, log.used = log.seq + 1, log.used + permits
+    log.args[#log.args + 1] = score
+    log.args[#log.args + 1] = permits .. ':' .. log.seq
+    replies[i] = '0 ' .. (999999 - log.used) .. ' 0 ' .. score .. ' 0 '
+      .. permits .. ':' .. score .. ':' .. log.seq
+  end
+  for _, k in ipairs(order) do
+    local log = logs[k]
+    redis.call('ZADD', KEYS[k + 2], unpack(log.args))
+    redis.call('SET', KEYS[k + 1], '1 ' .. log.used .. ' ' .. log.seq .. ' -', 'PX', '2000')
+    redis.call('PEXPIRE', KEYS[k + 2], '2000')
+  end
+  return table.concat(replies, '\\n')
+end)
+"""
+
+
 def source(lua: Path, names: list[str]) -> str:
     # (a file an older version did not have yet is left out)
     files = [lua / f"{name}.lua" for name in names]

@@ -3,6 +3,7 @@ number on a busy machine as on an idle one, so changes of a few percent show.
 
     python benchmarks/lua_instructions.py --limiters 1 --batch 32
     python benchmarks/lua_instructions.py --lua /tmp/main-lua --lua . --limiters 2000
+    python benchmarks/lua_instructions.py --floor --limiters 2000   # beside the floors
 
 Needs valgrind (``callgrind_control``). Starts its own redis-server under callgrind
 (instrumentation off while the limiters are configured), then for each Lua directory, as
@@ -11,6 +12,11 @@ EVALSHA and as a Redis Functions library (FCALL), sends ``--calls`` acquire_many
 instructions the server executed meanwhile (every thread). Each variant runs twice, the
 first pass unmeasured, so every variant finds the limiters' state as the others left it.
 Under valgrind the server is ~50 times slower: a few thousand limiters are plenty.
+
+``--floor`` adds reference scripts that are not aiolimit, on the same keys and requests: for
+the counters the layout's floor (``lua_cost.FLOOR``: HGETALL the config hash, a bare GCRA
+step, HSET its state) and the least any GCRA can do (``GET_SET_FLOOR``: a string per limiter,
+GET and SET ... PX, no config); for the sliding window a bare log (``LOG_FLOOR``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from lua_cost import configure, library, script
+from lua_cost import FLOOR, GET_SET_FLOOR, LOG_FLOOR, configure, library, script
 from redis import Redis
 
 import aiolimit
@@ -97,6 +103,7 @@ def main() -> None:
     parser.add_argument("--limiters", type=int, default=1)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--floor", action="store_true", help="add the reference floors")
     args = parser.parse_args()
     dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
     with callgrind_server("redis-server", "/dev/null") as (pid, redis, url):
@@ -106,6 +113,20 @@ def main() -> None:
             variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script(lua)))
             redis.function_load(library(lua, f"lua_ir_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_ir_{k}_acquire_many")
+        if args.floor:
+            floors = {
+                "SLIDING_WINDOW": {"floor: a bare log (not aiolimit)": LOG_FLOOR},
+            }.get(
+                args.algorithm,
+                {
+                    "floor: HGETALL, GCRA, HSET (not aiolimit)": FLOOR,
+                    "floor: GET, GCRA, SET PX, no config (not aiolimit)": GET_SET_FLOOR,
+                },
+            )
+            for name, code in floors.items():
+                function = code.split("register_function('")[1].split("'")[0]
+                redis.function_load(f"#!lua name={function}\n{code}", replace=True)
+                variants[name] = ("FCALL", function)
         work = calls_of(args.limiters, args.batch, args.calls)
         for measured in (False, True):
             for name, command in variants.items():
