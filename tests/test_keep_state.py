@@ -186,6 +186,46 @@ async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
 
 
 @RATE_TYPES
+async def test_fixed_windows_keep_the_latest_earlier_windows_each_with_its_own_count(
+    store, name, rate_type
+):
+    # 1, 2 and 3 grants in the windows of 0, 100 and 200 s, then 1 at 300 s, each new window
+    # begun by a grant at once: the summary keeps the latest HELD_BUCKETS windows left behind
+    # (2 and 3 grants), not the oldest. Switched to 10 per 1000 s at 350 s, the new window
+    # [0, 1000 s) counts 1 + 3 + 2 = 6 of the 7 grants (keeping the oldest would count 5).
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
+    for i, grants in enumerate([1, 2, 3, 1]):
+        if i:
+            await advance(store, clock, 100)
+        assert await _granted(limiter, grants) == grants
+    await advance(store, clock, 50)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
+    assert await _granted(limiter, 10) == 10 - 6
+
+
+@RATE_TYPES
+async def test_a_window_whose_grants_were_all_handed_back_is_not_kept(store, name, rate_type):
+    # 1 and 2 grants in the windows of 0 and 100 s; at 200 s a grant handed back; 1 grant at
+    # 300 s. The window of 200 s holds nothing, so the summary keeps the two before it, each
+    # moved on to the new latest window: switched to 10 per 1000 s at 350 s, [0, 1000 s)
+    # counts 1 + 2 + 1 = 4.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
+    for i, grants in enumerate([1, 2, 1, 1]):
+        if i:
+            await advance(store, clock, 100)
+        assert await _granted(limiter, grants) == grants
+        if i == 2:
+            await limiter.release(1)
+    await advance(store, clock, 50)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
+    assert await _granted(limiter, 10) == 10 - 4
+
+
+@RATE_TYPES
 async def test_several_rates_switched_to_one_count_the_first_rates_earlier_windows(
     store, name, rate_type
 ):

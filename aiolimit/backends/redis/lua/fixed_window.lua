@@ -12,7 +12,7 @@ local function window_of(r, window_end)
   return floor((window_end - 1) / r.interval)
 end
 
-local fixed = counters({
+local fixed_rule = {
   loaded = function(r, window_end, count)
     return window_end, count
   end,
@@ -64,7 +64,8 @@ local fixed = counters({
     local back = min(wanted, count)
     return back, window_end, count - back
   end,
-})
+}
+local fixed = counters(fixed_rule)
 ALGORITHMS.FIXED_WINDOW = fixed
 
 -- Reads the earlier windows of group.tail (entries of rates the config still has), counting
@@ -114,7 +115,7 @@ local function hold_windows(group, start)
   end
 end
 
-local load, commit, save = fixed.load, fixed.commit, fixed.save
+local load, commit, save, grant_now = fixed.load, fixed.commit, fixed.save, fixed.grant_now
 
 function fixed.load(group, write)
   load(group, write)
@@ -149,6 +150,51 @@ function fixed.commit(group, permits, start)
   end
   hold_windows(group, start)
   return commit(group, permits, start)
+end
+
+-- A grant now (config.lane: one rate) that starts a new window, where the earlier windows
+-- are as `load` read them without tables: a tail of this rate's alone, none in its latest
+-- window (group.held nil), or none (an empty group.held). The window left behind joins them
+-- as `commit` and `save` would write it, oldest first, at most HELD_BUCKETS, each `ago` now
+-- from the new window's end: in text, without the general way's tables.
+function fixed.grant_now(group, permits, now)
+  local tag, left = grant_now(group, permits, now)
+  local held, r, n = group.held, group.config.rates[1], group.n
+  if tag or permits > r.rate or (held and (#held > 0 or group.tail)) then
+    return tag, left
+  end
+  local window_end, count = n[1], n[2]
+  local window = floor(now / r.interval)
+  if window <= window_of(r, window_end) then
+    return nil -- (a full window, or a reservation ahead: the whole way)
+  end
+  local ends = (window + 1) * r.interval
+  local c1, a1, c2, a2
+  if group.tail then
+    c1, a1, c2, a2 = match(group.tail, '^ ~1:(%d+):(%d+) ~1:(%d+):(%d+)$')
+    if not c1 then
+      c2, a2 = match(group.tail, '^ ~1:(%d+):(%d+)$')
+    end
+  end
+  local tail = ''
+  if count > 0 then
+    -- (the newest kept window, then the one left behind; the oldest of three goes)
+    if c2 then
+      tail = ' ~1:' .. fmt(c2 + 0) .. ':' .. fmt(ends - window_end + a2)
+    end
+    tail = tail .. ' ~1:' .. fmt(count) .. ':' .. fmt(ends - window_end)
+  else
+    if c1 then
+      tail = ' ~1:' .. fmt(c1 + 0) .. ':' .. fmt(ends - window_end + a1)
+    end
+    if c2 then
+      tail = tail .. ' ~1:' .. fmt(c2 + 0) .. ':' .. fmt(ends - window_end + a2)
+    end
+  end
+  n[1], n[2] = ends, permits
+  group.tail, group.held = tail ~= '' and tail or nil, nil
+  group.last, group.dirty, group.fresh = now, true, false
+  return fixed_rule.tag(r, ends, permits, permits, now), fixed_rule.left(r, ends, permits, now)
 end
 
 function fixed.save(group, now)
