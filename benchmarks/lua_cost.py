@@ -163,6 +163,7 @@ async def configure(
     limiters: int,
     algorithm: aiolimit.Algorithm,
     rate_type: aiolimit.RateType = aiolimit.RateType.OVERALL,
+    interval: float = 1,
 ) -> None:
     redis = AsyncRedis.from_url(url)
     backend = aiolimit.RedisBackend(redis)
@@ -170,7 +171,7 @@ async def configure(
     for start in range(0, limiters, 200):
         await asyncio.gather(
             *(
-                limiter.set_rate(rate_type, 10**9, 1, algorithm=algorithm)
+                limiter.set_rate(rate_type, 10**9, interval, algorithm=algorithm)
                 for limiter in names[start : start + 200]
             )
         )

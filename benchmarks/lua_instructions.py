@@ -4,6 +4,7 @@ number on a busy machine as on an idle one, so changes of a few percent show.
     python benchmarks/lua_instructions.py --limiters 1 --batch 32
     python benchmarks/lua_instructions.py --lua /tmp/main-lua --lua . --limiters 2000
     python benchmarks/lua_instructions.py --floor --limiters 2000   # beside the floors
+    python benchmarks/lua_instructions.py --algorithm fixed_window --limiters 2000 --interval 3600
 
 Needs valgrind (``callgrind_control``). Starts its own redis-server under callgrind
 (instrumentation off while the limiters are configured), then for each Lua directory, as
@@ -104,10 +105,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--floor", action="store_true", help="add the reference floors")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1,
+        help="the limiters' interval, s (1: under"
+        " valgrind nearly every fixed-window request starts a new window; 3600: none does)",
+    )
     args = parser.parse_args()
     dirs = [d if d.name == "lua" else d / "aiolimit/backends/redis/lua" for d in args.lua or [here]]
     with callgrind_server("redis-server", "/dev/null") as (pid, redis, url):
-        asyncio.run(configure(url, args.limiters, aiolimit.Algorithm(args.algorithm)))
+        asyncio.run(
+            configure(
+                url, args.limiters, aiolimit.Algorithm(args.algorithm), interval=args.interval
+            )
+        )
         variants: dict[str, tuple[str, str]] = {}
         for k, lua in enumerate(dirs):
             variants[f"{lua} EVALSHA"] = ("EVALSHA", redis.script_load(script(lua)))
