@@ -32,6 +32,22 @@ async def _granted(limiter: RateLimiter, tries: int) -> int:
     return sum([await limiter.try_acquire() for _ in range(tries)])
 
 
+async def _windows_then_longer(store, clock, limiter, rate_type, grants, release_in=None) -> int:
+    # A fixed window of 100 s (rate 3) per entry of `grants`, each granted that many at its
+    # start (and, in window `release_in`, one handed back); at 50 s into the last, switched
+    # to 10 per 1000 s keeping the state: how many the new window [0, 1000 s) still grants.
+    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
+    for i, count in enumerate(grants):
+        if i:
+            await advance(store, clock, 100)
+        assert await _granted(limiter, count) == count
+        if i == release_in:
+            await limiter.release(1)
+    await advance(store, clock, 50)
+    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
+    return await _granted(limiter, 10)
+
+
 @ALGORITHMS
 @RATE_TYPES
 @pytest.mark.parametrize(
@@ -175,14 +191,8 @@ async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
     # per 1000 s at 350 s, the new window [0, 1000 s) counts 3 of the 4 grants.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=FIXED)
-    for i in range(4):
-        if i:
-            await advance(store, clock, 100)
-        assert await limiter.try_acquire()
-    await advance(store, clock, 50)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
-    assert await _granted(limiter, 10) == 10 - 1 - HELD_BUCKETS
+    granted = await _windows_then_longer(store, clock, limiter, rate_type, [1, 1, 1, 1])
+    assert granted == 10 - 1 - HELD_BUCKETS
 
 
 @RATE_TYPES
@@ -195,14 +205,7 @@ async def test_fixed_windows_keep_the_latest_earlier_windows_each_with_its_own_c
     # [0, 1000 s) counts 1 + 3 + 2 = 6 of the 7 grants (keeping the oldest would count 5).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
-    for i, grants in enumerate([1, 2, 3, 1]):
-        if i:
-            await advance(store, clock, 100)
-        assert await _granted(limiter, grants) == grants
-    await advance(store, clock, 50)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
-    assert await _granted(limiter, 10) == 10 - 6
+    assert await _windows_then_longer(store, clock, limiter, rate_type, [1, 2, 3, 1]) == 10 - 6
 
 
 @RATE_TYPES
@@ -213,16 +216,8 @@ async def test_a_window_whose_grants_were_all_handed_back_is_not_kept(store, nam
     # counts 1 + 2 + 1 = 4.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
-    for i, grants in enumerate([1, 2, 1, 1]):
-        if i:
-            await advance(store, clock, 100)
-        assert await _granted(limiter, grants) == grants
-        if i == 2:
-            await limiter.release(1)
-    await advance(store, clock, 50)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
-    assert await _granted(limiter, 10) == 10 - 4
+    granted = await _windows_then_longer(store, clock, limiter, rate_type, [1, 2, 1, 1], 2)
+    assert granted == 10 - 4
 
 
 @RATE_TYPES
