@@ -126,17 +126,17 @@ def main() -> None:
             redis.function_load(library(lua, f"lua_ir_{k}"), replace=True)
             variants[f"{lua} FCALL"] = ("FCALL", f"lua_ir_{k}_acquire_many")
         if args.floor:
-            floors = {
-                "SLIDING_WINDOW": {"floor: a bare log (not aiolimit)": LOG_FLOOR},
-            }.get(
-                args.algorithm,
-                {
-                    "floor: HGETALL, GCRA, HSET (not aiolimit)": FLOOR,
-                    "floor: GET, GCRA, SET PX, no config (not aiolimit)": GET_SET_FLOOR,
-                },
-            )
-            for name, code in floors.items():
-                function = code.split("register_function('")[1].split("'")[0]
+            # (label: the reference's function, as its code registers it, and the code)
+            counters = {
+                "floor: HGETALL, GCRA, HSET (not aiolimit)": ("floor_acquire_many", FLOOR),
+                "floor: GET, GCRA, SET PX, no config (not aiolimit)": (
+                    "get_set_acquire_many",
+                    GET_SET_FLOOR,
+                ),
+            }
+            log = {"floor: a bare log (not aiolimit)": ("log_acquire_many", LOG_FLOOR)}
+            floors = log if args.algorithm == "SLIDING_WINDOW" else counters
+            for name, (function, code) in floors.items():
                 redis.function_load(f"#!lua name={function}\n{code}", replace=True)
                 variants[name] = ("FCALL", function)
         work = calls_of(args.limiters, args.batch, args.calls)

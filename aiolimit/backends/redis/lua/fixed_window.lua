@@ -117,6 +117,13 @@ end
 
 local load, commit, save, grant_now = fixed.load, fixed.commit, fixed.save, fixed.grant_now
 
+-- One entry of the summary: rate i's earlier window of `count` permits, which ended `ago` us
+-- before the rate's latest window. (Joined from fmt's texts, which the same few numbers mostly
+-- find made: see lib.lua.)
+local function held_entry(i, count, ago)
+  return ' ~' .. fmt(i) .. ':' .. fmt(count) .. ':' .. fmt(ago)
+end
+
 function fixed.load(group, write)
   load(group, write)
   if group.fresh then
@@ -160,7 +167,7 @@ end
 function fixed.grant_now(group, permits, now)
   local tag, left = grant_now(group, permits, now)
   local held, r, n = group.held, group.config.rates[1], group.n
-  if tag or permits > r.rate or (held and (#held > 0 or group.tail)) then
+  if tag or permits > r.rate or (held and #held > 0) then
     return tag, left
   end
   local window_end, count = n[1], n[2]
@@ -176,20 +183,16 @@ function fixed.grant_now(group, permits, now)
       c2, a2 = match(group.tail, '^ ~1:(%d+):(%d+)$')
     end
   end
-  local tail = ''
+  -- The window left behind (if it held grants) after the kept ones; of three, the oldest goes.
+  local moved, tail = ends - window_end, ''
+  if c1 and count == 0 then
+    tail = held_entry(1, c1 + 0, moved + a1)
+  end
+  if c2 then
+    tail = tail .. held_entry(1, c2 + 0, moved + a2)
+  end
   if count > 0 then
-    -- (the newest kept window, then the one left behind; the oldest of three goes)
-    if c2 then
-      tail = ' ~1:' .. fmt(c2 + 0) .. ':' .. fmt(ends - window_end + a2)
-    end
-    tail = tail .. ' ~1:' .. fmt(count) .. ':' .. fmt(ends - window_end)
-  else
-    if c1 then
-      tail = ' ~1:' .. fmt(c1 + 0) .. ':' .. fmt(ends - window_end + a1)
-    end
-    if c2 then
-      tail = tail .. ' ~1:' .. fmt(c2 + 0) .. ':' .. fmt(ends - window_end + a2)
-    end
+    tail = tail .. held_entry(1, count, moved)
   end
   n[1], n[2] = ends, permits
   group.tail, group.held = tail ~= '' and tail or nil, nil
@@ -203,8 +206,7 @@ function fixed.save(group, now)
     for j = 1, #held do
       local entry = held[j]
       local i = entry[1]
-      -- (joined from fmt's texts, which the same few numbers mostly find made: see lib.lua)
-      parts[j] = ' ~' .. fmt(i) .. ':' .. fmt(entry[2]) .. ':' .. fmt(n[2 * i - 1] - entry[3])
+      parts[j] = held_entry(i, entry[2], n[2 * i - 1] - entry[3])
     end
     group.tail = #parts > 0 and table.concat(parts) or nil
   end
