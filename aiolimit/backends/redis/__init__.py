@@ -163,7 +163,10 @@ class RedisBackend(Backend):
                 raw = await future
             except ANY as exc:
                 raise self._error(script.what, exc) from exc
-            reply = decoded(script, raw)
+            try:
+                reply = script.decode(raw)
+            except (ValueError, LookupError, TypeError):  # (decoded() written out)
+                reply = decoded(script, raw)  # raises the BackendError that says so
             if reply.__class__ in TROUBLE:
                 if isinstance(reply, OtherType):
                     rate_type = reply.rate_type
@@ -188,7 +191,8 @@ class RedisBackend(Backend):
         orphan: Callable[[Any], None] | None,
     ) -> asyncio.Future[Any]:
         """Makes a budget script's request now (for the round trip under way or the next)."""
-        budget = self.keys(name).budget(rate_type, self.client_id, registry)
+        keys = self._keys.get(name) or self.keys(name)
+        budget = keys.budget(rate_type, self.client_id, registry)
         keys_sent = (*budget, *extra_keys) if extra_keys else budget
         return self._pipe.submit(script, keys_sent, args(rate_type), orphan, self._timeout)
 
