@@ -697,6 +697,83 @@ async def test_alike_requests_of_one_call_are_granted_until_the_budget_is_out_th
         assert await run(backend, together) == twin
 
 
+@pytest.mark.parametrize("blocked", [False, True])
+@pytest.mark.parametrize("algorithm", list(Algorithm))
+@pytest.mark.parametrize("rate_type", list(RateType))
+async def test_a_run_of_alike_grants_comes_back_as_calls_of_their_own_give_it(
+    redis: Redis,
+    prefix: str,
+    monkeypatch: pytest.MonkeyPatch,
+    algorithm: Algorithm,
+    rate_type: RateType,
+    blocked: bool,
+) -> None:
+    # acquire_many sends most grants of a run of alike requests as short lines ("=" and the
+    # tag's step: the grant before it with fewer permits left), which the client writes out.
+    # Each must come back exactly as a call of its own gets it: the same start, permits left,
+    # rate and member (a hand-back names its grant by the member), with the end of an earlier
+    # block where the limiter has one. Both runs on one client clock, so they act at one time.
+    from conformance import ManualClock
+
+    from aiolimit.backends.redis import _request
+
+    raw: list[bytes] = []
+    settle = _request.Call.settle
+
+    def recording(call: _request.Call, reply: object) -> None:
+        if call.split is not None and isinstance(reply, bytes):
+            raw.append(reply)
+        settle(call, reply)
+
+    monkeypatch.setattr(_request.Call, "settle", recording)
+    client_id = "c" if rate_type is RateType.PER_CLIENT else None
+
+    async def run(together: bool) -> list[Grant | Refusal]:
+        clock = ManualClock()
+        backend = RedisBackend(
+            redis, prefix=f"{prefix}{next(_prefixes)}:", client_id=client_id, clock=clock
+        )
+        limiter = RateLimiter("run", backend)
+        # 7 permits a second: a token bucket's tag moves by 142 857 or 142 858 us a permit.
+        await limiter.set_rate(rate_type, 7, 1, algorithm=algorithm)
+        if blocked:
+            await limiter.block(0.5)
+            clock.advance(0.5)
+        if together:
+            return list(await asyncio.gather(*(backend.try_acquire("run", 2) for _ in range(5))))
+        return [await backend.try_acquire("run", 2) for _ in range(5)]
+
+    alone = await run(together=False)
+    assert [isinstance(r, Grant) for r in alone] == [True] * 3 + [False] * 2
+    together = await run(together=True)
+    assert together == alone
+    (reply,) = raw[-1:]
+    assert reply.split(b"\n")[2][:1] == b"="  # the short line was sent, and written out
+    if blocked:
+        assert all(r.blocked_until is not None for r in together if isinstance(r, Grant))
+
+
+async def test_a_reply_that_cannot_be_read_fails_each_caller_of_its_call_at_once() -> None:
+    # A short line with no grant before it, or fewer lines than requests: every caller of the
+    # call gets a BackendError naming the reply, none is left waiting for a reply that came.
+    from aiolimit.backends.redis import _request, _scripts
+
+    loop = asyncio.get_running_loop()
+    batch = _scripts.ACQUIRE.batch
+    assert batch is not None
+    for reply in (b"=\n=", b"0 5 0 1 0 1:1:1", b"1 5 0 0 1\n=", b"0 5 0 1 0 1:1:x\n="):
+        requests = [
+            _request.Request(
+                _scripts.ACQUIRE, [b"k"], [b"1 - 0 OVERALL"], loop.create_future(), None
+            )
+            for _ in range(2)
+        ]
+        _request.Call(requests, batch).settle(reply)
+        for request in requests:
+            with pytest.raises(BackendError, match="unexpected reply to the acquire_many script"):
+                request.future.result()
+
+
 @pytest.mark.parametrize("algorithm", list(Algorithm))
 @settings(
     max_examples=15,

@@ -30,6 +30,7 @@ __all__ = [
     "RECEIPT_US",
     "RECLAIM_STEPS",
     "REFUSED_FORMAT",
+    "SAME_FORMAT",
     "STATE_FIELD",
     "VALUE_FORMAT",
     "WALK_STEPS",
@@ -87,6 +88,11 @@ REFUSED_FORMAT = "1 <wait> <left> <binding> <now>"
 """The reply to an acquire request that was refused: the us until the permits are free, the
 fewest permits left and the rate that has them (as in :data:`GRANTED_FORMAT`), and the time
 the request acted at."""
+SAME_FORMAT = "=[<tag step>]"
+"""In acquire_many's reply, a grant's reply that is the one before it in the call with the
+request's permits fewer left and ``tag step`` added to the member's tag (1 when absent; see
+:data:`GRANTED_FORMAT`): what equal requests of one call granted at once mostly get, written
+out by the client."""
 
 
 def format_member(permits: int, seq: int) -> str:

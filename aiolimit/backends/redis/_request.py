@@ -12,7 +12,7 @@ from collections.abc import Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ...errors import InvalidArgumentError
+from ...errors import BackendError, InvalidArgumentError
 from ..base import Attempt
 
 __all__ = ["Batch", "Call", "Key", "Operation", "Request", "Sent"]
@@ -158,12 +158,19 @@ class Call:
         return self.operation.command(self.keys, self.args, load)
 
     def settle(self, reply: Any) -> None:
-        if self.split is None or isinstance(reply, BaseException):
-            for request in self.requests:
-                request.settle(reply)
-        else:
-            for request, one in zip(self.requests, self.split(reply), strict=True):
-                request.settle(one)
+        if self.split is not None and not isinstance(reply, BaseException):
+            try:
+                replies = self.split(reply)
+                if len(replies) != len(self.requests):
+                    raise ValueError(f"{len(replies)} replies to {len(self.requests)} requests")
+            except (ValueError, LookupError, TypeError):  # every caller learns it, none waits
+                reply = BackendError(f"unexpected reply to {self.operation.what}: {reply!r:.200}")
+            else:
+                for request, one in zip(self.requests, replies, strict=True):
+                    request.settle(one)
+                return
+        for request in self.requests:
+            request.settle(reply)
 
 
 class Sent:

@@ -281,8 +281,33 @@ def _merge_acquires(
 
 def _lines(reply: Any) -> list[Any]:
     # acquire_many answers with one string, a line per request: cheap to parse.
-    lines: list[Any] = reply.split(b"\n" if isinstance(reply, bytes) else "\n")
+    raw = reply if reply.__class__ is bytes else _text(reply).encode()
+    lines = raw.split(b"\n")
+    if b"\n=" in raw or raw[:1] == b"=":
+        _write_out(lines)
     return lines
+
+
+def _write_out(lines: list[bytes]) -> None:
+    """Writes out acquire_many's "=" replies (_protocol.SAME_FORMAT): each is the grant
+    before it with its permits fewer left and its member's tag moved by the step given."""
+    template = b""
+    left = step = tag = 0
+    for i, line in enumerate(lines):
+        if line[:1] != b"=":
+            template = b""
+            continue
+        if not template:  # the first of a run: the grant before it, read once
+            before = lines[i - 1] if i else b""
+            code, left_text, binding, start, delay, member, *blocked = before.split(b" ")
+            grant, _, tag_text = member.rpartition(b":")  # "<permits>:<start>", "<tag>"
+            if code != _GRANTED or len(blocked) > 1 or b"%" in before:
+                raise ValueError(f"a reply the same as {before!r}")
+            left, step, tag = int(left_text), int(grant.partition(b":")[0]), int(tag_text)
+            template = b" ".join([b"0 %d", binding, start, delay, grant + b":%d", *blocked])
+        left -= step
+        tag += int(line[1:]) if len(line) > 1 else 1
+        lines[i] = template % (left, tag)
 
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the

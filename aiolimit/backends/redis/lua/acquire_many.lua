@@ -7,8 +7,10 @@
 --        other keys follow it) and <request> is as for acquire.lua
 --
 -- Returns the reply strings of the requests (see `acquire` in lib.lua), in order, joined by
--- newlines into one string. Requests run one after another, exactly as if they had been sent
--- as separate acquire calls; one that fails gets its own "-5" reply and changes nothing.
+-- newlines into one string; a grant's reply that is the one before it with `permits` fewer
+-- left and another tag is "=<tag step>" (SAME_FORMAT in _protocol.py). Requests run one after another,
+-- exactly as if they had been sent as separate acquire calls; one that fails gets its own
+-- "-5" reply and changes nothing.
 
 local batch = new_batch()
 local replies = {}

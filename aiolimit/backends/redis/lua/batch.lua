@@ -70,7 +70,7 @@ end
 local function new_batch()
   return {
     configs = {}, groups = {}, order = {}, checked = {}, registries = {}, registry_order = {},
-    lane = false, at = 0, -- (grant_alike)
+    lane = false, lane_left = 0, lane_tag = 0, at = 0, -- (grant_alike)
   }
 end
 
@@ -143,7 +143,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
       if config.type == 'PER_CLIENT' then
         group.client_id = client_id
       end
-      batch.lane = group -- (see grant_alike)
+      batch.lane, batch.lane_left, batch.lane_tag = group, left, tag -- (see grant_alike)
       return granted(left, 0, now, 0, permits, tag, config.blocked_until)
     end
   end
@@ -183,15 +183,25 @@ end
 -- config, time and budget, whose latest grant is `now`. So the next take grant_now alone,
 -- each with the reply `acquire` would give it, until one is not free now: that one goes
 -- through `acquire` like any other. Returns the first request not granted here.
+-- A reply that differs from the one before it only by `permits` fewer left and its tag (the
+-- usual case) is sent as '=' and how far the tag moved, when not 1 (_protocol.SAME_FORMAT):
+-- a reply line costs about as much as the grant itself, and the client writes it out.
 local function grant_alike(batch, replies, i, last, group, permits)
   local grant_now, now, blocked_until = group.algorithm.grant_now, group.now, group.config.blocked_until
+  local left_before, tag_before = batch.lane_left, batch.lane_tag
   while i <= last do
     batch.at = i
     local tag, left = grant_now(group, permits, now)
     if not tag then
       return i
     end
-    replies[i] = granted(left, 0, now, 0, permits, tag, blocked_until)
+    if left == left_before - permits then
+      local step = tag - tag_before
+      replies[i] = step == 1 and '=' or '=' .. (FMT[step] or fmt(step))
+    else
+      replies[i] = granted(left, 0, now, 0, permits, tag, blocked_until)
+    end
+    left_before, tag_before = left, tag
     i = i + 1
   end
   return i
