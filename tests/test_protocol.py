@@ -252,6 +252,24 @@ def test_acquire_many_replies_are_decoded_one_per_request() -> None:
     ]
 
 
+def test_a_short_reply_of_acquire_many_is_the_grant_before_it_written_out() -> None:
+    # "=" and the tag's step (_protocol.SAME_FORMAT): the grant before it with its permits
+    # fewer left and its member's tag moved by the step (1 when none is given). A run ends at
+    # any other reply; a short line with no grant before it cannot be read.
+    many = b"0 9 0 1700 0 2:1700:5 1800\n=\n=1000\n1 5 0 0 1700\n0 4 1 1700 0 1:1700:-3\n=-2"
+    assert [scripts.ACQUIRE.decode(one) for one in scripts.ACQUIRE_MANY.decode(many)] == [
+        Grant(0, 1700, 9, "2:1700:5", 1800, 0),
+        Grant(0, 1700, 7, "2:1700:6", 1800, 0),
+        Grant(0, 1700, 5, "2:1700:1006", 1800, 0),
+        Refusal(retry_in=5, at=1700, left=0, binding=0),
+        Grant(0, 1700, 4, "1:1700:-3", None, 1),
+        Grant(0, 1700, 3, "1:1700:-5", None, 1),
+    ]
+    for unreadable in (b"=", b"1 5 0 0 1700\n=", b"-5 failed\n=", b"0 9 0 1700 0 2:1700:x\n="):
+        with pytest.raises(ValueError):
+            scripts.ACQUIRE_MANY.decode(unreadable)
+
+
 TABLE_REPLIES: dict[int, tuple[list[Any], Any]] = {
     Reply.GRANTED: ([0, 4], 4),
     Reply.NOT_CONFIGURED: ([-1], scripts.NotConfigured()),

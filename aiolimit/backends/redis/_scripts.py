@@ -212,7 +212,11 @@ _tuple = tuple.__new__  # builds a Grant or Refusal without NamedTuple's Python-
 
 def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     # The hot path: plain bytes compared and split, no enum until a code needs reading.
-    raw = reply if reply.__class__ is bytes else _text(reply).encode()
+    if reply.__class__ is not bytes:
+        if reply.__class__ is Grant:  # one acquire_many wrote out already (_write_out)
+            return reply
+        reply = _text(reply).encode()
+    raw = reply
     fields = raw.split(b" ")
     code = fields[0]
     if code == _GRANTED:  # (_protocol.GRANTED_FORMAT)
@@ -288,26 +292,26 @@ def _lines(reply: Any) -> list[Any]:
     return lines
 
 
-def _write_out(lines: list[bytes]) -> None:
-    """Writes out acquire_many's "=" replies (_protocol.SAME_FORMAT): each is the grant
-    before it with its permits fewer left and its member's tag moved by the step given."""
-    template = b""
+def _write_out(lines: list[Any]) -> None:
+    """Writes out acquire_many's "=" replies (_protocol.SAME_FORMAT) as the Grants they stand
+    for: each is the grant before it with its permits fewer left and its member's tag moved
+    by the step given."""
+    first: Any = None
     left = step = tag = 0
+    head = ""
     for i, line in enumerate(lines):
         if line[:1] != b"=":
-            template = b""
+            first = None
             continue
-        if not template:  # the first of a run: the grant before it, read once
-            before = lines[i - 1] if i else b""
-            code, left_text, binding, start, delay, member, *blocked = before.split(b" ")
-            grant, _, tag_text = member.rpartition(b":")  # "<permits>:<start>", "<tag>"
-            if code != _GRANTED or len(blocked) > 1 or b"%" in before:
-                raise ValueError(f"a reply the same as {before!r}")
-            left, step, tag = int(left_text), int(grant.partition(b":")[0]), int(tag_text)
-            template = b" ".join([b"0 %d", binding, start, delay, grant + b":%d", *blocked])
+        if first is None:  # the first of a run: the grant before it, read once
+            first = _attempt(lines[i - 1] if i else b"")
+            if first.__class__ is not Grant:
+                raise ValueError(f"a reply the same as {lines[i - 1]!r}")
+            grant, _, tag_text = first.member.rpartition(":")  # "<permits>:<start>", "<tag>"
+            left, step, tag, head = first.left, int(grant.partition(":")[0]), int(tag_text), grant
         left -= step
         tag += int(line[1:]) if len(line) > 1 else 1
-        lines[i] = template % (left, tag)
+        lines[i] = _tuple(Grant, (first[0], first[1], left, f"{head}:{tag}", first[4], first[5]))
 
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
