@@ -7,7 +7,7 @@ import functools
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from .. import _observe
 from .._acquire import Acquired, acquire, max_wait_of
@@ -212,7 +212,7 @@ class Gate:
         if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        grants = cast("tuple[Grant, ...]", attempts)
+        grants: tuple[Grant, ...] = attempts  # type: ignore[assignment]  # (all granted)
         items = granted_items(requests, grants)
         if items is None:
             items = await read_granted_items(requests, grants)
