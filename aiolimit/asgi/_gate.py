@@ -179,8 +179,9 @@ class Gate:
                 client = key(scope)
                 if client is None:
                     continue
+                client = client or UNKNOWN_CLIENT
                 view = self._clients.get((rule.name, client))  # (a view known: no call)
-                limiter = self._client(rule, client or UNKNOWN_CLIENT) if view is None else view
+                limiter = self._client(rule, client) if view is None else view
             cost = rule.cost
             if callable(cost):
                 cost = rule.cost_of(scope)
