@@ -149,10 +149,19 @@ def _peer_key(scope: Scope, ipv6_prefix: int) -> str:
     """The key of the peer: its address's, its text when it is none (a server's own name for
     a connection), ``"unknown"`` without one."""
     peer = _peer(scope)
-    ip = _canonical(peer)
-    if ip is not None:
-        return _key_of(ip, ipv6_prefix)
+    if peer and len(peer) <= _LONGEST_ADDRESS:  # (_canonical's test)
+        key = _address_key(peer, ipv6_prefix)
+        if key is not None:
+            return key
     return peer or UNKNOWN_CLIENT
+
+
+@functools.lru_cache(maxsize=_CACHED)
+def _address_key(text: str, ipv6_prefix: int) -> str | None:
+    """The key of the address ``text`` spells, None when it is no address: the peer's key
+    remembered by its text (once per request: an address hashes in Python, a str in C)."""
+    ip = _parsed(text)
+    return None if ip is None else _key_of(ip, ipv6_prefix)
 
 
 def _canonical(text: str | None) -> _IP | None:

@@ -79,11 +79,16 @@ def waiting_policy(rule: Rule, binding: int, wait_us: int) -> int:
     return binding_policy(rule, wait_us)
 
 
+# Item(...) without the Python frame of a named tuple's __new__ (every field given).
+_new_item = functools.partial(tuple.__new__, Item)
+
+
 def granted_item(rule: Rule, left: int, binding: int) -> Item:
     """The item of a rule that granted a request and has ``left`` permits left under the rate
     ``binding``: that rate's policy, with its window."""
-    binding = fewest_left(rule, binding)
-    return Item(rule, max(left, 0), rule.windows[binding], binding)
+    if not 0 <= binding < len(rule.rates):  # (fewest_left, inline: once per rule and request)
+        binding = 0
+    return _new_item((rule, left if left > 0 else 0, rule.windows[binding], binding))
 
 
 def refused_item(rule: Rule, retry_in_us: int, binding: int) -> Item:
@@ -152,21 +157,26 @@ def _policy_of(rule: Rule) -> tuple[bytes, tuple[str, ...]]:
 
 def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, bytes]]:
     """The RateLimit fields for ``items`` (one per rule; the last one per rule counts)."""
-    by_rule = {item.rule.name: item for item in items}
-    if not by_rule:
+    if not items:
         return []
+    if len(items) > 1:
+        by_rule = {}
+        for item in items:
+            by_rule[item.rule.name] = item
+        if len(by_rule) < len(items):  # a rule twice: its place is its first, its item the last
+            items = list(by_rule.values())
     policies = []
     limits = []
-    for item in by_rule.values():
-        policy, names = _policy_of(item.rule)
-        policies.append(policy)
-        limits.append(f"{names[item.policy]};r={item.remaining};t={item.reset}")
+    for rule, remaining, reset, policy in items:
+        policy_field, names = _policy_of(rule)
+        policies.append(policy_field)
+        limits.append(f"{names[policy]};r={remaining};t={reset}")
     fields = [
         (b"ratelimit-policy", b", ".join(policies)),
         (b"ratelimit", ", ".join(limits).encode()),
     ]
     if legacy:  # the most constraining rule: the fewest permits left, then the latest reset
-        fields += _legacy_fields(min(by_rule.values(), key=lambda i: (i.remaining, -i.reset)))
+        fields += _legacy_fields(min(items, key=lambda i: (i.remaining, -i.reset)))
     return fields
 
 
@@ -190,11 +200,18 @@ _OURS = frozenset(
 )  # fmt: skip
 
 
+# The names of the draft's fields alone (header_fields without the legacy ones).
+_DRAFT = frozenset((b"ratelimit-policy", b"ratelimit"))
+
+
 def with_fields(message: Message, fields: list[tuple[bytes, bytes]]) -> Message:
     """The response start with our fields, and none of the same names the app set."""
     if not fields:
         return message
-    ours = _OURS if len(fields) > 2 else (fields[0][0], fields[1][0])
-    kept = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in ours]
+    ours = _OURS if len(fields) > 2 else _DRAFT
+    kept = []
+    for k, v in message.get("headers", ()):  # (a loop: no comprehension's frame to make)
+        if k.lower() not in ours:
+            kept.append((k, v))
     kept += fields
     return {**message, "headers": kept}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from .. import _observe
 from .._acquire import Acquired, acquire, max_wait_of
@@ -16,6 +17,7 @@ from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
 from ._fields import (
+    _SCOPE_KEY,
     Item,
     granted_item,
     granted_items,
@@ -58,15 +60,21 @@ class _Request(NamedTuple):
     cost: int
 
 
+# _Request(...) and Verdict(...) without the Python frame of a named tuple's __new__ (every
+# field given): once per rule and request, and once per request.
+_new_request = functools.partial(tuple.__new__, _Request)
+
+
 class Verdict(NamedTuple):
     status: int  # 200 allowed, 429 refused, 503 the store failed
     retry_after: int
     items: list[Item]
     detail: str
     acquired: Acquired | None = None  # the grants, when allowed
-    costs: dict[str, int] | None = None  # permits per rule name, when allowed
+    requests: Sequence[_Request] = ()  # what each rule granted (its permits), when allowed
 
 
+_new_verdict = functools.partial(tuple.__new__, Verdict)
 _ALLOWED = Verdict(200, 0, [], "")
 
 
@@ -162,17 +170,23 @@ class Gate:
     def _requests(self, scope: Scope) -> list[_Request]:
         requests = []
         for rule in self.rules:
-            if not rule.matches(scope):
+            if (rule.paths is not None or rule.methods is not None) and not rule.matches(scope):
                 continue
-            limiter = self._limiters[rule.name]
-            if rule.key is not None:
-                client = rule.key(scope)
+            key = rule.key
+            if key is None:
+                limiter = self._limiters[rule.name]
+            else:
+                client = key(scope)
                 if client is None:
                     continue
-                limiter = self._client(rule, client or UNKNOWN_CLIENT)
-            cost = rule.cost_of(scope)
+                client = client or UNKNOWN_CLIENT
+                view = self._clients.get((rule.name, client))  # (a view known: no call)
+                limiter = self._client(rule, client) if view is None else view
+            cost = rule.cost
+            if callable(cost):
+                cost = rule.cost_of(scope)
             if cost:
-                requests.append(_Request(rule, limiter, cost))
+                requests.append(_new_request((rule, limiter, cost)))
         return requests
 
     async def check(self, scope: Scope) -> Verdict:
@@ -199,22 +213,25 @@ class Gate:
         if acquired.waited > 0:
             self.stats.waited += 1
         self.stats.allowed += 1
-        grants = cast("tuple[Grant, ...]", attempts)
+        grants: tuple[Grant, ...] = attempts  # type: ignore[assignment]  # (all granted)
         items = granted_items(requests, grants)
         if items is None:
             items = await read_granted_items(requests, grants)
-        costs = {r.rule.name: r.cost for r in requests}
-        return Verdict(200, 0, items, "", acquired, costs)
+        return _new_verdict((200, 0, items, "", acquired, requests))
 
     def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
         """The permits of every request at once, through the one permit path (the costs are
         checked already: by the rule, or by ``Rule.cost_of``); the configs are written first
         where this process has not yet. (A coroutine function in all but name.)"""
-        if all(r.rule.name in self._configuring for r in requests):
-            limiters = [r.limiter for r in requests]
-            costs = [r.cost for r in requests]
-            return acquire(limiters, costs, self._max_wait, _observe.current)
-        return self._acquire_configured(requests)
+        configured = self._configuring
+        limiters = []
+        costs = []
+        for rule, limiter, cost in requests:  # (a loop: no generators, no comprehensions)
+            if rule.name not in configured:
+                return self._acquire_configured(requests)
+            limiters.append(limiter)
+            costs.append(cost)
+        return acquire(limiters, costs, self._max_wait, _observe.current)
 
     async def _acquire_configured(self, requests: list[_Request]) -> Acquired:
         await asyncio.gather(
@@ -281,10 +298,10 @@ class Gate:
         self._failures = 0
 
 
-def _grants_of(scope: Scope) -> list[tuple[Acquired, dict[str, int]]]:
+def _grants_of(scope: Scope) -> list[tuple[Acquired, Sequence[_Request]]]:
     """The grants made for the request so far, by every middleware and dependency, with the
-    permits they took per rule."""
-    grants: list[tuple[Acquired, dict[str, int]]] = scope.setdefault(_GRANTS_KEY, [])
+    rules' requests (the permits they took per rule)."""
+    grants: list[tuple[Acquired, Sequence[_Request]]] = scope.setdefault(_GRANTS_KEY, [])
     return grants
 
 
@@ -293,9 +310,10 @@ def record_allowed(scope: Scope, verdict: Verdict) -> bool:
     coroutine); False for any other verdict, which :func:`record` notes."""
     if verdict.status != 200:
         return False
-    items_of(scope).extend(verdict.items)
-    if verdict.acquired is not None and verdict.costs is not None:
-        _grants_of(scope).append((verdict.acquired, verdict.costs))
+    # (items_of and _grants_of, inline: once per request)
+    scope.setdefault(_SCOPE_KEY, []).extend(verdict.items)
+    if verdict.acquired is not None:
+        scope.setdefault(_GRANTS_KEY, []).append((verdict.acquired, verdict.requests))
     return True
 
 
@@ -309,7 +327,7 @@ async def record(scope: Scope, verdict: Verdict) -> None:
     grants = _grants_of(scope)
     if grants:  # refused (429) or unchecked (503): the request is not served
         await asyncio.gather(*(acquired.release() for acquired, _ in grants))
-        back = {name: cost for _, costs in grants for name, cost in costs.items()}
+        back = {r.rule.name: r.cost for _, requests in grants for r in requests}
         items[:] = [
             item._replace(remaining=item.remaining + back.get(item.rule.name, 0)) for item in items
         ]
