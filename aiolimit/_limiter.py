@@ -9,12 +9,11 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 from __future__ import annotations
 
 from . import _observe
-from ._acquire import acquire, check_permits, max_wait_of
+from ._acquire import acquire, attempt_one, check_permits, max_wait_of
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._types import Duration
 from .backends.base import Backend, Grant
-from .errors import BackendError
 
 __all__ = ["RateLimiter"]
 
@@ -75,19 +74,8 @@ class RateLimiter(_Limiter):
         if observer is not None:
             return (await acquire([self], [permits], max_wait, observer)).granted
         # The common case in this frame: a grant at once, or a refusal. A reservation (to
-        # sleep out, then check for a block) goes on along the one path. (attempt_one written
-        # out: one coroutine fewer per call.)
-        breaker = self._breaker
-        breaker.enter()
-        try:
-            attempt = await self._backend.try_acquire(self._name, permits, max_wait)
-        except BackendError as exc:
-            breaker.failed(exc)
-            raise
-        except BaseException:
-            breaker.left()
-            raise
-        breaker.answered()
+        # sleep out, then check for a block) goes on along the one path.
+        attempt = await attempt_one(self, permits, max_wait)
         if not isinstance(attempt, Grant):
             return False
         if attempt.starts_in <= 0:
