@@ -17,7 +17,6 @@ from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
 from ._fields import (
-    _SCOPE_KEY,
     Item,
     granted_item,
     granted_items,
@@ -310,10 +309,9 @@ def record_allowed(scope: Scope, verdict: Verdict) -> bool:
     coroutine); False for any other verdict, which :func:`record` notes."""
     if verdict.status != 200:
         return False
-    # (items_of and _grants_of, inline: once per request)
-    scope.setdefault(_SCOPE_KEY, []).extend(verdict.items)
+    items_of(scope).extend(verdict.items)
     if verdict.acquired is not None:
-        scope.setdefault(_GRANTS_KEY, []).append((verdict.acquired, verdict.requests))
+        _grants_of(scope).append((verdict.acquired, verdict.requests))
     return True
 
 

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Sequence
 
 from .._types import Duration
 from ..backends.base import Backend
-from ._fields import _SCOPE_KEY, header_fields, with_fields
+from ._fields import header_fields, items_of, with_fields
 from ._gate import Gate, RateLimitStats, Verdict, record, record_allowed, refusal_headers
 from ._rules import Rule
 from ._types import ASGIApp, Message, OnBackendError, Receive, Scope, Send
@@ -93,8 +93,7 @@ class RateLimitMiddleware:
             def send_with_fields(message: Message) -> Awaitable[None]:
                 # (a coroutine function in all but name: one frame fewer per message)
                 if message["type"] == "http.response.start":
-                    items = scope.setdefault(_SCOPE_KEY, [])  # (items_of, inline)
-                    message = with_fields(message, header_fields(items, legacy))
+                    message = with_fields(message, header_fields(items_of(scope), legacy))
                 return send(message)
 
             await self.app(scope, receive, send_with_fields)

@@ -253,10 +253,6 @@ class AcquireCall:
 
     def __call__(self, rate_type: RateType) -> list[Any]:
         backend = self.backend
-        if backend._clock is None:  # (acquire_request's first step, written out)
-            made = _made.get((self.permits, self.max_wait_us, rate_type, backend.client_id))
-            if made is not None:
-                return [made]
         now = backend._now_arg()
         return [acquire_request(self.permits, now, self.max_wait_us, rate_type, backend.client_id)]
 
@@ -297,21 +293,25 @@ def _write_out(lines: list[Any]) -> None:
     for: each is the grant before it with its permits fewer left and its member's tag moved
     by the step given."""
     first: Any = None
-    left = step = tag = 0
+    delay = start = left = step = tag = binding = 0
+    until: int | None = None
     head = ""
     for i, line in enumerate(lines):
         if line[:1] != b"=":
             first = None
             continue
-        if first is None:  # the first of a run: the grant before it, read once
-            first = _attempt(lines[i - 1] if i else b"")
+        if first is None:  # the first of a run: the grant before it, read once (and kept read)
+            if i == 0:
+                raise ValueError("a reply the same as none before it")
+            first = lines[i - 1] = _attempt(lines[i - 1])
             if first.__class__ is not Grant:
-                raise ValueError(f"a reply the same as {lines[i - 1]!r}")
-            grant, _, tag_text = first.member.rpartition(":")  # "<permits>:<start>", "<tag>"
-            left, step, tag, head = first.left, int(grant.partition(":")[0]), int(tag_text), grant
+                raise ValueError(f"a reply the same as {first!r}")
+            delay, start, left, member, until, binding = first
+            head, _, tag_text = member.rpartition(":")  # "<permits>:<start>", "<tag>"
+            step, tag = int(head.partition(":")[0]), int(tag_text)
         left -= step
         tag += int(line[1:]) if len(line) > 1 else 1
-        lines[i] = _tuple(Grant, (first[0], first[1], left, f"{head}:{tag}", first[4], first[5]))
+        lines[i] = _tuple(Grant, (delay, start, left, f"{head}:{tag}", until, binding))
 
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
