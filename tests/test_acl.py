@@ -122,9 +122,24 @@ def test_the_docs_give_the_acl_line_aiolimit_acl_prints(
     assert acl_setuser(server=(7, 2)) == acl_setuser()  # the line of the users on Valkey 8
     assert cli.main(["acl"]) == 0
     assert capsys.readouterr().out == acl_setuser() + "\n"
+
+
+def test_aiolimit_acl_takes_a_prefix_a_user_and_an_older_server(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     assert cli.main(["--prefix", "a*b:", "acl", "--user", "svc"]) == 0
     printed = capsys.readouterr().out.split()
     assert printed[:3] == ["ACL", "SETUSER", "svc"] and "~a\\*b:*" in printed
+    assert cli.main(["acl", "--server-version", "7.0.15"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert "+fcall" in printed and "+client|setinfo" not in printed
+    assert cli.main(["acl", "--server-version", "6.2"]) == 0
+    assert "+fcall" not in capsys.readouterr().out.split()
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["acl", "--server-version", "seven"])
+    assert "expected a version such as 7.0, got 'seven'" in capsys.readouterr().err
+    assert cli.main(["--redis", "redis://x", "acl"]) == 2  # it connects to nothing
+    assert capsys.readouterr().err == "aiolimit acl: error: acl takes no --redis\n"
 
 
 # -- every operation as that user ----------------------------------------------------------
