@@ -1,17 +1,15 @@
-"""Deployments beyond one plain server: Sentinel failover, TLS, an ACL user limited to the
-limiter's keys and commands, and valkey-py clients. Servers run on loopback, started here."""
+"""Deployments beyond one plain server: Sentinel failover, TLS and valkey-py clients (the
+least-privilege ACL user: test_acl.py). Servers run on loopback, started here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import shutil
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,6 @@ import valkey.exceptions
 from cluster import wait_until
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import NoPermissionError
 from servers import Server
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
@@ -154,86 +151,6 @@ async def test_tls_server_refuses_a_client_that_does_not_trust_its_certificate(
     try:
         with pytest.raises(BackendError, match=r"unreachable|certificate"):
             await RateLimiter("tls", RedisBackend(client)).try_acquire()
-    finally:
-        await client.aclose()
-
-
-# -- ACL --------------------------------------------------------------------------------------
-
-# Everything the backend and its scripts run; keys limited to the default prefix.
-ACL_RULES = (
-    "on >s3cret resetkeys ~aiolimit:* resetchannels -@all "
-    "+evalsha +eval +hgetall +zrange +persist "
-    "+time +get +set +del +unlink +exists +rename +type +hmget +hset +hdel +pexpire +pttl "
-    "+zadd +zcard +zcount +zscore +zrangebyscore +zrevrangebyscore +zrem +zremrangebyrank "
-    "+zremrangebyscore +scan +memory|usage"
-)
-
-
-def script_commands() -> set[str]:
-    """Every command the Lua scripts call, lower case."""
-    lua = resources.files("aiolimit.backends.redis") / "lua"
-    source = "".join(f.read_text() for f in lua.iterdir() if f.name.endswith(".lua"))
-    return {c.lower() for c in re.findall(r"redis\.p?call\(\s*'([A-Za-z]+)'", source)}
-
-
-def test_the_acl_line_grants_every_command_the_scripts_call() -> None:
-    granted = {rule[1:] for rule in ACL_RULES.split() if rule.startswith("+")}
-    assert script_commands() <= granted, f"add to ACL_RULES: {script_commands() - granted}"
-
-
-@pytest.fixture(scope="module")
-def acl_server() -> Iterator[LocalRedis]:
-    with LocalRedis() as server:
-        import redis
-
-        with redis.Redis(port=server.port, socket_timeout=2) as admin:
-            admin.execute_command("ACL", "SETUSER", "limiter", *ACL_RULES.split())
-        yield server
-
-
-async def test_an_acl_user_limited_to_the_limiters_keys_and_commands_can_do_everything(
-    acl_server: LocalRedis,
-) -> None:
-    client = Redis(port=acl_server.port, username="limiter", password="s3cret")
-    try:
-        alice = RateLimiter("acl {api}", RedisBackend(client, client_id="alice"))
-        bob = RateLimiter("acl {api}", RedisBackend(client, client_id="bob"))
-        await alice.set_rate(RateType.PER_CLIENT, 2, 60, keep_alive=120)
-        assert await alice.try_acquire(2) and not await alice.try_acquire()
-        assert await bob.try_acquire()
-        await alice.release(1)
-        assert await alice.available_permits() == 1
-        await alice.update_rate(RateType.PER_CLIENT, 3, 60)
-        assert await alice.get_config() is not None
-        assert await alice.expire(30) and await alice.clear_expire()
-        await alice.set_rate(RateType.OVERALL, 2, 60)
-        assert await asyncio.gather(*(bob.try_acquire() for _ in range(3))) == [
-            True,
-            True,
-            False,
-        ]
-        # NOSCRIPT recovery through EVAL, with the admin flushing the cache
-        await Redis(port=acl_server.port).script_flush()
-        assert await alice.available_permits() == 0
-        assert await alice.delete()
-    finally:
-        await client.aclose()
-
-
-async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: LocalRedis) -> None:
-    client = Redis(port=acl_server.port, username="limiter", password="s3cret")
-    try:
-        with pytest.raises(NoPermissionError, match="keys"):
-            await client.zadd("other:key", {"m": 1})  # a command it may run, on another key
-        with pytest.raises(NoPermissionError, match="command"):
-            await client.lpush("aiolimit:x", "1")  # a key it may touch, a command it may not
-        with pytest.raises(NoPermissionError, match="command"):
-            await client.flushall()
-        # and a script cannot reach other keys either
-        other = RedisBackend(client, prefix="other:")
-        with pytest.raises(BackendError, match=r"NOPERM|no permissions"):
-            await RateLimiter("x", other).set_rate(RateType.OVERALL, 1, 1)
     finally:
         await client.aclose()
 

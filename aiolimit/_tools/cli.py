@@ -1,5 +1,6 @@
 """The ``aiolimit`` command line: ``demo`` and ``soak``; ``inspect``, ``list``, ``set-rate``,
-``delete``, ``block``, ``unblock`` and ``watch`` for live limiters on a Redis server.
+``delete``, ``block``, ``unblock`` and ``watch`` for live limiters on a Redis server; ``acl``,
+the least-privilege user they and a limiter need.
 
 Each subcommand is a tool module, or an object in one (``"module:NAME"``), exposing
 ``add_arguments(parser)`` and ``run(args) -> int`` (the exit code). The server options
@@ -45,6 +46,7 @@ COMMANDS = {
         "aiolimit._tools.admin:WATCH",
         "grants/s, the window, the queue and any block, once a second",
     ),
+    "acl": ("aiolimit._tools.acl", "the ACL SETUSER line of the least-privilege limiter user"),
 }
 
 
