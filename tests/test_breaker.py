@@ -222,3 +222,29 @@ def test_a_backend_keeps_no_breaker_of_an_idle_name() -> None:
     remembered = _breaker._breakers[backend]._named
     assert len(remembered) <= 3, len(remembered)
     assert RateLimiter("kept", backend)._breaker is kept._breaker
+
+
+@looptime
+async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_keeps_many(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiolimit import _breaker
+
+    monkeypatch.setattr(_breaker, "_KEPT_MOST", 3)
+    backend = Flaky()
+    backend.down = True
+
+    async def fail(name: str) -> None:
+        with pytest.raises(BackendError, match="unreachable"):
+            await RateLimiter(name, backend).try_acquire()  # (no limiter object is kept)
+
+    for name in ("old-1", "old-2"):
+        await fail(name)
+    await asyncio.sleep(aiolimit.breaker_of(backend).max_backoff + 1)  # long past their back-off
+    for name in ("new-1", "new-2"):
+        await fail(name)
+    gc.collect()
+    kept = _breaker._breakers[backend]._named
+    assert sorted(kept) == ["new-1", "new-2"]  # the old ones' next call probes anyway
+    assert not aiolimit.breaker_of(backend, "old-1").is_open
+    assert aiolimit.breaker_of(backend, "new-1").is_open
