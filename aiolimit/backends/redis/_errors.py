@@ -59,18 +59,17 @@ def call_error(what: str, exc: BaseException, server_clock: bool) -> BackendErro
     """The error for a call that failed as a whole."""
     if isinstance(exc, UNREACHABLE):
         return BackendError(f"Redis is unreachable or timed out ({what}): {exc}")
-    return refused(
-        what, server_reason(str(exc)), server_clock, serving=not isinstance(exc, NOT_SERVING)
-    )
+    outage = isinstance(exc, NOT_SERVING)
+    return refused(what, server_reason(str(exc)), server_clock, outage=outage)
 
 
 def refused(
-    what: str, message: str, server_clock: bool, name: str | None = None, serving: bool = True
+    what: str, message: str, server_clock: bool, name: str | None = None, outage: bool = False
 ) -> BackendError:
     """The error for a call Redis refused, or (with ``name``) for a request the script
     itself reported as failed: an outage only when the server says it cannot serve now (its
-    message's code, or ``serving`` false: the client library's class of the reply said so)."""
-    outage = not serving or not_serving(message)
+    message's code, or ``outage``: the client library's class of the reply said so)."""
+    outage = outage or not_serving(message)
     if server_clock and scripts.TIME_REFUSED in message:
         return BackendError(
             f"the Redis server refused the TIME command in {what} "
