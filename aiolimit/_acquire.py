@@ -21,7 +21,7 @@ from collections.abc import Coroutine, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _observe
-from ._breaker import Breaker, breaker_of
+from ._breaker import Breaker, breaker_of, charge, enter_all
 from ._observe import Observer
 from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .backends._protocol import parse_grant
@@ -259,20 +259,14 @@ async def _attempt_all(
     """One attempt per limiter (two or more), every request made before any answer is
     awaited (on Redis they go in one round trip), without a task each
     (``Backend.start_acquire``); if any fails, the others' grants go back and the first error
-    is raised. Calls fail at once while a limiter's breaker is open. If this task is
-    cancelled meanwhile, the attempts not yet answered are cancelled (their grants go back),
-    and so are grants made."""
-    breakers: list[Breaker] = []
-    for limiter in limiters:
-        if limiter._breaker not in breakers:  # (limiters of one backend share one)
-            breakers.append(limiter._breaker)
-    entered = 0
+    is raised. Calls fail at once while a limiter's breaker is open; each breaker is charged
+    with its own limiters' answers alone (:func:`charge`). If this task is cancelled
+    meanwhile, the attempts not yet answered are cancelled (their grants go back), and so are
+    grants made."""
+    breakers = enter_all([limiter._breaker for limiter in limiters])
     started: list[Started | Exception] = []
     outcomes: list[Attempt | Exception] = []
     try:
-        for breaker in breakers:
-            breaker.enter()
-            entered += 1
         for limiter, count in zip(limiters, permits, strict=True):
             try:
                 started.append(limiter._backend.start_acquire(limiter._name, count, max_wait))
@@ -283,35 +277,26 @@ async def _attempt_all(
                 outcomes.append(attempt if isinstance(attempt, Exception) else await attempt)
             except Exception as exc:
                 outcomes.append(exc)
-    except BaseException as exc:  # an open breaker, or this task cancelled meanwhile
+    except BaseException:  # this task cancelled meanwhile
         for attempt in started[len(outcomes) :]:
             if not isinstance(attempt, Exception):
                 attempt.cancel()
         for limiter, outcome in zip(limiters, outcomes, strict=False):
             if isinstance(outcome, Grant):
                 limiter._backend.hand_back(limiter._name, outcome.member)
-        _breakers_after(breakers[:entered], exc)
+        for breaker in breakers:
+            breaker.left()
         raise
     failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
     if failures:
         try:
             await _release(_grants(limiters, outcomes))
         finally:
-            _breakers_after(breakers, failures[0])
+            charge([limiter._breaker for limiter in limiters], outcomes)
         raise failures[0]
     for breaker in breakers:
         breaker.answered()
     return cast("list[Attempt]", outcomes)
-
-
-def _breakers_after(breakers: list[Breaker], error: BaseException) -> None:
-    """The breakers of a call that raised ``error``: a store failure counts; anything else
-    (a cancelled caller, a refused argument) only lets the next call probe."""
-    for breaker in breakers:
-        if isinstance(error, BackendError):
-            breaker.failed(error)
-        else:
-            breaker.left()
 
 
 def _grants(

@@ -13,9 +13,12 @@ probe succeeds, the breaker closes; when it fails, the back-off doubles, up to
 ``max_backoff``. It guards the permit path (``try_acquire``, ``acquire_all``, the middleware,
 the decorator, the HTTP clients) and the config calls (``try_set_rate``, ``set_rate``,
 ``update_rate``, ``ensure_rate``, ``get_config``). Each limiter name on a backend has one
-breaker, shared by its limiter objects and their ``for_client`` views. Only an outage opens
-it (a ``BackendError`` where the store did not answer: unreachable, timed out); a store that
-answers, with ``NotConfiguredError`` or a refused command, is up.
+breaker, shared by its limiter objects and their ``for_client`` views, and charged only with
+the failures of that name's own calls: in an ``acquire_all`` over several stores, a store
+that fails opens the breakers of its limiters alone. Only an outage opens it (a
+``BackendError`` whose ``outage`` is true: the store unreachable, timed out, or answering
+that it cannot serve now); a store that answers, with ``NotConfiguredError`` or an error
+about the call (a key holding foreign data, a refused command), is up.
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ import asyncio
 import inspect
 import logging
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import TypeVar
 
 from .backends.base import Backend
 from .errors import BackendError, InvalidArgumentError
 
-__all__ = ["Breaker", "breaker_of"]
+__all__ = ["Breaker", "breaker_of", "charge", "enter_all"]
 
 log = logging.getLogger("aiolimit")
 
@@ -44,9 +47,12 @@ class Breaker:
     """See the module: fails calls at once for a growing back-off after a failure."""
 
     __slots__ = (
+        "__weakref__",
         "_backoff",
         "_failure",
+        "_keeper",
         "_loop",
+        "_name",
         "_open_until",
         "_probing",
         "failed_fast",
@@ -69,6 +75,8 @@ class Breaker:
         self._probing = False
         self._failure: BackendError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._keeper: _Names | None = None  # the registry that keeps it while it is open
+        self._name = ""  # its limiter's name there
 
     @property
     def is_open(self) -> bool:
@@ -121,8 +129,9 @@ class Breaker:
 
     def failed(self, error: BackendError) -> None:
         """After a call the store failed: open, or stay open for twice as long. A store that
-        answered with an error (a refused command) is up: that closes it."""
-        if not is_outage(error):
+        answered with an error (``error.outage`` false: a refused command) is up: that
+        closes it."""
+        if not error.outage:
             self.answered()
             return
         if self.first_backoff <= 0:
@@ -138,6 +147,8 @@ class Breaker:
         self._open_until = loop.time() + self._backoff
         self._probing = False
         self._failure = error
+        if self._keeper is not None:
+            self._keeper.keep(self)
         log.debug("circuit breaker: calls fail at once for %.2f s (%s)", self._backoff, error)
 
     def left(self) -> None:
@@ -150,25 +161,99 @@ class Breaker:
         self._failure = None
         self._backoff = 0.0
         self.failed_fast = 0
+        if self._keeper is not None:
+            self._keeper.forget(self)
+
+    def _stale(self, now: float) -> bool:
+        """Whether nothing but the back-off's length is left to remember: open, no probe
+        under way, the back-off over for ``max_backoff`` (the next call probes anyway)."""
+        return (
+            self._open_until is not None
+            and not self._probing
+            and now >= self._open_until + self.max_backoff
+        )
 
 
-def is_outage(error: BackendError) -> bool:
-    """Whether ``error`` says the store did not answer (unreachable, timed out), rather than
-    answered with an error (a Redis ``ResponseError``: a refused command, a wrong key type):
-    only the first opens the breaker. A backend's own ``BackendError`` without a cause from
-    the client library counts as an outage."""
-    cause = error.__cause__
-    while cause is not None:
-        if any(kind.__name__ == "ResponseError" for kind in type(cause).__mro__):
-            return False
-        cause = cause.__cause__
-    return True
+def enter_all(breakers: Sequence[Breaker]) -> list[Breaker]:
+    """``breakers`` (of the limiters of one call), each entered once; when one is open, the
+    others entered are left as they were (nothing was sent: a probe one of them would have
+    made goes with the next call) and its error raised."""
+    entered: list[Breaker] = []
+    for breaker in breakers:
+        if breaker in entered:  # (a limiter's views share its breaker)
+            continue
+        try:
+            breaker.enter()
+        except BaseException:
+            for other in entered:
+                other.left()
+            raise
+        entered.append(breaker)
+    return entered
 
 
-_breakers: weakref.WeakKeyDictionary[Backend, dict[str | None, Breaker]] = (
-    weakref.WeakKeyDictionary()
-)
-_NAMES_MOST = 4096  # breakers kept per backend: the most recently made
+def charge(breakers: Sequence[Breaker], outcomes: Sequence[object]) -> None:
+    """The breakers of a call in which some limiter failed (one per limiter, with its
+    outcome), each by what its own limiters got: an outage of theirs charges it (the limiters
+    of a store that failed are all charged, a limiter on another store is not); an answer (a
+    grant, a refusal, an error the store answered with) closes it; anything else (an
+    argument refused before sending) only lets the next call probe."""
+    answered: dict[Breaker, BackendError | None] = {}  # the outage it is charged with, if any
+    for breaker, outcome in zip(breakers, outcomes, strict=True):
+        if isinstance(outcome, BackendError) and outcome.outage:
+            answered[breaker] = outcome
+        elif isinstance(outcome, BackendError) or not isinstance(outcome, BaseException):
+            answered.setdefault(breaker, None)
+    for breaker in dict.fromkeys(breakers):
+        if breaker not in answered:
+            breaker.left()
+        elif (outage := answered[breaker]) is not None:
+            breaker.failed(outage)
+        else:
+            breaker.answered()
+
+
+class _Names:
+    """The breakers of one backend, by limiter name. A breaker is shared while anything holds
+    it (a limiter object, a view) and kept here while it is open; an idle one (closed: there
+    is nothing to remember) that nobody holds is dropped. So however many names a process
+    uses, what is kept is bounded by its live limiters and its names failing now."""
+
+    __slots__ = ("_kept", "_kept_most", "_named", "default")
+
+    def __init__(self) -> None:
+        self.default = Breaker()
+        """The back-offs a new breaker starts with (``breaker_of(backend)``)."""
+        self._named: weakref.WeakValueDictionary[str, Breaker] = weakref.WeakValueDictionary()
+        self._kept: dict[str, Breaker] = {}  # the open ones, kept even when nobody holds them
+        self._kept_most = _KEPT_MOST
+
+    def get(self, name: str) -> Breaker:
+        breaker = self._named.get(name)
+        if breaker is None:
+            breaker = Breaker(self.default.first_backoff, self.default.max_backoff)
+            breaker._keeper, breaker._name = self, name
+            self._named[name] = breaker
+        return breaker
+
+    def keep(self, breaker: Breaker) -> None:
+        """``breaker`` has opened: kept until it closes (or is long past its back-off)."""
+        self._kept[breaker._name] = breaker
+        if len(self._kept) >= self._kept_most:
+            now = asyncio.get_running_loop().time()
+            self._kept = {n: b for n, b in self._kept.items() if not b._stale(now)}
+            self._kept_most = max(_KEPT_MOST, 2 * len(self._kept))
+
+    def forget(self, breaker: Breaker) -> None:
+        """``breaker`` has closed: only its holders keep it now."""
+        if self._kept.get(breaker._name) is breaker:
+            del self._kept[breaker._name]
+
+
+_breakers: weakref.WeakKeyDictionary[Backend, _Names] = weakref.WeakKeyDictionary()
+# Open breakers a backend keeps before it drops those long past their back-off (when every
+# one is failing now, it keeps them all, and looks again at twice as many).
+_KEPT_MOST = 4096
 
 
 def breaker_of(backend: Backend, name: str | None = None) -> Breaker:
@@ -180,13 +265,7 @@ def breaker_of(backend: Backend, name: str | None = None) -> Breaker:
     set those to change the back-off of the limiters made afterwards."""
     if not isinstance(backend, Backend):
         raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
-    breakers = _breakers.get(backend)
-    if breakers is None:
-        breakers = _breakers[backend] = {None: Breaker()}
-    breaker = breakers.get(name)
-    if breaker is None:
-        first = breakers[None]
-        if len(breakers) > _NAMES_MOST:
-            del breakers[next(key for key in breakers if key is not None)]  # the oldest
-        breaker = breakers[name] = Breaker(first.first_backoff, first.max_backoff)
-    return breaker
+    names = _breakers.get(backend)
+    if names is None:
+        names = _breakers[backend] = _Names()
+    return names.default if name is None else names.get(name)

@@ -30,8 +30,19 @@ class NotConfiguredError(LimiterError):
 class BackendError(LimiterError):
     """The backend failed: Redis unreachable, timed out, or refused a command.
 
-    The original exception is chained as ``__cause__``.
+    The original exception is chained as ``__cause__``. ``outage`` says which of the two:
+    true when the store did not serve (unreachable, timed out, or answering that it cannot
+    serve now: loading, busy, read-only in a failover), false when it answered with an error
+    about this call (a key holding foreign data, a refused command). Only an outage counts
+    toward a limiter's circuit breaker. A backend sets it where it maps its errors:
+
+    >>> raise BackendError(f"Redis refused {what}: {reason}", outage=False) from exc
     """
+
+    def __init__(self, *args: object, outage: bool = True) -> None:
+        super().__init__(*args)
+        self.outage = outage
+        """Whether the store did not serve (true) or answered with an error (false)."""
 
 
 class RateLimited(LimiterError):

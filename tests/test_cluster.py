@@ -12,7 +12,8 @@ from cluster import Cluster
 from conformance import LoopLag, Tolerance, now
 from redis.asyncio import RedisCluster
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+import aiolimit
+from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
 
 pytest_plugins = ["cluster_fixtures"]
 
@@ -224,3 +225,28 @@ async def test_recovers_when_only_one_node_lost_its_scripts(
     assert await asyncio.gather(*(limiter.try_acquire() for limiter in limiters)) == [True] * len(
         limiters
     )
+
+
+async def test_a_node_that_does_not_serve_fails_only_the_limiters_whose_slots_it_holds(
+    redis_cluster: Cluster, cluster_redis: RedisCluster
+) -> None:
+    backend = RedisBackend(cluster_redis, timeout=None)  # (the client's own timeouts alone)
+    by_port: dict[int, str] = {}
+    for i in range(100):
+        name = f"node-{i}"
+        by_port.setdefault(cluster_redis.get_node_from_key(backend.keys(name).tag).port, name)
+    (_, healthy_name), (failing_port, failing_name) = list(by_port.items())[:2]
+    healthy, failing = RateLimiter(healthy_name, backend), RateLimiter(failing_name, backend)
+    for limiter in (healthy, failing):
+        await limiter.set_rate(RateType.OVERALL, 1000, 1)
+    node = redis_cluster.node(failing_port)
+    node.command("CLIENT", "PAUSE", "30000", "WRITE")  # its writes wait: every call times out
+    try:
+        with pytest.raises(BackendError) as caught:
+            await aiolimit.acquire_all([(healthy, 1), (failing, 1)])  # one round trip
+        assert caught.value.outage
+        assert aiolimit.breaker_of(backend, failing_name).is_open
+        assert not aiolimit.breaker_of(backend, healthy_name).is_open
+        assert await healthy.try_acquire()
+    finally:
+        node.command("CLIENT", "UNPAUSE")

@@ -124,7 +124,8 @@ class Backend(abc.ABC):
     suite (``tests/test_conformance.py``) on it. Every method raises only
     :class:`~aiolimit.LimiterError` subclasses: ``NotConfiguredError`` for a name with no
     config, ``InvalidArgumentError`` for permits above the rate, ``BackendError`` when the
-    store fails.
+    store fails: with ``outage=False`` when the store answered with an error about the call
+    (a key holding foreign data), which a limiter's circuit breaker does not count.
     """
 
     __slots__ = ("__weakref__", "_hand_backs", "client_id")
@@ -201,7 +202,7 @@ class Backend(abc.ABC):
     async def unblock(self, name: str) -> bool:
         """Ends the limiter's block at once (grants may start now again); returns whether one
         was in force. Reservations the block already moved stay where they are."""
-        raise BackendError(f"{type(self).__name__} cannot unblock a limiter")
+        raise BackendError(f"{type(self).__name__} cannot unblock a limiter", outage=False)
 
     async def block_left(self, name: str) -> int:
         """Microseconds until the limiter's block ends (0: none), one read: what ``inspect``

@@ -201,7 +201,8 @@ class MemoryBackend(Backend):
         if start is None:
             raise BackendError(
                 f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-                "more than 2**53, which the scripts cannot count exactly"
+                "more than 2**53, which the scripts cannot count exactly",
+                outage=False,
             )
         delay = start - now
         if delay > 0 and max_wait_us is not None and delay > max_wait_us:

@@ -178,7 +178,9 @@ class RedisBackend(Backend):
             if known is not rate_type:
                 self._types[name] = rate_type
             return reply  # type: ignore[return-value]  # (no Trouble: a cast without its call)
-        raise BackendError(f"the rate type of {name!r} keeps changing")  # pragma: no cover
+        raise BackendError(  # pragma: no cover
+            f"the rate type of {name!r} keeps changing", outage=False
+        )
 
     def _submit(
         self,

@@ -9,7 +9,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-__all__ = ["ANY", "LOST", "NO_SCRIPT", "UNREACHABLE", "is_cluster", "slot"]
+__all__ = ["ANY", "LOST", "NOT_SERVING", "NO_SCRIPT", "UNREACHABLE", "is_cluster", "slot"]
 
 NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
@@ -20,6 +20,15 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
     redis_errors.TimeoutError,
 )
 """No server answered in time."""
+NOT_SERVING: tuple[type[BaseException], ...] = (
+    redis_errors.ReadOnlyError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+    redis_errors.OutOfMemoryError,
+)
+"""Error replies of a server that cannot serve now, whatever the call (a replica or a cluster
+in a failover, a slot moving, no memory left). The client library takes their code (READONLY,
+CLUSTERDOWN, MASTERDOWN, TRYAGAIN, OOM) off the message."""
 ANY: tuple[type[BaseException], ...] = (
     redis_errors.RedisError,
     redis_errors.RedisClusterException,
@@ -33,6 +42,12 @@ else:
     NO_SCRIPT += (valkey_errors.NoScriptError,)
     LOST += (valkey_errors.ConnectionError,)
     UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
+    NOT_SERVING += (
+        valkey_errors.ReadOnlyError,
+        valkey_errors.ClusterDownError,
+        valkey_errors.TryAgainError,
+        valkey_errors.OutOfMemoryError,
+    )
     ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
 
 

@@ -1,4 +1,7 @@
-"""What a failed call or a script's reported trouble raises, in plain words."""
+"""What a failed call or a script's reported trouble raises, in plain words, and whether it is
+an outage (``BackendError.outage``): the store did not serve (unreachable, timed out, or a
+server answering that it cannot serve now) rather than answered with an error about the call
+(a key holding foreign data, a refused command). Only an outage counts toward the breaker."""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import re
 
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from . import _scripts as scripts
-from ._compat import UNREACHABLE
+from ._compat import NOT_SERVING, UNREACHABLE
 from ._scripts import Failed, NotConfigured, OverRate, QueueFull, Trouble
 
 __all__ = ["call_error", "trouble_error"]
@@ -17,6 +20,20 @@ _LUA_NOISE = re.compile(
     r"^(?:ERR )?(?:Error running script \(call to f_\w+\): )?(?:@?user_(?:script|function):\d+: )*"
     r"|\s*script: \w+, on @?user_(?:script|function):\d+\.?\s*$"
 )
+
+# The codes of an error reply from a server that cannot serve now, whatever the call:
+# loading its data, running a slow script, a replica or a cluster in a failover, out of
+# memory, unable to persist. (The client library keeps some codes in the message; those it
+# takes off, it turns into NOT_SERVING's classes.)
+_NOT_SERVING_CODES = frozenset(
+    ("LOADING", "BUSY", "READONLY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "OOM", "MISCONF",
+     "NOREPLICAS")
+)  # fmt: skip
+
+
+def not_serving(message: str) -> bool:
+    """Whether a server's error message (its code first) says it cannot serve now."""
+    return message.split(" ", 1)[0] in _NOT_SERVING_CODES
 
 
 def trouble_error(
@@ -30,7 +47,8 @@ def trouble_error(
     if isinstance(trouble, QueueFull):
         return BackendError(
             f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-            "more than 2**53, which the scripts cannot count exactly"
+            "more than 2**53, which the scripts cannot count exactly",
+            outage=False,
         )
     if isinstance(trouble, Failed):
         return refused(what, trouble.message, server_clock, name)
@@ -41,21 +59,27 @@ def call_error(what: str, exc: BaseException, server_clock: bool) -> BackendErro
     """The error for a call that failed as a whole."""
     if isinstance(exc, UNREACHABLE):
         return BackendError(f"Redis is unreachable or timed out ({what}): {exc}")
-    return refused(what, server_reason(str(exc)), server_clock)
+    outage = isinstance(exc, NOT_SERVING)
+    return refused(what, server_reason(str(exc)), server_clock, outage=outage)
 
 
-def refused(what: str, message: str, server_clock: bool, name: str | None = None) -> BackendError:
+def refused(
+    what: str, message: str, server_clock: bool, name: str | None = None, outage: bool = False
+) -> BackendError:
     """The error for a call Redis refused, or (with ``name``) for a request the script
-    itself reported as failed."""
+    itself reported as failed: an outage only when the server says it cannot serve now (its
+    message's code, or ``outage``: the client library's class of the reply said so)."""
+    outage = outage or not_serving(message)
     if server_clock and scripts.TIME_REFUSED in message:
         return BackendError(
             f"the Redis server refused the TIME command in {what} "
             f"({message}); use RedisBackend(..., clock='client') to stamp grants with "
-            "this host's clock instead"
+            "this host's clock instead",
+            outage=False,
         )
     if name is None:
-        return BackendError(f"Redis refused {what}: {message}")
-    return BackendError(f"{what} failed for {name!r}: {message}")
+        return BackendError(f"Redis refused {what}: {message}", outage=outage)
+    return BackendError(f"{what} failed for {name!r}: {message}", outage=outage)
 
 
 def server_reason(message: str) -> str:

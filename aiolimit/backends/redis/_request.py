@@ -164,7 +164,9 @@ class Call:
                 if len(replies) != len(self.requests):
                     raise ValueError(f"{len(replies)} replies to {len(self.requests)} requests")
             except (ValueError, LookupError, TypeError):  # every caller learns it, none waits
-                reply = BackendError(f"unexpected reply to {self.operation.what}: {reply!r:.200}")
+                reply = BackendError(
+                    f"unexpected reply to {self.operation.what}: {reply!r:.200}", outage=False
+                )
             else:
                 for request, one in zip(self.requests, replies, strict=True):
                     request.settle(one)

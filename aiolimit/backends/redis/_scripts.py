@@ -91,7 +91,9 @@ def decoded(script: Script[R] | ReadCommand[R], reply: Any) -> R:
     try:
         return script.decode(reply)
     except (ValueError, LookupError, TypeError) as exc:
-        raise BackendError(f"unexpected reply to {script.what}: {reply!r:.200}") from exc
+        raise BackendError(
+            f"unexpected reply to {script.what}: {reply!r:.200}", outage=False
+        ) from exc
 
 
 # -- acquire, acquire_many ----------------------------------------------------------------------
