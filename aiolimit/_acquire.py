@@ -18,6 +18,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Coroutine, Iterable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _observe
@@ -36,18 +37,19 @@ __all__ = ["Acquired", "Breaker", "acquire_all", "breaker_of"]
 log = logging.getLogger("aiolimit")
 
 
-def max_wait_of(timeout: Duration | None) -> int | None:
+def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
     """A public timeout as the longest wait in microseconds; None waits as long as it takes.
+    Every surface's timeout (or ``wait``) is checked here.
 
     A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
-    long, so no wait can be."""
+    long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
     if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
         return timeout * 1_000_000
     if timeout is None or exceeds_max_duration(timeout):
         return None
-    max_wait = to_micros(timeout, "timeout")
-    if max_wait < 0:
-        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+    max_wait = to_micros(timeout, what)  # (a number or a timedelta from here on)
+    if max_wait < 0 or (not isinstance(timeout, timedelta) and timeout < 0):
+        raise InvalidArgumentError(f"{what} must be >= 0 or None, not {timeout!r}")
     return max_wait
 
 
