@@ -14,6 +14,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
@@ -27,6 +29,7 @@ from aiolimit import (
     InvalidArgumentError,
     LimiterError,
     MemoryBackend,
+    Rate,
     RateLimiter,
     RateLimiterConfig,
     RateType,
@@ -885,3 +888,32 @@ async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
     finally:
         await redis.delete(*(await redis.keys("foreign:*")))
         await redis.aclose()
+
+
+# -- rates as text ---------------------------------------------------------------------------------
+
+_MAX_US = int(MAX_DURATION.total_seconds()) * 1_000_000
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    permits=st.one_of(st.integers(1, 1000), st.integers(1, MAX_RATE)),
+    interval_us=st.one_of(
+        st.integers(1, 1000),  # below a millisecond
+        st.integers(1, _MAX_US),
+        st.sampled_from([1, 99, 100_000, 1_000_000, 60_000_000, 86_400_000_000, _MAX_US]),
+    ),
+)
+def test_str_of_a_rate_always_reads_back_as_the_same_rate(permits: int, interval_us: int) -> None:
+    rate = Rate(permits, timedelta(microseconds=interval_us))
+    assert Rate.parse(str(rate)) == (rate,)
+
+
+@pytest.mark.parametrize(
+    ("interval_us", "text"),
+    [(50, "7/0.00005 seconds"), (1, "7/0.000001 seconds"), (1_500_000, "7/1.5 seconds")],
+)
+def test_str_of_a_rate_below_a_millisecond_is_plain_decimal_seconds(
+    interval_us: int, text: str
+) -> None:
+    assert str(Rate(7, timedelta(microseconds=interval_us))) == text
