@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 from collections.abc import Coroutine, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -26,15 +25,13 @@ from ._breaker import Breaker, breaker_of
 from ._observe import Observer
 from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .backends._protocol import parse_grant
-from .backends.base import Attempt, Grant, Refusal, Started
+from .backends.base import Attempt, Grant, Refusal, Started, hand_backs_failed
 from .errors import BackendError, InvalidArgumentError, LimiterError
 
 if TYPE_CHECKING:
     from ._limiter import RateLimiter
 
 __all__ = ["Acquired", "Breaker", "acquire_all", "breaker_of"]
-
-log = logging.getLogger("aiolimit")
 
 
 def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
@@ -338,11 +335,12 @@ async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
         return_exceptions=True,
     )
     outcomes = await asyncio.shield(releases)  # a caller cancelled meanwhile: they go on
-    for outcome in outcomes:
-        if isinstance(outcome, Exception):
-            log.warning("could not hand back the permits of a refused request: %s", outcome)
-        elif isinstance(outcome, BaseException):
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    for outcome in failures:
+        if not isinstance(outcome, Exception):
             raise outcome
+    if failures:
+        hand_backs_failed(failures[0], len(failures))  # one warning with the count, soon
 
 
 async def _sleep_out(

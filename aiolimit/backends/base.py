@@ -239,14 +239,58 @@ class Backend(abc.ABC):
 
     def _hand_back_done(self, task: asyncio.Future[int]) -> None:
         self._hand_backs.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning(
-                "could not hand back the grant of a cancelled caller", exc_info=task.exception()
-            )
+        if not task.cancelled() and (error := task.exception()) is not None:
+            hand_backs_failed(error)
 
     async def aclose(self) -> None:
         """Waits (at most 5 s) for the hand-backs still under way, so that a process that
-        shuts down leaves no cancelled caller's permits taken. The Redis client stays open:
-        it belongs to whoever made it."""
+        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
+        The Redis client stays open: it belongs to whoever made it."""
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)
+        _failed_hand_backs.report()
+
+
+class _FailedHandBacks:
+    """Hand-backs that failed (a cancelled caller's, a refused request's), counted and logged
+    as one warning per ``REPORT_AFTER`` seconds, not a line (or a traceback) each: a store
+    that went away fails them all, and one line says so."""
+
+    REPORT_AFTER = 5.0
+
+    __slots__ = ("_count", "_error", "_loop")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._error: BaseException | None = None  # the first of those counted
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the report is due
+
+    def add(self, error: BaseException, count: int) -> None:
+        loop = asyncio.get_running_loop()
+        if self._count and (self._loop is not loop or loop.is_closed()):
+            self.report()  # due on a loop that has gone: say it now
+        if not self._count:
+            self._error = error
+            self._loop = loop
+            loop.call_later(self.REPORT_AFTER, self.report)
+        self._count += count
+
+    def report(self) -> None:
+        if self._count:
+            log.warning(
+                "could not hand back %d grants (of cancelled callers or refused requests); "
+                "each counts until it leaves its window: %s",
+                self._count,
+                self._error,
+            )
+        self._count = 0
+        self._error = None
+        self._loop = None
+
+
+_failed_hand_backs = _FailedHandBacks()
+
+
+def hand_backs_failed(error: BaseException, count: int = 1) -> None:
+    """Notes ``count`` hand-backs that failed with ``error`` (logged together, shortly)."""
+    _failed_hand_backs.add(error, count)
