@@ -239,7 +239,11 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
     """One limiter's attempt, through its breaker (Breaker.guard written out: one coroutine
     fewer per call)."""
     breaker = limiter._breaker
-    breaker.enter()
+    try:
+        breaker.enter()
+    except BackendError:
+        await asyncio.sleep(0)  # failing fast still yields: a caller retrying at once in a
+        raise  # loop would otherwise hold the event loop for the whole back-off
     try:
         attempt = await limiter._backend.try_acquire(limiter._name, permits, max_wait)
     except BackendError as exc:
@@ -290,6 +294,8 @@ async def _attempt_all(
             if isinstance(outcome, Grant):
                 limiter._backend.hand_back(limiter._name, outcome.member)
         _breakers_after(breakers[:entered], exc)
+        if entered < len(breakers):  # an open breaker: failing fast still yields, as above
+            await asyncio.sleep(0)
         raise
     failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
     if failures:
