@@ -242,8 +242,10 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
     try:
         breaker.enter()
     except BackendError:
-        await asyncio.sleep(0)  # failing fast still yields: a caller retrying at once in a
-        raise  # loop would otherwise hold the event loop for the whole back-off
+        # Failing fast still yields: else a caller retrying at once in a loop would hold
+        # the event loop for the whole back-off.
+        await asyncio.sleep(0)
+        raise
     try:
         attempt = await limiter._backend.try_acquire(limiter._name, permits, max_wait)
     except BackendError as exc:
