@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Hashable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -132,7 +132,8 @@ async def acquire_all(
     last one starts; when one cannot, nothing is taken (the others' grants are handed back)
     and the result is false, with ``retry_after``. Errors (``BackendError``,
     ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
-    others' grants. A name may appear once.
+    others' grants. A limiter may appear once (the same name and client id on one store:
+    one server and key prefix, or one ``MemoryBackend`` and its views).
     """
     limiter_type = _limiter_type()
     pairs = requests if requests.__class__ is list else list(requests)
@@ -147,11 +148,15 @@ async def acquire_all(
         raise InvalidArgumentError(
             f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
         )
-    if len(limiters) > 1 and len({(lim._name, lim._backend.client_id) for lim in limiters}) != len(
-        limiters
-    ):
+    if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
     return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
+
+
+def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
+    """What makes two limiter objects one limiter: the store, the name and the client id."""
+    backend = limiter._backend
+    return (backend.store_id, limiter._name, backend.client_id)
 
 
 def acquire(

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -140,6 +140,14 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
         """The same store seen by another client id (for ``PER_CLIENT`` limiters)."""
+
+    @property
+    def store_id(self) -> Hashable:
+        """Where the state lives: backends with equal ``store_id`` share every limiter's state
+        (a backend and its ``with_client`` views do), so a name on them is one limiter;
+        :func:`aiolimit.acquire_all` takes a limiter once. This default, for a store that does
+        not say: the backend's class (every backend of it one store)."""
+        return type(self)
 
     def slot(self, name: str) -> int | None:
         """Where the name's state lives, for stores spread over several nodes (Redis Cluster:
