@@ -173,7 +173,11 @@ class Gate:
             if key is None:
                 limiter = self._limiters[rule.name]
             else:
-                client = key(scope)
+                try:
+                    client = key(scope)
+                except Exception:  # the app's bug: the server answers 500; say which rule
+                    log.exception("rule %r: its key function raised", rule.name)
+                    raise
                 if client is None:
                     continue
                 client = client or UNKNOWN_CLIENT
