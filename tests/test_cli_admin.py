@@ -439,7 +439,7 @@ def test_the_readme_s_acl_user_can_run_every_command(capsys, acl_url, name):
         ["inspect", f"{name}-clients"],
         ["inspect", name, "--json"],
         ["list"],
-        ["watch", name + "-full", "--count", "2", "--interval", "0.05"],
+        ["watch", name + "-full", "--count", "2", "--interval", "0.1"],
         ["delete", name],
     ):
         code, out, err = aiolimit(capsys, acl_url, *args)
