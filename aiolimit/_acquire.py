@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Coroutine, Hashable, Iterable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from . import _observe
@@ -25,7 +25,7 @@ from ._breaker import Breaker, breaker_of, charge, enter_all
 from ._observe import Observer
 from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .backends._protocol import parse_grant
-from .backends.base import Attempt, Grant, Refusal, Started
+from .backends.base import Attempt, Grant, Refusal, Started, hand_backs_failed
 from .errors import BackendError, InvalidArgumentError, LimiterError
 
 if TYPE_CHECKING:
@@ -33,21 +33,20 @@ if TYPE_CHECKING:
 
 __all__ = ["Acquired", "Breaker", "acquire_all", "breaker_of"]
 
-log = logging.getLogger("aiolimit")
 
-
-def max_wait_of(timeout: Duration | None) -> int | None:
+def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
     """A public timeout as the longest wait in microseconds; None waits as long as it takes.
+    Every surface's timeout (or ``wait``) is checked here.
 
     A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
-    long, so no wait can be."""
+    long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
     if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
         return timeout * 1_000_000
     if timeout is None or exceeds_max_duration(timeout):
         return None
-    max_wait = to_micros(timeout, "timeout")
-    if max_wait < 0:
-        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+    max_wait = to_micros(timeout, what)  # (a number or a timedelta from here on)
+    if max_wait < 0 or (not isinstance(timeout, timedelta) and timeout < 0):
+        raise InvalidArgumentError(f"{what} must be >= 0 or None, not {timeout!r}")
     return max_wait
 
 
@@ -133,7 +132,8 @@ async def acquire_all(
     last one starts; when one cannot, nothing is taken (the others' grants are handed back)
     and the result is false, with ``retry_after``. Errors (``BackendError``,
     ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
-    others' grants. A name may appear once.
+    others' grants. A limiter may appear once (the same name and client id on one store:
+    one server and key prefix, or one ``MemoryBackend`` and its views).
     """
     limiter_type = _limiter_type()
     pairs = requests if requests.__class__ is list else list(requests)
@@ -148,11 +148,15 @@ async def acquire_all(
         raise InvalidArgumentError(
             f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
         )
-    if len(limiters) > 1 and len({(lim._name, lim._backend.client_id) for lim in limiters}) != len(
-        limiters
-    ):
+    if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
     return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
+
+
+def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
+    """What makes two limiter objects one limiter: the store, the name and the client id."""
+    backend = limiter._backend
+    return (backend.store_id, limiter._name, backend.client_id)
 
 
 def acquire(
@@ -240,7 +244,13 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
     """One limiter's attempt, through its breaker (Breaker.guard written out: one coroutine
     fewer per call)."""
     breaker = limiter._breaker
-    breaker.enter()
+    try:
+        breaker.enter()
+    except BackendError:
+        # Failing fast still yields: else a caller retrying at once in a loop would hold
+        # the event loop for the whole back-off.
+        await asyncio.sleep(0)
+        raise
     try:
         attempt = await limiter._backend.try_acquire(limiter._name, permits, max_wait)
     except BackendError as exc:
@@ -263,7 +273,11 @@ async def _attempt_all(
     with its own limiters' answers alone (:func:`charge`). If this task is cancelled
     meanwhile, the attempts not yet answered are cancelled (their grants go back), and so are
     grants made."""
-    breakers = enter_all([limiter._breaker for limiter in limiters])
+    try:
+        breakers = enter_all([limiter._breaker for limiter in limiters])
+    except BackendError:
+        await asyncio.sleep(0)  # failing fast still yields, as in attempt_one
+        raise
     started: list[Started | Exception] = []
     outcomes: list[Attempt | Exception] = []
     try:
@@ -321,11 +335,12 @@ async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
         return_exceptions=True,
     )
     outcomes = await asyncio.shield(releases)  # a caller cancelled meanwhile: they go on
-    for outcome in outcomes:
-        if isinstance(outcome, Exception):
-            log.warning("could not hand back the permits of a refused request: %s", outcome)
-        elif isinstance(outcome, BaseException):
+    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+    for outcome in failures:
+        if not isinstance(outcome, Exception):
             raise outcome
+    if failures:
+        hand_backs_failed(failures[0], len(failures))  # one warning with the count, soon
 
 
 async def _sleep_out(

@@ -105,7 +105,8 @@ class _Limiter:
 
         ``rate`` is an int with its ``interval``, or a sequence of :class:`Rate` (every one
         must allow a grant; :meth:`Rate.parse` reads them from text) without one.
-        ``min_spacing`` keeps the starts of consecutive grants at least that far apart.
+        ``min_spacing`` keeps the starts of consecutive grants at least that far apart (a
+        :class:`ShardedRateLimiter` refuses it: its shards cannot share one spacing).
 
         When a stored config differs from the one asked for (another process, or an earlier
         run, set another rate), it stays, and a warning is logged once per process."""
@@ -205,8 +206,7 @@ class _Limiter:
             Rate(sum(c.rates[i].permits for c in configs if c is not None), rate.interval)
             for i, rate in enumerate(first.rates)
         )
-        spacing = first.min_spacing and first.min_spacing / len(configs)
-        return replace(first, rates=rates, min_spacing=spacing)
+        return replace(first, rates=rates)
 
     # -- permits -------------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import re
 import time
 from datetime import timezone
 
+from ._acquire import max_wait_of
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
@@ -85,11 +86,10 @@ class CallGuard:
             raise InvalidArgumentError(
                 f"limiter must be a RateLimiter or ShardedRateLimiter, not {limiter!r}"
             )
-        if timeout is not None and to_micros(timeout, "timeout") < 0:
-            raise InvalidArgumentError(f"timeout must be >= 0 seconds or None, not {timeout!r}")
+        max_wait = max_wait_of(timeout)
         self.limiter = limiter
         self.permits = permits
-        self.timeout = None if timeout is None else to_micros(timeout, "timeout") / 1e6
+        self.timeout = None if max_wait is None else max_wait / 1e6
         self.retry = retry
         max_pause_us = to_micros(max_pause, "max_pause")
         if max_pause_us < 0:

@@ -103,6 +103,8 @@ class ShardedRateLimiter(_Limiter):
       using different shard counts for one name each admit up to the rate; change it only
       together with the name, or with every user stopped.
     - ``PER_CLIENT`` gives each client id a budget of ``rate`` split the same way.
+    - No ``min_spacing``: the set-rate methods refuse it (``InvalidArgumentError``), since
+      each shard could space only its own grants.
     """
 
     __slots__ = ("_last", "_next", "_shards", "_waiting")
@@ -131,18 +133,24 @@ class ShardedRateLimiter(_Limiter):
         )
 
     def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
-        """Each shard gets its share of every rate, and a spacing as many times longer as
-        there are shards (so that the shards together keep the spacing on average)."""
+        """Each shard gets its share of every rate. A ``min_spacing`` is refused: each shard
+        could keep it only among its own grants, and grants of different shards would start
+        together."""
+        if config.min_spacing is not None:
+            raise InvalidArgumentError(
+                f"min_spacing ({config.min_spacing}) cannot be kept by a ShardedRateLimiter: "
+                "each shard spaces only its own grants, and grants of different shards may "
+                "start together; use a RateLimiter for a spacing"
+            )
         shards = len(self._shards)
         shares = [_split_rate(rate.permits, shards) for rate in config.rates]
-        spacing = config.min_spacing and config.min_spacing * shards
         configs = []
         for i in range(shards):
             rates = tuple(
                 Rate(share[i], rate.interval)
                 for share, rate in zip(shares, config.rates, strict=True)
             )
-            configs.append(replace(config, rates=rates, min_spacing=spacing))
+            configs.append(replace(config, rates=rates))
         return configs
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:

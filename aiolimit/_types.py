@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from .errors import InvalidArgumentError
 
@@ -105,13 +106,15 @@ class Rate:
         return micros(self.interval)
 
     def __str__(self) -> str:
-        """``"3/second"``, ``"20/minute"``, ``"5/10 seconds"``: what :meth:`parse` reads."""
+        """``"3/second"``, ``"20/minute"``, ``"5/10 seconds"``, ``"5/0.00005 seconds"``: what
+        :meth:`parse` reads back as this very rate (seconds written exactly, to the µs)."""
         us = self.interval_us
         for unit, seconds in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
             count, rest = divmod(us, seconds * 1_000_000)
             if rest == 0:
                 return f"{self.permits}/{unit}" if count == 1 else f"{self.permits}/{count} {unit}s"
-        return f"{self.permits}/{us / 1_000_000:g} seconds"
+        whole, fraction = divmod(us, 1_000_000)  # exact decimal seconds, never an exponent
+        return f"{self.permits}/{whole}.{fraction:06d}".rstrip("0") + " seconds"
 
     @classmethod
     def parse(cls, text: str) -> tuple[Rate, ...]:
@@ -131,9 +134,8 @@ class Rate:
                     f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
                     "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
                 )
-            count = float(match["count"]) if match["count"] else 1
             try:
-                rates.append(cls(int(match["permits"]), count * unit))
+                rates.append(cls(int(match["permits"]), _interval(match["count"], unit)))
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(
                     f"the rate {part.strip()!r} in {text!r}: {exc}"
@@ -141,6 +143,17 @@ class Rate:
         if not rates:
             raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
         return tuple(rates)
+
+
+def _interval(count: str | None, unit: int) -> Duration:
+    """``count`` units read exactly (decimal text, not a float), rounded up to a whole
+    microsecond, so the text :meth:`Rate.__str__` writes reads back as the same interval."""
+    if count is None:
+        return unit
+    seconds = Decimal(count) * unit
+    if seconds > _MAX_SECONDS or not seconds:
+        return float(seconds)  # refused by Rate, naming MAX_DURATION (or "not positive")
+    return timedelta(microseconds=math.ceil(seconds * 1_000_000))
 
 
 Rates = int | str | Rate | Sequence[Rate]

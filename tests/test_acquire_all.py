@@ -236,3 +236,44 @@ async def test_several_limiters_on_one_client_share_one_round_trip(redis_server)
     assert await scripts_run() - before == 1  # one acquire_many call for the three
     assert [await limiter.available_permits() for limiter in limiters] == [3, 3, 3]
     await redis.aclose()
+
+
+# -- which limiters are the same one --------------------------------------------------------------
+
+
+async def test_the_same_name_and_client_on_two_memory_stores_are_two_limiters() -> None:
+    first = RateLimiter("twin", MemoryBackend(client_id="c"))
+    second = RateLimiter("twin", MemoryBackend(client_id="c"))
+    for limiter in (first, second):
+        await limiter.set_rate(OVERALL, 1, 60)
+    assert await aiolimit.acquire_all([(first, 1), (second, 1)])
+    assert [await first.available_permits(), await second.available_permits()] == [0, 0]
+    same = RateLimiter("twin", first.backend.with_client("c"))  # one store: the same limiter
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        await aiolimit.acquire_all([(first, 1), (same, 1)])
+
+
+async def test_two_redis_stores_are_told_apart_by_server_and_prefix(
+    redis_server: LocalRedis, valkey_server: LocalRedis
+) -> None:
+    redis, again = Redis.from_url(redis_server.url), Redis.from_url(redis_server.url)
+    valkey = Redis.from_url(valkey_server.url)
+    name = f"twin-{uuid.uuid4().hex[:8]}"
+    try:
+        backends = [
+            RedisBackend(redis, client_id="c"),
+            RedisBackend(redis, client_id="c", prefix="other:"),  # another key space
+            RedisBackend(valkey, client_id="c"),  # another server
+        ]
+        limiters = [RateLimiter(name, backend) for backend in backends]
+        for limiter in limiters:
+            await limiter.set_rate(OVERALL, 1, 60)
+        assert await aiolimit.acquire_all([(limiter, 1) for limiter in limiters])
+        assert [await limiter.available_permits() for limiter in limiters] == [0, 0, 0]
+        # Another client of the same server, with the same prefix: the same limiter.
+        same = RateLimiter(name, RedisBackend(again, client_id="c"))
+        with pytest.raises(InvalidArgumentError, match="twice"):
+            await aiolimit.acquire_all([(limiters[0], 1), (same, 1)])
+    finally:
+        for client in (redis, again, valkey):
+            await client.aclose()

@@ -292,6 +292,33 @@ async def test_the_fields_are_written_once_whatever_the_app_sets() -> None:
 
 
 @looptime
+async def test_many_rules_report_only_the_eight_tightest_in_the_fields() -> None:
+    rules = [Rule(f"rule-{i:03}", "1000/second") for i in range(120)]
+    rules[70] = Rule("tightest", "3/second")
+    rules[90] = Rule("tighter", "50/second")
+    app = RateLimitMiddleware(starlette_app(), backend=MemoryBackend(), rules=rules)
+    async with client(app) as http:
+        response = await http.get("/api/items")
+    assert response.status_code == 200
+    seen = fields(response)
+    limit = list(seen["limit"])
+    assert len(limit) == 8 == len(seen["policy"])
+    assert limit[:2] == ["tightest", "tighter"]  # the tightest first
+    assert seen["limit"]["tightest"]["r"] == 2
+    size = sum(len(k) + len(v) for k, v in response.headers.items() if "ratelimit" in k)
+    assert size < 800, size
+
+
+@looptime
+async def test_eight_rules_or_fewer_are_all_reported_in_their_order() -> None:
+    rules = [Rule(f"rule-{i}", f"{10 - i}/second") for i in range(8)]
+    app = RateLimitMiddleware(starlette_app(), backend=MemoryBackend(), rules=rules)
+    async with client(app) as http:
+        response = await http.get("/api/items")
+    assert list(fields(response)["limit"]) == [f"rule-{i}" for i in range(8)]
+
+
+@looptime
 async def test_headers_false_leaves_allowed_responses_alone_but_not_429s() -> None:
     app = RateLimitMiddleware(
         starlette_app(), backend=MemoryBackend(), rules=[Rule("api", "1/minute")], headers=False

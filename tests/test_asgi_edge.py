@@ -510,6 +510,32 @@ async def test_a_cost_callable_out_of_range_is_an_error_of_the_app_never_a_429(
     assert endpoint.runs == 0
 
 
+@looptime
+async def test_a_key_function_that_raises_is_a_500_logged_once_per_request(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken_key(scope: Any) -> str:
+        raise KeyError("tenant")
+
+    endpoint = Endpoint()
+    app = RateLimitMiddleware(
+        endpoint.app(),
+        backend=MemoryBackend(),
+        rules=[Rule("per-tenant", "3/second", key=broken_key)],
+    )
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    with caplog.at_level(logging.ERROR, logger="aiolimit"):
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            answers = [await http.get("/other") for _ in range(2)]
+    assert [a.status_code for a in answers] == [500, 500]
+    assert endpoint.runs == 0
+    ours = [r for r in caplog.records if r.name == "aiolimit"]
+    assert len(ours) == 2  # one per request
+    for record in ours:
+        assert "'per-tenant'" in record.getMessage() and "key" in record.getMessage()
+        assert record.exc_info is not None and isinstance(record.exc_info[1], KeyError)
+
+
 async def test_a_cost_callable_out_of_range_through_uvicorn_is_a_500_with_a_log_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -529,3 +555,20 @@ async def test_a_cost_callable_out_of_range_through_uvicorn_is_a_500_with_a_log_
         f"{r.getMessage()} {r.exc_info[1] if r.exc_info else ''}" for r in caplog.records
     )
     assert "rule 'upload'" in logged and "99" in logged
+
+
+@looptime
+async def test_an_app_that_raises_after_the_check_has_spent_its_permits() -> None:
+    async def failing(request: Request) -> PlainTextResponse:
+        raise RuntimeError("the app failed")
+
+    backend = MemoryBackend()
+    app = RateLimitMiddleware(
+        Starlette(routes=[Route("/", failing)]),
+        backend=backend,
+        rules=[Rule("spent", "3/second")],
+    )
+    transport = httpx.ASGITransport(app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        assert (await http.get("/")).status_code == 500
+    assert await RateLimiter("spent", backend).available_permits() == 2

@@ -262,7 +262,7 @@ WATCH_LINE = re.compile(
 
 def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
     on_server(url, lambda backend: _full_with_a_reservation(backend, name))
-    code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.05")
+    code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.1")
     assert (code, err) == (0, "")
     assert "\x1b" not in out and "\r" not in out
     lines = out.splitlines()
@@ -277,6 +277,13 @@ def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
         assert match is not None
         assert (match["taken"], match["rate_of"], match["bar"]) == ("10", "10", "#" * 20)
         assert match["queued"] == "1" and 58 <= float(match["ahead"]) <= 60
+
+
+def test_watch_help_states_the_shortest_interval(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["watch", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "at least 0.1" in out
 
 
 def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
@@ -326,7 +333,7 @@ def test_watch_on_a_tty_redraws_one_line(monkeypatch, url, name):
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
     on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1))
-    assert cli.main(["watch", name, "--count", "2", "--interval", "0.05", "--redis", url]) == 0
+    assert cli.main(["watch", name, "--count", "2", "--interval", "0.1", "--redis", url]) == 0
     shown = terminal.getvalue()
     assert shown.count("\r\x1b[K") == 2
     assert shown.endswith("\n") and shown.count("\n") == 1
@@ -355,6 +362,8 @@ def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         (["set-rate", "x", "0/second"], "permits must be an int from 1"),
         (["set-rate", "x", "1/second", "--algorithm", "leaky"], "expected one of sliding_window"),
         (["watch", "x", "--count", "0"], "argument --count: must be at least 1"),
+        (["watch", "x", "--interval", "0.002"], "argument --interval: must be at least 0.1"),
+        (["watch", "x", "--interval", "0"], "argument --interval: must be at least 0.1"),
     ],
 )
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(url, args, message):
@@ -430,7 +439,7 @@ def test_the_readme_s_acl_user_can_run_every_command(capsys, acl_url, name):
         ["inspect", f"{name}-clients"],
         ["inspect", name, "--json"],
         ["list"],
-        ["watch", name + "-full", "--count", "2", "--interval", "0.05"],
+        ["watch", name + "-full", "--count", "2", "--interval", "0.1"],
         ["delete", name],
     ):
         code, out, err = aiolimit(capsys, acl_url, *args)

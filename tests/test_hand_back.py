@@ -9,12 +9,14 @@ a real Valkey (real time: short intervals).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
 from conformance import manual_clock, now
 
-from aiolimit import Algorithm, Rate, RateLimiter, RateType
+import aiolimit
+from aiolimit import Algorithm, BackendError, MemoryBackend, Rate, RateLimiter, RateType
 from aiolimit.backends import Backend, Grant
 
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
@@ -132,3 +134,63 @@ async def test_hand_backs_leave_no_key_each(store, name, algorithm, rate_type):
     keys = await redis.keys("*")
     assert len(keys) <= 5, sorted(keys)
     assert await granted(backend, name) == 10
+
+
+# -- failed hand-backs are logged once per batch, with a count ---------------------------------
+
+
+class _ReleaseFails(MemoryBackend):
+    """A memory store whose hand-backs fail (the store went away meanwhile)."""
+
+    async def release(self, name: str, permits: int, member: str | None = None) -> int:
+        raise BackendError("the store is unreachable")
+
+
+def hand_back_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [
+        record
+        for record in caplog.records
+        if record.name == "aiolimit" and "could not hand back" in record.getMessage()
+    ]
+
+
+@pytest.mark.looptime
+async def test_failed_hand_backs_of_cancelled_callers_are_one_warning_with_their_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _ReleaseFails()
+    limiter = RateLimiter("failing-hand-backs", backend)
+    await limiter.set_rate(OVERALL, 100, 1)
+    members = await grants(backend, "failing-hand-backs", 50)
+    with caplog.at_level(logging.WARNING, logger="aiolimit"):
+        for member in members:
+            backend.hand_back("failing-hand-backs", member)
+        await backend.aclose()  # waits for them, and says what failed
+        (warning,) = hand_back_warnings(caplog)
+        assert "50 grants" in warning.getMessage()
+        assert "unreachable" in warning.getMessage()
+        assert warning.exc_info is None  # one line, no traceback per grant
+        # Later failures are reported again, once, after a short while.
+        for member in members[:3]:
+            backend.hand_back("failing-hand-backs", member)
+        await asyncio.sleep(10)
+        (later,) = hand_back_warnings(caplog)[1:]
+        assert "3 grants" in later.getMessage()
+
+
+@pytest.mark.looptime
+async def test_failed_hand_backs_of_a_refused_request_are_one_warning_with_their_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = _ReleaseFails()
+    limiters = [RateLimiter(f"refused-{i}", backend) for i in range(4)]
+    for limiter in limiters:
+        await limiter.set_rate(OVERALL, 1, 60)
+    assert await limiters[-1].try_acquire()  # the last one refuses what follows
+    with caplog.at_level(logging.WARNING, logger="aiolimit"):
+        acquired = await aiolimit.acquire_all([(limiter, 1) for limiter in limiters])
+        assert not acquired
+        await asyncio.sleep(10)
+        (warning,) = hand_back_warnings(caplog)
+        assert "3 grants" in warning.getMessage()
+        assert warning.exc_info is None

@@ -14,9 +14,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+import aiolimit
 from aiolimit import (
     MAX_DURATION,
     MAX_RATE,
@@ -26,6 +29,7 @@ from aiolimit import (
     InvalidArgumentError,
     LimiterError,
     MemoryBackend,
+    Rate,
     RateLimiter,
     RateLimiterConfig,
     RateType,
@@ -34,10 +38,14 @@ from aiolimit import (
 )
 from aiolimit._tools import LocalRedis
 from aiolimit._types import to_micros
+from aiolimit.aiohttp import RateLimitedClientMiddleware
+from aiolimit.asgi import RateLimitMiddleware
 from aiolimit.backends._protocol import MAX_BATCH
 from aiolimit.backends.base import Attempt, SetMode
 from aiolimit.backends.redis._coalescer import Coalescer, Request, coalescer
 from aiolimit.backends.redis._scripts import ACQUIRE, CLIENTS, CONFIG
+from aiolimit.fastapi import RateLimit
+from aiolimit.httpx import RateLimitedTransport
 
 looptime = pytest.mark.looptime
 
@@ -228,8 +236,30 @@ async def test_timeouts_above_max_duration_wait_as_long_as_it_takes(timeout: Any
 
 @pytest.mark.parametrize(
     "timeout",
-    [-1, -1e303, -(10**400), math.nan, -math.inf, timedelta.min, timedelta(microseconds=-1)],
-    ids=["-1", "-1e303", "-1e400", "nan", "-inf", "timedelta.min", "-1us"],
+    [
+        -1,
+        -1e303,
+        -(10**400),
+        math.nan,
+        -math.inf,
+        timedelta.min,
+        timedelta(microseconds=-1),
+        -1e-7,
+        -5e-7,
+        -1e-300,
+    ],
+    ids=[
+        "-1",
+        "-1e303",
+        "-1e400",
+        "nan",
+        "-inf",
+        "timedelta.min",
+        "-1us",
+        "-0.1us",
+        "-0.5us",
+        "-1e-300",
+    ],
 )
 async def test_negative_and_nan_timeouts_are_refused(timeout: Any) -> None:
     for limiter in (
@@ -239,6 +269,28 @@ async def test_negative_and_nan_timeouts_are_refused(timeout: Any) -> None:
         with pytest.raises(InvalidArgumentError, match="timeout") as caught:
             await limiter.try_acquire(1, timeout=timeout)
         assert_invalid(caught)
+
+
+@pytest.mark.parametrize("timeout", [-1e-7, -5e-7, -1e-300, -1, math.nan])
+async def test_every_surface_refuses_any_negative_timeout(timeout: float) -> None:
+    limiter = RateLimiter("t", _Untouchable())
+    surfaces: list[Callable[[], object]] = [
+        lambda: limiter.limit(timeout=timeout),
+        lambda: RateLimitedTransport(limiter, timeout=timeout),
+        lambda: RateLimitedClientMiddleware(limiter, timeout=timeout),
+        lambda: RateLimitMiddleware(_no_app, backend=_Untouchable(), rules=[], wait=timeout),
+        lambda: RateLimit("t", "1/second", backend=_Untouchable(), wait=timeout),
+    ]
+    for make in surfaces:
+        with pytest.raises(InvalidArgumentError, match=r"timeout|wait") as caught:
+            make()
+        assert_invalid(caught)
+    with pytest.raises(InvalidArgumentError, match="timeout"):
+        await aiolimit.acquire_all([(limiter, 1)], timeout=timeout)
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("reached the app")
 
 
 # -- B: names that do not encode -----------------------------------------------------------------
@@ -836,3 +888,32 @@ async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
     finally:
         await redis.delete(*(await redis.keys("foreign:*")))
         await redis.aclose()
+
+
+# -- rates as text ---------------------------------------------------------------------------------
+
+_MAX_US = int(MAX_DURATION.total_seconds()) * 1_000_000
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    permits=st.one_of(st.integers(1, 1000), st.integers(1, MAX_RATE)),
+    interval_us=st.one_of(
+        st.integers(1, 1000),  # below a millisecond
+        st.integers(1, _MAX_US),
+        st.sampled_from([1, 99, 100_000, 1_000_000, 60_000_000, 86_400_000_000, _MAX_US]),
+    ),
+)
+def test_str_of_a_rate_always_reads_back_as_the_same_rate(permits: int, interval_us: int) -> None:
+    rate = Rate(permits, timedelta(microseconds=interval_us))
+    assert Rate.parse(str(rate)) == (rate,)
+
+
+@pytest.mark.parametrize(
+    ("interval_us", "text"),
+    [(50, "7/0.00005 seconds"), (1, "7/0.000001 seconds"), (1_500_000, "7/1.5 seconds")],
+)
+def test_str_of_a_rate_below_a_millisecond_is_plain_decimal_seconds(
+    interval_us: int, text: str
+) -> None:
+    assert str(Rate(7, timedelta(microseconds=interval_us))) == text

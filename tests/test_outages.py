@@ -173,3 +173,36 @@ async def test_a_store_that_answers_with_an_error_does_not_open_the_breaker() ->
         with pytest.raises(BackendError, match="refused"):
             await limiter.try_acquire()
     assert backend.reached == 3
+
+
+@looptime
+@pytest.mark.parametrize("how", ["try_acquire", "acquire_all"])
+async def test_a_call_failing_fast_lets_the_event_loop_run_other_tasks(how: str) -> None:
+    # A caller that retries at once in a loop while the breaker is open must not freeze the
+    # event loop for the whole back-off: each failing call yields once.
+    backend = Flaky()
+    limiter, other = RateLimiter("yields", backend), RateLimiter("yields-too", backend)
+    for each in (limiter, other):
+        await each.set_rate(RateType.OVERALL, 1000, 1)
+    backend.down = True
+    with pytest.raises(BackendError):
+        await limiter.try_acquire()  # opens the breaker
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.ensure_future(ticking())
+    await asyncio.sleep(0)
+    for _ in range(100):
+        with pytest.raises(BackendError, match="fail at once"):
+            if how == "try_acquire":
+                await limiter.try_acquire()
+            else:
+                await aiolimit.acquire_all([(limiter, 1), (other, 1)])
+    ticker.cancel()
+    assert ticks >= 100
+    assert backend.reached == 1  # every one of them failed fast

@@ -16,6 +16,7 @@ from test_cluster import HOSTILE_NAMES, masters_holding
 
 from aiolimit import (
     BackendError,
+    InvalidArgumentError,
     MemoryBackend,
     NotConfiguredError,
     RateType,
@@ -79,6 +80,41 @@ async def test_a_rate_below_the_shard_count_is_refused_with_a_clear_error() -> N
 def test_invalid_shard_counts_are_refused(shards: object) -> None:
     with pytest.raises(ValueError, match="shards"):
         ShardedRateLimiter("x", MemoryBackend(), shards=shards)  # type: ignore[arg-type]
+
+
+# -- what a sharded limiter cannot keep ---------------------------------------------------------
+
+
+async def test_min_spacing_is_refused_at_every_set_rate_entry_and_nothing_is_written(
+    store, name
+) -> None:
+    # One spacing across shards would need one shared key: each shard keeps only its own, so
+    # grants of different shards may start together. The limiter refuses it, naming why.
+    limiter = ShardedRateLimiter(name, store.backend(), shards=3)
+    entries = [
+        limiter.try_set_rate,
+        limiter.set_rate,
+        limiter.ensure_rate,
+        limiter.update_rate,
+    ]
+    for entry in entries:
+        with pytest.raises(InvalidArgumentError, match=r"min_spacing.*ShardedRateLimiter"):
+            await entry(RateType.OVERALL, 30, 1, min_spacing=0.1)
+    assert await limiter.get_config() is None
+    await limiter.set_rate(RateType.OVERALL, 30, 1)
+    stored = await limiter.get_config()
+    with pytest.raises(InvalidArgumentError, match="min_spacing"):
+        await limiter.update_rate(RateType.OVERALL, 60, 1, min_spacing=0.1)
+    assert await limiter.get_config() == stored
+    assert stored is not None and stored.min_spacing is None
+    assert all([await limiter.try_acquire() for _ in range(4)])  # no spacing applied
+
+
+async def test_a_zero_min_spacing_is_no_spacing_and_is_accepted(store, name) -> None:
+    limiter = ShardedRateLimiter(name, store.backend(), shards=2)
+    await limiter.set_rate(RateType.OVERALL, 10, 1, min_spacing=0)
+    config = await limiter.get_config()
+    assert config is not None and config.min_spacing is None
 
 
 # -- shard names and slots -------------------------------------------------------------------

@@ -12,6 +12,9 @@ grant that leaves none reads the wait for the next permit (its reset), and a ref
 wait: the rate the store named binds if the wait fits in its window (a rate never holds a
 request back longer than its window); else (several rates have none left, and a longer one
 holds the request back) the one with the shortest window that the wait fits in.
+
+A response reports at most ``MAX_FIELD_ITEMS`` (8) rules: with more, the tightest (fewest
+permits left, then latest reset), tightest first.
 """
 
 from __future__ import annotations
@@ -155,8 +158,20 @@ def _policy_of(rule: Rule) -> tuple[bytes, tuple[str, ...]]:
     return policy.encode(), tuple(_sf_string(name) for name, _ in named)
 
 
+MAX_FIELD_ITEMS = 8
+"""The most rules a response's RateLimit fields report: past it, the tightest (see
+:func:`_tightness`), tightest first, so that many rules do not put kilobytes on every
+response."""
+
+
+def _tightness(item: Item) -> tuple[int, int]:
+    """The most constraining rule sorts first: the fewest permits left, then the latest reset."""
+    return (item.remaining, -item.reset)
+
+
 def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, bytes]]:
-    """The RateLimit fields for ``items`` (one per rule; the last one per rule counts)."""
+    """The RateLimit fields for ``items`` (one per rule; the last one per rule counts), at
+    most ``MAX_FIELD_ITEMS`` rules."""
     if not items:
         return []
     if len(items) > 1:
@@ -165,6 +180,8 @@ def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, byte
             by_rule[item.rule.name] = item
         if len(by_rule) < len(items):  # a rule twice: its place is its first, its item the last
             items = list(by_rule.values())
+        if len(items) > MAX_FIELD_ITEMS:
+            items = sorted(items, key=_tightness)[:MAX_FIELD_ITEMS]
     policies = []
     limits = []
     for rule, remaining, reset, policy in items:
@@ -175,8 +192,8 @@ def header_fields(items: Sequence[Item], legacy: bool) -> list[tuple[bytes, byte
         (b"ratelimit-policy", b", ".join(policies)),
         (b"ratelimit", ", ".join(limits).encode()),
     ]
-    if legacy:  # the most constraining rule: the fewest permits left, then the latest reset
-        fields += _legacy_fields(min(items, key=lambda i: (i.remaining, -i.reset)))
+    if legacy:  # the most constraining rule
+        fields += _legacy_fields(min(items, key=_tightness))
     return fields
 
 

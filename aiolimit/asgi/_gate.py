@@ -114,8 +114,6 @@ class Gate:
             raise InvalidArgumentError(
                 f"on_backend_error must be 'deny' or 'allow', not {shown(on_backend_error)}"
             )
-        if to_micros(wait, "wait") < 0:
-            raise InvalidArgumentError(f"wait must be >= 0 seconds, not {shown(wait)}")
         retry_us = to_micros(error_retry_after, "error_retry_after")
         if retry_us <= 0:
             raise InvalidArgumentError(
@@ -123,7 +121,7 @@ class Gate:
             )
         self.rules = tuple(rules)
         self._limiters = {rule.name: RateLimiter(rule.name, backend) for rule in rules}
-        self._max_wait = max_wait_of(wait)
+        self._max_wait = max_wait_of(wait, "wait")
         self._on_backend_error = on_backend_error
         self._error_retry_after = whole_seconds(retry_us)
         # The configure call of each rule under way or done (a done one: configured).
@@ -175,7 +173,11 @@ class Gate:
             if key is None:
                 limiter = self._limiters[rule.name]
             else:
-                client = key(scope)
+                try:
+                    client = key(scope)
+                except Exception:  # the app's bug: the server answers 500; say which rule
+                    log.exception("rule %r: its key function raised", rule.name)
+                    raise
                 if client is None:
                     continue
                 client = client or UNKNOWN_CLIENT

@@ -5,7 +5,7 @@ import asyncio
 import logging
 import math
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Hashable
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
@@ -142,6 +142,14 @@ class Backend(abc.ABC):
     def with_client(self, client_id: str) -> Backend:
         """The same store seen by another client id (for ``PER_CLIENT`` limiters)."""
 
+    @property
+    def store_id(self) -> Hashable:
+        """Where the state lives: backends with equal ``store_id`` share every limiter's state
+        (a backend and its ``with_client`` views do), so a name on them is one limiter;
+        :func:`aiolimit.acquire_all` takes a limiter once. This default, for a store that does
+        not say: the backend's class (every backend of it one store)."""
+        return type(self)
+
     def slot(self, name: str) -> int | None:
         """Where the name's state lives, for stores spread over several nodes (Redis Cluster:
         the hash slot, 0-16383); None for a store in one place."""
@@ -240,14 +248,58 @@ class Backend(abc.ABC):
 
     def _hand_back_done(self, task: asyncio.Future[int]) -> None:
         self._hand_backs.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning(
-                "could not hand back the grant of a cancelled caller", exc_info=task.exception()
-            )
+        if not task.cancelled() and (error := task.exception()) is not None:
+            hand_backs_failed(error)
 
     async def aclose(self) -> None:
         """Waits (at most 5 s) for the hand-backs still under way, so that a process that
-        shuts down leaves no cancelled caller's permits taken. The Redis client stays open:
-        it belongs to whoever made it."""
+        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
+        The Redis client stays open: it belongs to whoever made it."""
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)
+        _failed_hand_backs.report()
+
+
+class _FailedHandBacks:
+    """Hand-backs that failed (a cancelled caller's, a refused request's), counted and logged
+    as one warning per ``REPORT_AFTER`` seconds, not a line (or a traceback) each: a store
+    that went away fails them all, and one line says so."""
+
+    REPORT_AFTER = 5.0
+
+    __slots__ = ("_count", "_error", "_loop")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._error: BaseException | None = None  # the first of those counted
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the report is due
+
+    def add(self, error: BaseException, count: int) -> None:
+        loop = asyncio.get_running_loop()
+        if self._count and (self._loop is not loop or loop.is_closed()):
+            self.report()  # due on a loop that has gone: say it now
+        if not self._count:
+            self._error = error
+            self._loop = loop
+            loop.call_later(self.REPORT_AFTER, self.report)
+        self._count += count
+
+    def report(self) -> None:
+        if self._count:
+            log.warning(
+                "could not hand back %d grants (of cancelled callers or refused requests); "
+                "each counts until it leaves its window: %s",
+                self._count,
+                self._error,
+            )
+        self._count = 0
+        self._error = None
+        self._loop = None
+
+
+_failed_hand_backs = _FailedHandBacks()
+
+
+def hand_backs_failed(error: BaseException, count: int = 1) -> None:
+    """Notes ``count`` hand-backs that failed with ``error`` (logged together, shortly)."""
+    _failed_hand_backs.add(error, count)

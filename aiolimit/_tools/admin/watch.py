@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 import time
 from typing import NamedTuple
 
 from ..._types import RateLimiterConfig, RateType
 from ...backends.redis import RedisBackend
-from ..demo import positive_int, positive_seconds
+from ..demo import positive_int
 from ..text import bar
 from .connect import command, name_argument, no_limiter
 from .reading import Reservations, budget_state
@@ -32,14 +33,31 @@ class Reading(NamedTuple):
     """Seconds until the limiter's block ends (None: not blocked)."""
 
 
+SHORTEST_INTERVAL = 0.1
+"""The shortest ``--interval``: each tick is a few reads, and no terminal needs more than ten
+redraws a second."""
+
+
+def _interval(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not SHORTEST_INTERVAL <= seconds < math.inf:  # (NaN too)
+        raise argparse.ArgumentTypeError(
+            f"must be at least {SHORTEST_INTERVAL:g} seconds (and finite), got {text}"
+        )
+    return seconds
+
+
 def _watch_arguments(parser: argparse.ArgumentParser) -> None:
     name_argument(parser)
     parser.add_argument(
         "--interval",
-        type=positive_seconds,
+        type=_interval,
         default=1.0,
         metavar="SECONDS",
-        help="refresh (default 1)",
+        help=f"refresh every SECONDS, at least {SHORTEST_INTERVAL:g} (default 1)",
     )
     parser.add_argument("--count", type=positive_int, metavar="N", help="stop after N lines")
 

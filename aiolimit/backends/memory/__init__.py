@@ -6,7 +6,7 @@ The operations here are the scripts' (one method per script); each algorithm is 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 
 from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
 from ...errors import BackendError, InvalidArgumentError, NotConfiguredError
@@ -100,6 +100,10 @@ class MemoryBackend(Backend):
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
         return other
+
+    @property
+    def store_id(self) -> Hashable:
+        return id(self._shared)  # one dict of limiters, shared by with_client views
 
     @property
     def _limiters(self) -> dict[str, Limiter]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
@@ -17,7 +17,7 @@ from .._protocol import format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Started, call_timeout
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, slot
+from ._compat import ANY, server_of, slot
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
 from ._request import Sent
@@ -96,6 +96,12 @@ class RedisBackend(Backend):
         other._keys = self._keys
         other._types = self._types
         return other
+
+    @property
+    def store_id(self) -> Hashable:
+        """The server (its address and database, as the client was given them) and the key
+        prefix; a client that names no address (a cluster client) is its own store."""
+        return (server_of(self._redis), self._prefix)
 
     @property
     def timeout(self) -> float | None:

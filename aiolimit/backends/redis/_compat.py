@@ -4,12 +4,22 @@ slots; telling a cluster client from a single-node one."""
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
-__all__ = ["ANY", "LOST", "NOT_SERVING", "NO_SCRIPT", "UNREACHABLE", "is_cluster", "slot"]
+__all__ = [
+    "ANY",
+    "LOST",
+    "NOT_SERVING",
+    "NO_SCRIPT",
+    "UNREACHABLE",
+    "is_cluster",
+    "server_of",
+    "slot",
+]
 
 NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
@@ -60,3 +70,12 @@ def slot(key: str | bytes) -> int:
 def is_cluster(redis: Any) -> bool:
     """Whether ``redis`` is a cluster client (redis-py's or valkey-py's ``RedisCluster``)."""
     return hasattr(redis, "get_node_from_key")
+
+
+def server_of(redis: Any) -> Hashable:
+    """The server a client talks to, as its connection pool was given it (host, port, socket
+    path, database); the client itself when it says none (a cluster client)."""
+    where = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", None)
+    if isinstance(where, dict) and (where.get("host") or where.get("path")):
+        return tuple(str(where.get(key)) for key in ("host", "port", "path", "db"))
+    return id(redis)
