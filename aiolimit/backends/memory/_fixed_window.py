@@ -75,6 +75,9 @@ class FixedWindow(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return b - permits  # the permits its window held before it
 
+    def rate_span(self, rate: Rate) -> int:
+        return rate.permits
+
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         # Its window, then the rest of the summary's span, for a longer interval (held.lua).
         window, interval = window_of(a, rate.interval_us), rate.interval_us

@@ -80,6 +80,12 @@ class TokenBucket(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return a - start  # the bucket's full time after it, from its start
 
+    def rate_span(self, rate: Rate) -> int:
+        return rate.interval_us  # (a grant starts no earlier than one interval before a)
+
+    def rate_queued(self, rate: Rate, a: int, b: int) -> int | None:
+        return a - rate.interval_us + (1 if b > 0 else 0)  # (first_start)
+
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         return a + (1 if b > 0 else 0)
 

@@ -152,6 +152,10 @@ ALGORITHMS.TOKEN_BUCKET = counters({
   tag = function(r, tat, frac, permits, start)
     return tat - start -- the bucket's full time after it, from its start
   end,
+  span = function(r)
+    return r.interval -- (a grant starts no earlier than one interval before its full time)
+  end,
+  queued = first_start,
   until_ = function(r, tat, frac)
     return tat + (frac > 0 and 1 or 0)
   end,
