@@ -12,7 +12,7 @@ import asyncio
 import time
 
 import pytest
-from conformance import manual_clock, now
+from conformance import manual_clock, most_in_a_window, now, reservations
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateType
 from aiolimit.backends import Backend, Grant
@@ -135,26 +135,6 @@ async def test_hand_backs_leave_no_key_each(store, name, algorithm, rate_type):
 
 
 # -- a hand-back frees only the slot it took -------------------------------------------------------
-
-
-def most_in_a_window(starts: list[int], width_us: int) -> int:
-    """The most grant starts (us) that fall in any half-open span of ``width_us``."""
-    starts, most, first = sorted(starts), 0, 0
-    for last, start in enumerate(starts):
-        while starts[first] <= start - width_us:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
-async def reservations(backend: Backend, name: str, count: int) -> list[Grant]:
-    """``count`` single permits, each granted at once or reserved (a wait of up to an hour)."""
-    queued = []
-    for _ in range(count):
-        grant = await backend.try_acquire(name, 1, 3_600_000_000)
-        assert isinstance(grant, Grant), f"refused: {grant}"
-        queued.append(grant)
-    return queued
 
 
 @ALGORITHMS

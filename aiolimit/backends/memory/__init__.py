@@ -41,6 +41,17 @@ def _group(
     return GROUPS[config.algorithm](limiter, config, key, write)
 
 
+def _reservations(limiter: Limiter, now: int) -> tuple[int, int] | None:
+    """An OVERALL budget's reservations that have not started: (permits, latest start)."""
+    assert limiter.config is not None
+    config = limiter.config.config
+    if config.rate_type is not RateType.OVERALL:
+        return None
+    if limiter.config.clock is not None:
+        now = max(now, limiter.config.clock)
+    return _group(limiter, config, None, False, now).queued(now)
+
+
 def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
 
@@ -144,6 +155,7 @@ class MemoryBackend(Backend):
         if limiter is None:
             limiter = self._shared.create(name)
         clock = None if old is None else old.clock
+        promised = _reservations(limiter, now) if old is not None else None
         stored = limiter.config = Config(
             config, now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER
         )
@@ -181,6 +193,12 @@ class MemoryBackend(Backend):
                 _refresh_clients(limiter, stored, now)
         else:
             limiter.forget_clients()
+            if promised is not None and config.rate_type is RateType.OVERALL:
+                # A reset forgets what was used, not what was promised (set_rate.lua).
+                stored.state = None
+                group = _group(limiter, config, None, True, max(now, clock or now))
+                group.commit(min(promised[0], config.max_permits), promised[1])
+                group.save(limiter, max(now, clock or now))
         stored.clock = clock
         return True
 

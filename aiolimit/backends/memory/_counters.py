@@ -166,6 +166,21 @@ class Counters(Group):
             limiter.store(self.key, state)
         return ttl
 
+    def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
+        """``(permits, start)``: at least the permits reserved to start after ``now``, and the
+        latest such start (0 permits: none)."""
+        return 0, now
+
+    def queued(self, now: int) -> tuple[int, int] | None:
+        n, permits, latest = self.state.n, 0, None
+        for i, rate in enumerate(self.config.rates):
+            ahead, start = self.rate_ahead(rate, n[2 * i], n[2 * i + 1], now)
+            if ahead > 0:
+                permits, latest = max(permits, ahead), max(latest or start, start)
+        if latest is None:
+            return None
+        return permits, max(latest, self.state.last if self.state.last is not None else latest)
+
     def queued_start(self, now: int) -> int | None:
         """The start of the latest grant when it is a reservation (None: none, or a rule
         that can hand back any grant): the latest start kept, or else what the numbers say."""

@@ -280,6 +280,17 @@ class SlidingLog(Group):
                 self.stored[i] = False
         return longest
 
+    def queued(self, now: int) -> tuple[int, int] | None:
+        # (at most WALK_STEPS entries of each log, as sliding_window.lua reads them)
+        permits, latest = 0, None
+        for budget in self.budgets:
+            ahead = budget.grants[max(budget.rank_after(now), len(budget.grants) - WALK_STEPS) :]
+            total = sum(entry_permits for _, _, entry_permits in ahead)
+            if total > 0:
+                permits = max(permits, total)
+                latest = ahead[-1][0] if latest is None else max(latest, ahead[-1][0])
+        return None if latest is None else (permits, latest)
+
     def release(self, wanted: int, member: str | None, now: int) -> int:
         released = 0
         for i, budget in enumerate(self.budgets):

@@ -86,6 +86,13 @@ class TokenBucket(Counters):
     def rate_queued(self, rate: Rate, a: int, b: int) -> int | None:
         return a - rate.interval_us + (1 if b > 0 else 0)  # (first_start)
 
+    def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
+        latest = a - rate.interval_us + (1 if b > 0 else 0)
+        if latest <= now:
+            return 0, latest
+        # (a token per interval/rate from now on: the grants that start after now hold them)
+        return math.ceil(float(latest - now) * rate.permits / rate.interval_us), latest
+
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         return a + (1 if b > 0 else 0)
 

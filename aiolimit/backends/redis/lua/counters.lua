@@ -29,6 +29,8 @@
 --                                    started at `start` (nil: the latest grants) handed back,
 --                                    no more than it still holds at `now`
 --   span(r)                          the largest tag it gives (see `tagged`)
+--   ahead(r, a, b, now)              permits, start: at least the permits reserved to start
+--                                    after `now`, and the latest such start (0: none)
 --   queued(r, a, b)                  (optional) the start of the latest grant when it is a
 --                                    reservation: a rule whose numbers cannot hold a hole
 --                                    hands back only the latest grants (see `release`)
@@ -264,6 +266,19 @@ local function counters(rule)
       end
     end
     return latest > now and latest or nil
+  end
+  function algorithm.queued(group, now)
+    local rates, n, permits, latest = group.config.rates, group.n, 0, nil
+    for i = 1, #rates do
+      local p, start = rule.ahead(rates[i], n[2 * i - 1], n[2 * i], now)
+      if p > 0 then
+        permits, latest = max(permits, p), max(latest or start, start)
+      end
+    end
+    if permits == 0 then
+      return nil
+    end
+    return permits, max(latest, group.last or latest)
   end
   function algorithm.release(group, wanted, member, now)
     local start, released, rates, n = nil, 0, group.config.rates, group.n

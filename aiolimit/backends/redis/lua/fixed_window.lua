@@ -53,6 +53,13 @@ local fixed_rule = {
   span = function(r)
     return r.rate
   end,
+  ahead = function(r, window_end, count, now)
+    local start = window_of(r, window_end) * r.interval
+    if start > now then
+      return count, start -- (a window that has not begun holds reservations alone)
+    end
+    return 0, start
+  end,
   until_ = function(r, window_end, count, config, now)
     -- Its window, then the rest of the summary's span, for a longer interval (held.lua).
     local ends = (window_of(r, window_end) + 1) * r.interval

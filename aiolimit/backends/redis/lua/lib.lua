@@ -346,6 +346,9 @@ end
 --   release(group, wanted, member, now)  hands back `wanted` permits from the latest grants
 --                                  (member nil), or what the grant `member` still holds
 --                                  against the limit; how many went back
+--   queued(group, now)             the permits reserved to start after `now` (at least; of
+--                                  the rate that has the most) and the latest such start,
+--                                  or nil: what a reset must not forget (set_rate.lua)
 --   idempotent                     (a flag) handing back one grant twice returns it once by
 --                                  the state alone, without a receipt (release.lua)
 -- Each rate tells the earliest start at which it allows a request; every rate allows it from
