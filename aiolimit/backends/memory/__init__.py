@@ -192,7 +192,11 @@ class MemoryBackend(Backend):
             if config.longest_us > old.config.longest_us and limiter.registry:
                 _refresh_clients(limiter, stored, now)
         else:
+            same_type = old is not None and old.config.rate_type is config.rate_type
+            cleared, limiter.registry = limiter.registry, {}
             limiter.forget_clients()
+            if same_type and config.rate_type is RateType.PER_CLIENT:
+                limiter.promised = cleared  # each client's, at its next request (batch.lua)
             if promised is not None and config.rate_type is RateType.OVERALL:
                 # A reset forgets what was used, not what was promised (set_rate.lua).
                 stored.state = None
@@ -215,6 +219,12 @@ class MemoryBackend(Backend):
         key = self._budget_key(config)
         group = _group(limiter, config, key, True, now)
         group.reclaim(now)
+        if key is not None and group.fresh and limiter.promised:
+            latest = limiter.promised.pop(key, None)
+            if latest is not None and latest > now:
+                # the latest grant of its state a reset cleared lies ahead (batch.lua)
+                group.commit(config.max_permits, latest)
+                limiter.register(key, latest)
         start = group.earliest(permits, now)
         if start is None:
             raise BackendError(

@@ -257,7 +257,7 @@ class SlidingLog(Group):
             budget.used += permits
             self.used[i] = budget.used
             budget.moved(start, permits)
-            self.touched[i] = True
+            self.touched[i] = self.stored[i] = True
         return format_grant(permits, start, seq)
 
     def keep(self) -> None:

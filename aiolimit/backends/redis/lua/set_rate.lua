@@ -27,7 +27,10 @@
 -- A reset forgets what was used, not what was promised: an OVERALL budget's reservations that
 -- have not started yet keep their slots, and count against the new state as a grant of the
 -- permits they hold (at most the new rate's) at the latest of their starts, so no window holds
--- more than the larger of the two rates.
+-- more than the larger of the two rates. A PER_CLIENT reset cannot visit every client: while
+-- any client's latest grant lies ahead, the config's field 'promised' ("<latest start>
+-- <retired registry>") has each client whose state the reset cleared count a grant of the new
+-- rate at its own latest start, found by retire.lua or by its next request (batch.lua).
 --
 -- Returns {written, follow}: written 1, or 0 when not written (try: a config exists; update:
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
@@ -173,6 +176,14 @@ else
   if redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('RENAME', KEYS[4], KEYS[5])
     follow = 2
+    local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    if latest and old_type == rate_type then
+      local config = load_config(KEYS[1])
+      config.clock = clock and tonumber(clock)
+      if tonumber(latest) > limiter_now(config, ARGV[7]) then
+        redis.call('HSET', KEYS[1], 'promised', latest .. ' ' .. KEYS[5])
+      end
+    end
   end
   if promised then
     local config = load_config(KEYS[1])
