@@ -41,6 +41,21 @@ def _group(
     return GROUPS[config.algorithm](limiter, config, key, write)
 
 
+def _keep_promises(limiter: Limiter, cleared: dict[str, int], now: int) -> None:
+    """A PER_CLIENT reset (retire.lua): each client of the registry it cleared whose latest
+    grant lies ahead starts its new budget with a grant of the new rate at that start."""
+    stored = limiter.config
+    assert stored is not None
+    config = stored.config
+    for client, latest in cleared.items():
+        if latest > now:
+            group = _group(limiter, config, client, True, now)
+            group.commit(config.max_permits, latest)
+            ttl = group.save(limiter, now)
+            limiter.register(client, latest)
+            _extend_registry(limiter, now + ttl + ms(config.longest_us), stored.deadline)
+
+
 def _reservations(limiter: Limiter, now: int) -> tuple[int, int] | None:
     """An OVERALL budget's reservations that have not started: (permits, latest start)."""
     assert limiter.config is not None
@@ -196,7 +211,7 @@ class MemoryBackend(Backend):
             cleared, limiter.registry = limiter.registry, {}
             limiter.forget_clients()
             if same_type and config.rate_type is RateType.PER_CLIENT:
-                limiter.promised = cleared  # each client's, at its next request (batch.lua)
+                _keep_promises(limiter, cleared, max(now, clock or now))
             if promised is not None and config.rate_type is RateType.OVERALL:
                 # A reset forgets what was used, not what was promised (set_rate.lua).
                 stored.state = None
@@ -219,12 +234,6 @@ class MemoryBackend(Backend):
         key = self._budget_key(config)
         group = _group(limiter, config, key, True, now)
         group.reclaim(now)
-        if key is not None and group.fresh and limiter.promised:
-            latest = limiter.promised.pop(key, None)
-            if latest is not None and latest > now:
-                # the latest grant of its state a reset cleared lies ahead (batch.lua)
-                group.commit(config.max_permits, latest)
-                limiter.register(key, latest)
         start = group.earliest(permits, now)
         if start is None:
             raise BackendError(

@@ -110,9 +110,6 @@ class Limiter:
     # A sliding window's other rates: (client or None, rate number from 2) -> its log.
     extra: dict[tuple[str | None, int], Budget] = field(default_factory=dict)
     registry: dict[str, int] = field(default_factory=dict)  # PER_CLIENT client -> last grant
-    # The registry a PER_CLIENT reset cleared: a client's latest grant there that lies ahead
-    # counts against its new budget at its next request (set_rate.lua's 'promised').
-    promised: dict[str, int] = field(default_factory=dict)
     registry_expires_at: float = FOREVER
     # When each budget expires (time, n, slot), and each registry entry's latest grant (time,
     # n, client): heaps read lazily (an entry whose budget or client has since moved on, or

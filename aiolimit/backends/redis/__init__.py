@@ -286,7 +286,7 @@ class RedisBackend(Backend):
         call removes its chunk from the registry, and nothing adds to it: this ends."""
         while clients := await self._clients(retired, 0):
             chunk = [keys.config, retired, *keys.clients(clients), keys.registry]
-            await self._run(scripts.RETIRE, chunk, clients)
+            await self._run(scripts.RETIRE, chunk, [self._now_arg(), *clients])
 
     async def _refresh(self, keys: Keys) -> None:
         """Gives every client in the registry the TTLs the config gives it, a chunk per call.

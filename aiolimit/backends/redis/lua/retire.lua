@@ -5,7 +5,8 @@
 -- KEYS[2] the retired registry ("<tag>:retired:<gen>")
 -- KEYS[3..] value key, permits ZSET of each client in ARGV, in the same order
 -- KEYS[#KEYS] the clients registry
--- ARGV[1..] client ids (a chunk of KEYS[2])
+-- ARGV[1] now in microseconds, or '' to read the server's TIME
+-- ARGV[2..] client ids (a chunk of KEYS[2])
 --
 -- A client whose state belongs to the current config's generation (it came back after the
 -- reset) keeps it; every other client's keys are removed. Each id leaves KEYS[2]. A client
@@ -17,10 +18,9 @@ local config = load_config(KEYS[1])
 -- (no generation: none live; a token bucket's client may hold any rates epoch of it)
 local live = config and config.gen ~= '-' and split_gen(config.gen)
 local promised = live and config.type == 'PER_CLIENT' and config.promised
--- (the time: a client clock's latest reading, as set_rate left it, or the server's)
-local now = promised and (config.clock and tonumber(config.clock) or now_us(''))
-for i, id in ipairs(ARGV) do
-  local value_key, permits_key = KEYS[1 + 2 * i], KEYS[2 + 2 * i]
+local now = promised and limiter_now(config, ARGV[1])
+for i = 1, #ARGV - 1 do
+  local id, value_key, permits_key = ARGV[i + 1], KEYS[1 + 2 * i], KEYS[2 + 2 * i]
   local raw = redis.call('GET', value_key)
   if not (live and raw and split_gen(match(raw, '^%S*')) == live) then
     redis.call('UNLINK', unpack(all_rate_keys(KEYS[1], value_key, permits_key)))
