@@ -1152,3 +1152,24 @@ async def test_a_new_registry_gets_the_ttl_of_its_clients(redis_server: LocalRed
             ("acquire", "a", 1),  # registry: 20 s in both
         ],
     )
+
+
+async def test_a_per_client_reset_keeps_a_clients_reservation_on_both_backends(
+    redis_server: LocalRedis,
+) -> None:
+    # A PER_CLIENT reset with a reservation queued: the client's new budget counts it, and
+    # both backends hold the same keys for it (retire.lua and its twin).
+    config = (RateType.PER_CLIENT, 1, INTERVALS_US[0], None, Algorithm.SLIDING_WINDOW, (), None)
+    await replay(
+        redis_server,
+        config,
+        [
+            ("acquire", "a", 1),
+            ("acquire", "a", 1),
+            ("reserve", "a", 1, "forever"),
+            ("configure", "set", config, False),
+            ("acquire", "a", 1),
+            ("advance", "interval"),
+            ("acquire", "a", 1),
+        ],
+    )
