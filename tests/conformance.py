@@ -18,6 +18,7 @@ import pytest
 
 from aiolimit import Backend, RateLimiter, RedisBackend
 from aiolimit._tools import busiest_window
+from aiolimit.backends import Grant
 
 T = TypeVar("T")
 
@@ -321,3 +322,23 @@ def assert_sliding_window(
 def per_permit(span: tuple[float, float] | None, permits: int) -> Sequence[tuple[float, float]]:
     assert span is not None, "the request was refused"
     return [span] * permits
+
+
+def most_in_a_window(starts: list[int], width_us: int) -> int:
+    """The most grant starts (us) that fall in any half-open span of ``width_us``."""
+    starts, most, first = sorted(starts), 0, 0
+    for last, start in enumerate(starts):
+        while starts[first] <= start - width_us:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+async def reservations(backend: Backend, name: str, count: int) -> list[Grant]:
+    """``count`` single permits, each granted at once or reserved (a wait of up to an hour)."""
+    queued = []
+    for _ in range(count):
+        grant = await backend.try_acquire(name, 1, 3_600_000_000)
+        assert isinstance(grant, Grant), f"refused: {grant}"
+        queued.append(grant)
+    return queued

@@ -13,7 +13,7 @@ import logging
 import time
 
 import pytest
-from conformance import manual_clock, now
+from conformance import manual_clock, most_in_a_window, now, reservations
 
 import aiolimit
 from aiolimit import Algorithm, BackendError, MemoryBackend, Rate, RateLimiter, RateType
@@ -194,3 +194,81 @@ async def test_failed_hand_backs_of_a_refused_request_are_one_warning_with_their
         (warning,) = hand_back_warnings(caplog)
         assert "3 grants" in warning.getMessage()
         assert warning.exc_info is None
+
+
+# -- a hand-back frees only the slot it took -------------------------------------------------------
+
+
+@ALGORITHMS
+@RATE_TYPES
+async def test_handing_back_queued_reservations_never_lets_more_start_than_the_rate(
+    store, name, algorithm, rate_type
+):
+    # 10 per second. A token bucket lets at most 10 + 10 * w / 1 s start in any w < 1 s: 19.
+    # Its release moved the bucket back by each handed-back reservation even with later ones
+    # queued behind it, so the next requests landed on their slots: 30 starts in one second.
+    clock, backend = manual_clock(store)
+    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    live = await reservations(backend, name, 10)
+    batches = [await reservations(backend, name, 10) for _ in range(3)]
+    for cancelled in range(2):
+        for grant in batches[cancelled]:
+            clock.advance(1e-6)
+            await backend.release(name, 1, grant.member)
+        batches.append(await reservations(backend, name, 10))
+    live += [grant for batch in batches[2:] for grant in batch]
+    most = most_in_a_window([grant.starts_at for grant in live], 1_000_000)
+    assert most <= 19, f"{most} grants start within one second"
+
+
+@ALGORITHMS
+@RATE_TYPES
+async def test_releasing_permits_while_reservations_are_queued_frees_no_queued_slot(
+    store, name, algorithm, rate_type
+):
+    # `limiter.release(1)` x30 with reservations queued: 40 starts within one second.
+    clock, backend = manual_clock(store)
+    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    live = await reservations(backend, name, 20)
+    for _ in range(30):
+        clock.advance(1e-6)
+        await backend.release(name, 1)
+    live += await reservations(backend, name, 10)
+    most = most_in_a_window([grant.starts_at for grant in live], 1_000_000)
+    assert most <= 19, f"{most} grants start within one second"
+
+
+@ALGORITHMS
+async def test_the_latest_reservations_handed_back_last_first_free_their_slots(
+    store, name, algorithm
+):
+    # What can go back does: cancelling the queue from its end frees every slot, and the next
+    # request is given the first of them again.
+    _clock, backend = manual_clock(store)
+    await RateLimiter(name, backend).set_rate(OVERALL, [Rate(10, 1)], algorithm=algorithm)
+    await reservations(backend, name, 10)
+    queued = await reservations(backend, name, 5)
+    for grant in reversed(queued):
+        assert await backend.release(name, 1, grant.member) == 1
+    [again] = await reservations(backend, name, 1)
+    assert again.starts_at == queued[0].starts_at
+    assert again.member != queued[0].member
+
+
+@ALGORITHMS
+@RATE_TYPES
+async def test_a_reservation_on_a_handed_back_slot_is_a_grant_of_its_own(
+    store, name, algorithm, rate_type
+):
+    # A reservation that landed on the slot a handed-back one had got the same member, so its
+    # own hand-back returned 0 (taken for a resend) and its permit stayed spent.
+    _clock, backend = manual_clock(store)
+    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    await reservations(backend, name, 10)
+    members = []
+    for _ in range(3):
+        [grant] = await reservations(backend, name, 1)
+        members.append(grant.member)
+        assert await backend.release(name, 1, grant.member) == 1, members
+    assert len(set(members)) == len(members), members
+    assert await backend.available_permits(name) == 0

@@ -14,7 +14,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from conformance import ManualClock, advance, manual_clock
+from conformance import (
+    ManualClock,
+    advance,
+    manual_clock,
+    most_in_a_window,
+    new_client,
+    reservations,
+)
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
 from aiolimit.backends._protocol import HELD_BUCKETS
@@ -272,3 +279,95 @@ async def _held(store, backend, name: str) -> list[list[int]]:
     limiter = backend._shared.limiters[name]
     (budget,) = limiter.budgets.values()
     return budget.held
+
+
+# -- a reset keeps what was promised ----------------------------------------------------------
+
+
+@ALGORITHMS
+@pytest.mark.parametrize("to", list(Algorithm), ids=lambda a: a.name.lower())
+async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
+    store, name, algorithm, to
+):
+    # set_rate 20/s -> 5/s with 20 reservations queued: 25 grants started within one second
+    # of the change; sliding window -> token bucket at 20/s: 40. The queued ones keep their
+    # slots, and no second after the change holds more than the larger rate allows.
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+    await reservations(backend, name, 20)
+    queued = await reservations(backend, name, 20)
+    assert all(grant.starts_in > 0 for grant in queued)
+    changed_at = round(clock() * 1e6)
+    for rate in (5, 20):
+        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to)
+        starts = [grant.starts_at for grant in queued]
+        starts += [grant.starts_at for grant in await reservations(backend, name, 30)]
+        largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
+        most = most_in_a_window([s for s in starts if s >= changed_at], 1_000_000)
+        assert most <= largest, f"{most} grants start within one second of the change"
+        assert min(starts) == queued[0].starts_at  # (nothing was moved)
+        await limiter.delete()
+        await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+        await reservations(backend, name, 20)
+        queued = await reservations(backend, name, 20)
+        changed_at = round(clock() * 1e6)
+
+
+@ALGORITHMS
+async def test_a_reset_with_nothing_queued_forgets_what_was_used(store, name, algorithm):
+    _clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+    await reservations(backend, name, 20)
+    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm)
+    assert await limiter.available_permits() == 5
+
+
+@ALGORITHMS
+@pytest.mark.parametrize("to", list(Algorithm), ids=lambda a: a.name.lower())
+async def test_a_reset_counts_each_clients_reservations_against_its_new_budget(
+    store, name, algorithm, to
+):
+    # PER_CLIENT: a reset is O(1) in the clients, so each client's queued reservations are
+    # found when the reset's clean-up or the client's next request reaches it, whichever is
+    # first. A client that had nothing queued starts with its whole new budget.
+    clock, waiting = manual_clock(store)
+    idle = new_client(store, "idle", clock=clock)
+    limiter = RateLimiter(name, waiting)
+    await limiter.set_rate(PER_CLIENT, [Rate(20, 1)], algorithm=algorithm)
+    await reservations(idle, name, 20)
+    await reservations(waiting, name, 20)
+    queued = await reservations(waiting, name, 20)
+    assert all(grant.starts_in > 0 for grant in queued)
+    changed_at = round(clock() * 1e6)
+    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to)
+    starts = [grant.starts_at for grant in queued]
+    starts += [grant.starts_at for grant in await reservations(waiting, name, 30)]
+    largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
+    most = most_in_a_window([s for s in starts if s >= changed_at], 1_000_000)
+    assert most <= largest, f"{most} grants start within one second of the change"
+    assert await RateLimiter(name, idle).available_permits() == 5
+
+
+@pytest.mark.parametrize("store", ["redis", "valkey"], indirect=True)
+async def test_a_client_the_resets_clean_up_has_not_reached_keeps_its_reservations(
+    store, name, monkeypatch
+):
+    # The clean-up visits the clients in chunks after the reset; a client's request that
+    # comes first (or a reset whose process stopped before cleaning up) finds its queued
+    # reservations by itself.
+    clock, waiting = manual_clock(store)
+    limiter = RateLimiter(name, waiting)
+    await limiter.set_rate(PER_CLIENT, [Rate(20, 1)], algorithm=SLIDING)
+    await reservations(waiting, name, 20)
+    queued = await reservations(waiting, name, 20)
+
+    async def stopped(*args: object) -> None:
+        pass
+
+    monkeypatch.setattr(RedisBackend, "_retire", stopped)
+    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=FIXED)
+    [first] = await reservations(waiting, name, 1)
+    assert first.starts_at >= queued[-1].starts_at + 1_000_000  # the window after theirs
+    assert await RateLimiter(name, new_client(store, "idle", clock=clock)).available_permits() == 5

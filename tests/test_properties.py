@@ -59,6 +59,7 @@ from aiolimit.backends import Backend, Grant, Refusal
 from aiolimit.backends._protocol import (
     format_grant,
     parse_counters,
+    parse_handbacks,
     parse_windows,
     state_in_config,
 )
@@ -518,6 +519,15 @@ class OnFakeTime:
         return reply
 
 
+def counters_of(text: str) -> tuple[Any, ...]:
+    """A token bucket's or fixed windows' state as Redis holds it, in memory's terms."""
+    return (*parse_counters(text), parse_windows(text), parse_handbacks(text))
+
+
+def memory_counters_of(budget: Any) -> tuple[Any, ...]:
+    return (budget.last, budget.n, budget.held, budget.handbacks)
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -678,9 +688,9 @@ class Twins:
             # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
             # state has no generation, nor does its config).
             text = fields.get("state")
-            in_hash = None if text is None else (*parse_counters(text), parse_windows(text))
+            in_hash = None if text is None else counters_of(text)
             state = stored.state
-            memory_state = None if state is None else (state.last, state.n, state.held)
+            memory_state = None if state is None else memory_counters_of(state)
             assert in_hash == memory_state, f"state: redis {in_hash}, memory {state}"
             gen = fields.get("gen")
             assert (gen is None) == state_in_config(stored.config)
@@ -693,8 +703,8 @@ class Twins:
             value = _text(await self.redis.get(f"{self.tag}:value{i}{suffix}"))
             if budget.n:  # a token bucket's or fixed windows' "<gen> <last> <n1> ..."
                 redis_gen, text = value.split(" ", 1)
-                redis_counters = (*parse_counters(text), parse_windows(text))
-                memory_counters = (budget.last, budget.n, budget.held)
+                redis_counters = counters_of(text)
+                memory_counters = memory_counters_of(budget)
                 assert redis_counters == memory_counters, (
                     f"{suffix}: redis {redis_counters}, memory {memory_counters}"
                 )
@@ -1140,5 +1150,26 @@ async def test_a_new_registry_gets_the_ttl_of_its_clients(redis_server: LocalRed
             ("acquire", "a", 1),
             ("configure", "set", (RateType.PER_CLIENT, 1, INTERVALS_US[0], 1.0), False),
             ("acquire", "a", 1),  # registry: 20 s in both
+        ],
+    )
+
+
+async def test_a_per_client_reset_keeps_a_clients_reservation_on_both_backends(
+    redis_server: LocalRedis,
+) -> None:
+    # A PER_CLIENT reset with a reservation queued: the client's new budget counts it, and
+    # both backends hold the same keys for it (retire.lua and its twin).
+    config = (RateType.PER_CLIENT, 1, INTERVALS_US[0], None, Algorithm.SLIDING_WINDOW, (), None)
+    await replay(
+        redis_server,
+        config,
+        [
+            ("acquire", "a", 1),
+            ("acquire", "a", 1),
+            ("reserve", "a", 1, "forever"),
+            ("configure", "set", config, False),
+            ("acquire", "a", 1),
+            ("advance", "interval"),
+            ("acquire", "a", 1),
         ],
     )

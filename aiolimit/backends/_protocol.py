@@ -40,6 +40,7 @@ __all__ = [
     "format_rates",
     "parse_counters",
     "parse_grant",
+    "parse_handbacks",
     "parse_member",
     "parse_rates",
     "parse_value",
@@ -169,10 +170,12 @@ STATE_FIELD = "state"
 (see :func:`state_in_config`), in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no
 generation: it goes with the config, and is absent while the state is fresh."""
 
-COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~<rate>:<count>:<ago> ...]"
+COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~h<hand-backs>][ ~<rate>:<count>:<ago> ...]"
 """The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
 several rates or a spacing need it), then per rate two numbers: a bucket's full time (us) and
 its remainder (in 1/permits of a us), or the end of a window (us) and the permits in it.
+Once a grant of the budget has been handed back, the count of such hand-backs (a grant's tag
+carries it, so that a slot taken again never gives a member twice: counters.lua).
 Fixed windows add up to ``HELD_BUCKETS`` earlier windows per rate that held grants: the
 rate's place (from 1), the permits, and how long before the rate's latest window end theirs
 ended (us). A PER_CLIENT client's value key holds ``"<gen> "`` and this."""
@@ -191,9 +194,17 @@ def parse_counters(text: str) -> tuple[int | None, list[int]]:
     return None if last == "-" else int(last), [int(n) for n in numbers]
 
 
+def parse_handbacks(text: str) -> int:
+    """The hand-backs a token bucket's or fixed windows' state has counted (see
+    :data:`COUNTERS_FORMAT`)."""
+    entry = text.split(" ~", 2)[1] if " ~h" in text else "h0"
+    return int(entry[1:])
+
+
 def parse_windows(text: str) -> list[list[int]]:
     """The earlier windows of fixed windows' state (see :data:`COUNTERS_FORMAT`), as
     ``[rate, count, end]``, oldest first."""
     numbers = parse_counters(text)[1]
-    windows = [[int(n) for n in entry.split(":")] for entry in text.split(" ~")[1:]]
+    entries = [entry for entry in text.split(" ~")[1:] if not entry.startswith("h")]
+    windows = [[int(n) for n in entry.split(":")] for entry in entries]
     return [[i, count, numbers[2 * i - 2] - ago] for i, count, ago in windows]

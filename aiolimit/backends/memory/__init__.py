@@ -41,6 +41,32 @@ def _group(
     return GROUPS[config.algorithm](limiter, config, key, write)
 
 
+def _keep_promises(limiter: Limiter, cleared: dict[str, int], now: int) -> None:
+    """A PER_CLIENT reset (retire.lua): each client of the registry it cleared whose latest
+    grant lies ahead starts its new budget with a grant of the new rate at that start."""
+    stored = limiter.config
+    assert stored is not None
+    config = stored.config
+    for client, latest in cleared.items():
+        if latest > now:
+            group = _group(limiter, config, client, True, now)
+            group.commit(config.max_permits, latest)
+            ttl = group.save(limiter, now)
+            limiter.register(client, latest)
+            _extend_registry(limiter, now + ttl + ms(config.longest_us), stored.deadline)
+
+
+def _reservations(limiter: Limiter, now: int) -> tuple[int, int] | None:
+    """An OVERALL budget's reservations that have not started: (permits, latest start)."""
+    assert limiter.config is not None
+    config = limiter.config.config
+    if config.rate_type is not RateType.OVERALL:
+        return None
+    if limiter.config.clock is not None:
+        now = max(now, limiter.config.clock)
+    return _group(limiter, config, None, False, now).queued(now)
+
+
 def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
 
@@ -148,6 +174,7 @@ class MemoryBackend(Backend):
         if limiter is None:
             limiter = self._shared.create(name)
         clock = None if old is None else old.clock
+        promised = _reservations(limiter, now) if old is not None else None
         stored = limiter.config = Config(
             config, now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER
         )
@@ -184,7 +211,17 @@ class MemoryBackend(Backend):
             if config.longest_us > old.config.longest_us and limiter.registry:
                 _refresh_clients(limiter, stored, now)
         else:
+            same_type = old is not None and old.config.rate_type is config.rate_type
+            cleared, limiter.registry = limiter.registry, {}
             limiter.forget_clients()
+            if same_type and config.rate_type is RateType.PER_CLIENT:
+                _keep_promises(limiter, cleared, max(now, clock or now))
+            if promised is not None and config.rate_type is RateType.OVERALL:
+                # A reset forgets what was used, not what was promised (set_rate.lua).
+                stored.state = None
+                group = _group(limiter, config, None, True, max(now, clock or now))
+                group.commit(min(promised[0], config.max_permits), promised[1])
+                group.save(limiter, max(now, clock or now))
         stored.clock = clock
         return True
 

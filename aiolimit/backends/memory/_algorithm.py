@@ -70,6 +70,11 @@ class Group(abc.ABC):
     def release(self, wanted: int, member: str | None, now: int) -> int:
         """Hands back ``wanted`` permits (or exactly the grant ``member``); returns how many."""
 
+    @abc.abstractmethod
+    def queued(self, now: int) -> tuple[int, int] | None:
+        """The permits reserved to start after ``now`` (at least; of the rate that has the
+        most) and the latest such start, or None: what a reset must not forget."""
+
     def earliest(self, permits: int, now: int) -> int | None:
         """The earliest start (>= now) at which every rate, the spacing and any block allow
         ``permits``; None as for ``start``."""

@@ -9,7 +9,7 @@ import abc
 from dataclasses import replace
 
 from ..._types import Rate, RateLimiterConfig
-from .._protocol import format_grant, parse_grant, state_in_config
+from .._protocol import MAX_EXACT, format_grant, parse_grant, state_in_config
 from ._algorithm import Group
 from ._state import Budget, Limiter, ms
 
@@ -74,6 +74,15 @@ class Counters(Group):
         first rate's numbers once it has taken ``permits`` (see ``format_grant``)."""
 
     @abc.abstractmethod
+    def rate_span(self, rate: Rate) -> int:
+        """The largest tag ``rate_tag`` gives (see ``tagged``)."""
+
+    def rate_queued(self, rate: Rate, a: int, b: int) -> int | None:
+        """The start of the latest grant when it is a reservation, for a rule whose numbers
+        cannot hold a hole (None: the rule can hand back any grant)."""
+        return None
+
+    @abc.abstractmethod
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         """Until when the numbers matter (after it the rate allows its full count, and a
         longer interval has nothing to count)."""
@@ -113,7 +122,17 @@ class Counters(Group):
             n[2 * i], n[2 * i + 1] = self.rate_take(rate, n[2 * i], n[2 * i + 1], permits, start)
         self.dirty, self.fresh = True, False
         tag = self.rate_tag(self.config.rates[0], n[0], n[1], permits, start)
-        return format_grant(permits, start, tag)
+        return format_grant(permits, start, self.tagged(tag))
+
+    def tagged(self, tag: int) -> int:
+        """A grant's tag moved past every tag the rule gives once per hand-back the budget
+        has seen, wrapping where it would not stay exact (counters.lua's ``tagged``): a
+        handed-back slot taken again never gives a member twice."""
+        count = self.state.handbacks
+        if not count:
+            return tag
+        span = self.rate_span(self.config.rates[0]) + 1
+        return tag + (count % max(1, (MAX_EXACT - span) // span)) * span
 
     def keep(self) -> None:
         self.dirty = not self.fresh
@@ -127,6 +146,8 @@ class Counters(Group):
         until = state.last + config.min_spacing_us if state.last is not None else 0
         for i, rate in enumerate(config.rates):
             until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
+        if state.handbacks:
+            until = max(until, now + 1)  # a grant at this very time must see the count
         if until <= now:
             if state_in_config(config):
                 stored.state = None
@@ -145,10 +166,45 @@ class Counters(Group):
             limiter.store(self.key, state)
         return ttl
 
+    def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
+        """``(permits, start)``: at least the permits reserved to start after ``now``, and the
+        latest such start (0 permits: none)."""
+        return 0, now
+
+    def queued(self, now: int) -> tuple[int, int] | None:
+        n, permits, latest = self.state.n, 0, None
+        for i, rate in enumerate(self.config.rates):
+            ahead, start = self.rate_ahead(rate, n[2 * i], n[2 * i + 1], now)
+            if ahead > 0:
+                permits, latest = max(permits, ahead), max(latest or start, start)
+        if latest is None:
+            return None
+        return permits, max(latest, self.state.last if self.state.last is not None else latest)
+
+    def queued_start(self, now: int) -> int | None:
+        """The start of the latest grant when it is a reservation (None: none, or a rule
+        that can hand back any grant): the latest start kept, or else what the numbers say."""
+        n, latest = self.state.n, self.state.last
+        if latest is None:
+            starts = [
+                self.rate_queued(rate, n[2 * i], n[2 * i + 1])
+                for i, rate in enumerate(self.config.rates)
+            ]
+            if None in starts:
+                return None
+            latest = max(start for start in starts if start is not None)
+        return latest if latest > now else None
+
     def release(self, wanted: int, member: str | None, now: int) -> int:
         start, released, n = None, 0, self.state.n
         if member is not None:
             wanted, start, _ = parse_grant(member)
+        if self.rate_queued(self.config.rates[0], n[0], n[1]) is not None:
+            # Moving the numbers back for a grant that reservations are queued behind would
+            # let the next request start on a slot one of them holds: only the latest goes.
+            latest = self.queued_start(now)
+            if latest is not None and latest != start:
+                return 0
         for i, rate in enumerate(self.config.rates):
             count, n[2 * i], n[2 * i + 1] = self.rate_release(
                 rate, n[2 * i], n[2 * i + 1], wanted, start, now
@@ -156,4 +212,5 @@ class Counters(Group):
             released = max(released, count)
         if released:
             self.dirty = True
+            self.state.handbacks += 1
         return released

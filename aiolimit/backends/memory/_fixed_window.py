@@ -75,6 +75,15 @@ class FixedWindow(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return b - permits  # the permits its window held before it
 
+    def rate_span(self, rate: Rate) -> int:
+        return rate.permits
+
+    def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
+        start = window_of(a, rate.interval_us) * rate.interval_us
+        if start > now:
+            return b, start  # (a window that has not begun holds reservations alone)
+        return 0, start
+
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         # Its window, then the rest of the summary's span, for a longer interval (held.lua).
         window, interval = window_of(a, rate.interval_us), rate.interval_us

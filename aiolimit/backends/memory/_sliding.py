@@ -257,7 +257,7 @@ class SlidingLog(Group):
             budget.used += permits
             self.used[i] = budget.used
             budget.moved(start, permits)
-            self.touched[i] = True
+            self.touched[i] = self.stored[i] = True
         return format_grant(permits, start, seq)
 
     def keep(self) -> None:
@@ -279,6 +279,17 @@ class SlidingLog(Group):
                 limiter.unstore(slot)
                 self.stored[i] = False
         return longest
+
+    def queued(self, now: int) -> tuple[int, int] | None:
+        # (at most WALK_STEPS entries of each log, as sliding_window.lua reads them)
+        permits, latest = 0, None
+        for budget in self.budgets:
+            ahead = budget.grants[max(budget.rank_after(now), len(budget.grants) - WALK_STEPS) :]
+            total = sum(entry_permits for _, _, entry_permits in ahead)
+            if total > 0:
+                permits = max(permits, total)
+                latest = ahead[-1][0] if latest is None else max(latest, ahead[-1][0])
+        return None if latest is None else (permits, latest)
 
     def release(self, wanted: int, member: str | None, now: int) -> int:
         released = 0

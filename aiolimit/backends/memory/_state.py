@@ -68,6 +68,7 @@ class Budget:
     last: int | None = None
     n: list[int] = field(default_factory=list)
     epoch: int = 0  # a PER_CLIENT token bucket's: the rates epoch that wrote it
+    handbacks: int = 0  # TOKEN_BUCKET and FIXED_WINDOW: grants handed back (counters.lua)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

@@ -80,6 +80,19 @@ class TokenBucket(Counters):
     def rate_tag(self, rate: Rate, a: int, b: int, permits: int, start: int) -> int:
         return a - start  # the bucket's full time after it, from its start
 
+    def rate_span(self, rate: Rate) -> int:
+        return rate.interval_us  # (a grant starts no earlier than one interval before a)
+
+    def rate_queued(self, rate: Rate, a: int, b: int) -> int | None:
+        return a - rate.interval_us + (1 if b > 0 else 0)  # (first_start)
+
+    def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
+        latest = a - rate.interval_us + (1 if b > 0 else 0)
+        if latest <= now:
+            return 0, latest
+        # (a token per interval/rate from now on: the grants that start after now hold them)
+        return math.ceil(float(latest - now) * rate.permits / rate.interval_us), latest
+
     def rate_until(self, rate: Rate, a: int, b: int, now: int) -> int:
         return a + (1 if b > 0 else 0)
 

@@ -293,7 +293,8 @@ class RedisBackend(Backend):
         """Removes the state of every client of a retired registry, a chunk per call. Each
         call removes its chunk from the registry, and nothing adds to it: this ends."""
         while clients := await self._clients(retired, 0):
-            await self._run(scripts.RETIRE, [keys.config, retired, *keys.clients(clients)], clients)
+            chunk = [keys.config, retired, *keys.clients(clients), keys.registry]
+            await self._run(scripts.RETIRE, chunk, [self._now_arg(), *clients])
 
     async def _refresh(self, keys: Keys) -> None:
         """Gives every client in the registry the TTLs the config gives it, a chunk per call.

@@ -74,7 +74,23 @@ local function new_batch()
   }
 end
 
-local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+-- A client's first request after a PER_CLIENT reset (set_rate.lua's 'promised') that the
+-- reset's clean-up (retire.lua) has not reached: a latest grant of its cleared state that lies
+-- ahead counts against its new budget, as a grant of the new rate at that start.
+local function keep_promise(group, config, now, client_id)
+  local until_, retired = match(config.promised, '^(%d+) (%S+)$')
+  if not (until_ and until_ + 0 > now) then
+    return
+  end
+  local latest = redis.call('ZSCORE', retired, client_id)
+  latest = latest and latest + 0
+  if latest and latest > now then
+    group.algorithm.commit(group, config.max_permits, latest)
+    group.latest = latest
+  end
+end
+
+local function open_group(batch, config, now, config_key, value_key, permits_key, registry_key, client_id)
   local group = batch.groups[value_key]
   if group and group.now ~= now then
     close_group(batch, group) -- another clock reading: write back and start over, as a new call would
@@ -96,6 +112,9 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   group.algorithm.reclaim(group, now, true)
   group.now = now
   group.registry_key = registry_key
+  if group.fresh and config.promised and config.type == 'PER_CLIENT' then
+    keep_promise(group, config, now, client_id)
+  end
   batch.groups[value_key] = group
   batch.order[#batch.order + 1] = group
   return group
@@ -130,7 +149,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   local now = now_arg == '-' and server_now or limiter_now(config, now_arg)
   local group = batch.groups[value_key]
   if not group or group.now ~= now then
-    group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key)
+    group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key, client_id)
   end
   local algorithm = group.algorithm
   -- One rate, no spacing (config.lane), no block ahead and no grant of this call past `now`:

@@ -28,6 +28,18 @@
 --   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
 --                                    started at `start` (nil: the latest grants) handed back,
 --                                    no more than it still holds at `now`
+--   span(r)                          the largest tag it gives (see `tagged`)
+--   ahead(r, a, b, now)              permits, start: at least the permits reserved to start
+--                                    after `now`, and the latest such start (0: none)
+--   queued(r, a, b)                  (optional) the start of the latest grant when it is a
+--                                    reservation: a rule whose numbers cannot hold a hole
+--                                    hands back only the latest grants (see `release`)
+--
+-- Hand-backs: a grant handed back frees its slot, so a later grant may take the same start
+-- and numbers; the budget counts its hand-backs (group.handbacks, kept as the first entry
+-- of the tail, " ~h<count>") and a grant's tag carries the count, so that no member is ever
+-- issued twice (a receipt would take the second grant's hand-back for a resend of the
+-- first's).
 
 -- Removes a token bucket's or fixed windows' state.
 local function drop_counters(group)
@@ -37,6 +49,18 @@ local function drop_counters(group)
   elseif config.state then
     redis.call('HDEL', config.key, 'state')
     config.state = nil
+  end
+end
+
+-- The tail of a state: its hand-back count (group.handbacks) and what an algorithm keeps
+-- besides (group.tail).
+local function split_handbacks(group, tail)
+  local count, rest = match(tail, '^ ~h(%d+)(.*)$')
+  if count then
+    group.handbacks, tail = tonumber(count), rest
+  end
+  if tail ~= '' then
+    group.tail = tail
   end
 end
 
@@ -63,7 +87,7 @@ local function load_counters(group, rule, write)
       group.fresh, group.last = false, tonumber(last)
       n[1], n[2] = rule.loaded(rates[1], a + 0, b + 0)
       if tail ~= '' then
-        group.tail = tail
+        split_handbacks(group, tail)
       end
       return
     end
@@ -72,7 +96,8 @@ local function load_counters(group, rule, write)
     -- (what an algorithm keeps beyond its numbers, " ~...": fixed_window.lua's summary)
     local tail = string.find(raw, ' ~', 1, true)
     if tail then
-      raw, group.tail = string.sub(raw, 1, tail - 1), string.sub(raw, tail)
+      raw, tail = string.sub(raw, 1, tail - 1), string.sub(raw, tail)
+      split_handbacks(group, tail)
     end
     local fields, count = {}, 0
     for field in string.gmatch(raw, '%S+') do
@@ -116,6 +141,10 @@ local function save_counters(group, rule, now)
   for i = 1, #rates do
     until_ = max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
   end
+  if group.handbacks then
+    -- (a grant at this very time must see the count: it may take a handed-back slot)
+    until_ = max(until_, now + 1)
+  end
   if until_ <= now then
     drop_counters(group)
     return 0
@@ -138,6 +167,9 @@ local function save_counters(group, rule, now)
     end
     state = table.concat(fields, ' ')
   end
+  if group.handbacks then
+    state = state .. ' ~h' .. fmt(group.handbacks)
+  end
   if group.tail then
     state = state .. group.tail
   end
@@ -149,6 +181,19 @@ local function save_counters(group, rule, now)
     redis.call('SET', group.value_key, config.gen .. ' ' .. state, 'PX', fmt(ttl))
   end
   return ttl
+end
+
+-- A grant's tag: the rule's, which tells it from the grants that start then, moved past
+-- every tag the rule gives (0..span) once per hand-back the budget has seen (see above). The
+-- count wraps where the tag would no longer be exact: a member is then issued again only
+-- after that many hand-backs of grants of the same start and permits.
+local function tagged(group, rule, r, tag)
+  local count = group.handbacks
+  if not count then
+    return tag
+  end
+  local span = rule.span(r) + 1
+  return tag + (count % max(1, floor((MAX_EXACT - span) / span))) * span
 end
 
 -- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
@@ -193,7 +238,7 @@ local function counters(rule)
     end
     n[1], n[2] = a, b
     group.last, group.dirty, group.fresh = now, true, false
-    return rule.tag(r, a, b, permits, now), rule.left(r, a, b, now)
+    return tagged(group, rule, r, rule.tag(r, a, b, permits, now)), rule.left(r, a, b, now)
   end
   function algorithm.commit(group, permits, start)
     local rates, n = group.config.rates, group.n
@@ -202,7 +247,7 @@ local function counters(rule)
       n[2 * i - 1], n[2 * i] = rule.take(rates[i], n[2 * i - 1], n[2 * i], permits, start)
     end
     group.dirty, group.fresh = true, false
-    return rule.tag(rates[1], n[1], n[2], permits, start)
+    return tagged(group, rule, rates[1], rule.tag(rates[1], n[1], n[2], permits, start))
   end
   function algorithm.keep(group)
     group.dirty = not group.fresh
@@ -210,10 +255,43 @@ local function counters(rule)
   function algorithm.save(group, now)
     return save_counters(group, rule, now)
   end
+  -- The start of the latest grant when it is a reservation (nil: none), for a rule whose
+  -- numbers cannot hold a hole (`queued`): the latest start kept, or else what the numbers say.
+  local function queued_start(group, now)
+    local rates, n, latest = group.config.rates, group.n, group.last
+    if not latest then
+      latest = rule.queued(rates[1], n[1], n[2])
+      for i = 2, #rates do
+        latest = max(latest, rule.queued(rates[i], n[2 * i - 1], n[2 * i]))
+      end
+    end
+    return latest > now and latest or nil
+  end
+  function algorithm.queued(group, now)
+    local rates, n, permits, latest = group.config.rates, group.n, 0, nil
+    for i = 1, #rates do
+      local p, start = rule.ahead(rates[i], n[2 * i - 1], n[2 * i], now)
+      if p > 0 then
+        permits, latest = max(permits, p), max(latest or start, start)
+      end
+    end
+    if permits == 0 then
+      return nil
+    end
+    return permits, max(latest, group.last or latest)
+  end
   function algorithm.release(group, wanted, member, now)
     local start, released, rates, n = nil, 0, group.config.rates, group.n
     if member then
       wanted, start = parse_grant(member)
+    end
+    if rule.queued then
+      -- Moving the numbers back for a grant that reservations are queued behind would let
+      -- the next request start on a slot one of them holds: only the latest goes back.
+      local latest = queued_start(group, now)
+      if latest and latest ~= start then
+        return 0
+      end
     end
     for i = 1, #rates do
       local count
@@ -221,7 +299,7 @@ local function counters(rule)
       released = max(released, count)
     end
     if released > 0 then
-      group.dirty = true
+      group.dirty, group.handbacks = true, (group.handbacks or 0) + 1
     end
     return released
   end

@@ -50,6 +50,16 @@ local fixed_rule = {
   tag = function(r, window_end, count, permits)
     return count - permits -- the permits its window held before it
   end,
+  span = function(r)
+    return r.rate
+  end,
+  ahead = function(r, window_end, count, now)
+    local start = window_of(r, window_end) * r.interval
+    if start > now then
+      return count, start -- (a window that has not begun holds reservations alone)
+    end
+    return 0, start
+  end,
   until_ = function(r, window_end, count, config, now)
     -- Its window, then the rest of the summary's span, for a longer interval (held.lua).
     local ends = (window_of(r, window_end) + 1) * r.interval
@@ -197,7 +207,8 @@ function fixed.grant_now(group, permits, now)
   n[1], n[2] = ends, permits
   group.tail, group.held = tail ~= '' and tail or nil, nil
   group.last, group.dirty, group.fresh = now, true, false
-  return fixed_rule.tag(r, ends, permits, permits, now), fixed_rule.left(r, ends, permits, now)
+  return tagged(group, fixed_rule, r, fixed_rule.tag(r, ends, permits, permits, now)),
+    fixed_rule.left(r, ends, permits, now)
 end
 
 function fixed.save(group, now)

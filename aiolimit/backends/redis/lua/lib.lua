@@ -346,6 +346,9 @@ end
 --   release(group, wanted, member, now)  hands back `wanted` permits from the latest grants
 --                                  (member nil), or what the grant `member` still holds
 --                                  against the limit; how many went back
+--   queued(group, now)             the permits reserved to start after `now` (at least; of
+--                                  the rate that has the most) and the latest such start,
+--                                  or nil: what a reset must not forget (set_rate.lua)
 --   idempotent                     (a flag) handing back one grant twice returns it once by
 --                                  the state alone, without a receipt (release.lua)
 -- Each rate tells the earliest start at which it allows a request; every rate allows it from
@@ -358,6 +361,7 @@ local function load_group(config, value_key, permits_key, write)
     config = config, value_key = value_key, permits_key = permits_key,
     algorithm = ALGORITHMS[config.algorithm],
     fresh = false, dirty = false, n = false, last = false, tail = false, held = false, budgets = false,
+    handbacks = false,
     -- (batch.lua's)
     now = false, registry_key = false, latest = false, client_id = false,
     closed = false,

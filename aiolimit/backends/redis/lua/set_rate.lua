@@ -24,8 +24,32 @@
 -- An OVERALL token bucket's or fixed windows' state is a field of the config hash: the new
 -- config carries it over when the state is kept, and simply lacks it when it is cleared.
 --
+-- A reset forgets what was used, not what was promised: an OVERALL budget's reservations that
+-- have not started yet keep their slots, and count against the new state as a grant of the
+-- permits they hold (at most the new rate's) at the latest of their starts, so no window holds
+-- more than the larger of the two rates. A PER_CLIENT reset cannot visit every client: while
+-- any client's latest grant lies ahead, the config's field 'promised' ("<latest start>
+-- <retired registry>") has each client whose state the reset cleared count a grant of the new
+-- rate at its own latest start, found by retire.lua or by its next request (batch.lua).
+--
 -- Returns {written, follow}: written 1, or 0 when not written (try: a config exists; update:
 -- none exists); follow 0 nothing to do, 1 refresh every client's TTL, 2 retire KEYS[5].
+
+-- An OVERALL budget's reservations: {permits, latest start}, or nil (none, or no readable
+-- config: a reset is how a broken one is replaced).
+local function reservations_of(config_key, value_key, permits_key, now_arg)
+  local ok, config = pcall(load_config, config_key)
+  if not (ok and config and config.type == 'OVERALL') then
+    return nil
+  end
+  local now = limiter_now(config, now_arg)
+  local loaded, group = pcall(load_group, config, value_key, permits_key, false)
+  if not loaded then
+    return nil
+  end
+  local permits, latest = group.algorithm.queued(group, now)
+  return permits and { permits, latest } or nil
+end
 
 -- An OVERALL token bucket keeps the tokens missing from each rate's bucket, not the time it
 -- is full again: they refill at the new rate from `now` (token_bucket.lua's `converted`).
@@ -92,6 +116,8 @@ local rate_type, keep_alive, algorithm = ARGV[2], tonumber(ARGV[5]), ARGV[9]
 -- to no limiter.
 local keep = ARGV[6] == '1' and old_type == rate_type and (old[5] or 'SLIDING_WINDOW') == algorithm
 local gen = keep and old[2] or ARGV[8]
+local promised = not keep and old_type == 'OVERALL' and rate_type == 'OVERALL'
+  and reservations_of(KEYS[1], KEYS[2], KEYS[3], ARGV[7])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
 if rate_type ~= 'OVERALL' or algorithm == 'SLIDING_WINDOW' then
@@ -150,6 +176,22 @@ else
   if redis.call('EXISTS', KEYS[4]) == 1 then
     redis.call('RENAME', KEYS[4], KEYS[5])
     follow = 2
+    local latest = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')[2]
+    if latest and old_type == rate_type then
+      local config = load_config(KEYS[1])
+      config.clock = clock and tonumber(clock)
+      if tonumber(latest) > limiter_now(config, ARGV[7]) then
+        redis.call('HSET', KEYS[1], 'promised', latest .. ' ' .. KEYS[5])
+      end
+    end
+  end
+  if promised then
+    local config = load_config(KEYS[1])
+    config.clock = clock and tonumber(clock)
+    local now = limiter_now(config, ARGV[7])
+    local group = load_group(config, KEYS[2], KEYS[3], true)
+    group.algorithm.commit(group, min(promised[1], config.max_permits), promised[2])
+    group.algorithm.save(group, now)
   end
 end
 if clock then

@@ -342,6 +342,28 @@ function sliding.save(group, now)
   return longest
 end
 
+-- The permits logged to start after `now` (the most of any rate's log, at most WALK_STEPS
+-- entries read from each) and the latest start; nil when there are none.
+function sliding.queued(group, now)
+  local permits, latest = 0, nil
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local entries = redis.call('ZREVRANGEBYSCORE', budgets[k].permits_key, '+inf', '(' .. fmt(now), 'WITHSCORES',
+      'LIMIT', '0', WALK_LIMIT)
+    local sum = 0
+    for i = 1, #entries, 2 do
+      sum = sum + member_permits(entries[i])
+    end
+    if sum > 0 then
+      permits, latest = max(permits, sum), max(latest or 0, tonumber(entries[2]))
+    end
+  end
+  if permits == 0 then
+    return nil
+  end
+  return permits, latest
+end
+
 function sliding.release(group, wanted, member, now)
   local released = 0
   local budgets = group.budgets

@@ -152,6 +152,18 @@ ALGORITHMS.TOKEN_BUCKET = counters({
   tag = function(r, tat, frac, permits, start)
     return tat - start -- the bucket's full time after it, from its start
   end,
+  span = function(r)
+    return r.interval -- (a grant starts no earlier than one interval before its full time)
+  end,
+  queued = first_start,
+  ahead = function(r, tat, frac, now)
+    local latest = first_start(r, tat, frac)
+    if latest <= now then
+      return 0, latest
+    end
+    -- (a token per interval/rate from now on: the grants that start after now hold them)
+    return ceil((latest - now) * r.rate / r.interval), latest
+  end,
   until_ = function(r, tat, frac)
     return tat + (frac > 0 and 1 or 0)
   end,
