@@ -51,6 +51,7 @@ class RedisBackend(Backend):
     Redis's reply; then it raises ``BackendError`` ("no reply from Redis within 5.0 s"). The
     round trip itself runs on: a grant it makes for a caller that gave up is handed back, as
     a cancelled caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
+    Backends on one client share its round trips, each call still under its own timeout.
     """
 
     __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _observe
-from ...errors import BackendError
 from ._compat import LOST, UNREACHABLE, is_cluster, slot
+from ._deadlines import Deadlines
 from ._request import Batch, Call, Key, Operation, Request
 from ._wire import Wire
 
@@ -51,13 +50,12 @@ class Coalescer:
     __slots__ = (
         "__weakref__",
         "_cluster",
+        "_deadlines",
         "_down",
         "_flying",
         "_pumps",
         "_queue",
         "_redis",
-        "_timer",
-        "_waiting",
         "_wire",
     )
 
@@ -69,10 +67,8 @@ class Coalescer:
         self._pumps: set[asyncio.Task[None]] = set()
         # The limiters of each round trip in flight (see _take).
         self._flying: list[set[Key | None]] = []
-        # Callers with a deadline, oldest first, and one timer at the oldest one's deadline:
-        # far cheaper than a timer per call (replies mostly come in the order calls went out).
-        self._waiting: deque[tuple[float, asyncio.Future[Any], Operation, float]] = deque()
-        self._timer: asyncio.TimerHandle | None = None
+        # The callers waiting with a deadline, by their backend's timeout (see _deadlines).
+        self._deadlines: dict[float, Deadlines] = {}
         # While Redis is unreachable: when that was first seen, and the requests failed since
         # (an outage is logged once when it starts and once when it ends).
         self._down: tuple[float, int] | None = None
@@ -101,34 +97,11 @@ class Coalescer:
         ):
             self._pumps.add(loop.create_task(self._send_queued()))
         if timeout is not None:
-            # A caller that stops waiting is a cancelled caller: its future is done, so the
-            # reply, when it comes, goes to `orphan` as a cancelled caller's does (a grant is
-            # handed back). The round trip itself runs on in its task.
-            waiting = self._waiting
-            while waiting and waiting[0][1].done():
-                waiting.popleft()
-            waiting.append((loop.time() + timeout, future, operation, timeout))
-            if self._timer is None:
-                self._timer = loop.call_at(waiting[0][0], self._give_up)
+            deadlines = self._deadlines.get(timeout)
+            if deadlines is None:
+                deadlines = self._deadlines[timeout] = Deadlines(timeout, self._deadlines)
+            deadlines.add(future, operation, loop)
         return future
-
-    def _give_up(self) -> None:
-        """Fails the callers whose deadline has passed (oldest first), then waits for the
-        next deadline. A deadline behind a later one is kept at most that much late."""
-        self._timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        waiting = self._waiting
-        while waiting:
-            deadline, future, operation, timeout = waiting[0]
-            if not future.done():
-                if deadline > now:
-                    self._timer = loop.call_at(deadline, self._give_up)
-                    return
-                future.set_exception(
-                    BackendError(f"no reply from Redis within {timeout} s ({operation.what})")
-                )
-            waiting.popleft()
 
     async def _send_queued(self) -> None:
         try:

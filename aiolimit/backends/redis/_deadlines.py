@@ -1,0 +1,64 @@
+"""The deadlines of callers waiting for Redis's replies: each fails at its own backend's
+``timeout`` with ``BackendError``, whichever backends share the client and its round trips.
+
+One timer per timeout in use, not one per call: the callers of one timeout wait in the order
+they called, so their deadlines come in that order too, and one timer at the first of them
+serves all of them (a timer per call costs far more; replies mostly come in the order calls
+went out). Callers of another timeout (a middleware's short one beside an app's default) have
+a queue and a timer of their own, so a short deadline never waits behind a long one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from ...errors import BackendError
+from ._request import Operation
+
+__all__ = ["Deadlines"]
+
+
+class Deadlines:
+    """The callers of one ``timeout`` (seconds) still waiting, first come first, and a timer
+    at the first one's deadline. A caller that stops waiting is a cancelled caller: its
+    future is done, so its reply, when it comes, goes where a cancelled caller's goes (a
+    grant is handed back); the round trip itself runs on."""
+
+    __slots__ = ("_all", "_timer", "_waiting", "timeout")
+
+    def __init__(self, timeout: float, every: dict[float, Deadlines]) -> None:
+        self.timeout = timeout
+        self._all = every  # every timeout's: this one leaves it when none waits
+        self._waiting: deque[tuple[float, asyncio.Future[Any], Operation]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def add(
+        self, future: asyncio.Future[Any], operation: Operation, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """``future`` fails ``timeout`` seconds from now unless it is done by then."""
+        waiting = self._waiting
+        while waiting and waiting[0][1].done():
+            waiting.popleft()
+        waiting.append((loop.time() + self.timeout, future, operation))
+        if self._timer is None:
+            self._timer = loop.call_at(waiting[0][0], self._give_up)
+
+    def _give_up(self) -> None:
+        """Fails the callers whose deadline has passed, then waits for the next deadline."""
+        self._timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        waiting = self._waiting
+        while waiting:
+            deadline, future, operation = waiting[0]
+            if not future.done():
+                if deadline > now:
+                    self._timer = loop.call_at(deadline, self._give_up)
+                    return
+                future.set_exception(
+                    BackendError(f"no reply from Redis within {self.timeout} s ({operation.what})")
+                )
+            waiting.popleft()
+        del self._all[self.timeout]  # none waits: made again when a caller of it comes
