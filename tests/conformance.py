@@ -17,7 +17,7 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 
 from aiolimit import Backend, RateLimiter, RedisBackend
-from aiolimit._tools import busiest_window
+from tools import busiest_window
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """A short multi-process soak against a real redis-server, with faults, audited from grant times.
 
-Each run starts its own redis-server on a free loopback port (``aiolimit._tools.LocalRedis``)
-and stops it.
+Each run starts its own redis-server on a free loopback port (``tools.LocalRedis``) and stops
+it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from aiolimit import Algorithm, Rate
-from aiolimit._tools import LocalRedis, soak
-from aiolimit._tools.audit import fullest_bucket
-from aiolimit._tools.soak.audit import audit_grants, lateness
-from aiolimit._tools.soak.limits import TOLERANCE_US, Limits
-from aiolimit._tools.soak.progress import Progress
-from aiolimit._tools.soak.worker import Grant
+from tools import LocalRedis, soak
+from tools.audit import fullest_bucket
+from tools.soak.audit import audit_grants, lateness
+from tools.soak.limits import TOLERANCE_US, Limits
+from tools.soak.progress import Progress
+from tools.soak.worker import Grant
 
 
 def _args(*argv: str) -> argparse.Namespace:

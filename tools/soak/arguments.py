@@ -1,12 +1,12 @@
-"""``aiolimit soak``'s command line, and the checks of what it was given."""
+"""The soak's command line, and the checks of what it was given."""
 
 from __future__ import annotations
 
 import argparse
 import math
 
-from ...errors import InvalidArgumentError
-from ..options import server_options
+from aiolimit.errors import InvalidArgumentError
+
 from .faults import FAULTS
 from .limits import ALGORITHMS, Limits
 
@@ -14,8 +14,8 @@ __all__ = ["add_arguments", "check"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    server_options(
-        parser, None, "use this server (default: start one)", cluster=False, prefix=False
+    parser.add_argument(
+        "--redis", metavar="URL", help="use the server at URL (default: start one of its own)"
     )
     _limiter_arguments(parser)
     _workload_arguments(parser)
