@@ -9,8 +9,10 @@
     python -m tools.soak --json ...                      # the same, machine-readable
 
 Run it from a checkout of the repository (it is not in the package). Without ``--redis URL``
-it starts its own redis-server on a free 127.0.0.1 port and stops it at the end (``--fault
-restart`` needs that local server).
+it starts its own redis-server on a free 127.0.0.1 port and stops it at the end. The faults
+that act on the server itself (``faults.SERVER_FAULTS``) are refused against a ``--redis``
+server unless ``--i-own-this-server`` says it is a throwaway one; ``--fault restart`` needs
+the soak's own server.
 
 The tool by job: ``arguments.py`` (the command line), ``command.py`` (running it),
 ``worker.py`` (one worker process; ``stamping.py``, how it notes its grants), ``faults.py``
