@@ -171,7 +171,7 @@ def main() -> None:
     if args.one:
         run_one(args.one[0], args.one[1], args.requests)
         return
-    from aiolimit._tools import LocalRedis
+    from tools import LocalRedis
 
     configs = [*CONFIGS, "acquire-all"]
     results: dict[tuple[str, str], list[tuple[float, int, int]]] = {}

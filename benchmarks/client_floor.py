@@ -232,7 +232,7 @@ def main() -> None:
                 )
             )
         return
-    from aiolimit._tools import LocalRedis
+    from tools import LocalRedis
 
     print(f"{TASKS} tasks, one permit each time, {args.limiters:,} {args.algorithm} limiters")
     with LocalRedis() as server:

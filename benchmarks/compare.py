@@ -50,7 +50,7 @@ def one_round(url: str, algorithms: list[str], limiters: list[int], duration: fl
 
 
 def rounds(args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
-    from aiolimit._tools import LocalRedis
+    from tools import LocalRedis
 
     results: dict[str, list[dict[str, Any]]] = {str(d): [] for d in args.checkouts}
     with LocalRedis() as server:

@@ -50,7 +50,7 @@ from typing import Any
 
 from redis import Redis
 
-from aiolimit._tools import LocalRedis, cpu_model, free_port
+from tools import LocalRedis, cpu_model, free_port
 
 CLIENTS = 64
 RATE = "1000000/second"  # never refused: far above any throughput here

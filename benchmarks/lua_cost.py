@@ -36,9 +36,9 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 import aiolimit
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis import _scripts
 from aiolimit.backends.redis._keys import Keys
+from tools import LocalRedis
 
 PIPELINE = 16  # calls per pipeline
 

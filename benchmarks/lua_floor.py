@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from redis import Redis
 
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 FIELDS = "'rate', 'interval', 'type', 'keep_alive', 'expires_at', 'clock', 'gen', 'algorithm', "
 FIELDS += "'rates', 'spacing', 'blocked_until', 'state'"

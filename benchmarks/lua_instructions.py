@@ -36,9 +36,9 @@ from lua_cost import FLOOR, GET_SET_FLOOR, LOG_FLOOR, configure, library, script
 from redis import Redis
 
 import aiolimit
-from aiolimit._tools import free_port
 from aiolimit.backends.redis import _scripts
 from aiolimit.backends.redis._keys import Keys
+from tools import free_port
 
 
 def control(pid: int, *args: str) -> str:

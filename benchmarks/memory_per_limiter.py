@@ -19,7 +19,7 @@ import platform
 from redis.asyncio import Redis
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 TASKS = 64
 

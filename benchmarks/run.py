@@ -20,7 +20,7 @@ contender against it, one after another, in this process:
     inside scripts included) per grant, and waiter lateness: for a grant returned at wall time
     t, when the grant ``rate`` places earlier left the window (t_k + interval) is the moment
     a permit was free; a caller that asked before then waited, and was late by t - that
-    moment. aiolimit is also run through its soak tool (``python -m aiolimit._tools.soak --json``).
+    moment. aiolimit is also run through its soak tool (``python -m tools.soak --json``).
 
 Beside (a) and (b), what each grant cost (benchmarks/costs.py): Redis's own CPU time (INFO cpu,
 used_cpu_user + used_cpu_sys) and its script time (INFO commandstats, EVAL/EVALSHA/FCALL usec),
@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import costs
 from contenders import Contender, all_contenders, by_name
 
-from aiolimit._tools import LocalRedis, cpu_model
+from tools import LocalRedis, cpu_model
 
 NEVER_REFUSED = 1_000_000  # permits per second: far above any throughput here
 MANY = 10_000
@@ -268,7 +268,7 @@ def _saturation_figures(
 def soak(url: str, seconds: float) -> dict[str, Any]:
     """aiolimit's own soak tool on the same server: acquire(1) only, 4 x 16 at 200/s."""
     command = [
-        sys.executable, "-m", "aiolimit._tools.soak", "--json", "--quiet", "--redis", url,
+        sys.executable, "-m", "tools.soak", "--json", "--quiet", "--redis", url,
         "--processes", str(SATURATION_PROCESSES), "--tasks", str(SATURATION_TASKS),
         "--rate", str(SATURATION_RATE), "--duration", str(seconds), "--mix", "1,0,0",
     ]  # fmt: skip

@@ -23,9 +23,9 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 import aiolimit
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis._keys import Keys
 from aiolimit.backends.redis._scripts import ACQUIRE
+from tools import LocalRedis
 
 
 def benchmark(port: int, requests: int, *command: str) -> float:

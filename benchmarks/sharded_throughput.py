@@ -3,10 +3,10 @@
     python benchmarks/sharded_throughput.py [--seconds 2] [--processes 2] [--workers 8]
                                             [--interval 1]
 
-Starts a Redis Cluster (3 masters + 3 replicas) on free loopback ports with the test suite's
-harness, runs ``processes`` x ``workers`` clients (each its own connection, one call at a
-time) taking single permits from a limiter whose rate is never the limit, and prints a
-table. The cluster is stopped at the end.
+Starts a Redis Cluster (3 masters + 3 replicas) on free loopback ports with the lab's
+harness (``tools/cluster.py``), runs ``processes`` x ``workers`` clients (each its own
+connection, one call at a time) taking single permits from a limiter whose rate is never
+the limit, and prints a table. The cluster is stopped at the end.
 """
 
 from __future__ import annotations
@@ -14,15 +14,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-from cluster import Cluster, cluster_client, running_cluster
 
 from aiolimit import RateType, RedisBackend, ShardedRateLimiter
+from tools.cluster import Cluster, cluster_client, running_cluster
 
 NAME = "bench {sharded}"
 

@@ -69,7 +69,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 import aiolimit
 from aiolimit import LimiterError, NotConfiguredError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, cpu_model
+from tools import LocalRedis, cpu_model
 
 PREFIX = "aiolimit:"
 DEADLINE = 120.0  # seconds per scenario

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
-from cluster import Cluster, cluster_client, running_cluster
 from redis.asyncio import RedisCluster
+
+from tools.cluster import Cluster, cluster_client, running_cluster
 
 
 @pytest.fixture(scope="session")

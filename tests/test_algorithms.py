@@ -16,7 +16,6 @@ import time
 from datetime import timedelta
 
 import pytest
-from cluster import Cluster
 from conformance import (
     assert_stored_keys,
     manual_clock,
@@ -42,6 +41,7 @@ from aiolimit import (
 )
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends.redis._compat import slot
+from tools.cluster import Cluster
 
 pytest_plugins = ["cluster_fixtures"]
 

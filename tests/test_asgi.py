@@ -36,7 +36,6 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis, free_port
 from aiolimit.asgi import (
     RateLimitMiddleware,
     Rule,
@@ -44,6 +43,7 @@ from aiolimit.asgi import (
     client_ip_from,
 )
 from aiolimit.fastapi import RateLimit
+from tools import LocalRedis, free_port
 
 looptime = pytest.mark.looptime
 

@@ -27,8 +27,8 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from aiolimit import BackendError, InvalidArgumentError, MemoryBackend, RateLimiter, RedisBackend
-from aiolimit._tools import LocalRedis, free_port
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip, client_ip_from
+from tools import LocalRedis, free_port
 
 looptime = pytest.mark.looptime
 

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 
 import aiolimit
 from aiolimit import Backend, BackendError, MemoryBackend, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis._errors import call_error
+from tools import LocalRedis
 
 OVERALL = RateType.OVERALL
 looptime = pytest.mark.looptime

@@ -16,8 +16,8 @@ from redis.asyncio import Redis
 
 import aiolimit
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis._coalescer import coalescer
+from tools import LocalRedis
 
 looptime = pytest.mark.looptime
 

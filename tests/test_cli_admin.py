@@ -23,15 +23,16 @@ from typing import Any, TypeVar
 
 import pytest
 import redis as sync_redis
-from cluster import Cluster, cluster_client
 from redis.asyncio import Redis, RedisCluster
 from test_cluster import masters_holding
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, cli, free_port
+from aiolimit._tools import cli
 from aiolimit.backends.base import Grant
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot
+from tools import LocalRedis, free_port
+from tools.cluster import Cluster, cluster_client
 
 pytest_plugins = ["cluster_fixtures"]
 

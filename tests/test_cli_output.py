@@ -16,7 +16,8 @@ import redis as sync_redis
 from test_cli_admin import field, on_server, run_command
 
 from aiolimit import Algorithm, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, cli, free_port
+from aiolimit._tools import cli
+from tools import LocalRedis, free_port
 
 
 def aiolimit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cluster import Cluster
 from conformance import LoopLag, Tolerance, now
 from redis.asyncio import RedisCluster
 
 import aiolimit
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from tools.cluster import Cluster
 
 pytest_plugins = ["cluster_fixtures"]
 

@@ -20,14 +20,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
-from cluster import SOCKET_TIMEOUT, Cluster, cluster_client, wait_until
 from conformance import LoopLag, Tolerance, now
 from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 from aiolimit import BackendError, Breaker, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import busiest_window
+from tools import busiest_window
+from tools.cluster import SOCKET_TIMEOUT, Cluster, cluster_client, wait_until
 
 pytest_plugins = ["cluster_fixtures"]
 

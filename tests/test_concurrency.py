@@ -17,7 +17,7 @@ from recording import GrantRecord, RecordingBackend
 from redis.asyncio import Redis
 
 from aiolimit import RateLimiter, RateType
-from aiolimit._tools import LocalRedis, busiest_window
+from tools import LocalRedis, busiest_window
 
 RATE = 50
 INTERVAL_US = 500_000

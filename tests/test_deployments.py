@@ -16,13 +16,13 @@ import pytest
 import valkey.asyncio
 import valkey.asyncio.connection
 import valkey.exceptions
-from cluster import wait_until
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 from servers import Server
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, free_port
+from tools import LocalRedis, free_port
+from tools.cluster import wait_until
 
 # -- Sentinel ---------------------------------------------------------------------------------
 

@@ -35,7 +35,8 @@ import pytest
 import redis as sync_redis
 
 from aiolimit import errors
-from aiolimit._tools import LocalRedis, cli
+from aiolimit._tools import cli
+from tools import LocalRedis
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,7 +49,7 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 LANGUAGES = {"python", "sh", "console", "text", "pycon"}
 REDIS_PLACEHOLDER = "redis://localhost:6379"
 PARTNER_PLACEHOLDER = "https://partner.example"
-SLOW_COMMANDS = {"demo", "soak"}  # they run for seconds by design
+SLOW_COMMANDS = {"demo"}  # it runs for seconds by design
 
 _FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 _SKIP = re.compile(r"^\s*<!-- skip: (?P<reason>.+?) -->\s*$")
@@ -119,7 +120,7 @@ def test_every_file_the_docs_name_exists():
         (page.relative_to(ROOT), path)
         for page in PAGES
         for path in re.findall(
-            r"`((?:aiolimit|examples|benchmarks|tests|docs)/[\w./-]+)`", page.read_text()
+            r"`((?:aiolimit|tools|examples|benchmarks|tests|docs)/[\w./-]+)`", page.read_text()
         )
     }
     assert len(named) >= 20

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 

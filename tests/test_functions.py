@@ -13,8 +13,8 @@ import pytest
 from redis.asyncio import Redis
 
 from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis._functions import LIBRARY_NAME
+from tools import LocalRedis
 
 _users = itertools.count()
 

@@ -31,7 +31,7 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis
+from tools import LocalRedis
 
 _prefixes = itertools.count()
 

@@ -31,9 +31,9 @@ from aiolimit import (
     RedisBackend,
 )
 from aiolimit._calls import retry_after_seconds
-from aiolimit._tools import LocalRedis, free_port
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
+from tools import LocalRedis, free_port
 
 
 class Partner:

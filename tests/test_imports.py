@@ -1,9 +1,12 @@
 """What importing costs and what a missing extra says: ``import aiolimit`` leaves
 ``redis.asyncio`` alone until ``RedisBackend`` is used, and an integration whose extra is not
-installed names the extra to install."""
+installed names the extra to install. What imports what: the package holds none of the lab
+(``tools/``) and imports nothing from it; the benchmarks take their harness from the lab,
+never from the tests."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
@@ -16,10 +19,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 # The install line must name this distribution: "aiolimit" on the index is another project.
-DISTRIBUTION = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())[
-    "project"
-]["name"]
+DISTRIBUTION = PYPROJECT["project"]["name"]
 
 
 def run(code: str) -> str:
@@ -68,3 +71,34 @@ def test_a_missing_extra_names_what_to_install(
         importlib.import_module(module)
     assert f"pip install '{DISTRIBUTION}[{extra}]'" in str(raised.value)
     assert module in str(raised.value)
+
+
+def _imported(path: Path) -> set[str]:
+    """The top-level modules a file imports (relative imports left out), and any directory
+    it puts on ``sys.path`` by name, as ``path:NAME``."""
+    tree = ast.parse(path.read_text(), str(path))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Constant) and node.value in ("tests", "tools"):
+            names.add(f"path:{node.value}")
+    return names
+
+
+def test_the_wheel_holds_the_package_and_none_of_the_lab() -> None:
+    assert PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"] == ["aiolimit"]
+    modules = [path.relative_to(ROOT) for path in (ROOT / "aiolimit").rglob("*.py")]
+    lab = [str(path) for path in modules if {"soak", "server", "audit"} & {path.stem, *path.parts}]
+    assert lab == [], "the soak, the server manager and the audits belong in tools/"
+    importing = [str(path) for path in modules if _imported(ROOT / path) & {"tools", "tests"}]
+    assert importing == []
+
+
+def test_the_benchmarks_take_their_harness_from_the_lab_not_the_tests() -> None:
+    helpers = {path.stem for path in (ROOT / "tests").glob("*.py")}
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        wrong = _imported(path) & (helpers | {"tests", "path:tests"})
+        assert wrong == set(), f"{path.name} imports {sorted(wrong)} from tests/"

@@ -36,7 +36,6 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
-from aiolimit._tools import LocalRedis
 from aiolimit._types import to_micros
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.asgi import RateLimitMiddleware
@@ -46,6 +45,7 @@ from aiolimit.backends.redis._coalescer import Coalescer, Request, coalescer
 from aiolimit.backends.redis._scripts import ACQUIRE, CLIENTS, CONFIG
 from aiolimit.fastapi import RateLimit
 from aiolimit.httpx import RateLimitedTransport
+from tools import LocalRedis
 
 looptime = pytest.mark.looptime
 

@@ -30,8 +30,8 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
-from aiolimit._tools import LocalRedis
 from aiolimit.otel import OpenTelemetryObserver
+from tools import LocalRedis
 
 looptime = pytest.mark.looptime
 

@@ -21,9 +21,9 @@ from starlette.routing import Route
 
 import aiolimit
 from aiolimit import BackendError, MemoryBackend, RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis, free_port
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
 from aiolimit.backends.base import Attempt
+from tools import LocalRedis, free_port
 
 looptime = pytest.mark.looptime
 

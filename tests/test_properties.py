@@ -54,7 +54,6 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis
 from aiolimit.backends import Backend, Grant, Refusal
 from aiolimit.backends._protocol import (
     format_grant,
@@ -63,6 +62,7 @@ from aiolimit.backends._protocol import (
     parse_windows,
     state_in_config,
 )
+from tools import LocalRedis
 
 CLIENTS = ("a", "b")
 INTERVALS_US = (10_000_000, 25_000_000, 40_000_000)

@@ -34,9 +34,9 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit._tools import LocalRedis, free_port, redis_server_binary
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import format_member, parse_grant, parse_member, parse_value
+from tools import LocalRedis, free_port, redis_server_binary
 
 _prefixes = itertools.count()
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from cluster import Cluster, cluster_client
 from conformance import ManualClock
 from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
@@ -23,8 +22,9 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
-from aiolimit._tools import busiest_window
 from aiolimit.backends import Attempt
+from tools import busiest_window
+from tools.cluster import Cluster, cluster_client
 
 pytest_plugins = ["cluster_fixtures"]
 

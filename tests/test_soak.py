@@ -1,7 +1,7 @@
 """A short multi-process soak against a real redis-server, with faults, audited from grant times.
 
-Each run starts its own redis-server on a free loopback port (``aiolimit._tools.LocalRedis``)
-and stops it.
+Each run starts its own redis-server on a free loopback port (``tools.LocalRedis``) and stops
+it; against a server it did not start, the soak refuses the faults that act on the server.
 """
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ from collections import Counter
 from typing import Any
 
 import pytest
+import redis as sync_redis
 
 from aiolimit import Algorithm, Rate
-from aiolimit._tools import LocalRedis, soak
-from aiolimit._tools.audit import fullest_bucket
-from aiolimit._tools.soak.audit import audit_grants, lateness
-from aiolimit._tools.soak.limits import TOLERANCE_US, Limits
-from aiolimit._tools.soak.progress import Progress
-from aiolimit._tools.soak.worker import Grant
+from tools import LocalRedis, soak
+from tools.audit import fullest_bucket
+from tools.soak.arguments import check
+from tools.soak.audit import audit_grants, lateness
+from tools.soak.limits import TOLERANCE_US, Limits
+from tools.soak.progress import Progress
+from tools.soak.worker import Grant
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -210,6 +212,30 @@ def test_the_command_line_refuses_bad_limits_before_starting_anything(
 ) -> None:
     assert soak.main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", ["script-flush", "client-kill"])
+def test_faults_on_the_server_are_refused_against_a_server_the_soak_did_not_start(
+    fault: str, redis_server: LocalRedis, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with sync_redis.Redis(port=redis_server.port, client_name="bystander") as bystander:
+        script = bystander.script_load("return 1")
+        connection = bystander.client_id()
+        argv = ["--redis", redis_server.url, "--fault", fault, "--fault-every", "0.2"]
+        code = soak.main([*argv, "-k", "1", "-t", "1", "--duration", "1", "--quiet"])
+        assert code == 2
+        assert f"--fault {fault}" in capsys.readouterr().err
+        assert bystander.script_exists(script) == [True]
+        assert bystander.client_id() == connection  # never dropped (a reconnect is a new id)
+
+
+def test_the_owner_of_a_given_server_may_disturb_it_but_not_restart_it() -> None:
+    given = ("--redis", "redis://127.0.0.1:6379")
+    owned = (*given, "--i-own-this-server")
+    assert check(_args(*owned, "--fault", "script-flush", "--fault", "client-kill")) is None
+    assert check(_args(*given, "--fault", "clock-skew")) is None  # the workers' clocks only
+    assert "restart" in str(check(_args(*owned, "--fault", "restart")))
+    assert check(_args("--fault", "script-flush", "--fault", "restart")) is None  # its own
 
 
 def _soak_algorithm(algorithm: str) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from redis.asyncio.connection import BlockingConnectionPool, Connection, Connect
 
 import aiolimit
 from aiolimit import RateLimiter, RateType, RedisBackend
-from aiolimit._tools import LocalRedis
 from aiolimit.backends.redis import _wire
+from tools import LocalRedis
 
 
 def refuse(*args: Any, **kwargs: Any) -> Any:

@@ -1,19 +1,4 @@
 """Tooling, not the limiter's API: the ``aiolimit`` command line (``cli.py``), the demo, the
-soak tool (``soak/``, by job), the admin commands (``admin/``), and what they share with the
-benchmarks and the tests: a local redis-server (``server.py``) and the sliding-window audit
-(``audit.py``). What only the tests use lives in tests/. Nothing here is stable.
+admin commands (``admin/``) and the ACL line. Nothing here is stable. The lab (the soak, the
+local servers, the audits) is ``tools/`` in the repository, not in the package.
 """
-
-from .audit import Stamp, Window, busiest_window
-from .server import LocalRedis, Persistence, cpu_model, free_port, redis_server_binary
-
-__all__ = [
-    "LocalRedis",
-    "Persistence",
-    "Stamp",
-    "Window",
-    "busiest_window",
-    "cpu_model",
-    "free_port",
-    "redis_server_binary",
-]

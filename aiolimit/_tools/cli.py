@@ -1,4 +1,4 @@
-"""The ``aiolimit`` command line: ``demo`` and ``soak``; ``inspect``, ``list``, ``set-rate``,
+"""The ``aiolimit`` command line: ``demo``; ``inspect``, ``list``, ``set-rate``,
 ``delete``, ``block``, ``unblock`` and ``watch`` for live limiters on a Redis server; ``acl``,
 the least-privilege user they and a limiter need.
 
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import logging
 import os
 import sys
@@ -26,10 +25,9 @@ __all__ = ["build_parser", "main", "parse"]
 
 BROKEN_PIPE = 141
 
-# name -> (module, one-line help). A module that is not there is simply not offered.
+# name -> (module, one-line help).
 COMMANDS = {
     "demo": ("aiolimit._tools.demo", "several workers share one limiter; live view and a verdict"),
-    "soak": ("aiolimit._tools.soak", "multi-process soak test with fault injection and an audit"),
     "inspect": (
         "aiolimit._tools.admin:INSPECT",
         "a live limiter's config, state, block, queue and memory",
@@ -64,8 +62,6 @@ def build_parser() -> argparse.ArgumentParser:
     commands.required = True
     for name, (target, summary) in COMMANDS.items():
         module_name, _, attribute = target.partition(":")
-        if importlib.util.find_spec(module_name) is None:
-            continue
         module = importlib.import_module(module_name)
         tool = getattr(module, attribute) if attribute else module
         described = summary if attribute else (module.__doc__ or summary).split("\n\n")[0]

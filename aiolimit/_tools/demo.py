@@ -24,9 +24,9 @@ from typing import Any
 from .. import RateLimiter, RateType
 from ..backends import Backend, MemoryBackend, RedisBackend
 from ..errors import LimiterError
-from .audit import busiest_window
 from .options import masked, server_options
 from .text import plural, shown
+from .window import busiest_window
 
 __all__ = ["LoopLag", "Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
 

@@ -33,8 +33,7 @@ GLOBAL: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
         {
             "metavar": "URL",
             "help": f"the Redis (or Valkey) server, e.g. redis://host:6379 (default: "
-            f"${URL_VARIABLE}, else {DEFAULT_URL}; demo: the in-memory backend unless given; "
-            "soak: a server of its own unless given)",
+            f"${URL_VARIABLE}, else {DEFAULT_URL}; demo: the in-memory backend unless given)",
         },
     ),
     "cluster": (

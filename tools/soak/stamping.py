@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ...backends import Attempt, Grant, RedisBackend
+from aiolimit.backends import Attempt, Grant, RedisBackend
 
 __all__ = ["GrantRecord", "Request", "StampingBackend"]
 
@@ -39,7 +39,7 @@ class GrantRecord:
 
     @property
     def stamp(self) -> tuple[int, int, int]:
-        """For :func:`~aiolimit._tools.audit.busiest_window`: its limiter time and permits."""
+        """For :func:`~tools.audit.busiest_window`: its limiter time and permits."""
         return self.time, self.time, self.permits
 
 

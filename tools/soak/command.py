@@ -24,8 +24,8 @@ from typing import Any
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from ... import RateLimiter, RedisBackend
-from ..options import fill_defaults
+from aiolimit import RateLimiter, RedisBackend
+
 from ..server import LocalRedis
 from .arguments import add_arguments, check
 from .faults import Commands, Injector
@@ -40,7 +40,7 @@ __all__ = ["main", "run", "soak"]
 def run(args: argparse.Namespace) -> int:
     problem = check(args)
     if problem:
-        print(f"aiolimit soak: {problem}", file=sys.stderr)
+        print(f"soak: {problem}", file=sys.stderr)
         return 2
     server = None if args.redis else LocalRedis(persistence=args.persistence).start()
     try:
@@ -192,11 +192,11 @@ async def _set_rate(url: str, name: str, rate_type: str, limits: Limits) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m aiolimit._tools.soak``: the soak command on its own."""
+    """``python -m tools.soak``: the soak command (from a checkout of the repository)."""
     parser = argparse.ArgumentParser(
-        prog="python -m aiolimit._tools.soak",
+        prog="python -m tools.soak",
         description="Soak test: K worker processes x T tasks on one limiter on a real Redis, "
         "with faults and an audit.",
     )
     add_arguments(parser)
-    return run(fill_defaults(parser.parse_args(argv)))
+    return run(parser.parse_args(argv))

@@ -7,8 +7,9 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from ... import Algorithm
-from ..text import plural
+from aiolimit import Algorithm
+from aiolimit._tools.text import plural
+
 from .audit import audit_grants, jain, percentile
 from .faults import Commands, Injector
 from .limits import Limits, rate_label

@@ -1,7 +1,7 @@
 """One worker process of the soak tool: T tasks hammering one limiter, recording every grant.
 
 The workload goes through the public :class:`~aiolimit.RateLimiter`. To learn the limiter's
-own grant time, the backend is a :class:`~aiolimit._tools.soak.stamping.StampingBackend`: each
+own grant time, the backend is a :class:`~tools.soak.stamping.StampingBackend`: each
 request notes the grant made for it (its limiter time, and this process's wall clock just
 before and just after the script call), and keeps it only if the limiter call then returns
 True, so a grant a cancelled caller handed back is never counted.
@@ -21,7 +21,8 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from ... import NotConfiguredError, Rate, RateLimiter, RateType
+from aiolimit import NotConfiguredError, Rate, RateLimiter, RateType
+
 from .stamping import StampingBackend
 
 __all__ = ["Grant", "WorkerConfig", "WorkerResult", "run_worker"]

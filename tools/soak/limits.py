@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ... import Algorithm, Rate
+from aiolimit import Algorithm, Rate
 
 __all__ = ["ALGORITHMS", "DEFAULT_INTERVAL", "DEFAULT_RATE", "TOLERANCE_US", "Limits", "rate_label"]
 

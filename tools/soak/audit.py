@@ -1,7 +1,7 @@
 """The soak's audit: what the grants the workers recorded say about each bound.
 
 **The audit trusts nothing the limiter stores.** Every worker records each grant it was given
-(see :mod:`aiolimit._tools.soak.worker`): its own wall clock just before and just after the script
+(see :mod:`tools.soak.worker`): its own wall clock just before and just after the script
 call that granted, and the limiter's grant time (``Attempt.time``: Redis ``TIME`` by default).
 The parent then checks, per budget (the whole limiter for ``overall``, each process for
 ``per-client``):
@@ -15,7 +15,7 @@ The parent then checks, per budget (the whole limiter for ``overall``, each proc
   interval certainly shared a window. The largest such sum above the rate is over-admission
   even if the limiter's clock were lying.
 
-Both are :func:`aiolimit._tools.audit.busiest_window`, over times and over spans.
+Both are :func:`tools.audit.busiest_window`, over times and over spans.
 
 With ``--rates`` (several rates, all of which must allow a grant), ``--algorithm`` and
 ``--min-spacing``, each rate is checked against its own bound, per budget:
@@ -23,15 +23,15 @@ With ``--rates`` (several rates, all of which must allow a grant), ``--algorithm
 * ``sliding_window``: the two checks above, with that rate's permits and interval.
 * ``fixed_window``: at most ``permits`` in each window aligned to a multiple of the interval
   since the Unix epoch, on the limiter's clock (the grant times the workers recorded are on
-  it), :func:`~aiolimit._tools.audit.busiest_fixed_window`. The wall clock cannot see that
+  it), :func:`~tools.audit.busiest_fixed_window`. The wall clock cannot see that
   alignment; its check is the boundary burst: at most ``2 * permits`` in any one interval.
 * ``token_bucket``: for every pair of grants i <= j (limiter time), the permits granted in
   ``[t_i, t_j]`` are at most ``permits + permits * (t_j - t_i) / interval``
-  (:func:`~aiolimit._tools.audit.fullest_bucket`, exact, O(n log n)); the figure shown is the
+  (:func:`~tools.audit.fullest_bucket`, exact, O(n log n)); the figure shown is the
   largest ``permits in the span - refill in the span``, at most ``permits``. The wall-clock
   check: at most ``2 * permits - 1`` in any one interval.
 * ``--min-spacing``: the starts of consecutive grants (limiter time) are at least the spacing
-  apart (:func:`~aiolimit._tools.audit.closest_grants`); on the wall clock, no two grants
+  apart (:func:`~tools.audit.closest_grants`); on the wall clock, no two grants
   whose stamps all fit in less than the spacing.
 
 The new checks allow ``TOLERANCE_US`` (1 µs) of rounding: grant times and the config are whole
@@ -78,7 +78,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ... import Algorithm, Rate
+from aiolimit import Algorithm, Rate
+
 from ..audit import Window, busiest_fixed_window, busiest_window, closest_grants, fullest_bucket
 from .limits import TOLERANCE_US, Limits, rate_label
 from .worker import Grant

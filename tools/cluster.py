@@ -3,7 +3,7 @@
 >>> with running_cluster() as cluster:
 ...     client = RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
 
-Nodes are plain ``redis-server --cluster-enabled yes`` processes (``aiolimit._tools.LocalRedis``);
+Nodes are plain ``redis-server --cluster-enabled yes`` processes (``tools.LocalRedis``);
 ``redis-cli --cluster create`` joins them. Admin calls use short-lived synchronous clients so
 they work from any event loop (or none). A missing binary is an error, never a skip.
 """
@@ -22,7 +22,7 @@ from typing import Any
 import redis
 from redis.asyncio import RedisCluster
 
-from aiolimit._tools import LocalRedis, free_port, redis_server_binary
+from .server import LocalRedis, free_port, redis_server_binary
 
 SLOTS = 16384
 SOCKET_TIMEOUT = 1.0  # seconds: cluster_client's connect and read timeouts

@@ -10,9 +10,16 @@ from typing import Any
 
 from ..server import LocalRedis
 
-__all__ = ["FAULTS", "Commands", "Injector"]
+__all__ = ["FAULTS", "SERVER_FAULTS", "Commands", "Injector"]
 
 FAULTS = ("script-flush", "client-kill", "restart", "clock-skew")
+# The faults sent to the server itself, and what they do to it: only on a server the soak
+# started, or one whose owner says it may (``--i-own-this-server``). ``restart`` needs the
+# soak's own server in any case (the process it crashes); ``clock-skew`` is the workers' own.
+SERVER_FAULTS = {
+    "script-flush": "SCRIPT FLUSH empties its script cache, for every client",
+    "client-kill": "CLIENT KILL drops connections on it",
+}
 # Commands the tool itself sends to watch and disturb the server; not the limiter's cost.
 _OWN_COMMANDS = {"info", "script|flush", "client|list", "client|kill", "ping"}
 

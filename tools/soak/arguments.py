@@ -1,21 +1,22 @@
-"""``aiolimit soak``'s command line, and the checks of what it was given."""
+"""The soak's command line, and the checks of what it was given."""
 
 from __future__ import annotations
 
 import argparse
 import math
 
-from ...errors import InvalidArgumentError
-from ..options import server_options
-from .faults import FAULTS
+from aiolimit._tools.options import masked
+from aiolimit.errors import InvalidArgumentError
+
+from .faults import FAULTS, SERVER_FAULTS
 from .limits import ALGORITHMS, Limits
 
 __all__ = ["add_arguments", "check"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    server_options(
-        parser, None, "use this server (default: start one)", cluster=False, prefix=False
+    parser.add_argument(
+        "--redis", metavar="URL", help="use the server at URL (default: start one of its own)"
     )
     _limiter_arguments(parser)
     _workload_arguments(parser)
@@ -94,6 +95,12 @@ def _fault_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--skew", type=float, default=3600.0, help="clock-skew seconds (3600)")
     parser.add_argument(
+        "--i-own-this-server",
+        action="store_true",
+        help="with --redis: let --fault script-flush and client-kill act on that server "
+        "(a throwaway one of yours, never a shared or production server)",
+    )
+    parser.add_argument(
         "--allow-loss",
         action="store_true",
         help="report but do not fail over-admission after a restart without persistence",
@@ -131,12 +138,31 @@ def check(args: argparse.Namespace) -> str | None:
         Limits.of(args)
     except InvalidArgumentError as exc:
         return str(exc)
-    if "restart" in args.fault and args.redis:
-        return "--fault restart needs the local server (leave out --redis)"
+    problem = _refused_on_a_given_server(args)
+    if problem:
+        return problem
     try:
         mix = [int(part) for part in args.mix.split(",")]
     except ValueError:
         mix = []
     if len(mix) != 3 or min(mix) < 0 or sum(mix) == 0:
         return "--mix takes three non-negative weights, e.g. 60,25,15"
+    return None
+
+
+def _refused_on_a_given_server(args: argparse.Namespace) -> str | None:
+    """The faults that act on the server, refused against one the soak did not start: no
+    restart (there is no process of its own to crash), and the others only for its owner."""
+    if not args.redis:
+        return None
+    if "restart" in args.fault:
+        return "--fault restart needs the local server (leave out --redis)"
+    on_server = [fault for fault in args.fault if fault in SERVER_FAULTS]
+    if on_server and not args.i_own_this_server:
+        fault = on_server[0]
+        return (
+            f"--fault {fault} acts on {masked(args.redis)}, a server this soak did not start "
+            f"({SERVER_FAULTS[fault]}): leave out --redis, or add --i-own-this-server if it "
+            "is a throwaway server of yours"
+        )
     return None
