@@ -698,7 +698,7 @@ async def test_an_overall_counter_keeps_its_state_in_the_config_hash(store, name
 @COUNTERS
 @pytest.mark.parametrize("store", ["redis"], indirect=True)
 async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store, algorithm):
-    # Issue 10's target, as benchmarks/memory_per_limiter.py measures it: a name of 18
+    # Issue 10's target, as benchmarks/memory.py measures it: a name of 18
     # characters, a rate of 100 000 per hour, every permit of it taken.
     name = f"mem-{algorithm.value}-1"
     assert len(name) == 18

@@ -3,11 +3,13 @@
 A contender is opened on a server URL and a list of limiter names, all with the same rate per
 interval, and then answers ``hit(i)`` (one non-blocking attempt on limiter ``i``: granted or
 not) and ``acquire(i)`` (waits, the library's own way, until limiter ``i`` grants one permit).
+A peer whose package is not installed (``pip install -e '.[bench]'``) is left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import time
 from datetime import timedelta
 from typing import Any
@@ -24,6 +26,7 @@ class Contender:
     name = ""
     reference = False  # a no-limiter reference row, left out of the "best peer"
     blocking = True  # has an acquire() that waits (takes part in the saturation scenario)
+    package = ""  # the module a peer needs
 
     async def open(self, url: str, names: list[str], rate: int, interval: float) -> None:
         raise NotImplementedError
@@ -82,6 +85,7 @@ class Limits(Contender):
     def __init__(self, strategy: str) -> None:
         self.strategy = strategy
         self.name = f"limits {strategy}"
+        self.package = "limits"
 
     async def open(self, url: str, names: list[str], rate: int, interval: float) -> None:
         from limits import RateLimitItemPerSecond
@@ -120,6 +124,7 @@ class Pyrate(Contender):
     """PyrateLimiter: one RedisBucket per limiter name, async redis-py client."""
 
     name = "PyrateLimiter"
+    package = "pyrate_limiter"
 
     async def open(self, url: str, names: list[str], rate: int, interval: float) -> None:
         from pyrate_limiter import BucketFactory, Limiter, Rate, RateItem, RedisBucket
@@ -156,6 +161,7 @@ class Throttled(Contender):
     """throttled-py with its async RedisStore (redis.asyncio), default token bucket."""
 
     name = "throttled-py"
+    package = "throttled"
 
     async def open(self, url: str, names: list[str], rate: int, interval: float) -> None:
         from throttled.asyncio import RedisStore, Throttled, per_duration
@@ -223,7 +229,8 @@ class Evalsha(Contender):
 
 
 def all_contenders() -> list[Contender]:
-    return [
+    """Every contender whose package is installed."""
+    every = [
         Aiolimit(),
         Aiolimit(aiolimit.Algorithm.TOKEN_BUCKET),
         Aiolimit(aiolimit.Algorithm.FIXED_WINDOW),
@@ -234,6 +241,13 @@ def all_contenders() -> list[Contender]:
         Incr(),
         Evalsha(),
     ]
+    return [c for c in every if not c.package or importlib.util.find_spec(c.package)]
+
+
+def missing() -> list[str]:
+    """The peers' packages that are not installed."""
+    packages = ("limits", "pyrate_limiter", "throttled")
+    return [p for p in packages if importlib.util.find_spec(p) is None]
 
 
 def by_name(name: str) -> Contender:

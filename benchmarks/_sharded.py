@@ -1,7 +1,5 @@
-"""Grants per second of a ShardedRateLimiter with K = 1, 2, 3 shards on a local 3-master cluster.
-
-    python benchmarks/sharded_throughput.py [--seconds 2] [--processes 2] [--workers 8]
-                                            [--interval 1]
+"""``throughput.py --sharded``: grants per second of a ShardedRateLimiter with K = 1, 2, 3
+shards on a local 3-master cluster.
 
 Starts a Redis Cluster (3 masters + 3 replicas) on free loopback ports with the lab's
 harness (``tools/cluster.py``), runs ``processes`` x ``workers`` clients (each its own
@@ -11,10 +9,11 @@ the limit, and prints a table. The cluster is stopped at the end.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import multiprocessing
 import time
+
+from _harness import Table
 
 from aiolimit import RateType, RedisBackend, ShardedRateLimiter
 from tools.cluster import Cluster, cluster_client, running_cluster
@@ -80,35 +79,13 @@ def measure(
     return total / seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=2.0)
-    parser.add_argument("--processes", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=8)
-    parser.add_argument(
-        "--interval", type=float, default=1.0, help="the limiter's window (its log holds a window)"
-    )
-    options = parser.parse_args()
+def sharded(processes: int, workers: int, seconds: float, interval: float) -> Table:
+    """Grants/s with K = 1, 2, 3 shards, and each against K = 1."""
+    out = Table(["shards", "grants/s", "vs K=1"])
     with running_cluster() as cluster:
-        print(
-            f"{options.processes} processes x {options.workers} clients, "
-            f"{options.seconds:g} s per row, window {options.interval:g} s, "
-            "3 masters + 3 replicas on 127.0.0.1"
-        )
-        print(f"{'shards':>6}  {'grants/s':>10}  {'vs K=1':>6}")
         base = None
         for shards in (1, 2, 3):
-            rate = measure(
-                cluster,
-                shards,
-                options.processes,
-                options.workers,
-                options.seconds,
-                options.interval,
-            )
+            rate = measure(cluster, shards, processes, workers, seconds, interval)
             base = base or rate
-            print(f"{shards:>6}  {rate:>10,.0f}  {rate / base:>6.2f}")
-
-
-if __name__ == "__main__":
-    main()
+            out.add(shards, f"{rate:,.0f}", f"{rate / base:.2f}")
+    return out
