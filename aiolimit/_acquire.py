@@ -150,6 +150,9 @@ async def acquire_all(
         )
     if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
+    for limiter in limiters:  # a rate given at construction, not stored yet
+        if limiter._setup is not None and not limiter._setup.done:
+            await limiter._setup.ensure(limiter)
     return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
 
 

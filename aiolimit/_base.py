@@ -19,6 +19,7 @@ from typing import ParamSpec, TypeVar, overload
 
 from ._acquire import check_permits, max_wait_of
 from ._breaker import Breaker, breaker_of
+from ._setup import Setup
 from ._types import (
     Algorithm,
     Duration,
@@ -53,7 +54,7 @@ class _Limiter:
     ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
     ``try_acquire``."""
 
-    __slots__ = ("_backend", "_breaker", "_name", "_names")
+    __slots__ = ("_backend", "_breaker", "_name", "_names", "_setup")
 
     def __init__(self, name: str, backend: Backend) -> None:
         self._name = check_name(name)
@@ -62,6 +63,7 @@ class _Limiter:
         self._backend = backend
         self._breaker: Breaker = breaker_of(backend, self._name)
         self._names: list[str] = [self._name]  # where the state lives: one per shard
+        self._setup: Setup | None = None  # the rate given at construction, until stored
 
     @property
     def name(self) -> str:

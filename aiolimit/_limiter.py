@@ -12,7 +12,8 @@ from . import _observe
 from ._acquire import acquire, attempt_one, check_permits, max_wait_of
 from ._base import _Limiter
 from ._breaker import Breaker
-from ._types import Duration
+from ._setup import setup_of
+from ._types import Algorithm, Duration, Rates, RateType
 from .backends.base import Backend, Grant
 
 __all__ = ["RateLimiter"]
@@ -21,8 +22,7 @@ __all__ = ["RateLimiter"]
 class RateLimiter(_Limiter):
     """A named, distributed rate limiter: at most ``rate`` permits in any sliding ``interval``.
 
-    >>> limiter = RateLimiter("partner-api", RedisBackend(Redis()))
-    >>> await limiter.try_set_rate(RateType.OVERALL, 100, timedelta(hours=1))
+    >>> limiter = RateLimiter("partner-api", RedisBackend(Redis()), rate="100/hour")
     >>> async with limiter:          # waits for one permit
     ...     await call_partner()
     >>> if not await limiter.try_acquire(3, timeout=2.5):
@@ -31,9 +31,31 @@ class RateLimiter(_Limiter):
     Waiting is exact and fair: a request that cannot be served now is given the first slot
     in which enough permits are free, after every request that asked before it, in any
     process, and sleeps until then. Objects are cheap; create one wherever convenient.
+
+    ``rate`` (with ``interval`` for an int; ``rate_type``, ``algorithm``, ``min_spacing``,
+    ``keep_alive`` as :meth:`ensure_rate` takes them) is checked here and made the stored
+    config by the first permit call (``acquire``, ``try_acquire``, ``async with``, the
+    decorator, :func:`acquire_all`), once per object: the code's rate replaces a stored
+    one. Without it, the limiter uses the stored config (``set_rate``, ``try_set_rate``,
+    ``aiolimit set-rate``).
     """
 
     __slots__ = ()
+
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        *,
+        rate: Rates | None = None,
+        interval: Duration | None = None,
+        rate_type: RateType | str | None = None,
+        algorithm: Algorithm | str | None = None,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+    ) -> None:
+        super().__init__(name, backend)
+        self._setup = setup_of(rate, interval, rate_type, algorithm, min_spacing, keep_alive)
 
     @classmethod
     def _view(cls, name: str, backend: Backend, breaker: Breaker) -> RateLimiter:
@@ -45,6 +67,7 @@ class RateLimiter(_Limiter):
         limiter._backend = backend
         limiter._breaker = breaker
         limiter._names = [name]
+        limiter._setup = None
         return limiter
 
     def for_client(self, client_id: str) -> RateLimiter:
@@ -54,7 +77,9 @@ class RateLimiter(_Limiter):
         >>> per_user = RateLimiter("api-per-user", backend)
         >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
         """
-        return RateLimiter._view(self._name, self._backend.with_client(client_id), self._breaker)
+        view = RateLimiter._view(self._name, self._backend.with_client(client_id), self._breaker)
+        view._setup = self._setup  # the rate given at construction: stored once for all
+        return view
 
     def __repr__(self) -> str:
         return f"RateLimiter({self._name!r}, {type(self._backend).__name__})"
@@ -70,6 +95,9 @@ class RateLimiter(_Limiter):
         """
         permits = check_permits(permits)
         max_wait = max_wait_of(timeout)
+        setup = self._setup
+        if setup is not None and not setup.done:
+            await setup.ensure(self)
         observer = _observe.current
         if observer is not None:
             return (await acquire([self], [permits], max_wait, observer)).granted

@@ -13,7 +13,8 @@ from ._base import _Limiter, _most_telling
 from ._breaker import breaker_of
 from ._limiter import RateLimiter
 from ._observe import Observer
-from ._types import Duration, Rate, RateLimiterConfig
+from ._setup import setup_of
+from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
 from .backends.base import Backend, Refusal
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 
@@ -66,8 +67,9 @@ def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
 class ShardedRateLimiter(_Limiter):
     """One rate split over ``shards`` sub-limiters that live on different cluster slots.
 
-    >>> limiter = ShardedRateLimiter("search-api", RedisBackend(RedisCluster(...)), shards=3)
-    >>> await limiter.try_set_rate(RateType.OVERALL, 30_000, 1)   # 10_000/s per shard
+    >>> limiter = ShardedRateLimiter(
+    ...     "search-api", RedisBackend(RedisCluster(...)), shards=3, rate="30000/second"
+    ... )                                                         # 10_000/s per shard
     >>> async with limiter:
     ...     await call_search()
 
@@ -109,7 +111,18 @@ class ShardedRateLimiter(_Limiter):
 
     __slots__ = ("_last", "_next", "_shards", "_waiting")
 
-    def __init__(self, name: str, backend: Backend, *, shards: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        *,
+        shards: int,
+        rate: Rates | None = None,
+        interval: Duration | None = None,
+        rate_type: RateType | str | None = None,
+        algorithm: Algorithm | str | None = None,
+        keep_alive: Duration | None = None,
+    ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
         if shards > MAX_SHARDS:
@@ -120,6 +133,9 @@ class ShardedRateLimiter(_Limiter):
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
+        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive)
+        if self._setup is not None:
+            self._configs(self._setup.config)  # a rate the shards cannot split fails here
 
     @property
     def shards(self) -> Sequence[RateLimiter]:
@@ -164,6 +180,9 @@ class ShardedRateLimiter(_Limiter):
         """
         permits = check_permits(permits)
         max_wait = max_wait_of(timeout)
+        setup = self._setup
+        if setup is not None and not setup.done:
+            await setup.ensure(self)
         observer = _observe.current
         outcome = await self._try_acquire(permits, max_wait, observer)
         if isinstance(outcome, Acquired):  # waited on a shard: reported there

@@ -37,13 +37,38 @@ _MAX_SECONDS = int(MAX_DURATION.total_seconds())
 _MAX_CLOCK_US = 2**53  # the scripts add durations to clock readings; past 2**53 they round
 
 
+def _member_named(kind: type[enum.Enum], value: object) -> enum.Enum | None:
+    """The member a string names in any case, ``-`` for ``_`` (``"per_client"``,
+    ``"token-bucket"``), as the command line reads them."""
+    if isinstance(value, str):
+        return kind.__members__.get(value.strip().upper().replace("-", "_"))
+    return None
+
+
+def accepted(kind: type[enum.Enum]) -> str:
+    """What a str naming a member of ``kind`` may be: ``'overall' or 'per_client'``."""
+    names = [repr(name.lower()) for name in kind.__members__]
+    return f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 class RateType(str, enum.Enum):
-    """Whether every client shares one budget or each client id has its own."""
+    """Whether every client shares one budget or each client id has its own. Also given as
+    a str in any case: ``"per_client"``.
+
+    ``PER_CLIENT``: the client is the backend's ``client_id``. A backend made without one
+    has a random id of its own, so each process (each backend) gets a budget of its own
+    (Redisson's meaning of a client); ``limiter.for_client(user_id)`` counts a budget you
+    name, such as one per user."""
 
     OVERALL = "OVERALL"
     """One budget shared by every client of the limiter."""
     PER_CLIENT = "PER_CLIENT"
-    """A budget per client id (``RedisBackend(..., client_id=...)``)."""
+    """A budget per client id (``limiter.for_client(client_id)``; without one, the
+    backend's: random per backend unless ``RedisBackend(..., client_id=...)``)."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> RateType | None:
+        return _member_named(cls, value)  # type: ignore[return-value]
 
 
 class Algorithm(str, enum.Enum):
@@ -55,6 +80,10 @@ class Algorithm(str, enum.Enum):
     """A bucket of ``permits`` tokens refilled continuously; constant-size state."""
     FIXED_WINDOW = "FIXED_WINDOW"
     """At most ``permits`` per window aligned to the Unix epoch; constant-size state."""
+
+    @classmethod
+    def _missing_(cls, value: object) -> Algorithm | None:
+        return _member_named(cls, value)  # type: ignore[return-value]
 
 
 _UNITS = {
@@ -263,14 +292,16 @@ class RateLimiterConfig:
             kind = RateType(rate_type)
         except ValueError:
             raise InvalidArgumentError(
-                f"rate_type must be RateType.OVERALL or RateType.PER_CLIENT, not {rate_type!r}"
+                f"rate_type must be RateType.OVERALL or RateType.PER_CLIENT (or the str "
+                f"{accepted(RateType)}, in any case), not {shown(rate_type)}"
             ) from None
         try:
             how = Algorithm(algorithm)
         except ValueError:
             names = ", ".join(f"Algorithm.{a.name}" for a in Algorithm)
             raise InvalidArgumentError(
-                f"algorithm must be one of {names}, not {algorithm!r}"
+                f"algorithm must be one of {names} (or the str {accepted(Algorithm)}, in any "
+                f"case), not {shown(algorithm)}"
             ) from None
         rates = rates_of(rate, interval)
         longest = max(r.interval_us for r in rates)

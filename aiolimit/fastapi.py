@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ._extras import missing_extra
 
 try:
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import HTTPConnection, Request
     from starlette.responses import Response
 except ImportError as exc:
     raise missing_extra("aiolimit.fastapi", "fastapi") from exc
@@ -28,10 +29,17 @@ from ._types import Algorithm, Duration, Rate
 from .asgi._fields import header_fields, items_of
 from .asgi._gate import Gate, RateLimitStats, record, refusal_headers
 from .asgi._rules import Rule
-from .asgi._types import KeyFunc, OnBackendError, PermitsFunc
+from .asgi._types import KeyFunc, OnBackendError, PermitsFunc, Scope
 from .backends.base import Backend
 
 __all__ = ["RateLimit"]
+
+RequestKeyFunc = Callable[[Request], "str | None"]
+"""A key written for FastAPI: the client id of a Starlette ``Request`` (None: the limit does
+not apply)."""
+DetailFunc = Callable[[int, int], Any]
+"""The ``detail`` of a refusal's body: called with the status (429, or 503 when the store
+failed) and the ``Retry-After`` seconds."""
 
 
 class RateLimit:
@@ -46,9 +54,15 @@ class RateLimit:
     responses the fields go through FastAPI's response, which an endpoint that returns a
     ``Response`` itself replaces: with a ``RateLimitMiddleware`` around the app (rules may
     be empty) every response gets them, together with the middleware's own.
+
+    ``key`` is a key of the ASGI scope (``client_ip``) or, when its first parameter is
+    annotated ``Request``, of the Starlette request: ``def api_key(request: Request) ->
+    str | None``. ``detail`` makes the body's ``detail`` of a refusal:
+    ``detail(status, retry_after)`` (FastAPI writes ``{"detail": ...}``; an exception handler
+    for ``HTTPException`` may write any other body).
     """
 
-    __slots__ = ("__signature__", "_gate", "_headers", "_legacy")
+    __slots__ = ("__signature__", "_detail", "_gate", "_headers", "_legacy")
 
     def __init__(
         self,
@@ -56,7 +70,7 @@ class RateLimit:
         rates: str | Rate | Sequence[Rate],
         *,
         backend: Backend,
-        key: KeyFunc | None = None,
+        key: KeyFunc | RequestKeyFunc | None = None,
         permits: int | PermitsFunc = 1,
         algorithm: Algorithm | str | None = None,
         wait: Duration = 0,
@@ -65,6 +79,7 @@ class RateLimit:
         headers: bool = True,
         legacy_headers: bool = False,
         cost: int | PermitsFunc | None = None,
+        detail: DetailFunc | None = None,
     ) -> None:
         if cost is not None:
             warnings.warn(
@@ -73,7 +88,9 @@ class RateLimit:
                 2,
             )
             permits = cost
+        key = _scope_key(key)
         rule = Rule(name, rates, key=key, permits=permits, algorithm=algorithm)
+        self._detail = detail
         self._gate = Gate(backend, [rule], wait, on_backend_error, error_retry_after)
         self._headers = headers
         self._legacy = legacy_headers
@@ -101,11 +118,34 @@ class RateLimit:
         await record(scope, verdict)
         if verdict.status != 200:
             fields = refusal_headers(verdict, scope, self._legacy)
+            detail = verdict.detail
+            if self._detail is not None:
+                detail = self._detail(verdict.status, verdict.retry_after)
             raise HTTPException(
                 verdict.status,
-                detail=verdict.detail,
+                detail=detail,
                 headers={name.decode(): value.decode() for name, value in fields},
             )
         if self._headers:
             for name, value in header_fields(items_of(scope), self._legacy):
                 response.headers[name.decode()] = value.decode()
+
+
+def _scope_key(key: KeyFunc | RequestKeyFunc | None) -> KeyFunc | None:
+    """``key`` as a key of the scope: one whose first parameter is annotated ``Request`` (or
+    another Starlette ``HTTPConnection``) is given the request made of the scope."""
+    if key is None:
+        return None
+    try:
+        parameters = list(inspect.signature(key, eval_str=True).parameters.values())
+    except (TypeError, ValueError, NameError):  # no signature to read: a key of the scope
+        return key  # type: ignore[return-value]
+    wanted = parameters[0].annotation if parameters else None
+    if not (isinstance(wanted, type) and issubclass(wanted, HTTPConnection)):
+        return key  # type: ignore[return-value]
+    of_request: RequestKeyFunc = key  # type: ignore[assignment]
+
+    def key_of_scope(scope: Scope) -> str | None:
+        return of_request(Request(scope))
+
+    return key_of_scope

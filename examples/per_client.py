@@ -64,15 +64,17 @@ class Phones:
 async def main(redis_url: str | None) -> int:
     redis = Redis.from_url(redis_url) if redis_url else None
     backend: Backend = RedisBackend(redis) if redis else MemoryBackend()
-    await RateLimiter("push-per-user", backend).try_set_rate(RateType.PER_CLIENT, RATE, INTERVAL)
+    per_user = RateLimiter(
+        "push-per-user", backend, rate=RATE, interval=INTERVAL, rate_type=RateType.PER_CLIENT
+    )
 
-    # One limiter per user, made once and reused: it is the user's own budget (client id =
-    # user id) and the limiters of one user share that user's queue of waiting tasks.
+    # One view per user, made once and reused: it is the user's own budget (client id =
+    # user id) and the views of one user share that user's queue of waiting tasks.
     limiters: dict[str, RateLimiter] = {}
 
     def limiter_for(user: str) -> RateLimiter:
         if user not in limiters:
-            limiters[user] = RateLimiter("push-per-user", backend.with_client(user))
+            limiters[user] = per_user.for_client(user)
         return limiters[user]
 
     start = time.monotonic()
@@ -99,7 +101,7 @@ async def main(redis_url: str | None) -> int:
     try:
         await asyncio.gather(produce(), *(work() for _ in range(WORKERS)))
     finally:
-        await RateLimiter("push-per-user", backend).delete()  # every user's state, for reruns
+        await per_user.delete()  # every user's state, so that a rerun starts afresh
         if redis is not None:
             await redis.aclose()
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RedisBackend
 
 RATE = 5
 INTERVAL = timedelta(seconds=1)
@@ -51,9 +51,9 @@ class PartnerAPI:
 async def main(redis_url: str | None) -> int:
     redis = Redis.from_url(redis_url) if redis_url else None
     backend: Backend = RedisBackend(redis) if redis else MemoryBackend()
-    limiter = RateLimiter("partner-api", backend)
-    # Every process may call this; the first one sets the rate, the others keep it.
-    await limiter.try_set_rate(RateType.OVERALL, RATE, INTERVAL)
+    # The rate goes with the limiter: its first permit makes it the stored rate, in Redis
+    # for every process (edit RATE and run again: the new rate holds).
+    limiter = RateLimiter("partner-api", backend, rate=RATE, interval=INTERVAL)
 
     partner = PartnerAPI(RATE, INTERVAL)
     start = time.monotonic()

@@ -146,6 +146,7 @@ def test_acquire_all_refuses_bad_requests() -> None:
 # -- blocks from anywhere ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_block_set_by_another_process_stops_reservations_made_before_it(store, name):
     limiter = RateLimiter(name, store.backend())
     await limiter.set_rate(OVERALL, 10, 1)

@@ -151,6 +151,7 @@ SCHEDULES = {
 }
 
 
+@pytest.mark.slow
 @ALGORITHMS
 async def test_each_grant_waits_exactly_until_every_rate_allows_it(store, name, algorithm):
     limiter = await configured(store, name, [Rate(2, 0.1), Rate(4, 0.4)], algorithm)
@@ -342,6 +343,7 @@ async def test_a_cancelled_waiter_hands_its_reservation_back(store, name, algori
 # -- rate types, algorithm changes, config --------------------------------------------------------
 
 
+@pytest.mark.slow
 @ALGORITHMS
 async def test_per_client_limiters_give_each_client_all_of_its_rates(store, name, algorithm):
     a = RateLimiter(name, new_client(store, "a"))
@@ -440,7 +442,7 @@ BAD_SETTINGS = [
     ((OVERALL, [Rate(3, 1), Rate(5, 60)], 60), {}),
     ((OVERALL, [Rate(3, 1), 5]), {}),
     ((OVERALL, 3, 1), {"algorithm": "LEAKY_BUCKET"}),
-    ((OVERALL, 3, 1), {"algorithm": "sliding_window"}),
+    ((OVERALL, 3, 1), {"algorithm": "sliding window"}),  # (any case, but a word apart)
     ((OVERALL, 3, 1), {"algorithm": None}),
     ((OVERALL, 3, 1), {"min_spacing": -0.1}),
     ((OVERALL, 3, 1), {"min_spacing": timedelta(seconds=-1)}),
@@ -507,6 +509,7 @@ async def test_a_token_bucket_counts_whole_tokens_and_waits_for_the_refill(store
     assert not await limiter.try_acquire()
 
 
+@pytest.mark.slow
 async def test_a_fixed_window_counts_the_room_left_in_the_current_window(store, name):
     # Windows of 1 s: the eight calls before the first sleep fit in one window even where a
     # script call takes tens of ms (fakeredis on a loaded machine).
@@ -781,6 +784,7 @@ async def test_a_counters_rate_type_change_starts_every_budget_afresh(store, nam
     assert await a.available_permits() == 5  # neither a's old value key nor the OVERALL state
 
 
+@pytest.mark.slow
 async def test_several_rates_and_a_token_bucket_on_a_real_cluster(
     redis_cluster: Cluster, cluster_redis: RedisCluster
 ) -> None:

@@ -579,6 +579,7 @@ def fastapi_app(backend: Any, *, middleware: bool, on_backend_error: str = "deny
     return app
 
 
+@pytest.mark.slow
 @looptime
 async def test_the_fastapi_dependency_answers_like_the_middleware() -> None:
     app = fastapi_app(MemoryBackend(), middleware=False)
@@ -752,6 +753,7 @@ async def test_a_per_client_view_takes_one_round_trip(redis_backend: RedisBacken
     assert await scripts_run() - before == 5
 
 
+@pytest.mark.slow
 async def test_redis_outage_deny_answers_503_and_logs_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -787,6 +789,7 @@ async def test_redis_outage_deny_answers_503_and_logs_once(
         await redis.aclose()
 
 
+@pytest.mark.slow
 async def test_redis_outage_allow_lets_requests_through(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -810,6 +813,7 @@ async def test_redis_outage_allow_lets_requests_through(
     await redis.aclose()
 
 
+@pytest.mark.slow
 async def test_the_dependency_answers_503_when_redis_is_down() -> None:
     redis = Redis.from_url(f"redis://127.0.0.1:{free_port()}")
     app = fastapi_app(RedisBackend(redis, timeout=2), middleware=False)

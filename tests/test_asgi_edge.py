@@ -122,6 +122,7 @@ def test_a_malformed_forwarded_field_never_yields_an_address_the_client_wrote(
     assert key(scope_of(PROXY, injected)) == PROXY
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0xFF), max_size=40))
 def test_whatever_a_client_writes_the_key_is_what_the_trusted_proxy_saw(injected: str) -> None:
@@ -405,6 +406,7 @@ async def test_a_spent_minute_about_to_free_a_permit_still_names_the_minute() ->
     assert limit_field(answers[3]) == {"burst-60s": {"r": 0, "t": 1}}
 
 
+@pytest.mark.slow
 async def test_a_grant_that_leaves_permits_names_the_binding_policy_on_redis(
     redis_server: LocalRedis,
 ) -> None:
@@ -446,6 +448,7 @@ async def test_the_legacy_fields_follow_the_policy_that_binds() -> None:
     assert answers[3].headers["x-ratelimit-limit"] == "8"
 
 
+@pytest.mark.slow
 async def test_the_binding_policy_of_a_per_client_rule_on_redis(redis_server: LocalRedis) -> None:
     redis = Redis.from_url(redis_server.url)
     await redis.flushall()

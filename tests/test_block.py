@@ -27,6 +27,7 @@ async def configured(store, name, rate, interval, rate_type=OVERALL, **options):
     return limiter
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", list(Algorithm))
 async def test_no_grant_starts_before_the_block_ends(store, name, algorithm):
     limiter = await configured(store, name, 5, 1, algorithm=algorithm)
@@ -49,6 +50,7 @@ async def test_a_block_holds_back_every_client_of_a_per_client_limiter(store, na
     assert not await other.try_acquire()
 
 
+@pytest.mark.slow
 async def test_reservations_made_before_a_block_move_behind_it(store, name):
     limiter = await configured(store, name, 2, 0.5)
     assert await limiter.try_acquire(2)
@@ -63,6 +65,7 @@ async def test_reservations_made_before_a_block_move_behind_it(store, name):
     check_after(store, blocked, 1.0, "the moved reservation")
 
 
+@pytest.mark.slow
 async def test_a_block_in_another_process_moves_this_ones_reservations(store, name):
     limiter = await configured(store, name, 2, 0.5)
     assert await limiter.try_acquire(2)
@@ -112,6 +115,7 @@ async def test_block_checks_its_argument_and_needs_a_config(store, name):
     assert await limiter.try_acquire()  # nothing was blocked
 
 
+@pytest.mark.slow
 async def test_a_block_set_elsewhere_stops_a_reservation_made_before_any_block(store, name):
     # Issue 15.11: 14 tasks on 10/second, a 3 s block from the CLI: 14 grants still given
     # during the block, since only a process that had itself blocked looked again on waking.

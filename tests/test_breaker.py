@@ -48,6 +48,7 @@ def is_open(limiter: RateLimiter) -> bool:
 # -- a failure is charged to the store that failed ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("healthy_kind", ["memory", "redis"])
 async def test_a_failing_server_opens_only_the_breakers_of_its_own_limiters(
     healthy_kind: str, redis: Redis, doomed_server: LocalRedis, name: str

@@ -64,6 +64,7 @@ def test_demo_on_a_real_redis_server_passes_its_own_audit(redis_server: LocalRed
         ([], "the following arguments are required: COMMAND"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_argument_gives_a_one_line_error_and_exit_code_2(args, message):
     result = aiolimit(*args)
     assert result.returncode == 2
@@ -72,6 +73,7 @@ def test_a_bad_argument_gives_a_one_line_error_and_exit_code_2(args, message):
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 def test_an_unreachable_redis_server_gives_a_clean_error():
     url = f"redis://127.0.0.1:{free_port()}"
     result = aiolimit("demo", "--redis", url)
@@ -80,6 +82,7 @@ def test_an_unreachable_redis_server_gives_a_clean_error():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_clock_without_redis_is_a_one_line_argument_error():
     result = aiolimit("demo", "--clock", "server")
     assert result.returncode == 2
@@ -102,6 +105,7 @@ def test_the_demo_never_prints_a_password_from_the_url(url, shown):
     assert demo.masked(url) == shown
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_s_error_masks_the_password():
     port = free_port()
     result = aiolimit("demo", "--redis", f"redis://:secret@127.0.0.1:{port}")

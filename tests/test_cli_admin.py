@@ -288,6 +288,7 @@ def test_watch_help_states_the_shortest_interval(capsys):
     assert "at least 0.1" in out
 
 
+@pytest.mark.slow
 def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
     # The 40 grants are made between watch's two readings (each waits for the other), and the
     # rate shown is theirs over the interval watch itself measured between the readings,
@@ -368,6 +369,7 @@ def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         (["watch", "x", "--interval", "0"], "argument --interval: must be at least 0.1"),
     ],
 )
+@pytest.mark.slow
 def test_bad_input_is_one_line_on_stderr_and_exit_code_2(url, args, message):
     result = run_command(*args, "--redis", url)
     assert result.returncode == 2
@@ -379,6 +381,7 @@ def test_bad_input_is_one_line_on_stderr_and_exit_code_2(url, args, message):
     assert result.stdout == ""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [["inspect", "x"], ["list"], ["watch", "x"], ["delete", "x"]])
 def test_an_unreachable_server_is_one_line_and_exit_code_2(command):
     url = f"redis://:secret@127.0.0.1:{free_port()}"
@@ -389,6 +392,7 @@ def test_an_unreachable_server_is_one_line_and_exit_code_2(command):
     assert "secret" not in result.stderr
 
 
+@pytest.mark.slow
 def test_the_server_comes_from_aiolimit_redis_url_unless_given(url, name):
     on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 2, 1))
     result = run_command("list", name, env={"AIOLIMIT_REDIS_URL": url})
@@ -396,6 +400,7 @@ def test_the_server_comes_from_aiolimit_redis_url_unless_given(url, name):
     # Without either: redis://localhost:6379 (test_cli_output.py checks the default)
 
 
+@pytest.mark.slow
 def test_block_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
     assert aiolimit(capsys, url, "set-rate", name, "5/second")[0] == 0
     code, out, _ = aiolimit(capsys, url, "block", name, "30")
@@ -497,6 +502,7 @@ def _configure_on(cluster: Cluster, names: list[str]) -> dict[str, int]:
     return {each: where[f"aiolimit:{{{each}}}:config"] for each in names}
 
 
+@pytest.mark.slow
 def test_every_command_works_on_a_cluster_with_cluster(capsys, redis_cluster: Cluster, name):
     names = [f"{name}-{i}" for i in range(6)]
     holders = _configure_on(redis_cluster, names)

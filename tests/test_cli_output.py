@@ -194,6 +194,7 @@ def test_one_of_a_thing_is_said_in_the_singular(capsys, url, prefix, name):
 # -- global options -----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_global_options_work_before_or_after_the_command(capsys, url, prefix, name):
     make(url, prefix, [name])
     expected = f"{name}  5/second  SLIDING_WINDOW  OVERALL\n"
@@ -228,6 +229,7 @@ def test_the_default_server_is_the_environment_s_else_localhost(monkeypatch):
     assert cli.parse(["--redis", "redis://given", "demo"]).redis == "redis://given"
 
 
+@pytest.mark.slow
 def test_help_names_the_global_options_and_the_default_server():
     result = run_command("--help")
     assert result.returncode == 0
@@ -236,6 +238,7 @@ def test_help_names_the_global_options_and_the_default_server():
     assert "redis://localhost:6379" in result.stdout
 
 
+@pytest.mark.slow
 def test_an_option_a_command_does_not_take_is_a_one_line_error():
     result = run_command("--cluster", "demo")
     assert result.returncode == 2
@@ -279,6 +282,7 @@ def test_the_demo_run_to_its_end_leaves_no_key(url, name):
     assert _keys_of(url, name) == []
 
 
+@pytest.mark.slow
 def test_list_into_a_pipe_closed_early_exits_quietly(url, prefix):
     make(url, prefix, [f"many-{i}" for i in range(2000)])
     command = [sys.executable, "-m", "aiolimit", "list", "--redis", url, "--prefix", prefix]
@@ -319,3 +323,20 @@ def test_inspect_counts_the_clients_of_a_per_client_token_bucket(capsys, url, pr
         {"client_id": "amy", "available": 1},
         {"client_id": "red\x1b[31m", "available": 4},
     ]
+
+
+def test_list_aligns_every_column(capsys, url, prefix):
+    async def configure(backend: RedisBackend) -> None:
+        await RateLimiter("a", backend).set_rate(RateType.OVERALL, "1/second")
+        await RateLimiter("longer-name", backend).set_rate(
+            RateType.PER_CLIENT, "10/second; 1000/hour", algorithm="token_bucket"
+        )
+
+    on_server(url, configure, prefix)
+    code, out, _ = aiolimit(capsys, "list", "--redis", url, "--prefix", prefix)
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 2
+    algorithms = {line.find("SLIDING_WINDOW") + line.find("TOKEN_BUCKET") + 1 for line in lines}
+    types = {line.find("OVERALL") + line.find("PER_CLIENT") + 1 for line in lines}
+    assert len(algorithms) == 1 and len(types) == 1, lines

@@ -74,6 +74,7 @@ async def test_hostile_names_spread_over_every_master_each_limiter_on_one(
     assert masters_used == set(redis_cluster.master_ports())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HOSTILE_NAMES, ids=range(len(HOSTILE_NAMES)))
 async def test_grants_refuses_releases_and_resets_on_cluster(
     cluster_redis: RedisCluster, name: str
@@ -136,6 +137,7 @@ def every_key(redis: RedisCluster, name: str, clients: list[str]) -> list[str]:
     return [keys.config, keys.value, keys.permits, keys.registry, *keys.clients(clients)]
 
 
+@pytest.mark.slow
 async def test_waits_exactly_until_a_permit_frees_on_every_master(
     cluster_redis: RedisCluster, loop_lag: LoopLag
 ) -> None:
@@ -227,6 +229,7 @@ async def test_recovers_when_only_one_node_lost_its_scripts(
     )
 
 
+@pytest.mark.slow
 async def test_a_node_that_does_not_serve_fails_only_the_limiters_whose_slots_it_holds(
     redis_cluster: Cluster, cluster_redis: RedisCluster
 ) -> None:

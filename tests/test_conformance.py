@@ -50,6 +50,7 @@ async def configured(store, name, rate, interval, rate_type=OVERALL, **options):
 # -- waiting ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_refused_request_waits_until_enough_permits_are_free(store, name):
     # rate 3 per 0.5 s, grants at t0, t0+0.15, t0+0.3: a request for 2 needs the grants of t0
     # and t0+0.15 to leave the window, so it succeeds at t0+0.65, not when t0's leaves (t0+0.5).
@@ -84,6 +85,7 @@ async def test_try_acquire_with_a_timeout_waits_for_the_permit(store, name):
     check_after(store, granted, 0.2, "the permit")
 
 
+@pytest.mark.slow
 async def test_timeout_none_and_acquire_wait_as_long_as_it_takes(store, name):
     limiter = await configured(store, name, 1, 0.15)
     granted = await take(limiter)
@@ -96,6 +98,7 @@ async def test_timeout_none_and_acquire_wait_as_long_as_it_takes(store, name):
     assert await limiter.available_permits() == 0
 
 
+@pytest.mark.slow
 async def test_waiting_tasks_are_served_in_arrival_order(store, name):
     # Two RateLimiter objects with one name on one backend share one queue.
     backend = store.backend()
@@ -116,6 +119,7 @@ async def test_waiting_tasks_are_served_in_arrival_order(store, name):
     assert served == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.slow
 async def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(store, name):
     # rate 5 per 0.5 s; a 1-permit request arrives every 0.1 s; a 5-permit request arrives at
     # 0.25 s, when the grants of 0, 0.1 and 0.2 s still fill the window. It is served once
@@ -176,6 +180,7 @@ async def test_waiters_on_one_limiter_never_delay_waiters_on_another(store, name
 # -- cancellation -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_cancelled_waiters_hold_no_permits_and_the_others_proceed(store, name):
     limiter = await configured(store, name, 2, 0.3)
     granted = await take(limiter, 2)
@@ -281,6 +286,7 @@ async def test_grants_of_one_digit_and_of_several_free_exactly_their_permits(sto
     assert await limiter.try_acquire(120)
 
 
+@pytest.mark.slow
 async def test_release_hands_back_the_most_recent_grants(store, name):
     limiter = await configured(store, name, 5, 0.4)
     oldest = await take(limiter)
@@ -788,6 +794,7 @@ async def test_a_request_stamped_before_the_latest_one_acts_at_the_latest_time(s
     assert attempt.at == 10_500_000  # decided at the latest time, not at 9.9 s
 
 
+@pytest.mark.slow
 async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, name):
     rate, interval = 8, 0.2
     clock = AttemptClock(tolerance(store))
@@ -809,6 +816,7 @@ async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, n
 # -- asking without taking, several permits, warnings, shutdown ----------------------------------
 
 
+@pytest.mark.slow
 async def test_wait_time_says_when_permits_free_and_takes_nothing(store, name):
     limiter = await configured(store, name, 3, 0.5)
     assert await limiter.wait_time() == 0

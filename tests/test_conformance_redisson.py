@@ -37,6 +37,7 @@ OVERALL = RateType.OVERALL
 PER_CLIENT = RateType.PER_CLIENT
 
 
+@pytest.mark.slow
 async def test_keep_alive_drops_an_idle_limiter_and_grants_extend_it(store, name):
     # testKeepAliveTime
     limiter = RateLimiter(name, store.backend())
@@ -54,6 +55,7 @@ async def test_keep_alive_drops_an_idle_limiter_and_grants_extend_it(store, name
     assert await limiter.get_config() is None
 
 
+@pytest.mark.slow
 async def test_expire_then_acquire_leaves_no_key_after_the_ttl(store, name):
     # testExpire2
     limiter = RateLimiter(name, store.backend())
@@ -65,6 +67,7 @@ async def test_expire_then_acquire_leaves_no_key_after_the_ttl(store, name):
     await assert_stored_keys(store, 0)
 
 
+@pytest.mark.slow
 async def test_a_saturated_limiter_grants_the_full_rate_in_every_window(store, name):
     # testRateValue: many workers acquire in a loop; the permits log stays full. Here: the
     # 4*rate-th grant comes exactly 3 intervals after the first, and no window overflows.
@@ -109,6 +112,7 @@ async def test_expire_drops_config_and_state_after_the_ttl(store, name):
     assert await limiter.available_permits() == 2
 
 
+@pytest.mark.slow
 async def test_a_grant_leaves_the_window_one_interval_after_it_was_made(store, name):
     # testAcquisitionInterval
     limiter = RateLimiter(name, store.backend())
@@ -184,6 +188,7 @@ async def test_try_acquire_with_a_timeout_too_short_returns_false_without_waitin
     assert not await limiter.try_acquire()
 
 
+@pytest.mark.slow
 async def test_acquire_in_a_loop_waits_one_interval_per_permit(store, name):
     # testAcquire
     limiter = RateLimiter(name, store.backend())
@@ -225,6 +230,7 @@ async def test_delete_removes_config_and_state(store, name):
     assert await limiter.get_config() is None
 
 
+@pytest.mark.slow
 async def test_acquiring_clients_never_exceed_the_rate_in_any_window(store, name):
     # testConcurrency2: 8 threads acquire() in a loop; every window holds at most the rate.
     # Here 4 clients (their own connections) with 2 tasks each.
@@ -251,6 +257,7 @@ async def test_acquiring_clients_never_exceed_the_rate_in_any_window(store, name
     assert_sliding_window(grants, rate, interval)
 
 
+@pytest.mark.slow
 async def test_polling_clients_never_exceed_the_rate_in_any_window(store, name):
     # testConcurrency: 8 threads tryAcquire() with random pauses of up to 10 ms; every 10th
     # grant comes at least an interval after the previous 10th. Server clock, 4 clients.

@@ -143,6 +143,7 @@ async def test_limiter_works_over_tls_with_a_self_signed_certificate(
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_tls_server_refuses_a_client_that_does_not_trust_its_certificate(
     tls_server: tuple[int, str],
 ) -> None:
@@ -216,6 +217,7 @@ async def test_a_valkey_py_client_works_once_the_scripts_are_cached(
     await exercise(RateLimiter("valkey-py", RedisBackend(valkey_client)))
 
 
+@pytest.mark.slow
 async def test_a_valkey_py_client_reports_an_unreachable_server_as_backend_error() -> None:
     client = valkey.asyncio.Valkey(port=free_port(), socket_connect_timeout=1)
     try:

@@ -197,6 +197,7 @@ def _substituted(code: str, redis_url: str, partner_url: str) -> str:
     return code.replace(REDIS_PLACEHOLDER, redis_url).replace(PARTNER_PLACEHOLDER, partner_url)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", PYTHON_PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_the_python_blocks_of_a_page_run(page: Path, redis_url: str, partner_url: str):
     blocks = [b for b in blocks_of(page) if b.lang == "python" and b.skip is None]

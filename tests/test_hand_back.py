@@ -57,6 +57,7 @@ async def granted(backend: Backend, name: str, most: int = 20) -> int:
     return count
 
 
+@pytest.mark.slow
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_stale_hand_back_frees_nothing(store, name, algorithm, rate_type):
@@ -74,6 +75,7 @@ async def test_a_stale_hand_back_frees_nothing(store, name, algorithm, rate_type
     assert await granted(backend, name) == 0
 
 
+@pytest.mark.slow
 @ALGORITHMS
 async def test_members_are_never_issued_twice(store, name, algorithm):
     # A sliding window's log started its numbers over whenever it emptied: 1:1 three times
@@ -95,6 +97,7 @@ async def test_a_grant_handed_back_twice_comes_back_once(store, name, algorithm)
     assert await granted(backend, name) == 1
 
 
+@pytest.mark.slow
 async def test_a_token_bucket_hands_back_only_the_tokens_not_yet_refilled(store, name):
     # 10 per 2 s, a token every 0.2 s. Two grants of 5 empty the bucket; after 1.1 s the
     # first grant's 5 tokens are back (the bucket refills oldest first): handing it back then
@@ -113,6 +116,7 @@ async def test_a_token_bucket_hands_back_only_the_tokens_not_yet_refilled(store,
 # -- no key per hand-back (item 9) -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @ALGORITHMS
 @RATE_TYPES
 @pytest.mark.parametrize("store", ["fakeredis", "redis"], indirect=True)

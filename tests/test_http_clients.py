@@ -128,6 +128,7 @@ async def test_httpx_takes_a_permit_per_request_and_raises_rate_limited_past_the
     assert 59 < refused.value.retry_after <= 60
 
 
+@pytest.mark.slow
 async def test_httpx_obeys_a_429_pauses_every_caller_and_retries_once(partner: Partner) -> None:
     backend = MemoryBackend()
     limiter = await limiter_of(backend)
@@ -149,6 +150,7 @@ async def test_httpx_obeys_a_429_pauses_every_caller_and_retries_once(partner: P
     assert await limiter.available_permits() == 100 - 5  # every request took its permit
 
 
+@pytest.mark.slow
 async def test_httpx_with_retry_off_returns_the_429_and_still_pauses(partner: Partner) -> None:
     limiter = await limiter_of(MemoryBackend())
     partner.refusals, partner.status = 1, 503
@@ -160,6 +162,7 @@ async def test_httpx_with_retry_off_returns_the_429_and_still_pauses(partner: Pa
     assert time.monotonic() - started >= 0.25
 
 
+@pytest.mark.slow
 async def test_httpx_retries_once_only_and_not_without_retry_after(partner: Partner) -> None:
     limiter = await limiter_of(MemoryBackend())
     partner.refusals, partner.retry_after = 5, "0.1"
@@ -230,6 +233,7 @@ async def test_aiohttp_obeys_a_429_and_retries_once_after_the_pause(partner: Par
 # -- several processes: the pause lives in Redis --------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_pause_reaches_every_process_through_redis(
     partner: Partner, redis_server: LocalRedis
 ) -> None:
@@ -272,6 +276,7 @@ async def block_left_us(limiter: RateLimiter) -> int:
     return await limiter.backend.block(limiter.name, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retry_after", HOSTILE_RETRY_AFTERS)
 async def test_httpx_caps_a_hostile_retry_after_at_fifteen_minutes_and_logs_it(
     partner: Partner, retry_after: str, caplog: pytest.LogCaptureFixture
@@ -297,6 +302,7 @@ async def test_aiohttp_caps_a_hostile_retry_after_at_fifteen_minutes(
     assert FIFTEEN_MINUTES_US - 5_000_000 < await block_left_us(limiter) <= FIFTEEN_MINUTES_US
 
 
+@pytest.mark.slow
 async def test_max_pause_is_configurable_on_both_clients_and_the_retry_follows_it(
     partner: Partner,
 ) -> None:

@@ -56,6 +56,7 @@ def test_redis_backend_is_imported_when_first_named() -> None:
     [
         ("aiolimit.httpx", "httpx", "httpx"),
         ("aiolimit.aiohttp", "aiohttp", "aiohttp"),
+        ("aiolimit.aiohttp_web", "aiohttp", "aiohttp"),
         ("aiolimit.otel", "opentelemetry", "otel"),
         ("aiolimit.fastapi", "starlette", "fastapi"),
     ],

@@ -516,6 +516,7 @@ async def test_a_script_error_from_a_real_server_reads_plainly(redis_server: Loc
         await redis.aclose()
 
 
+@pytest.mark.slow
 def test_the_backend_remembers_at_most_about_10000_limiters() -> None:
     backend = RedisBackend(_NoServer())
     names = [f"limiter-{i}" for i in range(100_000)]

@@ -254,6 +254,7 @@ async def test_each_operation_sweeps_a_bounded_number_of_entries(
     assert ops >= count // MAX_SWEEP
 
 
+@pytest.mark.slow
 async def test_the_sweep_heap_stays_small_under_a_stream_of_grants() -> None:
     # keep_alive slides forward with every grant: that must not push a heap entry per grant.
     backend, clock = make_backend()

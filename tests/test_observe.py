@@ -293,6 +293,7 @@ async def test_otel_batch_size_histogram_when_asked(redis_server):
 # -- logs ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
     caplog.set_level(logging.DEBUG, logger="aiolimit")
     with LocalRedis() as server:

@@ -91,6 +91,7 @@ async def test_a_probe_cancelled_lets_the_next_call_probe() -> None:
     assert await limiter.try_acquire()
 
 
+@pytest.mark.slow
 async def test_a_killed_redis_server_costs_one_failure_then_calls_fail_at_once(
     loop_lag: LoopLag,
 ) -> None:
@@ -122,6 +123,7 @@ async def test_a_killed_redis_server_costs_one_failure_then_calls_fail_at_once(
             await redis.aclose()
 
 
+@pytest.mark.slow
 async def test_redis_down_before_the_rules_are_configured_one_failure_answers_every_waiter(
     caplog: pytest.LogCaptureFixture, loop_lag: LoopLag
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 from conformance import LoopLag, Tolerance, now
 
 
+@pytest.mark.slow
 async def test_an_event_late_because_the_whole_process_stalled_passes() -> None:
     lag = LoopLag().start()
     try:
@@ -23,6 +24,7 @@ async def test_an_event_late_because_the_whole_process_stalled_passes() -> None:
         await lag.stop()
 
 
+@pytest.mark.slow
 async def test_an_event_late_while_the_loop_ran_on_time_fails() -> None:
     lag = LoopLag().start()
     try:

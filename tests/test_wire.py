@@ -113,6 +113,7 @@ until (n[1] - t[1]) * 1000000 + (n[2] - t[2]) >= tonumber(ARGV[1])
 """
 
 
+@pytest.mark.slow
 async def test_a_round_trip_past_the_socket_timeout_drops_its_connection(
     redis_server: LocalRedis,
 ) -> None:
@@ -217,6 +218,7 @@ async def test_a_blocking_pools_connection_goes_back_after_each_round_trip(
         await redis.aclose()
 
 
+@pytest.mark.slow
 def test_commands_are_packed_as_redis_py_packs_them() -> None:
     commands = [
         ("FCALL", "aiolimit_acquire_many", 2, b"{a}:config", b"", b"x" * 255, b"y" * 256),

@@ -6,7 +6,7 @@ import math
 import warnings
 from collections.abc import Iterable, Sequence
 
-from .._types import Algorithm, Rate, RateType, check_name, rates_of, shown
+from .._types import Algorithm, Rate, RateType, accepted, check_name, rates_of, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
@@ -76,7 +76,10 @@ class Rule:
         try:
             self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)
         except ValueError:
-            raise InvalidArgumentError(f"unknown algorithm {algorithm!r}") from None
+            raise InvalidArgumentError(
+                f"algorithm must be an Algorithm or the str {accepted(Algorithm)} (any "
+                f"case), not {shown(algorithm)}"
+            ) from None
 
     def __repr__(self) -> str:
         rates = "; ".join(str(rate) for rate in self.rates)

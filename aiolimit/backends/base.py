@@ -128,19 +128,30 @@ class Backend(abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
     """
 
-    __slots__ = ("__weakref__", "_hand_backs", "client_id")
+    __slots__ = ("__weakref__", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None) -> None:
         self.client_id: str = (
             uuid.uuid4().hex if client_id is None else check_text(client_id, "client_id")
         )
+        # No id given: each backend (each process) is a client of its own, with its own
+        # PER_CLIENT budget; said once (per_client_used), as it is seldom what was meant.
+        self._random_id = client_id is None
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them.
         self._hand_backs: set[asyncio.Future[int]] = set()
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
-        """The same store seen by another client id (for ``PER_CLIENT`` limiters)."""
+        """The same store seen by another client id (for ``PER_CLIENT`` limiters): the
+        primitive under :meth:`RateLimiter.for_client`, which is how a limiter's user names
+        a client."""
+
+    def per_client_used(self, name: str) -> None:
+        """A store calls this when it serves a ``PER_CLIENT`` limiter's budget: on a random
+        client id (no ``client_id`` given), a warning is logged once per process."""
+        if self._random_id and not _said_random_client:
+            _say_random_client(name, self.client_id)
 
     @property
     def store_id(self) -> Hashable:
@@ -298,6 +309,20 @@ class _FailedHandBacks:
 
 
 _failed_hand_backs = _FailedHandBacks()
+
+_said_random_client = False
+
+
+def _say_random_client(name: str, client_id: str) -> None:
+    global _said_random_client
+    _said_random_client = True
+    log.warning(
+        "PER_CLIENT limiter %r is used by a backend made without a client_id: it counts the "
+        "budget of this backend's random id %s, one per process; name the client with "
+        "limiter.for_client(client_id) or RedisBackend(..., client_id=...) (said once)",
+        name,
+        client_id,
+    )
 
 
 def hand_backs_failed(error: BaseException, count: int = 1) -> None:

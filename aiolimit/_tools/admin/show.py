@@ -143,11 +143,11 @@ async def _list(args: argparse.Namespace, backend: RedisBackend) -> int:
     if not rows:
         print(f"no limiter matches '{shown(args.pattern)}'", file=sys.stderr)
         return 0
-    width = max(len(name) for name, _ in rows)
-    for name, config in rows:
-        print(
-            f"{name:<{width}}  {rates(config)}  {config.algorithm.value}  {config.rate_type.value}"
-        )
+    columns = [(name, rates(c), c.algorithm.value, c.rate_type.value) for name, c in rows]
+    widths = [max(len(row[i]) for row in columns) for i in range(3)]
+    for row in columns:
+        cells = [cell.ljust(width) for cell, width in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[3]]))
     return 0
 
 

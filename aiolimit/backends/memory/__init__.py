@@ -138,8 +138,12 @@ class MemoryBackend(Backend):
     def _now(self) -> int:
         return clock_micros(self._clock())  # NaN, inf or a non-number: InvalidArgumentError
 
-    def _budget_key(self, config: RateLimiterConfig) -> str | None:
-        return self.client_id if config.rate_type is RateType.PER_CLIENT else None
+    def _budget_key(self, config: RateLimiterConfig, name: str) -> str | None:
+        if config.rate_type is not RateType.PER_CLIENT:
+            return None
+        if self._random_id:
+            self.per_client_used(name)
+        return self.client_id
 
     def _configured(
         self, name: str, now: int, record: bool = True, permits: int = 0
@@ -235,7 +239,7 @@ class MemoryBackend(Backend):
         self, name: str, permits: int, max_wait_us: int | None = 0
     ) -> Grant | Refusal:
         limiter, config, now = self._configured(name, self._now(), permits=permits)
-        key = self._budget_key(config)
+        key = self._budget_key(config, name)
         group = _group(limiter, config, key, True, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
@@ -266,14 +270,14 @@ class MemoryBackend(Backend):
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
-        group = _group(limiter, config, self._budget_key(config), False, now)
+        group = _group(limiter, config, self._budget_key(config, name), False, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
         return 0 if start is None else start - now
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
-        group = _group(limiter, config, self._budget_key(config), False, now)
+        group = _group(limiter, config, self._budget_key(config, name), False, now)
         group.reclaim(now)
         left = group.left(now)[0]
         if config.min_spacing_us > 0 or group.blocked_until is not None:
@@ -285,7 +289,7 @@ class MemoryBackend(Backend):
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
         start = None if member is None else parse_grant(member)[1]
         limiter, config, now = self._configured(name, self._now(), record=False)
-        key = self._budget_key(config)
+        key = self._budget_key(config, name)
         group = _group(limiter, config, key, True, now)
         receipt = None
         if member is not None and not group.idempotent:

@@ -200,6 +200,8 @@ class RedisBackend(Backend):
         orphan: Callable[[Any], None] | None,
     ) -> asyncio.Future[Any]:
         """Makes a budget script's request now (for the round trip under way or the next)."""
+        if rate_type is RateType.PER_CLIENT and self._random_id:
+            self.per_client_used(name)
         keys = self._keys.get(name) or self.keys(name)
         budget = keys.budget(rate_type, self.client_id, registry)
         keys_sent = (*budget, *extra_keys) if extra_keys else budget
