@@ -20,10 +20,10 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from aiolimit import MemoryBackend, RateLimiter, RedisBackend
-from aiolimit._tools import LocalRedis, free_port
 from aiolimit.aiohttp_web import RateLimitMiddleware
 from aiolimit.asgi import RateLimitMiddleware as ASGIMiddleware
 from aiolimit.asgi import Rule, client_ip, client_ip_from
+from tools import LocalRedis, free_port
 
 
 def has_ipv6() -> bool:
