@@ -9,7 +9,12 @@ import asyncio
 from collections.abc import Callable, Hashable
 
 from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
-from ...errors import BackendError, InvalidArgumentError, NotConfiguredError
+from ...errors import (
+    InvalidArgumentError,
+    NotConfiguredError,
+    over_rate_error,
+    queue_full_error,
+)
 from .._protocol import parse_grant, state_in_config
 from ..base import Backend, Grant, Refusal, SetMode
 from ._algorithm import Group
@@ -157,8 +162,7 @@ class MemoryBackend(Backend):
             raise NotConfiguredError(name)
         stored = limiter.config
         if permits > stored.config.max_permits:
-            rate = stored.config.max_permits
-            raise InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
+            raise over_rate_error(permits, stored.config.max_permits)
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
         elif record:
@@ -244,11 +248,7 @@ class MemoryBackend(Backend):
         group.reclaim(now)
         start = group.earliest(permits, now)
         if start is None:
-            raise BackendError(
-                f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-                "more than 2**53, which the scripts cannot count exactly",
-                outage=False,
-            )
+            raise queue_full_error(name, permits)
         delay = start - now
         if delay > 0 and max_wait_us is not None and delay > max_wait_us:
             group.save(limiter, now)  # what the reclaim changed is written back, nothing else

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 import re
 
-from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from ...errors import (
+    BackendError,
+    LimiterError,
+    NotConfiguredError,
+    over_rate_error,
+    queue_full_error,
+)
 from . import _scripts as scripts
 from ._compat import NOT_SERVING, UNREACHABLE
 from ._scripts import Failed, NotConfigured, OverRate, QueueFull, Trouble
@@ -43,13 +49,9 @@ def trouble_error(
     if isinstance(trouble, NotConfigured):
         return NotConfiguredError(name)
     if isinstance(trouble, OverRate):
-        return InvalidArgumentError(f"permits ({permits}) exceed the rate ({trouble.rate})")
+        return over_rate_error(permits, trouble.rate)
     if isinstance(trouble, QueueFull):
-        return BackendError(
-            f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-            "more than 2**53, which the scripts cannot count exactly",
-            outage=False,
-        )
+        return queue_full_error(name, permits)
     if isinstance(trouble, Failed):
         return refused(what, trouble.message, server_clock, name)
     raise AssertionError(trouble)  # pragma: no cover - OtherType is retried
