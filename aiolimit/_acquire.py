@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from collections.abc import Coroutine, Hashable, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -352,13 +353,30 @@ async def _sleep_out(
     observer: Observer | None,
     names: Sequence[str],
 ) -> None:
-    """Sleeps until the last reserved grant starts; a cancelled sleeper hands its grants
-    back. The observer sees each limiter's caller waiting meanwhile."""
+    """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
+    loop's (``_wakeup``: never early, and no later than ``starts_in`` from now); a cancelled
+    sleeper hands its grants back. The observer sees each limiter's caller waiting
+    meanwhile, and how late it woke."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    wake = now + starts_in / 1e6
+    mapped = -math.inf
+    for limiter, grant in grants:
+        if grant.starts_in > 0:
+            clock_map = limiter._backend.clock_map
+            clock_map.observe(grant.starts_at - grant.starts_in, now)
+            local = clock_map.local(grant.starts_at)
+            mapped = max(mapped, wake if local is None else local)
+    wake = min(wake, mapped)
     if observer is not None:
         for name in names:
             observer.queued(name, 1)
     try:
-        await asyncio.sleep(starts_in / 1e6)
+        await asyncio.sleep(max(wake - now, 0.0))
+        if observer is not None:
+            late = loop.time() - wake
+            for name in names:
+                observer.late(name, late)
     except asyncio.CancelledError:
         for limiter, grant in grants:
             limiter._backend.hand_back(limiter._name, grant.member)

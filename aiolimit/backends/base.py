@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._types import Duration, RateLimiterConfig, check_text
+from .._wakeup import ClockMap
 from ..errors import BackendError, InvalidArgumentError
 from ._protocol import parse_grant
 
@@ -128,7 +129,7 @@ class Backend(abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
     """
 
-    __slots__ = ("__weakref__", "_hand_backs", "_random_id", "client_id")
+    __slots__ = ("__weakref__", "_hand_backs", "_random_id", "client_id", "clock_map")
 
     def __init__(self, client_id: str | None) -> None:
         self.client_id: str = (
@@ -140,6 +141,8 @@ class Backend(abc.ABC):
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them.
         self._hand_backs: set[asyncio.Future[int]] = set()
+        self.clock_map = ClockMap()
+        """The limiter's clock seen from this process's: where a reservation wakes up."""
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
