@@ -1,0 +1,113 @@
+"""What a provider's rate-limit headers say is left of its quota, read defensively.
+
+OpenAI answers ``x-ratelimit-remaining-requests`` / ``-tokens`` with their
+``x-ratelimit-reset-requests`` / ``-tokens`` as durations (``6m0s``, ``1.5s``, ``20ms``);
+Anthropic ``anthropic-ratelimit-requests-remaining`` / ``-tokens-remaining`` with ``-reset``
+as RFC 3339 times. A value that cannot be read is ignored, never raised: a partner that
+answers absurd values (a negative count, a reset in the year 9999, 400 digits) must not stop
+or confuse the callers, so counts are bounded by ``MAX_RATE`` and resets by ``max_reset``.
+
+>>> quota(headers, "tokens")
+Quota(remaining=29_000, reset=0.12)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from typing import NamedTuple
+
+from ._types import MAX_RATE
+
+__all__ = ["KINDS", "Quota", "duration_seconds", "quota"]
+
+KINDS = ("requests", "tokens")
+"""What a provider meters: requests, and tokens."""
+
+# (remaining, reset) header names per kind, per provider; the first pair found is read.
+_NAMES = {
+    kind: (
+        (f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}"),
+        (f"anthropic-ratelimit-{kind}-remaining", f"anthropic-ratelimit-{kind}-reset"),
+    )
+    for kind in KINDS
+}
+
+# Go-style durations as OpenAI writes them: a sequence of <number><unit>, e.g. 1h2m3.5s, 20ms.
+_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|us|µs|ns|m|s)")
+_UNIT = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_COUNT = re.compile(r"[0-9]{1,20}")
+
+
+class Quota(NamedTuple):
+    """What is left of a provider's quota, and in how many seconds its count resets."""
+
+    remaining: int
+    reset: float
+
+
+def duration_seconds(text: str) -> float | None:
+    """A Go-style duration (``6m0s``, ``1.5s``, ``20ms``; a bare number is seconds) in
+    seconds; None when it cannot be read (empty, negative, garbage, not finite)."""
+    text = text.strip()
+    if not text or len(text) > 64:
+        return None
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
+        seconds = float(text)
+    else:
+        position, seconds = 0, 0.0
+        for match in _PART.finditer(text):
+            if match.start() != position:
+                return None
+            seconds += float(match.group(1)) * _UNIT[match.group(2)]
+            position = match.end()
+        if position != len(text):
+            return None
+    return seconds if math.isfinite(seconds) else None
+
+
+def _reset_seconds(text: str, now: float) -> float | None:
+    """A reset written as a duration or as an RFC 3339 time (seconds from ``now``)."""
+    seconds = duration_seconds(text)
+    if seconds is not None:
+        return seconds
+    value = text.strip()
+    if len(value) > 64:
+        return None
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(when.timestamp() - now, 0.0)
+
+
+def quota(
+    headers: Mapping[str, str] | Callable[[str], str | None],
+    kind: str,
+    *,
+    max_reset: float = 3600.0,
+    now: float | None = None,
+) -> Quota | None:
+    """The provider's ``kind`` (``"requests"`` or ``"tokens"``) quota from a response's
+    headers (a mapping with case-insensitive lookups, as httpx's and aiohttp's are, or a
+    function of a name); None when the headers do not say, or say it unreadably. The reset
+    is at most ``max_reset`` seconds away; the count at most ``MAX_RATE``."""
+    get = headers if callable(headers) else headers.get
+    moment = time.time() if now is None else now
+    for remaining_name, reset_name in _NAMES[kind]:
+        remaining, reset = get(remaining_name), get(reset_name)
+        if remaining is None or reset is None:
+            continue
+        remaining = remaining.strip()
+        if not _COUNT.fullmatch(remaining):
+            return None
+        seconds = _reset_seconds(reset, moment)
+        if seconds is None:
+            return None
+        return Quota(min(int(remaining), MAX_RATE), min(seconds, max_reset))
+    return None
