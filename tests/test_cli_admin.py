@@ -1,4 +1,4 @@
-"""``aiolimit inspect``, ``list``, ``set-rate``, ``delete`` and ``watch`` against a real
+"""``aiolimit inspect``, ``list``, ``set-rate``, ``delete`` and ``block`` against a real
 redis-server: what they print, their exit codes, and the least-privilege ACL user.
 
 State is made through the library first (reservations straight from ``Backend.try_acquire``,
@@ -9,17 +9,15 @@ which reserves without sleeping), then the command runs in this process through
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 import redis as sync_redis
@@ -251,95 +249,6 @@ def test_delete_removes_the_limiter_and_a_second_delete_is_an_error(capsys, url,
     code, out, err = aiolimit(capsys, url, "delete", name)
     assert (code, out) == (2, "")
     assert err == f"aiolimit delete: error: no limiter {name!r} on {url} (prefix 'aiolimit:')\n"
-
-
-# -- watch --------------------------------------------------------------------------------------
-
-
-WATCH_LINE = re.compile(
-    r"\d\d:\d\d:\d\d  +(?P<rate>-|\d+\.\d) grants/s  window +(?P<taken>\d+)/(?P<rate_of>\d+) "
-    r"\[(?P<bar>[#-]{20})\]  queued (?P<queued>\d+)(?: \(\+(?P<ahead>[\d.]+) s\))?"
-)
-
-
-def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
-    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
-    code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.1")
-    assert (code, err) == (0, "")
-    assert "\x1b" not in out and "\r" not in out
-    lines = out.splitlines()
-    assert len(lines) == 3
-    seen = [WATCH_LINE.fullmatch(line) for line in lines]
-    assert all(seen), lines
-    first, *later = seen
-    assert first is not None and first["rate"] == "-"  # no earlier reading to compare with
-    for match in later:
-        assert match is not None and match["rate"] == "0.0"  # no grants meanwhile
-    for match in seen:
-        assert match is not None
-        assert (match["taken"], match["rate_of"], match["bar"]) == ("10", "10", "#" * 20)
-        assert match["queued"] == "1" and 58 <= float(match["ahead"]) <= 60
-
-
-def test_watch_help_states_the_shortest_interval(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["watch", "--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "at least 0.1" in out
-
-
-@pytest.mark.slow
-def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
-    # The 40 grants are made between watch's two readings (each waits for the other), and the
-    # rate shown is theirs over the interval watch itself measured between the readings,
-    # however late a busy machine ran its ticks.
-    from aiolimit._tools.admin import watch
-
-    read, first_read, granted = watch._read, threading.Event(), threading.Event()
-    nows: list[float] = []
-
-    async def reading_in_turn(*args: Any) -> Any:
-        if nows:
-            assert await asyncio.to_thread(granted.wait, 30)
-        nows.append(args[-1])
-        got = await read(*args)
-        first_read.set()
-        return got
-
-    monkeypatch.setattr(watch, "_read", reading_in_turn)
-
-    async def grant_between_ticks(backend: RedisBackend) -> int:
-        limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
-        watcher = asyncio.create_task(
-            asyncio.to_thread(cli.main, ["watch", name, "--count", "2", "--redis", url])
-        )
-        assert await asyncio.to_thread(first_read.wait, 30)
-        assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
-        granted.set()
-        return await watcher
-
-    assert on_server(url, grant_between_ticks) == 0
-    lines = capsys.readouterr().out.splitlines()
-    second = WATCH_LINE.fullmatch(lines[1])
-    assert second is not None
-    assert len(nows) == 2 and nows[1] > nows[0]
-    assert float(second["rate"]) == pytest.approx(40 / (nows[1] - nows[0]), abs=0.051)
-    assert second["taken"] == "40"
-
-
-def test_watch_on_a_tty_redraws_one_line(monkeypatch, url, name):
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stdout", terminal)
-    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1))
-    assert cli.main(["watch", name, "--count", "2", "--interval", "0.1", "--redis", url]) == 0
-    shown = terminal.getvalue()
-    assert shown.count("\r\x1b[K") == 2
-    assert shown.endswith("\n") and shown.count("\n") == 1
 
 
 # -- errors -------------------------------------------------------------------------------------
