@@ -9,6 +9,7 @@ which reserves without sleeping), then the command runs in this process through
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import re
@@ -26,6 +27,7 @@ from test_cluster import masters_holding
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
+from aiolimit._tools.admin.reading import limiter_names
 from aiolimit.backends.base import Grant
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot
@@ -249,6 +251,93 @@ def test_delete_removes_the_limiter_and_a_second_delete_is_an_error(capsys, url,
     code, out, err = aiolimit(capsys, url, "delete", name)
     assert (code, out) == (2, "")
     assert err == f"aiolimit delete: error: no limiter {name!r} on {url} (prefix 'aiolimit:')\n"
+
+
+def make_limiters(url: str, prefix: str, names: list[str]) -> None:
+    async def make(backend: RedisBackend) -> None:
+        for each in names:
+            await RateLimiter(each, backend).set_rate(RateType.OVERALL, 1, 1)
+
+    on_server(url, make, prefix)
+
+
+def limiters_on(url: str, prefix: str) -> list[str]:
+    async def read(backend: RedisBackend) -> list[str]:
+        return sorted({each async for each in limiter_names(backend)})
+
+    return on_server(url, read, prefix)
+
+
+class Terminal(io.StringIO):
+    """A terminal's stdin, answering what it was given."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.slow
+def test_delete_a_glob_without_a_terminal_refuses_unless_yes(url):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["push-1", "push-2", "pull-1"])
+    server = ("--redis", url, "--prefix", prefix)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiolimit", "delete", "push-*", *server],
+        input="y\n",  # a pipe's "y" is no one's answer
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stdout == "2 limiters match 'push-*':\n  push-1\n  push-2\n"
+    assert result.stderr == (
+        "aiolimit delete: error: stdin is not a terminal to confirm on: pass --yes to delete "
+        "what matches\n"
+    )
+    assert limiters_on(url, prefix) == ["pull-1", "push-1", "push-2"]
+    result = run_command("delete", "push-*", "--yes", *server)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[-3:] == [
+        "deleted push-1",
+        "deleted push-2",
+        "2 limiters deleted",
+    ]
+    assert limiters_on(url, prefix) == ["pull-1"]
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "left"),
+    [("y\n", 0, ["pull-1"]), ("YES\n", 0, ["pull-1"]), ("n\n", 1, ["pull-1", "push-1", "push-2"]),
+     ("\n", 1, ["pull-1", "push-1", "push-2"]), ("", 1, ["pull-1", "push-1", "push-2"])],
+)  # fmt: skip
+def test_delete_a_glob_asks_on_a_terminal(capsys, monkeypatch, url, answer, code, left):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["push-1", "push-2", "pull-1"])
+    monkeypatch.setattr(sys, "stdin", Terminal(answer))
+    got, out, err = aiolimit(capsys, url, "delete", "push-?", "--prefix", prefix)
+    assert (got, err) == (code, "delete 2 limiters? [y/N] ")
+    listed = "2 limiters match 'push-?':\n  push-1\n  push-2\n"
+    if code == 0:
+        assert out == listed + "deleted push-1\ndeleted push-2\n2 limiters deleted\n"
+    else:
+        assert out == listed + "nothing deleted\n"
+    assert limiters_on(url, prefix) == left
+
+
+def test_delete_exact_takes_a_glob_s_characters_as_a_name(capsys, monkeypatch, url):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["a*", "ab", "a[b]"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: no glob may go ahead
+    code, out, _ = aiolimit(capsys, url, "delete", "--exact", "a*", "--prefix", prefix)
+    assert (code, out) == (0, "deleted a*\n")
+    assert limiters_on(url, prefix) == ["a[b]", "ab"]
+    # as in list, a backslash takes the next character as it is: this glob matches "a[b]" only
+    code, out, _ = aiolimit(capsys, url, "delete", "a\\[b]", "--yes", "--prefix", prefix)
+    assert (code, out) == (
+        0,
+        "1 limiter matches 'a\\\\[b]':\n  a[b]\ndeleted a[b]\n1 limiter deleted\n",
+    )
+    assert limiters_on(url, prefix) == ["ab"]
+    code, out, err = aiolimit(capsys, url, "delete", "x*", "--yes", "--prefix", prefix)
+    assert (code, out) == (2, "")
+    assert err.startswith("aiolimit delete: error: no limiter matches 'x*' on redis://")
 
 
 # -- errors -------------------------------------------------------------------------------------
