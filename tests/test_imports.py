@@ -98,6 +98,16 @@ def test_the_wheel_holds_the_package_and_none_of_the_lab() -> None:
     assert importing == []
 
 
+def test_the_metadata_names_the_project_s_pages_on_the_index() -> None:
+    urls = PYPROJECT["project"]["urls"]
+    assert {"Homepage", "Changelog"} <= set(urls)
+    # Only addresses that exist for this distribution: its page on the index (and its history)
+    index_page = f"https://pypi.org/project/{DISTRIBUTION}/"
+    assert urls["Homepage"] == index_page
+    assert urls["Changelog"] == index_page + "#history"
+    assert all(url.startswith(index_page) for url in urls.values()), urls
+
+
 def test_the_benchmarks_take_their_harness_from_the_lab_not_the_tests() -> None:
     helpers = {path.stem for path in (ROOT / "tests").glob("*.py")}
     for path in sorted((ROOT / "benchmarks").glob("*.py")):

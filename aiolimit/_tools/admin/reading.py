@@ -20,7 +20,7 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
@@ -33,6 +33,7 @@ from .glob import names, redis_escape
 
 __all__ = [
     "Budget",
+    "BudgetNow",
     "Client",
     "Reservations",
     "Snapshot",
@@ -78,6 +79,20 @@ class Budget:
     state: bool = False
     """Whether the budget has state of the config's generation (a grant not forgotten)."""
     reservations: Reservations = field(default_factory=Reservations)
+    started: int = 0
+    """Grants whose slot started after ``budget_state``'s ``since_us``, up to now, that its
+    log still holds: a reservation counts when its slot comes, not when it is made, and a
+    grant handed back (a caller cancelled, or sent behind a block to queue again) not at all."""
+
+
+class BudgetNow(NamedTuple):
+    """What ``budget_state`` read, and when."""
+
+    now_us: int
+    """The server's clock when it was read."""
+    gen: str
+    """The generation of the limiter's state ("-": none); ``set-rate`` starts a new one."""
+    budget: Budget
 
 
 @dataclass
@@ -232,25 +247,40 @@ async def inspect_limiter(
     return snapshot
 
 
-async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConfig) -> Budget:
+async def budget_state(
+    backend: RedisBackend, name: str, config: RateLimiterConfig, since_us: int | None = None
+) -> BudgetNow:
     """The grants and reservations of a limiter now (PER_CLIENT: its clients' summed, over
-    the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``."""
+    the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``; with ``since_us`` (the
+    server's clock), the grants started since then too, read from the log of the longest
+    rate (it holds a grant longest: one interval from its start)."""
     redis = backend.redis
     keys = backend.keys(name)
     now_us, gen = await _now_and_gen(redis, keys)
     if config.algorithm is not Algorithm.SLIDING_WINDOW:
-        return Budget()  # the counters keep no grants to count
+        return BudgetNow(now_us, gen, Budget())  # the counters keep no grants to count
     if config.rate_type is RateType.OVERALL:
-        return await _budget(redis, keys.value, keys.permits, gen, now_us)
-    ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
-    budgets = await asyncio.gather(
-        *(_budget(redis, keys.client_value(c), keys.client_permits(c), gen, now_us) for c, _ in ids)
-    )
+        logs = [(keys.value, keys.permits)]
+    else:
+        ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
+        logs = [(keys.client_value(c), keys.client_permits(c)) for c, _ in ids]
+    budgets = await asyncio.gather(*(_budget(redis, v, p, gen, now_us) for v, p in logs))
     total = Budget()
     for budget in budgets:
         total.grants += budget.grants
+        total.state = total.state or budget.state
         _add(total.reservations, budget.reservations)
-    return total
+    if since_us is not None:
+        longest = max(range(len(config.rates)), key=lambda i: config.rates[i].interval_us) + 1
+        started = await asyncio.gather(
+            *(
+                redis.zcount(keys.for_rate(permits, longest), f"({since_us}", now_us)
+                for (_, permits), budget in zip(logs, budgets, strict=True)
+                if budget.state  # (a log of another generation is dead)
+            )
+        )
+        total.started = sum(int(count) for count in started)
+    return BudgetNow(now_us, gen, total)
 
 
 async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
