@@ -37,6 +37,16 @@ def _described(config: RateLimiterConfig) -> str:
 # -- set-rate ------------------------------------------------------------------------------------
 
 
+_DEFAULT_ALGORITHM = Algorithm.SLIDING_WINDOW.value
+"""A new limiter's algorithm, where neither ``--algorithm`` nor a config names one."""
+
+
+def _listed(kind: type[Algorithm] | type[RateType]) -> str:
+    """``sliding_window, token_bucket or fixed_window``: every member, as the options take it."""
+    *rest, last = (member.lower() for member in kind.__members__)
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
 def _choice(kind: type[Algorithm] | type[RateType]) -> Callable[[str], str]:
     def read(text: str) -> str:
         value = text.strip().upper().replace("-", "_")
@@ -54,8 +64,7 @@ def _set_rate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithm",
         type=_choice(Algorithm),
-        help="sliding_window, token_bucket or fixed_window (default: the limiter's, "
-        "else sliding_window)",
+        help=f"{_listed(Algorithm)} (default: the limiter's, else {_DEFAULT_ALGORITHM.lower()})",
     )
     parser.add_argument(
         "--type",
@@ -75,7 +84,7 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     limiter = RateLimiter(args.name, backend)
     current = await limiter.get_config()
     rate_type = args.type or (current.rate_type if current else RateType.OVERALL)
-    algorithm = args.algorithm or (current.algorithm if current else Algorithm.SLIDING_WINDOW)
+    algorithm = args.algorithm or (current.algorithm if current else _DEFAULT_ALGORITHM)
     asked = RateLimiterConfig.build(
         rate_type,
         Rate.parse(args.rates),

@@ -24,8 +24,9 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..._types import Algorithm, RateLimiterConfig, RateType
-from ...backends._protocol import parse_member, parse_value, state_in_config
+from ..._types import RateLimiterConfig, RateType
+from ...backends._protocol import parse_member, parse_value
+from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
 from ...backends.redis._compat import is_cluster
 from ...backends.redis._keys import Keys
@@ -148,7 +149,7 @@ class Snapshot:
     def keeps_a_log(self) -> bool:
         """Whether the algorithm keeps grants (a sliding window's log), so that grants and
         reservations can be counted; a token bucket or fixed windows keep a few numbers."""
-        return self.config.algorithm is Algorithm.SLIDING_WINDOW
+        return GROUPS[self.config.algorithm].logs_grants
 
     def as_json(self) -> dict[str, Any]:
         """What ``inspect --json`` prints: only the fields that exist for the algorithm."""
@@ -239,7 +240,7 @@ async def inspect_limiter(
     else:
         read = await _clients(backend, snapshot, gen, clients, busiest)
         memory_keys += [keys.registry, *keys.clients(read)]
-    if config.algorithm is Algorithm.SLIDING_WINDOW:  # a log per rate: the others' keys too
+    if GROUPS[config.algorithm].logs_grants:  # a log per rate: the others' keys too
         budget_keys = memory_keys[1:] if config.rate_type is RateType.OVERALL else memory_keys[2:]
         for i in range(2, len(config.rates) + 1):
             memory_keys += [keys.for_rate(key, i) for key in budget_keys]
@@ -257,7 +258,7 @@ async def budget_state(
     redis = backend.redis
     keys = backend.keys(name)
     now_us, gen = await _now_and_gen(redis, keys)
-    if config.algorithm is not Algorithm.SLIDING_WINDOW:
+    if not GROUPS[config.algorithm].logs_grants:
         return BudgetNow(now_us, gen, Budget())  # the counters keep no grants to count
     if config.rate_type is RateType.OVERALL:
         logs = [(keys.value, keys.permits)]
