@@ -11,7 +11,8 @@ import sys
 import time
 from typing import NamedTuple
 
-from ..._types import Algorithm, RateLimiterConfig, RateType
+from ..._types import RateLimiterConfig, RateType
+from ...backends.memory import GROUPS
 from ...backends.redis import RedisBackend
 from ..demo import positive_int
 from ..text import bar
@@ -111,7 +112,7 @@ async def _read(
         previous is not None
         and read.gen == previous.gen
         and read.now_us > previous.now_us
-        and config.algorithm is Algorithm.SLIDING_WINDOW
+        and GROUPS[config.algorithm].logs_grants
     ):
         rate = read.budget.started / ((read.now_us - previous.now_us) / 1e6)
     available = None
