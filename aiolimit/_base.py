@@ -3,7 +3,8 @@
 
 Everything a limiter does besides taking permits (setting the rate, lifetime, the decorator,
 ``async with``) lives in ``_Limiter`` and acts on the limiter's sub-limiter names: one for
-``RateLimiter``, one per shard for ``ShardedRateLimiter``. Permits are taken in ``_acquire``.
+``RateLimiter``, one per shard for ``ShardedRateLimiter``. Permits are taken in the engine
+(``_acquire``), through a subclass's ``try_acquire`` and ``_take``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import replace
 from types import TracebackType
-from typing import ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
-from ._acquire import check_permits, max_wait_of
-from ._breaker import Breaker, breaker_of
+from ._acquire import Acquired
+from ._breaker import Breaker
+from ._checks import check_permits, max_wait_of
 from ._types import (
     Algorithm,
     Duration,
@@ -31,7 +33,7 @@ from ._types import (
     shown,
     to_micros,
 )
-from .backends.base import Backend, SetMode
+from .backends.base import Backend, SetMode, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
 
 __all__ = ["_Limiter"]
@@ -70,6 +72,11 @@ class _Limiter:
     @property
     def backend(self) -> Backend:
         return self._backend
+
+    @property
+    def breaker(self) -> Breaker:
+        """The circuit breaker of its calls (its name's on the backend: ``breaker_of``)."""
+        return self._breaker
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -211,6 +218,12 @@ class _Limiter:
     # -- permits -------------------------------------------------------------------------------
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+        return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
+
+    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
+        """Takes ``permits`` (checked) within ``max_wait`` µs through the engine: the
+        :class:`Acquired`, whose refusal says when to come back (the decorator's and the
+        HTTP clients' path)."""
         raise NotImplementedError
 
     async def acquire(self, permits: int = 1) -> None:
@@ -251,7 +264,7 @@ class _Limiter:
         if callable(permits):
             return self.limit()(permits)
         permits = check_permits(permits)
-        max_wait_of(timeout)  # a bad timeout fails here, not at the first call
+        max_wait = max_wait_of(timeout)  # a bad timeout fails here, not at the first call
 
         def decorate(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
             if not inspect.iscoroutinefunction(func):
@@ -259,8 +272,9 @@ class _Limiter:
 
             @functools.wraps(func)
             async def limited(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-                if not await self.try_acquire(permits, timeout=timeout):
-                    raise RateLimited(self._name, await self.wait_time(permits))
+                acquired = await self._take(permits, max_wait)
+                if not acquired:
+                    raise RateLimited(self._name, acquired.retry_after)
                 return await func(*args, **kwargs)
 
             return limited
