@@ -46,9 +46,9 @@ class RateLimiter(_Limiter):
         ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
         limiter can share its state) or a client's view of a limiter."""
         limiter = cls.__new__(cls)
-        limiter._name = name
-        limiter._backend = backend
-        limiter._breaker = breaker
+        limiter.name = name
+        limiter.backend = backend
+        limiter.breaker = breaker
         limiter._names = [name]
         return limiter
 
@@ -59,10 +59,10 @@ class RateLimiter(_Limiter):
         >>> per_user = RateLimiter("api-per-user", backend)
         >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
         """
-        return RateLimiter._view(self._name, self._backend.with_client(client_id), self._breaker)
+        return RateLimiter._view(self.name, self.backend.with_client(client_id), self.breaker)
 
     def __repr__(self) -> str:
-        return f"RateLimiter({self._name!r}, {type(self._backend).__name__})"
+        return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
@@ -119,5 +119,5 @@ async def acquire_all(
 
 def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
     """What makes two limiter objects one limiter: the store, the name and the client id."""
-    backend = limiter._backend
-    return (backend.store_id, limiter._name, backend.client_id)
+    backend = limiter.backend
+    return (backend.store_id, limiter.name, backend.client_id)

@@ -116,7 +116,7 @@ class ShardedRateLimiter(_Limiter):
         if shards > MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
         super().__init__(name, backend)
-        self._names = _shard_names(self._name, shards, backend)
+        self._names = _shard_names(self.name, shards, backend)
         self._shards = [RateLimiter._view(n, backend, breaker_of(backend, n)) for n in self._names]
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
@@ -129,7 +129,7 @@ class ShardedRateLimiter(_Limiter):
 
     def __repr__(self) -> str:
         return (
-            f"ShardedRateLimiter({self._name!r}, {type(self._backend).__name__}, "
+            f"ShardedRateLimiter({self.name!r}, {type(self.backend).__name__}, "
             f"shards={len(self._shards)})"
         )
 
@@ -172,7 +172,7 @@ class ShardedRateLimiter(_Limiter):
         choosing = self._choose(permits, max_wait, observer)
         if observer is None:
             return choosing
-        return observed(choosing, [self._name], [permits], observer)
+        return observed(choosing, [self.name], [permits], observer)
 
     async def _choose(
         self, permits: int, max_wait: int | None, observer: Observer | None
@@ -215,7 +215,7 @@ class ShardedRateLimiter(_Limiter):
         self._waiting[best] += 1
         try:
             shard = self._shards[best]
-            acquired = await acquire_unreported(shard, permits, remaining, observer, self._name)
+            acquired = await acquire_unreported(shard, permits, remaining, observer, self.name)
         finally:
             self._waiting[best] -= 1
         if acquired.granted:

@@ -228,7 +228,7 @@ def test_a_backend_keeps_no_breaker_of_an_idle_name() -> None:
     gc.collect()
     remembered = backend._breakers._named
     assert len(remembered) <= 3, len(remembered)
-    assert RateLimiter("kept", backend)._breaker is kept._breaker
+    assert RateLimiter("kept", backend).breaker is kept.breaker
 
 
 @looptime
