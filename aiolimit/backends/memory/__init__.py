@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable
 
+from ..._breaker import BreakerPolicy
 from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
 from ...errors import (
     InvalidArgumentError,
@@ -120,15 +121,20 @@ class MemoryBackend(Backend):
     >>> limiter = RateLimiter("emails", backend)
 
     ``clock`` returns seconds; by default the running event loop's clock, so grants and
-    local timeouts share one monotonic clock (and tests can control it).
+    local timeouts share one monotonic clock (and tests can control it). ``breaker``: the
+    back-offs of its limiters' circuit breakers (:class:`~aiolimit.BreakerPolicy`).
     """
 
     __slots__ = ("_clock", "_shared")
 
     def __init__(
-        self, *, client_id: str | None = None, clock: Callable[[], float] = _loop_clock
+        self,
+        *,
+        client_id: str | None = None,
+        clock: Callable[[], float] = _loop_clock,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
-        super().__init__(client_id)
+        super().__init__(client_id, breaker)
         if not callable(clock):
             raise InvalidArgumentError(f"clock must be a callable returning seconds, not {clock!r}")
         self._clock = clock
@@ -137,6 +143,7 @@ class MemoryBackend(Backend):
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
+        self._share_breakers(other)
         return other
 
     @property
