@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._acquire import Acquired, acquire_all
-from ._breaker import Breaker, breaker_of
-from ._limiter import RateLimiter
+from ._acquire import Acquired
+from ._breaker import Breaker, BreakerPolicy
+from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
 from ._sharded import ShardedRateLimiter
 from ._types import (
@@ -30,6 +30,7 @@ from ._types import (
     RateType,
 )
 from .backends import Backend, MemoryBackend
+from .backends.base import breaker_of
 from .errors import (
     BackendError,
     InvalidArgumentError,
@@ -51,6 +52,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "Breaker",
+    "BreakerPolicy",
     "Duration",
     "InvalidArgumentError",
     "LimiterError",

@@ -1,6 +1,6 @@
-"""The permit path: every way of taking permits comes through :func:`acquire_all`'s core.
+"""The engine: every way of taking permits comes through here, once.
 
->>> acquired = await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5)
+>>> acquired = await acquire([everyone, per_user], [1, 1], max_wait, observer)
 >>> if not acquired:
 ...     raise TooBusy(retry_after=acquired.retry_after)
 
@@ -9,60 +9,54 @@ batches them), all or nothing: when one refuses, the others' grants go back, eac
 member. When every limiter grants, reservations are slept out on the event loop's timer; a
 limiter that was blocked meanwhile (``block()`` from any process) moves the whole request
 behind its block. Each limiter is reported to the observer. After the store failed, calls
-fail at once for a short, growing back-off (:class:`Breaker`) while one call probes.
+fail at once for a short, growing back-off (:class:`~aiolimit.Breaker`) while one call
+probes.
+
+A leaf: it knows a limiter only as :class:`Limited` (a name, a backend, a breaker), and
+imports nothing of the limiters and surfaces above it; their arguments are checked there
+(``_checks``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import math
-from collections.abc import Coroutine, Hashable, Iterable, Sequence
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Coroutine, Sequence
+from typing import Any, Protocol, cast
 
 from . import _observe
-from ._breaker import Breaker, breaker_of, charge, enter_all
+from ._breaker import Breaker, charge, enter_all
 from ._observe import Observer
-from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from ._wakeup import sleep_out
 from .backends._protocol import parse_grant
-from .backends.base import Attempt, Grant, Refusal, Started, hand_backs_failed
-from .errors import BackendError, InvalidArgumentError, LimiterError
+from .backends.base import Attempt, Backend, Grant, Refusal, Started, hand_backs_failed
+from .errors import BackendError, LimiterError
 
-if TYPE_CHECKING:
-    from ._limiter import RateLimiter
-
-__all__ = ["Acquired", "Breaker", "acquire_all", "breaker_of"]
-
-
-def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
-    """A public timeout as the longest wait in microseconds; None waits as long as it takes.
-    Every surface's timeout (or ``wait``) is checked here.
-
-    A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
-    long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
-    if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
-        return timeout * 1_000_000
-    if timeout is None or exceeds_max_duration(timeout):
-        return None
-    max_wait = to_micros(timeout, what)  # (a number or a timedelta from here on)
-    if max_wait < 0 or (not isinstance(timeout, timedelta) and timeout < 0):
-        raise InvalidArgumentError(f"{what} must be >= 0 or None, not {timeout!r}")
-    return max_wait
+__all__ = [
+    "Acquired",
+    "Limited",
+    "acquire",
+    "acquire_unreported",
+    "give_back",
+    "observed",
+    "try_one",
+]
 
 
-def check_permits(permits: object) -> int:
-    if permits.__class__ is int and 1 <= permits <= MAX_RATE:
-        return permits
-    if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
-        raise InvalidArgumentError(
-            f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
-        )
-    return permits
+class Limited(Protocol):
+    """What the engine needs of a limiter: where its state lives and its circuit breaker."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def breaker(self) -> Breaker: ...
 
 
 class Acquired:
-    """What :func:`acquire_all` did: true when every limiter granted.
+    """What :func:`aiolimit.acquire_all` did: true when every limiter granted.
 
     ``attempts`` holds the last answer of each limiter, in the order asked (a refusal's
     ``retry_in`` says when that limiter could grant); ``waited`` the seconds slept for
@@ -74,7 +68,7 @@ class Acquired:
 
     def __init__(
         self,
-        limiters: Sequence[RateLimiter],
+        limiters: Sequence[Limited],
         permits: Sequence[int],
         attempts: Sequence[Attempt],
         waited: float,
@@ -111,87 +105,73 @@ class Acquired:
             await _release(_grants(self.limiters, self.attempts))
 
 
-@functools.cache
-def _limiter_type() -> type[RateLimiter]:
-    """RateLimiter (imported at first use: its module imports this one; once, not per call)."""
-    from ._limiter import RateLimiter
-
-    return RateLimiter
-
-
-async def acquire_all(
-    requests: Iterable[tuple[RateLimiter, int]], *, timeout: Duration | None = 0
-) -> Acquired:
-    """Takes permits from several limiters at once, all or nothing.
-
-    >>> if not await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5):
-    ...     return Response(status_code=429)
-
-    ``requests`` are ``(limiter, permits)`` pairs (a ``PER_CLIENT`` limiter for a client is
-    ``limiter.for_client(client_id)``). ``timeout`` as for :meth:`RateLimiter.try_acquire`:
-    when every limiter can grant within it, each reserves its slot and this sleeps until the
-    last one starts; when one cannot, nothing is taken (the others' grants are handed back)
-    and the result is false, with ``retry_after``. Errors (``BackendError``,
-    ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
-    others' grants. A limiter may appear once (the same name and client id on one store:
-    one server and key prefix, or one ``MemoryBackend`` and its views).
-    """
-    limiter_type = _limiter_type()
-    pairs = requests if requests.__class__ is list else list(requests)
-    limiters: list[RateLimiter] = []
-    permits: list[int] = []
-    for pair in pairs:
-        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], limiter_type):
-            break
-        limiters.append(pair[0])
-        permits.append(check_permits(pair[1]))
-    if not pairs or len(limiters) < len(pairs):
-        raise InvalidArgumentError(
-            f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
-        )
-    if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
-        raise InvalidArgumentError("a limiter appears twice in one acquire_all")
-    for limiter in limiters:  # a rate given at construction, not stored yet
-        if limiter._setup is not None and not limiter._setup.done:
-            await limiter._setup.ensure(limiter)
-    return await acquire(limiters, permits, max_wait_of(timeout), _observe.current)
-
-
-def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
-    """What makes two limiter objects one limiter: the store, the name and the client id."""
-    backend = limiter._backend
-    return (backend.store_id, limiter._name, backend.client_id)
+async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
+    """Whether one limiter grants ``permits`` within ``max_wait`` µs (None: any wait): the
+    path of ``RateLimiter.try_acquire``, and the fast one. Without an observer, a grant at
+    once or a refusal is decided in this frame (the breaker's guard written out, as in
+    :func:`attempt_one`: one coroutine fewer per call); a reservation is slept out as
+    :func:`acquire` does."""
+    if _observe.current is not None:
+        return (await acquire([limiter], [permits], max_wait, _observe.current)).granted
+    breaker = limiter.breaker
+    try:
+        breaker.enter()
+    except BackendError:
+        await asyncio.sleep(0)  # failing fast still yields, as in attempt_one
+        raise
+    try:
+        attempt = await limiter.backend.try_acquire(limiter.name, permits, max_wait)
+    except BackendError as exc:
+        breaker.failed(exc)
+        raise
+    except BaseException:
+        breaker.left()
+        raise
+    breaker.answered()
+    if not isinstance(attempt, Grant):
+        return False
+    if attempt.starts_in <= 0:
+        return True
+    acquired = await _settle([limiter], [permits], [attempt], max_wait, None, ())
+    return acquired.granted
 
 
 def acquire(
-    limiters: Sequence[RateLimiter],
+    limiters: Sequence[Limited],
     permits: Sequence[int],
     max_wait: int | None,
     observer: Observer | None,
     label: str | None = None,
-    first: list[Attempt] | None = None,
 ) -> Coroutine[Any, Any, Acquired]:
-    """The path every grant takes (arguments checked already). ``label``: the name the
-    observer sees for a single limiter (a shard reports as its sharded limiter); ``first``:
-    the limiters' answers to an attempt already made (``RateLimiter.try_acquire`` makes it
-    itself when it can answer at once, and comes here for the rest). (A coroutine function
-    in all but name: without an observer, one frame fewer per call.)"""
+    """The path every grant takes (arguments checked already), reported to the observer.
+    ``label``: the name the observer sees for a single limiter. (A coroutine function in all
+    but name: without an observer, one frame fewer per call.)"""
     if observer is None:
-        return _acquire(limiters, permits, max_wait, None, (), first)
-    return _observed(limiters, permits, max_wait, observer, label, first)
-
-
-async def _observed(
-    limiters: Sequence[RateLimiter],
-    permits: Sequence[int],
-    max_wait: int | None,
-    observer: Observer,
-    label: str | None,
-    first: list[Attempt] | None,
-) -> Acquired:
+        return _acquire(limiters, permits, max_wait, None, ())
     names = [label or limiter.name for limiter in limiters]
+    acquiring = _acquire(limiters, permits, max_wait, observer, names)
+    return observed(acquiring, names, permits, observer)
+
+
+def acquire_unreported(
+    limiter: Limited, permits: int, max_wait: int | None, observer: Observer | None, label: str
+) -> Coroutine[Any, Any, Acquired]:
+    """:func:`acquire` for one limiter, its outcome not reported: the observer sees only its
+    caller queued, as ``label``. For a caller whose own outcome is reported through
+    :func:`observed` (a sharded limiter waiting on one shard)."""
+    return _acquire([limiter], [permits], max_wait, observer, [label])
+
+
+async def observed(
+    acquiring: Coroutine[Any, Any, Acquired],
+    names: Sequence[str],
+    permits: Sequence[int],
+    observer: Observer,
+) -> Acquired:
+    """What ``acquiring`` gives, reported to ``observer`` under ``names``: granted (with the
+    seconds waited), refused, or failed (the error)."""
     try:
-        acquired = await _acquire(limiters, permits, max_wait, observer, names, first)
+        acquired = await acquiring
     except LimiterError as exc:
         for name, count in zip(names, permits, strict=True):
             observer.failed(name, count, exc)
@@ -204,27 +184,44 @@ async def _observed(
     return acquired
 
 
+async def give_back(limiter: Limited, permits: int) -> int:
+    """Hands back ``permits`` of ``limiter``'s most recent grants, through its breaker;
+    returns how many were."""
+    return await limiter.breaker.guard(limiter.backend.release(limiter.name, permits))
+
+
 async def _acquire(
-    limiters: Sequence[RateLimiter],
+    limiters: Sequence[Limited],
     permits: Sequence[int],
     max_wait: int | None,
     observer: Observer | None,
     names: Sequence[str],
-    first: list[Attempt] | None,
 ) -> Acquired:
+    if len(limiters) == 1:
+        attempt = await attempt_one(limiters[0], permits[0], max_wait)
+        if attempt.__class__ is Grant and attempt.starts_in <= 0:  # the common case
+            return Acquired(limiters, permits, (attempt,), 0.0)
+        attempts = [attempt]
+    else:
+        attempts = await _attempt_all(limiters, permits, max_wait)
+    return await _settle(limiters, permits, attempts, max_wait, observer, names)
+
+
+async def _settle(
+    limiters: Sequence[Limited],
+    permits: Sequence[int],
+    attempts: list[Attempt],
+    max_wait: int | None,
+    observer: Observer | None,
+    names: Sequence[str],
+) -> Acquired:
+    """After the limiters' first answers: a refusal hands the others' grants back; grants
+    that are reservations are slept out, and asked again behind a block that came
+    meanwhile."""
     loop = asyncio.get_running_loop()
     began = loop.time()
     waited = 0.0  # (granted at once: 0.0, not the round trip)
     while True:
-        if first is not None:
-            attempts, first = first, None
-        elif len(limiters) == 1:
-            attempt = await attempt_one(limiters[0], permits[0], max_wait)
-            if attempt.__class__ is Grant and attempt.starts_in <= 0:  # the common case
-                return Acquired(limiters, permits, (attempt,), waited)
-            attempts = [attempt]
-        else:
-            attempts = await _attempt_all(limiters, permits, max_wait)
         grants = _grants(limiters, attempts)
         if len(grants) < len(attempts):  # one refused: nothing is taken
             await _release(grants)
@@ -235,19 +232,23 @@ async def _acquire(
                 starts_in = grant.starts_in
         if starts_in <= 0:
             return Acquired(limiters, permits, attempts, waited)
-        await _sleep_out(grants, starts_in, observer, names)
+        blocked = await sleep_out(grants, starts_in, observer, names)
         waited = loop.time() - began
-        if not await _blocked_meanwhile(grants):
+        if not blocked:
             return Acquired(limiters, permits, attempts, waited)
         await _release(grants)  # behind the block: ask again
         if max_wait is not None:
             max_wait = max(max_wait - starts_in, 0)
+        if len(limiters) == 1:
+            attempts = [await attempt_one(limiters[0], permits[0], max_wait)]
+        else:
+            attempts = await _attempt_all(limiters, permits, max_wait)
 
 
-async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) -> Attempt:
+async def attempt_one(limiter: Limited, permits: int, max_wait: int | None) -> Attempt:
     """One limiter's attempt, through its breaker (Breaker.guard written out: one coroutine
     fewer per call)."""
-    breaker = limiter._breaker
+    breaker = limiter.breaker
     try:
         breaker.enter()
     except BackendError:
@@ -256,7 +257,7 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
         await asyncio.sleep(0)
         raise
     try:
-        attempt = await limiter._backend.try_acquire(limiter._name, permits, max_wait)
+        attempt = await limiter.backend.try_acquire(limiter.name, permits, max_wait)
     except BackendError as exc:
         breaker.failed(exc)
         raise
@@ -268,7 +269,7 @@ async def attempt_one(limiter: RateLimiter, permits: int, max_wait: int | None) 
 
 
 async def _attempt_all(
-    limiters: Sequence[RateLimiter], permits: Sequence[int], max_wait: int | None
+    limiters: Sequence[Limited], permits: Sequence[int], max_wait: int | None
 ) -> list[Attempt]:
     """One attempt per limiter (two or more), every request made before any answer is
     awaited (on Redis they go in one round trip), without a task each
@@ -278,7 +279,7 @@ async def _attempt_all(
     meanwhile, the attempts not yet answered are cancelled (their grants go back), and so are
     grants made."""
     try:
-        breakers = enter_all([limiter._breaker for limiter in limiters])
+        breakers = enter_all([limiter.breaker for limiter in limiters])
     except BackendError:
         await asyncio.sleep(0)  # failing fast still yields, as in attempt_one
         raise
@@ -287,7 +288,7 @@ async def _attempt_all(
     try:
         for limiter, count in zip(limiters, permits, strict=True):
             try:
-                started.append(limiter._backend.start_acquire(limiter._name, count, max_wait))
+                started.append(limiter.backend.start_acquire(limiter.name, count, max_wait))
             except Exception as exc:
                 started.append(exc)
         for attempt in started:
@@ -301,7 +302,7 @@ async def _attempt_all(
                 attempt.cancel()
         for limiter, outcome in zip(limiters, outcomes, strict=False):
             if isinstance(outcome, Grant):
-                limiter._backend.hand_back(limiter._name, outcome.member)
+                limiter.backend.hand_back(limiter.name, outcome.member)
         for breaker in breakers:
             breaker.left()
         raise
@@ -310,16 +311,14 @@ async def _attempt_all(
         try:
             await _release(_grants(limiters, outcomes))
         finally:
-            charge([limiter._breaker for limiter in limiters], outcomes)
+            charge([limiter.breaker for limiter in limiters], outcomes)
         raise failures[0]
     for breaker in breakers:
         breaker.answered()
     return cast("list[Attempt]", outcomes)
 
 
-def _grants(
-    limiters: Sequence[RateLimiter], attempts: Sequence[object]
-) -> list[tuple[RateLimiter, Grant]]:
+def _grants(limiters: Sequence[Limited], attempts: Sequence[object]) -> list[tuple[Limited, Grant]]:
     return [
         (limiter, attempt)
         for limiter, attempt in zip(limiters, attempts, strict=True)
@@ -327,13 +326,13 @@ def _grants(
     ]
 
 
-async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
+async def _release(grants: Sequence[tuple[Limited, Grant]]) -> None:
     """Hands back exactly these grants, each by its member (a refusal elsewhere, a block)."""
     if not grants:
         return
     releases = asyncio.gather(
         *(
-            limiter._backend.release(limiter._name, parse_grant(grant.member)[0], grant.member)
+            limiter.backend.release(limiter.name, parse_grant(grant.member)[0], grant.member)
             for limiter, grant in grants
         ),
         return_exceptions=True,
@@ -345,62 +344,3 @@ async def _release(grants: Sequence[tuple[RateLimiter, Grant]]) -> None:
             raise outcome
     if failures:
         hand_backs_failed(failures[0], len(failures))  # one warning with the count, soon
-
-
-async def _sleep_out(
-    grants: Sequence[tuple[RateLimiter, Grant]],
-    starts_in: int,
-    observer: Observer | None,
-    names: Sequence[str],
-) -> None:
-    """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
-    loop's (``_wakeup``: never early, and no later than ``starts_in`` from now); a cancelled
-    sleeper hands its grants back. The observer sees each limiter's caller waiting
-    meanwhile, and how late it woke."""
-    loop = asyncio.get_running_loop()
-    now = loop.time()
-    wake = now + starts_in / 1e6
-    mapped = -math.inf
-    for limiter, grant in grants:
-        if grant.starts_in > 0:
-            clock_map = limiter._backend.clock_map
-            clock_map.observe(grant.starts_at - grant.starts_in, now)
-            local = clock_map.local(grant.starts_at)
-            mapped = max(mapped, wake if local is None else local)
-    wake = min(wake, mapped)
-    if observer is not None:
-        for name in names:
-            observer.queued(name, 1)
-    try:
-        await asyncio.sleep(max(wake - now, 0.0))
-        if observer is not None:
-            late = loop.time() - wake
-            for name in names:
-                observer.late(name, late)
-    except asyncio.CancelledError:
-        for limiter, grant in grants:
-            limiter._backend.hand_back(limiter._name, grant.member)
-        raise
-    finally:
-        if observer is not None:
-            for name in names:
-                observer.queued(name, -1)
-
-
-async def _blocked_meanwhile(grants: Sequence[tuple[RateLimiter, Grant]]) -> bool:
-    """After sleeping out reservations: whether a ``block()`` (from any process) came on a
-    limiter whose grant was a reservation (a block ending after the grant's start); one read
-    each, sent together."""
-    reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
-    try:
-        ends = await asyncio.gather(
-            *(limiter._backend.blocked_until(limiter._name) for limiter, _ in reserved)
-        )
-    except BaseException:  # unknown: the grants go back rather than risk passing a block
-        for limiter, grant in grants:
-            limiter._backend.hand_back(limiter._name, grant.member)
-        raise
-    return any(
-        end is not None and end > grant.starts_at
-        for end, (_, grant) in zip(ends, reserved, strict=True)
-    )

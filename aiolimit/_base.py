@@ -3,7 +3,8 @@
 
 Everything a limiter does besides taking permits (setting the rate, lifetime, the decorator,
 ``async with``) lives in ``_Limiter`` and acts on the limiter's sub-limiter names: one for
-``RateLimiter``, one per shard for ``ShardedRateLimiter``. Permits are taken in ``_acquire``.
+``RateLimiter``, one per shard for ``ShardedRateLimiter``. Permits are taken in the engine
+(``_acquire``), through a subclass's ``try_acquire`` and ``_take``.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import replace
 from types import TracebackType
-from typing import ParamSpec, TypeVar, overload
+from typing import Any, ParamSpec, TypeVar, overload
 
-from ._acquire import check_permits, max_wait_of
-from ._breaker import Breaker, breaker_of
+from ._acquire import Acquired
+from ._breaker import Breaker
+from ._checks import check_permits, max_wait_of
 from ._setup import Setup
 from ._types import (
     Algorithm,
@@ -32,7 +34,7 @@ from ._types import (
     shown,
     to_micros,
 )
-from .backends.base import Backend, SetMode
+from .backends.base import Backend, SetMode, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
 
 __all__ = ["_Limiter"]
@@ -54,24 +56,23 @@ class _Limiter:
     ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
     ``try_acquire``."""
 
-    __slots__ = ("_backend", "_breaker", "_name", "_names", "_setup")
+    __slots__ = ("_names", "_setup", "backend", "breaker", "name")
+
+    name: str
+    """The limiter's name (read-only)."""
+    backend: Backend
+    """Where its state lives (read-only)."""
+    breaker: Breaker
+    """The circuit breaker of its calls: its name's on the backend (read-only)."""
 
     def __init__(self, name: str, backend: Backend) -> None:
-        self._name = check_name(name)
+        self.name = check_name(name)
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
-        self._backend = backend
-        self._breaker: Breaker = breaker_of(backend, self._name)
-        self._names: list[str] = [self._name]  # where the state lives: one per shard
+        self.backend = backend
+        self.breaker = breaker_of(backend, self.name)
+        self._names: list[str] = [self.name]  # where the state lives: one per shard
         self._setup: Setup | None = None  # the rate given at construction, until stored
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def backend(self) -> Backend:
-        return self._backend
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -86,9 +87,9 @@ class _Limiter:
         keep_state: bool,
     ) -> list[bool]:
         configs = self._configs(config)
-        return await self._breaker.guard(
+        return await self.breaker.guard(
             _gather(
-                self._backend.set_rate(name, sub, mode, keep_state)
+                self.backend.set_rate(name, sub, mode, keep_state)
                 for name, sub in zip(self._names, configs, strict=True)
             )
         )
@@ -101,6 +102,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
     ) -> bool:
         """Sets the rate only where the limiter has none; returns whether it did.
@@ -113,12 +115,18 @@ class _Limiter:
         When a stored config differs from the one asked for (another process, or an earlier
         run, set another rate), it stays, and a warning is logged once per process."""
         asked = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         written = await self._set("try", asked, True)
         if not all(written):
             stored = await self.get_config()
-            if stored is not None and stored != asked and (seen := (self._name, asked, stored)):
+            if stored is not None and stored != asked and (seen := (self.name, asked, stored)):
                 if seen in _warned:
                     return any(written)
                 if len(_warned) >= _WARNED_MOST:
@@ -126,7 +134,7 @@ class _Limiter:
                 _warned[seen] = None
                 log.warning(
                     "try_set_rate(%r): kept the stored config %s, not %s (set_rate replaces it)",
-                    self._name,
+                    self.name,
                     stored,
                     asked,
                 )
@@ -140,6 +148,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = False,
     ) -> None:
@@ -147,7 +156,13 @@ class _Limiter:
         ``keep_state`` every budget restarts full; with it, what was granted keeps counting
         (a change of rate type or algorithm always clears the state)."""
         config = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         await self._set("set", config, keep_state)
 
@@ -159,6 +174,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
     ) -> bool:
         """Makes sure the stored config is this one: writes it where there is none, and
@@ -166,13 +182,19 @@ class _Limiter:
         keep_state=True)``); returns whether it wrote. For code that owns its limits (the
         ASGI middleware's rules): an unchanged config costs two reads, no write."""
         asked = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         if all(await self._set("try", asked, True)):
             return True
         if await self.get_config() == asked:
             return False
-        log.info("rate limiter %r: writing the config the code gives: %s", self._name, asked)
+        log.info("rate limiter %r: writing the config the code gives: %s", self.name, asked)
         await self._set("set", asked, True)
         return True
 
@@ -184,20 +206,27 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = True,
     ) -> bool:
         """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
         config = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         return all(await self._set("update", config, keep_state))
 
     async def get_config(self) -> RateLimiterConfig | None:
         """The limiter's config (for a sharded one, the shards' rates summed); None unless it
         has one."""
-        calls = _gather(self._backend.get_config(name) for name in self._names)
-        configs = await self._breaker.guard(calls)
+        calls = _gather(self.backend.get_config(name) for name in self._names)
+        configs = await self.breaker.guard(calls)
         if any(config is None for config in configs):
             return None
         first = configs[0]
@@ -213,6 +242,24 @@ class _Limiter:
     # -- permits -------------------------------------------------------------------------------
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+        return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
+
+    async def reserve(self, permits: int = 1, *, timeout: Duration | None = 0) -> Acquired:
+        """Takes ``permits`` as :meth:`try_acquire` does, and returns the acquisition: true
+        when granted (``retry_after`` when not). Its ``release()`` hands everything back;
+        its ``settle(n)`` says what the call really cost once it is known.
+
+        >>> acquired = await tokens.reserve(prompt_tokens + max_tokens, timeout=30)
+        >>> if acquired:
+        ...     response = await call_model(...)
+        ...     await acquired.settle(response.usage.total_tokens)
+        """
+        return await self._take(check_permits(permits), max_wait_of(timeout))
+
+    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
+        """Takes ``permits`` (checked) within ``max_wait`` µs through the engine: the
+        :class:`Acquired`, whose refusal says when to come back (the decorator's and the
+        HTTP clients' path)."""
         raise NotImplementedError
 
     async def acquire(self, permits: int = 1) -> None:
@@ -253,7 +300,7 @@ class _Limiter:
         if callable(permits):
             return self.limit()(permits)
         permits = check_permits(permits)
-        max_wait_of(timeout)  # a bad timeout fails here, not at the first call
+        max_wait = max_wait_of(timeout)  # a bad timeout fails here, not at the first call
 
         def decorate(func: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
             if not inspect.iscoroutinefunction(func):
@@ -261,8 +308,9 @@ class _Limiter:
 
             @functools.wraps(func)
             async def limited(*args: _P.args, **kwargs: _P.kwargs) -> _T:
-                if not await self.try_acquire(permits, timeout=timeout):
-                    raise RateLimited(self._name, await self.wait_time(permits))
+                acquired = await self._take(permits, max_wait)
+                if not acquired:
+                    raise RateLimited(self.name, acquired.retry_after)
                 return await func(*args, **kwargs)
 
             return limited
@@ -285,7 +333,7 @@ class _Limiter:
         """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
         that was refused and wants to say when to come back (``Retry-After``)."""
         permits = check_permits(permits)
-        calls = (self._backend.wait_time(name, permits) for name in self._names)
+        calls = (self.backend.wait_time(name, permits) for name in self._names)
         waits = await asyncio.gather(*calls, return_exceptions=True)
         served = [wait for wait in waits if isinstance(wait, int)]
         if served:
@@ -299,7 +347,7 @@ class _Limiter:
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
         limiter, summed over the shards, though one request is served by one shard)."""
-        return sum(await _gather(self._backend.available_permits(n) for n in self._names))
+        return sum(await _gather(self.backend.available_permits(n) for n in self._names))
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -318,16 +366,16 @@ class _Limiter:
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        await _gather(self._backend.block(name, duration_us) for name in self._names)
+        await _gather(self.backend.block(name, duration_us) for name in self._names)
 
     async def unblock(self) -> bool:
         """Ends a :meth:`block` at once, in every process; returns whether one was in force.
         Reservations it already moved behind its end stay there."""
-        return any(await _gather(self._backend.unblock(name) for name in self._names))
+        return any(await _gather(self.backend.unblock(name) for name in self._names))
 
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""
-        return any(await _gather(self._backend.delete(name) for name in self._names))
+        return any(await _gather(self.backend.delete(name) for name in self._names))
 
     async def expire(self, ttl: Duration) -> bool:
         """Makes the whole limiter disappear after ``ttl``, grants made meanwhile included;
@@ -335,13 +383,13 @@ class _Limiter:
         ttl_us = to_micros(ttl, "ttl")
         if ttl_us <= 0:
             raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
-        return all(await _gather(self._backend.expire(name, ttl_us) for name in self._names))
+        return all(await _gather(self.backend.expire(name, ttl_us) for name in self._names))
 
     async def clear_expire(self) -> bool:
         """Removes a TTL set by :meth:`expire`; returns whether there was one. The grants
         keep counting for their full window. (A ``keep_alive`` sets a TTL again on the next
         grant.)"""
-        return any(await _gather(self._backend.clear_expire(name) for name in self._names))
+        return any(await _gather(self.backend.clear_expire(name) for name in self._names))
 
 
 async def _gather(calls: Iterable[Awaitable[_T]]) -> list[_T]:

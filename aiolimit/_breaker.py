@@ -1,8 +1,7 @@
 """The circuit breaker of a limiter's calls: after the store failed, calls fail at once.
 
->>> aiolimit.breaker_of(backend).max_backoff = 5.0      # seconds; the default is 10
->>> aiolimit.breaker_of(backend).first_backoff = 0      # 0: never fail fast
->>> limiter = RateLimiter("partner-api", backend)       # (set them before making limiters)
+>>> backend = MemoryBackend(breaker=BreakerPolicy(first_backoff=0.2, max_backoff=5))
+>>> aiolimit.breaker_of(backend, "partner-api").is_open     # one limiter's breaker
 
 Without it, every call during an outage pays the whole failure time (a connection timeout,
 the Redis client's own reconnect attempts: up to seconds each), and a web app's requests pile
@@ -10,15 +9,16 @@ up behind it. With it, the first failure opens the breaker for ``first_backoff``
 calls in that time raise :class:`~aiolimit.BackendError` at once, without asking the store.
 Then one call (the probe) asks; while it is under way the others still fail at once. When the
 probe succeeds, the breaker closes; when it fails, the back-off doubles, up to
-``max_backoff``. It guards the permit path (``try_acquire``, ``acquire_all``, the middleware,
-the decorator, the HTTP clients) and the config calls (``try_set_rate``, ``set_rate``,
-``update_rate``, ``ensure_rate``, ``get_config``). Each limiter name on a backend has one
-breaker, shared by its limiter objects and their ``for_client`` views, and charged only with
-the failures of that name's own calls: in an ``acquire_all`` over several stores, a store
-that fails opens the breakers of its limiters alone. Only an outage opens it (a
-``BackendError`` whose ``outage`` is true: the store unreachable, timed out, or answering
-that it cannot serve now); a store that answers, with ``NotConfiguredError`` or an error
-about the call (a key holding foreign data, a refused command), is up.
+``max_backoff``. The back-offs are the backend's option (:class:`BreakerPolicy`). It guards
+the permit path (``try_acquire``, ``acquire_all``, the middleware, the decorator, the HTTP
+clients, ``release``) and the config calls (``try_set_rate``, ``set_rate``, ``update_rate``,
+``ensure_rate``, ``get_config``). Each limiter name on a backend has one breaker, shared by its
+limiter objects and the backend's ``with_client`` views, and charged only with the failures
+of that name's own calls: in an ``acquire_all`` over several stores, a store that fails opens
+the breakers of its limiters alone. Only an outage opens it (a ``BackendError`` whose
+``outage`` is true: the store unreachable, timed out, or answering that it cannot serve now);
+a store that answers, with ``NotConfiguredError`` or an error about the call (a key holding
+foreign data, a refused command), is up.
 """
 
 from __future__ import annotations
@@ -26,21 +26,48 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import weakref
 from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
-from .backends.base import Backend
 from .errors import BackendError, InvalidArgumentError
 
-__all__ = ["Breaker", "breaker_of", "charge", "enter_all"]
+__all__ = ["Breaker", "BreakerPolicy", "Breakers", "charge", "enter_all"]
 
 log = logging.getLogger("aiolimit")
 
 _T = TypeVar("_T")
 
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 10.0
+
+@dataclass(frozen=True)
+class BreakerPolicy:
+    """The back-offs of a backend's circuit breakers, in seconds: a backend's ``breaker``
+    option.
+
+    >>> RedisBackend(redis, breaker=BreakerPolicy(first_backoff=0.2, max_backoff=5))
+    >>> MemoryBackend(breaker=BreakerPolicy(first_backoff=0))     # never fail fast
+    """
+
+    first_backoff: float = 0.5
+    """Seconds calls fail at once after the first failure (0: the breaker is off)."""
+    max_backoff: float = 10.0
+    """The longest back-off, after failed probes doubled it."""
+
+    def __post_init__(self) -> None:
+        for what in ("first_backoff", "max_backoff"):
+            value = getattr(self, what)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not 0 <= value < math.inf
+            ):
+                raise InvalidArgumentError(f"{what} must be seconds >= 0, not {value!r}")
+            object.__setattr__(self, what, float(value))
+
+
+DEFAULT_POLICY = BreakerPolicy()
 
 
 class Breaker:
@@ -56,18 +83,14 @@ class Breaker:
         "_open_until",
         "_probing",
         "failed_fast",
-        "first_backoff",
-        "max_backoff",
+        "policy",
     )
 
-    def __init__(self, first_backoff: float = FIRST_BACKOFF, max_backoff: float = MAX_BACKOFF):
-        for what, value in (("first_backoff", first_backoff), ("max_backoff", max_backoff)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise InvalidArgumentError(f"{what} must be seconds >= 0, not {value!r}")
-        self.first_backoff = float(first_backoff)
-        """Seconds calls fail at once after the first failure (0: the breaker is off)."""
-        self.max_backoff = float(max_backoff)
-        """The longest back-off, after failed probes doubled it."""
+    def __init__(self, policy: BreakerPolicy = DEFAULT_POLICY) -> None:
+        if not isinstance(policy, BreakerPolicy):
+            raise InvalidArgumentError(f"policy must be a BreakerPolicy, not {policy!r}")
+        self.policy = policy
+        """Its back-offs (its backend's ``breaker`` option)."""
         self.failed_fast = 0
         """Calls failed at once, without asking the store, in the outage under way."""
         self._backoff = 0.0
@@ -75,8 +98,18 @@ class Breaker:
         self._probing = False
         self._failure: BackendError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._keeper: _Names | None = None  # the registry that keeps it while it is open
+        self._keeper: Breakers | None = None  # the registry that keeps it while it is open
         self._name = ""  # its limiter's name there
+
+    @property
+    def first_backoff(self) -> float:
+        """Seconds calls fail at once after the first failure (0: the breaker is off)."""
+        return self.policy.first_backoff
+
+    @property
+    def max_backoff(self) -> float:
+        """The longest back-off, after failed probes doubled it."""
+        return self.policy.max_backoff
 
     @property
     def is_open(self) -> bool:
@@ -134,13 +167,14 @@ class Breaker:
         if not error.outage:
             self.answered()
             return
-        if self.first_backoff <= 0:
+        policy = self.policy
+        if policy.first_backoff <= 0:
             return
         loop = asyncio.get_running_loop()
         if self._open_until is None or loop is not self._loop:
-            self._backoff = self.first_backoff
+            self._backoff = policy.first_backoff
         elif self._probing:
-            self._backoff = min(self._backoff * 2, self.max_backoff)
+            self._backoff = min(self._backoff * 2, policy.max_backoff)
         else:
             return  # a call sent before the breaker opened: the back-off stands
         self._loop = loop
@@ -213,27 +247,32 @@ def charge(breakers: Sequence[Breaker], outcomes: Sequence[object]) -> None:
             breaker.answered()
 
 
-class _Names:
-    """The breakers of one backend, by limiter name. A breaker is shared while anything holds
-    it (a limiter object, a view) and kept here while it is open; an idle one (closed: there
-    is nothing to remember) that nobody holds is dropped. So however many names a process
-    uses, what is kept is bounded by its live limiters and its names failing now."""
+class Breakers:
+    """The breakers of one backend (and its ``with_client`` views), by limiter name, each
+    with the backend's policy. A breaker is shared while anything holds it (a limiter object,
+    a view) and kept here while it is open; an idle one (closed: there is nothing to
+    remember) that nobody holds is dropped. So however many names a process uses, what is
+    kept is bounded by its live limiters and its names failing now."""
 
-    __slots__ = ("_kept", "_kept_most", "_named", "default")
+    __slots__ = ("_kept", "_kept_most", "_named", "policy")
 
-    def __init__(self) -> None:
-        self.default = Breaker()
-        """The back-offs a new breaker starts with (``breaker_of(backend)``)."""
-        self._named: weakref.WeakValueDictionary[str, Breaker] = weakref.WeakValueDictionary()
+    def __init__(self, policy: BreakerPolicy) -> None:
+        self.policy = policy
+        # (made at first use: a backend's with_client views share their backend's)
+        self._named: weakref.WeakValueDictionary[str, Breaker] | None = None
         self._kept: dict[str, Breaker] = {}  # the open ones, kept even when nobody holds them
         self._kept_most = _KEPT_MOST
 
     def get(self, name: str) -> Breaker:
-        breaker = self._named.get(name)
+        """The breaker of limiter ``name`` (made on first use)."""
+        named = self._named
+        if named is None:
+            named = self._named = weakref.WeakValueDictionary()
+        breaker = named.get(name)
         if breaker is None:
-            breaker = Breaker(self.default.first_backoff, self.default.max_backoff)
+            breaker = Breaker(self.policy)
             breaker._keeper, breaker._name = self, name
-            self._named[name] = breaker
+            named[name] = breaker
         return breaker
 
     def keep(self, breaker: Breaker) -> None:
@@ -250,22 +289,6 @@ class _Names:
             del self._kept[breaker._name]
 
 
-_breakers: weakref.WeakKeyDictionary[Backend, _Names] = weakref.WeakKeyDictionary()
 # Open breakers a backend keeps before it drops those long past their back-off (when every
 # one is failing now, it keeps them all, and looks again at twice as many).
 _KEPT_MOST = 4096
-
-
-def breaker_of(backend: Backend, name: str | None = None) -> Breaker:
-    """The circuit breaker of limiter ``name`` on ``backend`` (made on first use), shared by
-    every limiter object of that name on the backend and their ``for_client`` views.
-
-    Each name has its own, so a failing node of a cluster (or shard) does not fail the
-    others' calls; a new one starts with the back-offs of the backend's (``name`` None):
-    set those to change the back-off of the limiters made afterwards."""
-    if not isinstance(backend, Backend):
-        raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
-    names = _breakers.get(backend)
-    if names is None:
-        names = _breakers[backend] = _Names()
-    return names.default if name is None else names.get(name)

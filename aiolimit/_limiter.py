@@ -1,22 +1,26 @@
-"""``RateLimiter``: a named, distributed rate limiter.
+"""``RateLimiter``: a named, distributed rate limiter, and :func:`acquire_all` over several.
 
-A permit's path: ``RateLimiter.try_acquire`` checks its arguments and goes through the one
-acquire (``_acquire``, which :func:`aiolimit.acquire_all` uses too): it asks the backend once
+A permit's path: ``RateLimiter.try_acquire`` checks its arguments and goes through the engine
+(``_acquire``, which :func:`acquire_all` uses too): it asks the backend once
 (``Backend.try_acquire``: one Lua script, or its Python twin), and sleeps until a reserved
 slot starts. Everything else a limiter does lives in the base (``_base._Limiter``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
+
 from . import _observe
-from ._acquire import acquire, attempt_one, check_permits, max_wait_of
+from ._acquire import Acquired, acquire, give_back, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
+from ._checks import check_permits, max_wait_of
 from ._setup import setup_of
-from ._types import Algorithm, Duration, Rates, RateType
-from .backends.base import Backend, Grant
+from ._types import Algorithm, Duration, Rates, RateType, shown
+from .backends.base import Backend
+from .errors import InvalidArgumentError
 
-__all__ = ["RateLimiter"]
+__all__ = ["RateLimiter", "acquire_all"]
 
 
 class RateLimiter(_Limiter):
@@ -53,9 +57,12 @@ class RateLimiter(_Limiter):
         algorithm: Algorithm | str | None = None,
         min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
+        margin: Duration | None = None,
     ) -> None:
         super().__init__(name, backend)
-        self._setup = setup_of(rate, interval, rate_type, algorithm, min_spacing, keep_alive)
+        self._setup = setup_of(
+            rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin
+        )
 
     @classmethod
     def _view(cls, name: str, backend: Backend, breaker: Breaker) -> RateLimiter:
@@ -63,9 +70,9 @@ class RateLimiter(_Limiter):
         ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
         limiter can share its state) or a client's view of a limiter."""
         limiter = cls.__new__(cls)
-        limiter._name = name
-        limiter._backend = backend
-        limiter._breaker = breaker
+        limiter.name = name
+        limiter.backend = backend
+        limiter.breaker = breaker
         limiter._names = [name]
         limiter._setup = None
         return limiter
@@ -77,12 +84,12 @@ class RateLimiter(_Limiter):
         >>> per_user = RateLimiter("api-per-user", backend)
         >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
         """
-        view = RateLimiter._view(self._name, self._backend.with_client(client_id), self._breaker)
+        view = RateLimiter._view(self.name, self.backend.with_client(client_id), self.breaker)
         view._setup = self._setup  # the rate given at construction: stored once for all
         return view
 
     def __repr__(self) -> str:
-        return f"RateLimiter({self._name!r}, {type(self._backend).__name__})"
+        return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
@@ -93,23 +100,62 @@ class RateLimiter(_Limiter):
         reserved and this sleeps until they are free, then returns True. A negative or NaN
         timeout raises InvalidArgumentError.
         """
-        permits = check_permits(permits)
-        max_wait = max_wait_of(timeout)
+        permits, max_wait = check_permits(permits), max_wait_of(timeout)
+        setup = self._setup
+        if setup is not None and not setup.done:  # a rate given at construction: stored once
+            await setup.ensure(self)
+        return await try_one(self, permits, max_wait)
+
+    async def _take(self, permits: int, max_wait: int | None) -> Acquired:
         setup = self._setup
         if setup is not None and not setup.done:
             await setup.ensure(self)
-        observer = _observe.current
-        if observer is not None:
-            return (await acquire([self], [permits], max_wait, observer)).granted
-        # The common case in this frame: a grant at once, or a refusal. A reservation (to
-        # sleep out, then check for a block) goes on along the one path.
-        attempt = await attempt_one(self, permits, max_wait)
-        if not isinstance(attempt, Grant):
-            return False
-        if attempt.starts_in <= 0:
-            return True
-        return (await acquire([self], [permits], max_wait, None, first=[attempt])).granted
+        return await acquire([self], [permits], max_wait, _observe.current)
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""
-        await self._backend.release(self._name, check_permits(permits))
+        await give_back(self, check_permits(permits))
+
+
+async def acquire_all(
+    requests: Iterable[tuple[RateLimiter, int]], *, timeout: Duration | None = 0
+) -> Acquired:
+    """Takes permits from several limiters at once, all or nothing.
+
+    >>> if not await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5):
+    ...     return Response(status_code=429)
+
+    ``requests`` are ``(limiter, permits)`` pairs (a ``PER_CLIENT`` limiter for a client is
+    ``limiter.for_client(client_id)``). ``timeout`` as for :meth:`RateLimiter.try_acquire`:
+    when every limiter can grant within it, each reserves its slot and this sleeps until the
+    last one starts; when one cannot, nothing is taken (the others' grants are handed back)
+    and the result is false, with ``retry_after``. Errors (``BackendError``,
+    ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
+    others' grants. A limiter may appear once (the same name and client id on one store:
+    one server and key prefix, or one ``MemoryBackend`` and its views).
+    """
+    pairs = requests if requests.__class__ is list else list(requests)
+    limiters: list[RateLimiter] = []
+    permits: list[int] = []
+    for pair in pairs:
+        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], RateLimiter):
+            break
+        limiters.append(pair[0])
+        permits.append(check_permits(pair[1]))
+    if not pairs or len(limiters) < len(pairs):
+        raise InvalidArgumentError(
+            f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
+        )
+    if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
+        raise InvalidArgumentError("a limiter appears twice in one acquire_all")
+    max_wait = max_wait_of(timeout)
+    for limiter in limiters:  # a rate given at construction, not stored yet
+        if limiter._setup is not None and not limiter._setup.done:
+            await limiter._setup.ensure(limiter)
+    return await acquire(limiters, permits, max_wait, _observe.current)
+
+
+def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
+    """What makes two limiter objects one limiter: the store, the name and the client id."""
+    backend = limiter.backend
+    return (backend.store_id, limiter.name, backend.client_id)

@@ -8,14 +8,14 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from . import _observe
-from ._acquire import Acquired, acquire, check_permits, max_wait_of
+from ._acquire import Acquired, acquire, acquire_unreported, give_back, observed
 from ._base import _Limiter, _most_telling
-from ._breaker import breaker_of
+from ._checks import check_permits, max_wait_of
 from ._limiter import RateLimiter
 from ._observe import Observer
 from ._setup import setup_of
 from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
-from .backends.base import Backend, Refusal
+from .backends.base import Backend, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 
 __all__ = ["ShardedRateLimiter"]
@@ -122,18 +122,19 @@ class ShardedRateLimiter(_Limiter):
         rate_type: RateType | str | None = None,
         algorithm: Algorithm | str | None = None,
         keep_alive: Duration | None = None,
+        margin: Duration | None = None,
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
         if shards > MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
         super().__init__(name, backend)
-        self._names = _shard_names(self._name, shards, backend)
+        self._names = _shard_names(self.name, shards, backend)
         self._shards = [RateLimiter._view(n, backend, breaker_of(backend, n)) for n in self._names]
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
-        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive)
+        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive, margin)
         if self._setup is not None:
             self._configs(self._setup.config)  # a rate the shards cannot split fails here
 
@@ -144,7 +145,7 @@ class ShardedRateLimiter(_Limiter):
 
     def __repr__(self) -> str:
         return (
-            f"ShardedRateLimiter({self._name!r}, {type(self._backend).__name__}, "
+            f"ShardedRateLimiter({self.name!r}, {type(self.backend).__name__}, "
             f"shards={len(self._shards)})"
         )
 
@@ -178,70 +179,62 @@ class ShardedRateLimiter(_Limiter):
         than ``timeout``, returns False at once. A shard whose node fails is skipped;
         ``BackendError`` is raised only when no shard answers.
         """
-        permits = check_permits(permits)
-        max_wait = max_wait_of(timeout)
+        return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
+
+    async def _take(self, permits: int, max_wait: int | None) -> Acquired:
+        """The shard's acquisition (a refusal: the shard that could grant soonest), reported
+        under this limiter's name."""
         setup = self._setup
-        if setup is not None and not setup.done:
+        if setup is not None and not setup.done:  # a rate given at construction: stored once
             await setup.ensure(self)
         observer = _observe.current
-        outcome = await self._try_acquire(permits, max_wait, observer)
-        if isinstance(outcome, Acquired):  # waited on a shard: reported there
-            return outcome.granted
-        if observer is not None:
-            if outcome:
-                observer.granted(self._name, permits, 0.0)
-            else:
-                observer.refused(self._name, permits)
-        return outcome
+        choosing = self._choose(permits, max_wait, observer)
+        if observer is None:
+            return await choosing
+        return await observed(choosing, [self.name], [permits], observer)
 
-    async def _try_acquire(
+    async def _choose(
         self, permits: int, max_wait: int | None, observer: Observer | None
-    ) -> bool | Acquired:
-        """Whether a shard granted at once, or what waiting on the best shard gave (reported
-        to the observer there); errors are reported to the observer."""
-        seconds = None if max_wait is None else max_wait / 1e6
+    ) -> Acquired:
+        """A grant at once from the first shard that has one, else the wait on the shard
+        whose wait is shortest (the observer sees its caller queued there), else the
+        refusal of that shard."""
         loop = asyncio.get_running_loop()
-        deadline = None if seconds is None else loop.time() + seconds
-
+        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
         count = len(self._shards)
         start = self._next
         self._next = (start + 1) % count
-        waits: dict[int, int] = {}  # shard -> microseconds until it could grant
+        refused: dict[int, Acquired] = {}  # shard -> its refusal
         queued: list[int] = []  # shards where tasks of this process already wait
-        refusals: list[LimiterError] = []  # why the other shards cannot serve this request
+        errors: list[LimiterError] = []  # why the other shards cannot serve this request
         for i in [(start + k) % count for k in range(count)]:
             if self._waiting[i]:
                 queued.append(i)  # do not pass the tasks waiting there
                 continue
             try:
-                attempt = await acquire([self._shards[i]], [permits], 0, None)
+                acquired = await acquire([self._shards[i]], [permits], 0, None)
             except (NotConfiguredError, InvalidArgumentError, BackendError) as exc:
-                refusals.append(exc)  # no config, permits > this shard's budget, node down
+                errors.append(exc)  # no config, permits > this shard's budget, node down
                 continue
-            if attempt.granted:
+            if acquired.granted:
                 self._last = i
-                return True
-            (refusal,) = attempt.attempts
-            assert isinstance(refusal, Refusal)
-            waits[i] = refusal.retry_in
-        if not waits and not queued:
-            error = _most_telling(refusals, permits, count)
-            if observer is not None:
-                observer.failed(self._name, permits, error)
-            raise error
-        if seconds == 0:
-            return False
-        if waits:
-            best = min(waits, key=waits.__getitem__)
-            if deadline is not None and loop.time() + waits[best] / 1e6 > deadline:
-                return False
-        else:
+                return acquired
+            refused[i] = acquired
+        if not refused and not queued:
+            raise _most_telling(errors, permits, count)
+        if refused:
+            best = min(refused, key=lambda i: refused[i].retry_after)
+            if max_wait == 0 or (
+                deadline is not None and loop.time() + refused[best].retry_after > deadline
+            ):
+                return refused[best]
+        else:  # every shard that answers has waiters here: queue behind the fewest
             best = min(queued, key=self._waiting.__getitem__)
         remaining = None if deadline is None else max_wait_of(max(deadline - loop.time(), 0.0))
         self._waiting[best] += 1
         try:
-            shard = [self._shards[best]]
-            acquired = await acquire(shard, [permits], remaining, observer, self._name)
+            shard = self._shards[best]
+            acquired = await acquire_unreported(shard, permits, remaining, observer, self.name)
         finally:
             self._waiting[best] -= 1
         if acquired.granted:
@@ -256,4 +249,4 @@ class ShardedRateLimiter(_Limiter):
         for k in range(count):
             if left <= 0:
                 break
-            left -= await self._backend.release(self._names[(self._last + k) % count], left)
+            left -= await give_back(self._shards[(self._last + k) % count], left)

@@ -1,53 +1,108 @@
-"""When a reservation starts on this process's clock.
-
-A grant's start is a time on the limiter's clock (Redis's ``TIME`` by default). Sleeping
-``starts_in`` from the moment the reply is read wakes the caller late by however long the
-reply took to reach it (the round trip back, the event loop's other work), and by a different
-amount for each caller: a partner that counts arrivals in its own window then sees late ones
-bunch with on-time ones. So each backend keeps a :class:`ClockMap`: every reply says the
-limiter's time when it was decided, which was no later than when this process read it, so
-``limiter time - loop time`` at the read is a lower bound of the clocks' offset; the tightest
-(largest) bound seen lately maps a start to the loop's clock, never early. (A reply read
-after a long stall gives a loose bound, which the tighter ones of other replies replace.)
-
-Offsets are kept for :data:`KEPT_FOR` seconds at most (two buckets), so the map follows the
-clocks' drift; a server clock stepped back (not slewed) by more than a round trip could wake
-a caller early by the step until then.
+"""How a caller sleeps out its reservation: to the grant's start on the limiter's clock,
+mapped to the loop's through its backend's ``clock_map`` (``backends/_clock.py``: never
+early), rather than ``starts_in`` from the moment it read the reply, which wakes it late by
+however long the reply took to reach it, and by a different amount for each caller: a
+partner that counts arrivals in its own window then sees late ones bunch with on-time ones.
+On the way it asks whether a ``block()`` came meanwhile, a little before the start
+(``BLOCK_LEAD``), so that the read's round trip does not make it late either.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["KEPT_FOR", "ClockMap"]
+from ._observe import Observer
 
-KEPT_FOR = 30.0
-"""Seconds an offset is trusted for (the map keeps the tightest of the last 15 to 30 s)."""
+if TYPE_CHECKING:
+    from .backends.base import Backend, Grant
+
+__all__ = ["BLOCK_LEAD", "Sleeper", "sleep_out"]
 
 
-class ClockMap:
-    """The tightest offset lately seen between a limiter's clock (µs) and the loop's (s)."""
+class Sleeper(Protocol):
+    """A limiter as a sleeper sees it: its name on its backend."""
 
-    __slots__ = ("_current", "_previous", "_since")
+    @property
+    def name(self) -> str: ...
 
-    def __init__(self) -> None:
-        self._current = -math.inf  # the tightest bound of this bucket
-        self._previous = -math.inf  # ... and of the one before it
-        self._since = -math.inf  # the loop time this bucket began
+    @property
+    def backend(self) -> Backend: ...
 
-    def observe(self, decided_at: int, read_at: float) -> None:
-        """A reply decided at ``decided_at`` (µs, limiter's clock) was read at ``read_at``
-        (loop time)."""
-        if read_at - self._since >= KEPT_FOR / 2:
-            self._previous, self._current, self._since = self._current, -math.inf, read_at
-        offset = decided_at / 1e6 - read_at
-        if offset > self._current:
-            self._current = offset
 
-    def local(self, at: int) -> float | None:
-        """The loop time at which the limiter's clock reads ``at`` (µs) at the earliest, by
-        the tightest offset seen; None before any was seen."""
-        offset = max(self._current, self._previous)
-        if offset == -math.inf:
-            return None
-        return at / 1e6 - offset
+BLOCK_LEAD = 0.005
+"""Seconds before a reservation's start its sleeper asks whether a ``block()`` came
+meanwhile, so that the read's round trip does not make it late (a block set in the last
+``BLOCK_LEAD`` before the start is obeyed from the next grant on)."""
+
+
+async def sleep_out(
+    grants: Sequence[tuple[Sleeper, Grant]],
+    starts_in: int,
+    observer: Observer | None,
+    names: Sequence[str],
+) -> bool:
+    """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
+    loop's (``_wakeup``: never early, and no later than ``starts_in`` from now), asking on
+    the way whether a block came meanwhile (returned); a cancelled sleeper hands its grants
+    back. The observer sees each limiter's caller waiting meanwhile, and how late it woke."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    wake = now + starts_in / 1e6
+    mapped = -math.inf
+    for limiter, grant in grants:
+        if grant.starts_in > 0:
+            clock_map = limiter.backend.clock_map
+            clock_map.observe(grant.starts_at - grant.starts_in, now)
+            local = clock_map.local(grant.starts_at)
+            mapped = max(mapped, wake if local is None else local)
+    wake = min(wake, mapped)
+    if observer is not None:
+        for name in names:
+            observer.queued(name, 1)
+    try:
+        try:
+            await asyncio.sleep(max(wake - BLOCK_LEAD - now, 0.0))
+        except asyncio.CancelledError:
+            for limiter, grant in grants:
+                limiter.backend.hand_back(limiter.name, grant.member)
+            raise
+        blocked = await _blocked_meanwhile(grants)  # (hands the grants back if it fails)
+        try:
+            rest = wake - loop.time()
+            if rest > 0:
+                await asyncio.sleep(rest)
+        except asyncio.CancelledError:
+            for limiter, grant in grants:
+                limiter.backend.hand_back(limiter.name, grant.member)
+            raise
+        if observer is not None:
+            late = loop.time() - wake
+            for name in names:
+                observer.late(name, late)
+        return blocked
+    finally:
+        if observer is not None:
+            for name in names:
+                observer.queued(name, -1)
+
+
+async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
+    """After sleeping out reservations: whether a ``block()`` (from any process) came on a
+    limiter whose grant was a reservation (a block ending after the grant's start); one read
+    each, sent together."""
+    reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
+    try:
+        ends = await asyncio.gather(
+            *(limiter.backend.blocked_until(limiter.name) for limiter, _ in reserved)
+        )
+    except BaseException:  # unknown: the grants go back rather than risk passing a block
+        for limiter, grant in grants:
+            limiter.backend.hand_back(limiter.name, grant.member)
+        raise
+    return any(
+        end is not None and end > grant.starts_at
+        for end, (_, grant) in zip(ends, reserved, strict=True)
+    )

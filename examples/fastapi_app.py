@@ -18,7 +18,7 @@ import socket
 from fastapi import Depends, FastAPI
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RedisBackend
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
 from aiolimit.fastapi import RateLimit
 
@@ -74,6 +74,8 @@ async def main() -> None:
     finally:
         server.should_exit = True
         await serving
+        for name in ("example-global", "example-per-client", "example-login"):
+            await RateLimiter(name, backend).delete()  # so that the next run starts afresh
 
 
 if __name__ == "__main__":

@@ -107,7 +107,8 @@ class Partner:
 async def run_workers(partner_url: str, backend: Backend, group: str) -> int:
     """Runs WORKERS workers sharing one limiter; returns the calls answered 200."""
     limiter = RateLimiter("example-partner-api", backend)
-    await limiter.try_set_rate(RateType.OVERALL, QUOTA, OUR_INTERVAL)
+    # keep_alive: Redis forgets the limiter a minute after its last grant
+    await limiter.try_set_rate(RateType.OVERALL, QUOTA, OUR_INTERVAL, keep_alive=60)
     lateness = Lateness()
     ticker = asyncio.create_task(lateness.tick())
     transport = RateLimitedTransport(limiter, SentAt(lateness))

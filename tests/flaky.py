@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiolimit import BackendError, MemoryBackend
 from aiolimit.backends.base import Attempt
@@ -18,8 +19,8 @@ __all__ = ["Flaky"]
 class Flaky(MemoryBackend):
     """A memory store that fails while ``down``, counting the attempts that reach it."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
         self.down = False
         self.reached = 0
 

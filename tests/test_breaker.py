@@ -6,6 +6,7 @@ kept however many other names the backend sees, and idle ones are not kept at al
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,7 +16,15 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit import Backend, BackendError, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    Backend,
+    BackendError,
+    BreakerPolicy,
+    MemoryBackend,
+    RateLimiter,
+    RateType,
+    RedisBackend,
+)
 from aiolimit.backends.redis._errors import call_error
 from tools import LocalRedis
 
@@ -213,16 +222,14 @@ async def test_an_open_breaker_is_remembered_after_many_other_names() -> None:
 
 
 def test_a_backend_keeps_no_breaker_of_an_idle_name() -> None:
-    from aiolimit import _breaker
-
     backend = MemoryBackend()
     kept = RateLimiter("kept", backend)
     for i in range(10_000):
         RateLimiter(f"passing-{i}", backend)
     gc.collect()
-    remembered = _breaker._breakers[backend]._named
+    remembered = backend._breakers._named
     assert len(remembered) <= 3, len(remembered)
-    assert RateLimiter("kept", backend)._breaker is kept._breaker
+    assert RateLimiter("kept", backend).breaker is kept.breaker
 
 
 @looptime
@@ -241,11 +248,69 @@ async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_ke
 
     for name in ("old-1", "old-2"):
         await fail(name)
-    await asyncio.sleep(aiolimit.breaker_of(backend).max_backoff + 1)  # long past their back-off
+    await asyncio.sleep(backend.breaker.max_backoff + 1)  # long past their back-off
     for name in ("new-1", "new-2"):
         await fail(name)
     gc.collect()
-    kept = _breaker._breakers[backend]._named
+    kept = backend._breakers._named
     assert sorted(kept) == ["new-1", "new-2"]  # the old ones' next call probes anyway
     assert not aiolimit.breaker_of(backend, "old-1").is_open
     assert aiolimit.breaker_of(backend, "new-1").is_open
+
+
+# -- the back-offs are the backend's option --------------------------------------------------------
+
+
+@looptime
+async def test_a_backends_breaker_option_sets_the_back_offs_of_its_limiters_and_views() -> None:
+    backend = Flaky(breaker=BreakerPolicy(first_backoff=2, max_backoff=3))
+    assert backend.breaker == BreakerPolicy(2, 3)
+    limiter = RateLimiter("slow-to-retry", backend)
+    view = limiter.for_client("client-1")
+    await limiter.set_rate(OVERALL, 1000, 1)
+    backend.down = True
+    loop = asyncio.get_running_loop()
+    with pytest.raises(BackendError, match="unreachable"):
+        await limiter.try_acquire()
+    failed_at = loop.time()
+    await asyncio.sleep(1.9)
+    with pytest.raises(BackendError, match=FAILS_AT_ONCE):
+        await view.try_acquire()  # the view's calls share the breaker and its back-off
+    assert backend.reached == 1
+    await asyncio.sleep(failed_at + 2 - loop.time())
+    with pytest.raises(BackendError, match="unreachable"):  # the probe, after 2 s
+        await limiter.try_acquire()
+    assert backend.reached == 2
+    breaker = aiolimit.breaker_of(backend.with_client("client-2"), "slow-to-retry")
+    assert breaker is aiolimit.breaker_of(backend, "slow-to-retry")
+    assert (breaker.first_backoff, breaker.max_backoff) == (2, 3)
+    assert RateLimiter("other", MemoryBackend()).breaker.first_backoff == 0.5  # the default
+
+
+async def test_a_redis_backends_breaker_option_of_zero_lets_every_call_meet_the_store(
+    doomed_server: LocalRedis,
+) -> None:
+    redis = Redis.from_url(doomed_server.url)
+    try:
+        backend = RedisBackend(redis, timeout=1, breaker=BreakerPolicy(first_backoff=0))
+        limiter = RateLimiter("always-asks", backend)
+        await limiter.set_rate(OVERALL, 1000, 1)
+        doomed_server.kill()
+        for caller in (limiter, limiter.for_client("client-1"), limiter):
+            with pytest.raises(BackendError, match="unreachable"):  # never at once
+                await caller.try_acquire()
+        assert not is_open(limiter)
+        assert backend.with_client("client-2").breaker == BreakerPolicy(0, 10)
+    finally:
+        await redis.aclose()
+
+
+def test_a_breaker_policy_takes_seconds_and_is_checked() -> None:
+    assert BreakerPolicy() == BreakerPolicy(first_backoff=0.5, max_backoff=10.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        BreakerPolicy().first_backoff = 1  # type: ignore[misc]
+    for bad in ({"first_backoff": -1}, {"max_backoff": float("nan")}, {"first_backoff": True}):
+        with pytest.raises(aiolimit.InvalidArgumentError):
+            BreakerPolicy(**bad)  # type: ignore[arg-type]
+    with pytest.raises(aiolimit.InvalidArgumentError, match="breaker"):
+        MemoryBackend(breaker=0.5)  # type: ignore[arg-type]

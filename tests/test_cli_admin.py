@@ -1,4 +1,4 @@
-"""``aiolimit inspect``, ``list``, ``set-rate``, ``delete`` and ``watch`` against a real
+"""``aiolimit inspect``, ``list``, ``set-rate``, ``delete`` and ``block`` against a real
 redis-server: what they print, their exit codes, and the least-privilege ACL user.
 
 State is made through the library first (reservations straight from ``Backend.try_acquire``,
@@ -15,11 +15,10 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 import redis as sync_redis
@@ -28,6 +27,7 @@ from test_cluster import masters_holding
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
+from aiolimit._tools.admin.reading import limiter_names
 from aiolimit.backends.base import Grant
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot
@@ -253,93 +253,91 @@ def test_delete_removes_the_limiter_and_a_second_delete_is_an_error(capsys, url,
     assert err == f"aiolimit delete: error: no limiter {name!r} on {url} (prefix 'aiolimit:')\n"
 
 
-# -- watch --------------------------------------------------------------------------------------
+def make_limiters(url: str, prefix: str, names: list[str]) -> None:
+    async def make(backend: RedisBackend) -> None:
+        for each in names:
+            await RateLimiter(each, backend).set_rate(RateType.OVERALL, 1, 1)
+
+    on_server(url, make, prefix)
 
 
-WATCH_LINE = re.compile(
-    r"\d\d:\d\d:\d\d  +(?P<rate>-|\d+\.\d) grants/s  window +(?P<taken>\d+)/(?P<rate_of>\d+) "
-    r"\[(?P<bar>[#-]{20})\]  queued (?P<queued>\d+)(?: \(\+(?P<ahead>[\d.]+) s\))?"
-)
+def limiters_on(url: str, prefix: str) -> list[str]:
+    async def read(backend: RedisBackend) -> list[str]:
+        return sorted({each async for each in limiter_names(backend)})
+
+    return on_server(url, read, prefix)
 
 
-def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
-    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
-    code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.1")
-    assert (code, err) == (0, "")
-    assert "\x1b" not in out and "\r" not in out
-    lines = out.splitlines()
-    assert len(lines) == 3
-    seen = [WATCH_LINE.fullmatch(line) for line in lines]
-    assert all(seen), lines
-    first, *later = seen
-    assert first is not None and first["rate"] == "-"  # no earlier reading to compare with
-    for match in later:
-        assert match is not None and match["rate"] == "0.0"  # no grants meanwhile
-    for match in seen:
-        assert match is not None
-        assert (match["taken"], match["rate_of"], match["bar"]) == ("10", "10", "#" * 20)
-        assert match["queued"] == "1" and 58 <= float(match["ahead"]) <= 60
+class Terminal(io.StringIO):
+    """A terminal's stdin, answering what it was given."""
 
-
-def test_watch_help_states_the_shortest_interval(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["watch", "--help"])
-    out = " ".join(capsys.readouterr().out.split())
-    assert "at least 0.1" in out
+    def isatty(self) -> bool:
+        return True
 
 
 @pytest.mark.slow
-def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
-    # The 40 grants are made between watch's two readings (each waits for the other), and the
-    # rate shown is theirs over the interval watch itself measured between the readings,
-    # however late a busy machine ran its ticks.
-    from aiolimit._tools.admin import watch
-
-    read, first_read, granted = watch._read, threading.Event(), threading.Event()
-    nows: list[float] = []
-
-    async def reading_in_turn(*args: Any) -> Any:
-        if nows:
-            assert await asyncio.to_thread(granted.wait, 30)
-        nows.append(args[-1])
-        got = await read(*args)
-        first_read.set()
-        return got
-
-    monkeypatch.setattr(watch, "_read", reading_in_turn)
-
-    async def grant_between_ticks(backend: RedisBackend) -> int:
-        limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
-        watcher = asyncio.create_task(
-            asyncio.to_thread(cli.main, ["watch", name, "--count", "2", "--redis", url])
-        )
-        assert await asyncio.to_thread(first_read.wait, 30)
-        assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
-        granted.set()
-        return await watcher
-
-    assert on_server(url, grant_between_ticks) == 0
-    lines = capsys.readouterr().out.splitlines()
-    second = WATCH_LINE.fullmatch(lines[1])
-    assert second is not None
-    assert len(nows) == 2 and nows[1] > nows[0]
-    assert float(second["rate"]) == pytest.approx(40 / (nows[1] - nows[0]), abs=0.051)
-    assert second["taken"] == "40"
+def test_delete_a_glob_without_a_terminal_refuses_unless_yes(url):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["push-1", "push-2", "pull-1"])
+    server = ("--redis", url, "--prefix", prefix)
+    result = subprocess.run(
+        [sys.executable, "-m", "aiolimit", "delete", "push-*", *server],
+        input="y\n",  # a pipe's "y" is no one's answer
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stdout == "2 limiters match 'push-*':\n  push-1\n  push-2\n"
+    assert result.stderr == (
+        "aiolimit delete: error: stdin is not a terminal to confirm on: pass --yes to delete "
+        "what matches\n"
+    )
+    assert limiters_on(url, prefix) == ["pull-1", "push-1", "push-2"]
+    result = run_command("delete", "push-*", "--yes", *server)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert result.stdout.splitlines()[-3:] == [
+        "deleted push-1",
+        "deleted push-2",
+        "2 limiters deleted",
+    ]
+    assert limiters_on(url, prefix) == ["pull-1"]
 
 
-def test_watch_on_a_tty_redraws_one_line(monkeypatch, url, name):
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+@pytest.mark.parametrize(
+    ("answer", "code", "left"),
+    [("y\n", 0, ["pull-1"]), ("YES\n", 0, ["pull-1"]), ("n\n", 1, ["pull-1", "push-1", "push-2"]),
+     ("\n", 1, ["pull-1", "push-1", "push-2"]), ("", 1, ["pull-1", "push-1", "push-2"])],
+)  # fmt: skip
+def test_delete_a_glob_asks_on_a_terminal(capsys, monkeypatch, url, answer, code, left):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["push-1", "push-2", "pull-1"])
+    monkeypatch.setattr(sys, "stdin", Terminal(answer))
+    got, out, err = aiolimit(capsys, url, "delete", "push-?", "--prefix", prefix)
+    assert (got, err) == (code, "delete 2 limiters? [y/N] ")
+    listed = "2 limiters match 'push-?':\n  push-1\n  push-2\n"
+    if code == 0:
+        assert out == listed + "deleted push-1\ndeleted push-2\n2 limiters deleted\n"
+    else:
+        assert out == listed + "nothing deleted\n"
+    assert limiters_on(url, prefix) == left
 
-    terminal = Terminal()
-    monkeypatch.setattr(sys, "stdout", terminal)
-    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1))
-    assert cli.main(["watch", name, "--count", "2", "--interval", "0.1", "--redis", url]) == 0
-    shown = terminal.getvalue()
-    assert shown.count("\r\x1b[K") == 2
-    assert shown.endswith("\n") and shown.count("\n") == 1
+
+def test_delete_exact_takes_a_glob_s_characters_as_a_name(capsys, monkeypatch, url):
+    prefix = f"glob{free_port()}:"
+    make_limiters(url, prefix, ["a*", "ab", "a[b]"])
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # not a terminal: no glob may go ahead
+    code, out, _ = aiolimit(capsys, url, "delete", "--exact", "a*", "--prefix", prefix)
+    assert (code, out) == (0, "deleted a*\n")
+    assert limiters_on(url, prefix) == ["a[b]", "ab"]
+    # as in list, a backslash takes the next character as it is: this glob matches "a[b]" only
+    code, out, _ = aiolimit(capsys, url, "delete", "a\\[b]", "--yes", "--prefix", prefix)
+    assert (code, out) == (
+        0,
+        "1 limiter matches 'a\\\\[b]':\n  a[b]\ndeleted a[b]\n1 limiter deleted\n",
+    )
+    assert limiters_on(url, prefix) == ["ab"]
+    code, out, err = aiolimit(capsys, url, "delete", "x*", "--yes", "--prefix", prefix)
+    assert (code, out) == (2, "")
+    assert err.startswith("aiolimit delete: error: no limiter matches 'x*' on redis://")
 
 
 # -- errors -------------------------------------------------------------------------------------

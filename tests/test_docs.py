@@ -5,8 +5,10 @@ Every fenced block says its language:
 - ``python`` blocks of one page run in order, in one namespace, in a fresh interpreter, as in
   ``python -m asyncio`` (top-level ``await`` works). Two addresses stand for servers the test
   provides: ``redis://localhost:6379`` is a redis-server it started (a database emptied
-  before each page), ``https://partner.example`` a local HTTP server that answers 200.
-- ``sh`` blocks: ``aiolimit`` commands run, against that redis-server (``AIOLIMIT_REDIS_URL``);
+  before each page), ``https://partner.example`` a local HTTP server that answers 200. A
+  page leaves no key without a TTL there: its limiters have a ``keep_alive`` or are deleted.
+- ``sh`` blocks: ``aiolimit`` commands run, against that redis-server (``AIOLIMIT_REDIS_URL``),
+  and leave no key without a TTL either;
   ``pip install`` lines must name this distribution and extras it has, ``pytest`` lines
   markers and paths that exist, ``python FILE`` and ``python -m MODULE`` lines files and
   modules that exist.
@@ -217,6 +219,14 @@ def test_the_python_blocks_of_a_page_run(page: Path, redis_url: str, partner_url
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+    assert keys_kept_for_good(redis_url) == [], "delete the limiters, or give them keep_alive"
+
+
+def keys_kept_for_good(redis_url: str) -> list[str]:
+    """The keys without a TTL that a page left in the reader's Redis: a limiter's config stays
+    for good unless the limiter has a ``keep_alive`` (or is deleted)."""
+    with sync_redis.Redis.from_url(redis_url) as client:
+        return sorted(key.decode() for key in client.scan_iter() if client.pttl(key) == -1)
 
 
 # -- sh -----------------------------------------------------------------------------------------
@@ -304,3 +314,4 @@ def test_the_commands_of_a_sh_block_run_or_name_what_exists(
             assert (ROOT / "mkdocs.yml").is_file()
         else:
             raise AssertionError(f"{block.where}: the test cannot check {command}")
+    assert keys_kept_for_good(redis_url) == [], f"{block.where}: delete the limiters it made"

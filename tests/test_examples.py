@@ -1,4 +1,5 @@
-"""Every example runs to completion on the memory backend and on a real redis-server."""
+"""Every example runs to completion on the memory backend and on a real redis-server, where
+it leaves no key without a TTL (its limiters have a ``keep_alive`` or are deleted)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,30 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis as sync_redis
 
 from tools import LocalRedis
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 pytestmark = pytest.mark.slow
+DATABASE = 8  # of the session's redis-server: the other tests use database 0, the docs 9
+
+
+@pytest.fixture
+def redis_url(redis_server: LocalRedis) -> Iterator[str]:
+    """A database of its own for the example, emptied before it; after it, no key of it may
+    stay for good."""
+    url = f"{redis_server.url}/{DATABASE}"
+    with sync_redis.Redis.from_url(url) as client:
+        client.flushdb()
+        yield url
+        kept = sorted(key.decode() for key in client.scan_iter() if client.pttl(key) == -1)
+    assert kept == [], "delete the example's limiters, or give them keep_alive"
 
 
 def run_example(name: str, *args: str, env: dict[str, str] | None = None) -> str:
@@ -54,26 +70,26 @@ def test_quickstart_on_the_memory_backend():
     check_quickstart(run_example("quickstart.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_quickstart_on_redis_server(redis_server: LocalRedis):
-    check_quickstart(run_example("quickstart.py", "--redis", redis_server.url))
+def test_quickstart_on_redis_server(redis_url: str):
+    check_quickstart(run_example("quickstart.py", "--redis", redis_url))
 
 
 def test_per_client_on_the_memory_backend():
     check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_per_client_on_redis_server_named_by_the_environment(redis_server: LocalRedis):
-    check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": redis_server.url}))
+def test_per_client_on_redis_server_named_by_the_environment(redis_url: str):
+    check_per_client(run_example("per_client.py", env={"AIOLIMIT_REDIS_URL": redis_url}))
 
 
-def test_the_readme_quick_start_runs_as_printed(redis_server: LocalRedis):
+def test_the_readme_quick_start_runs_as_printed(redis_url: str):
     readme = (EXAMPLES.parent / "README.md").read_text()
     section = readme[readme.index("## Quick start") :]
     script = section[section.index("```python\n") + len("```python\n") :]
     script = script[: script.index("```")]
     assert "redis://localhost:6379" in script
     result = subprocess.run(
-        [sys.executable, "-c", script.replace("redis://localhost:6379", redis_server.url)],
+        [sys.executable, "-c", script.replace("redis://localhost:6379", redis_url)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -107,8 +123,8 @@ def test_several_limits_on_the_memory_backend():
     check_several_limits(run_example("several_limits.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_several_limits_on_redis_server(redis_server: LocalRedis):
-    check_several_limits(run_example("several_limits.py", "--redis", redis_server.url))
+def test_several_limits_on_redis_server(redis_url: str):
+    check_several_limits(run_example("several_limits.py", "--redis", redis_url))
 
 
 def check_fastapi_app(out: str) -> None:
@@ -125,8 +141,8 @@ def test_fastapi_app_on_the_memory_backend():
     check_fastapi_app(run_example("fastapi_app.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
-def test_fastapi_app_on_redis_server(redis_server: LocalRedis):
-    check_fastapi_app(run_example("fastapi_app.py", env={"AIOLIMIT_REDIS_URL": redis_server.url}))
+def test_fastapi_app_on_redis_server(redis_url: str):
+    check_fastapi_app(run_example("fastapi_app.py", env={"AIOLIMIT_REDIS_URL": redis_url}))
 
 
 def check_partner_api(out: str) -> None:
@@ -140,7 +156,7 @@ def test_partner_api_in_memory():
     check_partner_api(run_example("partner_api.py"))
 
 
-def test_partner_api_in_two_processes_through_redis(redis_server: LocalRedis):
-    out = run_example("partner_api.py", "--redis", redis_server.url)
+def test_partner_api_in_two_processes_through_redis(redis_url: str):
+    out = run_example("partner_api.py", "--redis", redis_url)
     assert out.startswith("two processes, 12 workers: 73 calls reached the partner")
     check_partner_api(out)

@@ -106,7 +106,7 @@ async def test_a_write_that_failed_is_tried_again_by_the_next_call(
     limiter = RateLimiter("flaky", MemoryBackend(), rate="1/second")
     with pytest.raises(BackendError):
         await limiter.try_acquire()
-    limiter._breaker.answered()  # (the outage is over)
+    limiter.breaker.answered()  # (the outage is over)
     assert await limiter.try_acquire()
 
 

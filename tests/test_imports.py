@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from import_graph import find_cycle, import_graph
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -98,8 +99,48 @@ def test_the_wheel_holds_the_package_and_none_of_the_lab() -> None:
     assert importing == []
 
 
+def test_the_metadata_names_the_project_s_pages_on_the_index() -> None:
+    urls = PYPROJECT["project"]["urls"]
+    assert {"Homepage", "Changelog"} <= set(urls)
+    # Only addresses that exist for this distribution: its page on the index (and its history)
+    index_page = f"https://pypi.org/project/{DISTRIBUTION}/"
+    assert urls["Homepage"] == index_page
+    assert urls["Changelog"] == index_page + "#history"
+    assert all(url.startswith(index_page) for url in urls.values()), urls
+
+
 def test_the_benchmarks_take_their_harness_from_the_lab_not_the_tests() -> None:
     helpers = {path.stem for path in (ROOT / "tests").glob("*.py")}
     for path in sorted((ROOT / "benchmarks").glob("*.py")):
         wrong = _imported(path) & (helpers | {"tests", "path:tests"})
         assert wrong == set(), f"{path.name} imports {sorted(wrong)} from tests/"
+
+
+# -- the import graph ------------------------------------------------------------------------------
+
+ENGINE = "aiolimit._acquire"
+ABOVE_THE_ENGINE = ("aiolimit._base", "aiolimit._limiter", "aiolimit._sharded", "aiolimit._calls")
+
+
+def test_no_module_of_aiolimit_imports_itself_back_through_others() -> None:
+    graph = import_graph()
+    assert ENGINE in graph and "aiolimit.asgi._gate" in graph  # (the graph is read)
+    assert find_cycle(graph) is None
+
+
+def test_the_engine_is_a_leaf_below_every_limiter_and_surface() -> None:
+    graph = import_graph()
+    below: set[str] = set()
+    stack = [ENGINE]
+    while stack:
+        for module in graph[stack.pop()] - below:
+            below.add(module)
+            stack.append(module)
+    above = [
+        module
+        for module in below
+        if module in ABOVE_THE_ENGINE
+        or module.startswith(("aiolimit.asgi", "aiolimit._tools"))
+        or module in ("aiolimit.httpx", "aiolimit.aiohttp", "aiolimit.fastapi", "aiolimit.otel")
+    ]
+    assert above == [], f"the engine imports {sorted(above)}"

@@ -60,8 +60,8 @@ from aiolimit.backends._protocol import (
     parse_counters,
     parse_handbacks,
     parse_windows,
-    state_in_config,
 )
+from aiolimit.backends.memory import state_in_config
 from tools import LocalRedis
 
 CLIENTS = ("a", "b")

@@ -30,8 +30,8 @@ from aiolimit.backends._protocol import (
     parse_grant,
     parse_member,
     parse_value,
-    state_in_config,
 )
+from aiolimit.backends.memory import state_in_config
 from aiolimit.backends.redis import _scripts as scripts
 
 LUA = resources.files("aiolimit.backends.redis") / "lua"

@@ -508,8 +508,8 @@ async def test_a_server_that_stops_answering_raises_backend_error_after_the_sock
     with LocalRedis(binary=binary()) as own:
         assert own.process is not None
         redis = Redis.from_url(own.url, socket_timeout=0.3)
-        backend = RedisBackend(redis)
-        aiolimit.breaker_of(backend).first_backoff = 0  # each call meets the server itself
+        # First back-off 0: each call meets the server itself.
+        backend = RedisBackend(redis, breaker=aiolimit.BreakerPolicy(first_backoff=0))
         limiter = RateLimiter("hung", backend)
         await limiter.set_rate(RateType.OVERALL, 3, 10)
         os.kill(own.process.pid, signal.SIGSTOP)

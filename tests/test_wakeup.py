@@ -13,8 +13,8 @@ import asyncio
 import pytest
 
 from aiolimit import MemoryBackend, Observer, RateLimiter, RateType, observe
-from aiolimit._wakeup import KEPT_FOR, ClockMap
 from aiolimit.backends import Attempt
+from aiolimit.backends._clock import KEPT_FOR, ClockMap
 
 pytestmark = pytest.mark.looptime
 

@@ -123,8 +123,9 @@ async def test_a_round_trip_past_the_socket_timeout_drops_its_connection(
     redis = Redis.from_url(redis_server.url, socket_timeout=0.2)
     staller = Redis.from_url(redis_server.url)
     try:
-        backend = RedisBackend(redis, prefix="wire:", timeout=None)
-        aiolimit.breaker_of(backend).first_backoff = 0
+        backend = RedisBackend(
+            redis, prefix="wire:", timeout=None, breaker=aiolimit.BreakerPolicy(first_backoff=0)
+        )
         limiter = RateLimiter("wire-stall", backend)
         await limiter.set_rate(RateType.OVERALL, 60, 60)
         (connection,) = redis.connection_pool._available_connections

@@ -37,7 +37,10 @@ COMMANDS = {
         "aiolimit._tools.admin:SET_RATE",
         'change a limiter\'s rates: "10/second; 100/minute"',
     ),
-    "delete": ("aiolimit._tools.admin:DELETE", "remove a limiter's config and state"),
+    "delete": (
+        "aiolimit._tools.admin:DELETE",
+        "remove a limiter's config and state (a glob's: those it matches, once confirmed)",
+    ),
     "block": ("aiolimit._tools.admin:BLOCK", "no grant to anyone for SECONDS (every process)"),
     "unblock": ("aiolimit._tools.admin:UNBLOCK", "end a limiter's block now"),
     "watch": (

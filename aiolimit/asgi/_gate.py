@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .. import _observe
-from .._acquire import Acquired, acquire, max_wait_of
+from .._acquire import Acquired, acquire
+from .._checks import max_wait_of
 from .._limiter import RateLimiter
 from .._types import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
@@ -200,11 +201,7 @@ class Gate:
             except NotConfiguredError as exc:  # deleted or expired since: write it again
                 acquired = await self._acquire_again(requests, exc.name)
         except InvalidArgumentError:  # a stored config with a lower rate than the cost
-            longest = max(rate.interval_us for r in requests for rate in r.rule.rates)
-            refusal = Refusal(retry_in=longest, at=0, left=0)
-            limiters = [r.limiter for r in requests]
-            permits = [r.cost for r in requests]
-            acquired = Acquired(limiters, permits, [refusal] * len(requests), 0.0)
+            return self._over_budget(requests)
         except LimiterError as exc:
             return self._failed(exc)
         self._failures = 0
@@ -250,15 +247,26 @@ class Gate:
 
     def _refused(self, pairs: list[tuple[_Request, Grant | Refusal]]) -> Verdict:
         refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
-        retry_after = max(whole_seconds(a.retry_in) for _, a in refused)
         items = [
             refused_item(r.rule, a.retry_in, a.binding)
             if isinstance(a, Refusal)
             else granted_item(r.rule, a.left + r.cost, a.binding)  # handed back
             for r, a in pairs
         ]
+        retry_in = max(a.retry_in for _, a in refused)
+        return self._refusal([r.rule for r, _ in refused], retry_in, items)
+
+    def _over_budget(self, requests: list[_Request]) -> Verdict:
+        """A cost above the stored config's rate (a config written elsewhere, with a lower
+        rate than the rule's): refused, to come back after the rules' longest interval."""
+        longest = max(rate.interval_us for r in requests for rate in r.rule.rates)
+        items = [refused_item(r.rule, longest, 0) for r in requests]
+        return self._refusal([r.rule for r in requests], longest, items)
+
+    def _refusal(self, refused: list[Rule], retry_in: int, items: list[Item]) -> Verdict:
+        retry_after = whole_seconds(retry_in)
         self.stats.refused += 1
-        names = ", ".join(repr(r.rule.name) for r, _ in refused)
+        names = ", ".join(repr(rule.name) for rule in refused)
         detail = f"Too Many Requests: rate limit {names} exceeded; retry after {retry_after} s"
         return Verdict(429, retry_after, items, detail)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import IntEnum
 
-from .._types import Algorithm, Rate, RateLimiterConfig, RateType
+from .._types import Rate, RateLimiterConfig
 from ..errors import InvalidArgumentError
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "parse_rates",
     "parse_value",
     "parse_windows",
-    "state_in_config",
 ]
 
 MAX_EXACT = 2**53 - 1
@@ -61,7 +60,7 @@ nearly all the per-call cost."""
 
 
 class Reply(IntEnum):
-    """The code that opens the reply to a request (the table at ``acquire`` in lib.lua)."""
+    """The code that opens the reply to a request (the table in batch.lua's header)."""
 
     GRANTED = 0
     """Granted, now or as a reservation; also the code of every other successful reply."""
@@ -166,9 +165,10 @@ def parse_value(value: str) -> tuple[str, int, int, tuple[int, int, int] | None]
 
 
 STATE_FIELD = "state"
-"""The config hash's field that holds the state of an OVERALL token bucket or fixed windows
-(see :func:`state_in_config`), in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no
-generation: it goes with the config, and is absent while the state is fresh."""
+"""The config hash's field that holds an OVERALL budget's state where its algorithm says
+``in_hash`` (lib.lua; ``Group.in_hash`` in the memory twin): a token bucket's or fixed
+windows', in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no generation: it goes
+with the config, and is absent while the state is fresh."""
 
 COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~h<hand-backs>][ ~<rate>:<count>:<ago> ...]"
 """The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
@@ -179,12 +179,6 @@ carries it, so that a slot taken again never gives a member twice: counters.lua)
 Fixed windows add up to ``HELD_BUCKETS`` earlier windows per rate that held grants: the
 rate's place (from 1), the permits, and how long before the rate's latest window end theirs
 ended (us). A PER_CLIENT client's value key holds ``"<gen> "`` and this."""
-
-
-def state_in_config(config: RateLimiterConfig) -> bool:
-    """The budget's state lives in the config hash (:data:`STATE_FIELD`), not in value keys:
-    an OVERALL token bucket or fixed windows (``config.in_hash`` in lib.lua)."""
-    return config.rate_type is RateType.OVERALL and config.algorithm is not Algorithm.SLIDING_WINDOW
 
 
 def parse_counters(text: str) -> tuple[int | None, list[int]]:

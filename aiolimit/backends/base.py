@@ -9,12 +9,13 @@ from collections.abc import Generator, Hashable
 from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
+from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import Duration, RateLimiterConfig, check_text
-from .._wakeup import ClockMap
 from ..errors import BackendError, InvalidArgumentError
+from ._clock import ClockMap
 from ._protocol import parse_grant
 
-__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started"]
+__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started", "breaker_of"]
 
 log = logging.getLogger("aiolimit")
 
@@ -127,17 +128,23 @@ class Backend(abc.ABC):
     config, ``InvalidArgumentError`` for permits above the rate, ``BackendError`` when the
     store fails: with ``outage=False`` when the store answered with an error about the call
     (a key holding foreign data), which a limiter's circuit breaker does not count.
+
+    ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
+    the default when None). A ``with_client`` view shares its backend's breakers.
     """
 
-    __slots__ = ("__weakref__", "_hand_backs", "_random_id", "client_id", "clock_map")
+    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
 
-    def __init__(self, client_id: str | None) -> None:
+    def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
             uuid.uuid4().hex if client_id is None else check_text(client_id, "client_id")
         )
         # No id given: each backend (each process) is a client of its own, with its own
         # PER_CLIENT budget; said once (per_client_used), as it is seldom what was meant.
         self._random_id = client_id is None
+        if breaker is not None and not isinstance(breaker, BreakerPolicy):
+            raise InvalidArgumentError(f"breaker must be a BreakerPolicy, not {breaker!r}")
+        self._breakers = Breakers(DEFAULT_POLICY if breaker is None else breaker)
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them.
         self._hand_backs: set[asyncio.Future[int]] = set()
@@ -155,6 +162,15 @@ class Backend(abc.ABC):
         client id (no ``client_id`` given), a warning is logged once per process."""
         if self._random_id and not _said_random_client:
             _say_random_client(name, self.client_id)
+
+    @property
+    def breaker(self) -> BreakerPolicy:
+        """The back-offs of its limiters' circuit breakers (the ``breaker`` option)."""
+        return self._breakers.policy
+
+    def _share_breakers(self, view: Backend) -> None:
+        """Gives a ``with_client`` view this backend's breakers (and so its policy)."""
+        view._breakers = self._breakers
 
     @property
     def store_id(self) -> Hashable:
@@ -272,6 +288,17 @@ class Backend(abc.ABC):
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)
         _failed_hand_backs.report()
+
+
+def breaker_of(backend: Backend, name: str) -> Breaker:
+    """The circuit breaker of limiter ``name`` on ``backend`` (made on first use), shared by
+    every limiter object of that name on the backend and its ``with_client`` views: to read
+    (``is_open``, ``failed_fast``). Each name has its own, so a failing node of a cluster (or
+    shard) does not fail the others' calls; its back-offs are the backend's ``breaker``
+    option."""
+    if not isinstance(backend, Backend):
+        raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
+    return backend._breakers.get(name)
 
 
 class _FailedHandBacks:

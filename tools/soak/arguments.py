@@ -9,7 +9,7 @@ from aiolimit._tools.options import masked
 from aiolimit.errors import InvalidArgumentError
 
 from .faults import FAULTS, SERVER_FAULTS
-from .limits import ALGORITHMS, Limits
+from .limits import ALGORITHMS, DEFAULT_ALGORITHM, Limits
 
 __all__ = ["add_arguments", "check"]
 
@@ -43,8 +43,8 @@ def _limiter_arguments(parser: argparse.ArgumentParser) -> None:
         "--algorithm",
         type=str.lower,
         choices=ALGORITHMS,
-        default="sliding_window",
-        help="the limiter's algorithm (sliding_window)",
+        default=DEFAULT_ALGORITHM.value.lower(),
+        help=f"the limiter's algorithm ({DEFAULT_ALGORITHM.value.lower()})",
     )
     parser.add_argument(
         "--min-spacing",

@@ -73,15 +73,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiolimit import Algorithm, Rate
+from aiolimit import Rate
 
-from ..audit import Window, busiest_fixed_window, busiest_window, closest_grants, fullest_bucket
-from .limits import TOLERANCE_US, Limits, rate_label
+from ..audit import Window, busiest_window, closest_grants
+from .algorithms import BOUNDS, TOLERANCE_US
+from .limits import Limits, rate_label
 from .worker import Grant
 
 __all__ = ["audit_grants", "clock_offsets", "jain", "lateness", "percentile"]
@@ -119,12 +120,7 @@ def lateness(grants: Sequence[Grant], limits: Limits) -> list[float]:
     requested = [g.requested * 1e6 + offsets[g.process] for g in ordered]
     free = [-math.inf] * len(ordered)
     for rate in limits.rates:
-        if limits.algorithm is Algorithm.TOKEN_BUCKET:
-            found = _free_in_bucket(ordered, rate)
-        elif limits.algorithm is Algorithm.FIXED_WINDOW:
-            found = _free_in_fixed_windows(ordered, rate, requested)
-        else:
-            found = _free_in_sliding_window(ordered, rate)
+        found = BOUNDS[limits.algorithm].free(ordered, rate, requested)
         free = [max(a, b) for a, b in zip(free, found, strict=True)]
     spacing_us = round(limits.min_spacing * 1e6)
     if spacing_us:
@@ -135,54 +131,6 @@ def lateness(grants: Sequence[Grant], limits: Limits) -> list[float]:
         for grant, at, asked in zip(ordered, free, requested, strict=True)
         if at > asked
     ]
-
-
-def _free_in_sliding_window(ordered: Sequence[Grant], rate: Rate) -> list[float]:
-    """Walk back from g summing permits; the grant that leaves no room for g's permits frees
-    them when it leaves the window."""
-    result = []
-    for index, grant in enumerate(ordered):
-        free = -math.inf
-        taken = 0
-        for k in range(index - 1, -1, -1):
-            earlier = ordered[k]
-            taken += earlier.permits
-            if taken > rate.permits - grant.permits:
-                free = earlier.limiter_time + rate.interval_us
-                break
-        result.append(free)
-    return result
-
-
-def _free_in_bucket(ordered: Sequence[Grant], rate: Rate) -> list[float]:
-    """Replays the bucket (GCRA: the time it is full again) over the grants in order: g's
-    permits were there from ``full - interval + their refill``."""
-    per_permit = rate.interval_us / rate.permits
-    full = -math.inf
-    result = []
-    for grant in ordered:
-        cost = grant.permits * per_permit
-        result.append(full + cost - rate.interval_us)
-        full = max(full, grant.limiter_time) + cost
-    return result
-
-
-def _free_in_fixed_windows(
-    ordered: Sequence[Grant], rate: Rate, requested: Sequence[float]
-) -> list[float]:
-    """g's window had room for g from its start; so had each window before it whose grants
-    (all of them: a window's count only grows) left room for g's permits."""
-    interval = rate.interval_us
-    totals: Counter[int] = Counter()
-    for grant in ordered:
-        totals[grant.limiter_time // interval] += grant.permits
-    result = []
-    for grant, asked in zip(ordered, requested, strict=True):
-        window = grant.limiter_time // interval
-        while window * interval > asked and totals[window - 1] <= rate.permits - grant.permits:
-            window -= 1
-        result.append(float(window * interval))
-    return result
 
 
 def jain(values: Sequence[float]) -> float:
@@ -221,11 +169,11 @@ def audit_grants(
             check.add(budget, limits)
         spacing.add(budget)
         in_run += sum(g.permits for g in budget if first <= g.limiter_time < last)
-        allowed += min(_allowed(rate, limits.algorithm, first, last) for rate in limits.rates)
+        allowed += min(BOUNDS[limits.algorithm].allowed(rate, first, last) for rate in limits.rates)
         late += lateness(budget, limits)
     rates = [check.report(limits) for check in checks]
     tightest = min(
-        limits.rates, key=lambda r: _allowed(r, limits.algorithm, begin * 1e6, end * 1e6)
+        limits.rates, key=lambda r: BOUNDS[limits.algorithm].allowed(r, begin * 1e6, end * 1e6)
     )
     return {
         "grants": len(grants),
@@ -279,13 +227,6 @@ class _SpacingCheck:
         }
 
 
-_CHECKS = {
-    Algorithm.SLIDING_WINDOW: "any window",
-    Algorithm.FIXED_WINDOW: "aligned window",
-    Algorithm.TOKEN_BUCKET: "bucket",
-}
-
-
 @dataclass
 class _RateCheck:
     """One rate's bound over every budget: the algorithm's own check on limiter time, the
@@ -298,25 +239,16 @@ class _RateCheck:
     wall: Window = field(default_factory=lambda: Window(0))
 
     def add(self, budget: Sequence[Grant], limits: Limits) -> None:
-        permits, interval_us = self.rate.permits, self.rate.interval_us
+        interval_us = self.rate.interval_us
         times = [(g.limiter_time, g.limiter_time, g.permits) for g in budget]
         bound = limits.interval_bound(self.rate)
         # Permits in (t - interval, t] for every limiter grant time t.
         busiest = busiest_window(times, interval_us, rate=bound)
         self.interval = _worst(self.interval, busiest)
-        if limits.algorithm is Algorithm.FIXED_WINDOW:
-            timed = [(g.limiter_time, g.permits) for g in budget]
-            aligned = busiest_fixed_window(timed, interval_us, rate=permits)
-            self.worst = max(self.worst, aligned.most)
-            self.over += aligned.over
-        elif limits.algorithm is Algorithm.TOKEN_BUCKET:
-            timed = [(g.limiter_time, g.permits) for g in budget]
-            bucket = fullest_bucket(timed, permits, interval_us, slack=TOLERANCE_US)
-            self.worst = max(self.worst, bucket.peak)
-            self.over += bucket.over
-        else:
-            self.worst = max(self.worst, busiest.most)
-            self.over += busiest.over
+        timed = [(g.limiter_time, g.permits) for g in budget]
+        worst, over = BOUNDS[limits.algorithm].audit(timed, self.rate, busiest)
+        self.worst = max(self.worst, worst)
+        self.over += over
         # The most permits whose [sent, received] wall-clock stamps all fit within less than
         # one interval: independent of any clock the limiter read.
         spans = [(g.sent, g.received, g.permits) for g in budget]
@@ -327,7 +259,7 @@ class _RateCheck:
             "rate": rate_label(self.rate),
             "permits": self.rate.permits,
             "interval_s": self.rate.interval_us / 1e6,
-            "check": _CHECKS[limits.algorithm],
+            "check": BOUNDS[limits.algorithm].check,
             "worst": round(self.worst, 3),
             "bound": self.rate.permits,
             "over": self.over,
@@ -336,18 +268,6 @@ class _RateCheck:
             "most_wall": self.wall.most,
             "over_wall": self.wall.over,
         }
-
-
-def _allowed(rate: Rate, algorithm: Algorithm, first: float, last: float) -> int:
-    """The most permits ``rate`` lets one budget take in ``[first, last)`` (limiter µs),
-    starting with a fresh state."""
-    interval = rate.interval_us
-    if algorithm is Algorithm.FIXED_WINDOW:
-        windows = math.floor((last - 1) / interval) - math.floor(first / interval) + 1
-        return rate.permits * max(1, windows)
-    if algorithm is Algorithm.TOKEN_BUCKET:
-        return math.floor(rate.permits + rate.permits * (last - first) / interval + 1e-9)
-    return rate.permits * math.ceil((last - first) / interval - 1e-9)
 
 
 def _worst(total: Window, budget: Window) -> Window:

@@ -8,11 +8,20 @@ from dataclasses import dataclass
 
 from aiolimit import Algorithm, Rate
 
-__all__ = ["ALGORITHMS", "DEFAULT_INTERVAL", "DEFAULT_RATE", "TOLERANCE_US", "Limits", "rate_label"]
+from .algorithms import BOUNDS, TOLERANCE_US
+
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_ALGORITHM",
+    "DEFAULT_INTERVAL",
+    "DEFAULT_RATE",
+    "TOLERANCE_US",
+    "Limits",
+    "rate_label",
+]
 
 ALGORITHMS = tuple(a.value.lower() for a in Algorithm)
-TOLERANCE_US = 1
-"""Rounding the token-bucket and spacing checks allow (grant times are whole microseconds)."""
+DEFAULT_ALGORITHM = Algorithm.SLIDING_WINDOW
 DEFAULT_RATE, DEFAULT_INTERVAL = 200, 1.0
 
 
@@ -21,7 +30,7 @@ class Limits:
     """What the soaked limiter is set to: its rates, algorithm and spacing (seconds, 0: none)."""
 
     rates: tuple[Rate, ...]
-    algorithm: Algorithm = Algorithm.SLIDING_WINDOW
+    algorithm: Algorithm = DEFAULT_ALGORITHM
     min_spacing: float = 0.0
 
     @classmethod
@@ -52,11 +61,7 @@ class Limits:
 
     def interval_bound(self, rate: Rate) -> int:
         """The most permits one interval of ``rate`` may hold under this algorithm."""
-        if self.algorithm is Algorithm.FIXED_WINDOW:
-            return 2 * rate.permits  # the boundary burst
-        if self.algorithm is Algorithm.TOKEN_BUCKET:
-            return 2 * rate.permits - 1
-        return rate.permits
+        return BOUNDS[self.algorithm].interval_bound(rate)
 
 
 def rate_label(rate: Rate) -> str:

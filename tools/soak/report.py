@@ -7,12 +7,11 @@ import argparse
 from collections import Counter
 from typing import Any
 
-from aiolimit import Algorithm
 from aiolimit._tools.text import plural
 
 from .audit import audit_grants, jain, percentile
 from .faults import Commands, Injector
-from .limits import Limits, rate_label
+from .limits import DEFAULT_ALGORITHM, Limits, rate_label
 from .worker import WorkerResult
 
 __all__ = ["format_table", "summarise"]
@@ -112,7 +111,7 @@ def _scenario(args: argparse.Namespace) -> str:
         args.rate_type,
         f"clock={args.clock}",
     ]
-    if limits.algorithm is not Algorithm.SLIDING_WINDOW:
+    if limits.algorithm is not DEFAULT_ALGORITHM:
         parts.append(args.algorithm)
     if limits.min_spacing:
         parts.append(f"min-spacing={limits.min_spacing:g}s")

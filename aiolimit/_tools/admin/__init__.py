@@ -1,8 +1,9 @@
 """Operating live limiters on a Redis server: ``aiolimit inspect``, ``list``, ``set-rate``,
 ``delete``, ``block``, ``unblock`` and ``watch``. Each command's ``run`` returns the exit
-code: 0, 1 (``set-rate``: the server stored another config than the one asked for) or 2 (bad
-input, no such limiter, the server unreachable or refusing), with a one-line message on
-stderr and never a traceback. Limiter names are printed escaped (``text.shown``).
+code: 0, 1 (``set-rate``: the server stored another config than the one asked for;
+``delete``: what a glob matched was not confirmed) or 2 (bad input, no such limiter, the
+server unreachable or refusing), with a one-line message on stderr and never a traceback.
+Limiter names are printed escaped (``text.shown``).
 
 The server is ``--redis URL``, by default ``$AIOLIMIT_REDIS_URL``, else
 ``redis://localhost:6379``. What the commands read is read by ``reading.py``; ``inspect``,

@@ -1,5 +1,9 @@
 """The commands that change a live limiter: ``set-rate``, ``delete``, ``block`` and
-``unblock``. Each goes through :class:`~aiolimit.RateLimiter`, as an application would."""
+``unblock``. Each goes through :class:`~aiolimit.RateLimiter`, as an application would.
+
+``delete`` takes a name, or a glob as ``list`` reads it (any ``*``, ``?`` or ``[`` makes one;
+``--exact`` says a name): the limiters a glob matches are listed, then deleted once confirmed
+on the terminal (exit code 1 if not), or with ``--yes``."""
 
 from __future__ import annotations
 
@@ -10,8 +14,11 @@ from collections.abc import Callable
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ...backends.redis import RedisBackend
 from ...errors import NotConfiguredError
-from ..text import seconds, shown
+from ..options import masked
+from ..text import plural, seconds, shown
 from .connect import Abort, command, name_argument, no_limiter, seconds_argument
+from .glob import SYNTAX, is_glob
+from .reading import limiter_names
 from .show import rates
 
 __all__ = ["BLOCK", "DELETE", "SET_RATE", "UNBLOCK"]
@@ -28,6 +35,16 @@ def _described(config: RateLimiterConfig) -> str:
 
 
 # -- set-rate ------------------------------------------------------------------------------------
+
+
+_DEFAULT_ALGORITHM = Algorithm.SLIDING_WINDOW.value
+"""A new limiter's algorithm, where neither ``--algorithm`` nor a config names one."""
+
+
+def _listed(kind: type[Algorithm] | type[RateType]) -> str:
+    """``sliding_window, token_bucket or fixed_window``: every member, as the options take it."""
+    *rest, last = (member.lower() for member in kind.__members__)
+    return f"{', '.join(rest)} or {last}" if rest else last
 
 
 def _choice(kind: type[Algorithm] | type[RateType]) -> Callable[[str], str]:
@@ -47,8 +64,7 @@ def _set_rate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algorithm",
         type=_choice(Algorithm),
-        help="sliding_window, token_bucket or fixed_window (default: the limiter's, "
-        "else sliding_window)",
+        help=f"{_listed(Algorithm)} (default: the limiter's, else {_DEFAULT_ALGORITHM.lower()})",
     )
     parser.add_argument(
         "--type",
@@ -68,7 +84,7 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     limiter = RateLimiter(args.name, backend)
     current = await limiter.get_config()
     rate_type = args.type or (current.rate_type if current else RateType.OVERALL)
-    algorithm = args.algorithm or (current.algorithm if current else Algorithm.SLIDING_WINDOW)
+    algorithm = args.algorithm or (current.algorithm if current else _DEFAULT_ALGORITHM)
     asked = RateLimiterConfig.build(
         rate_type,
         Rate.parse(args.rates),
@@ -103,11 +119,59 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
 # -- delete, block, unblock ---------------------------------------------------------------------
 
 
+def _delete_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "name",
+        metavar="NAME",
+        help=f"the limiter's name, or a glob on names as list reads it ({SYNTAX}): the "
+        "limiters it matches are listed, then deleted once you confirm",
+    )
+    parser.add_argument(
+        "--exact", action="store_true", help="NAME is a name even with * ? or [ in it"
+    )
+    parser.add_argument(
+        "--yes",
+        action="store_true",
+        help="delete what a glob matches without asking (needed when stdin is not a terminal)",
+    )
+
+
 async def _delete(args: argparse.Namespace, backend: RedisBackend) -> int:
-    if not await RateLimiter(args.name, backend).delete():
-        raise no_limiter(args)
-    print(f"deleted {shown(args.name)}")
+    if args.exact or not is_glob(args.name):
+        if not await RateLimiter(args.name, backend).delete():
+            raise no_limiter(args)
+        print(f"deleted {shown(args.name)}")
+        return 0
+    matched = sorted({name async for name in limiter_names(backend, args.name)})
+    if not matched:
+        raise Abort(
+            f"no limiter matches '{shown(args.name)}' on {masked(args.redis)} "
+            f"(prefix {args.prefix!r})"
+        )
+    them = plural(len(matched), "limiter")
+    print(f"{them} {'matches' if len(matched) == 1 else 'match'} '{shown(args.name)}':")
+    for name in matched:
+        print(f"  {shown(name)}")
+    if not args.yes and not _confirmed(f"delete {them}? [y/N] "):
+        print("nothing deleted")
+        return 1
+    deleted = 0
+    for name in matched:  # (one gone meanwhile is not counted)
+        if await RateLimiter(name, backend).delete():
+            print(f"deleted {shown(name)}")
+            deleted += 1
+    print(f"{plural(deleted, 'limiter')} deleted")
     return 0
+
+
+def _confirmed(question: str) -> bool:
+    """Asks on the terminal; only y or yes is a yes. Without a terminal, refuses: a
+    pipe's "y" is no one's answer to what was listed."""
+    if not sys.stdin.isatty():
+        raise Abort("stdin is not a terminal to confirm on: pass --yes to delete what matches")
+    sys.stderr.write(question)
+    sys.stderr.flush()
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
 def _block_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,6 +205,6 @@ async def _unblock(args: argparse.Namespace, backend: RedisBackend) -> int:
 
 
 SET_RATE = command("set-rate", _set_rate_arguments, _set_rate)
-DELETE = command("delete", name_argument, _delete)
+DELETE = command("delete", _delete_arguments, _delete)
 BLOCK = command("block", _block_arguments, _block)
 UNBLOCK = command("unblock", name_argument, _unblock)

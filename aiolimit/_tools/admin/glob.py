@@ -16,9 +16,17 @@ from typing import NamedTuple
 
 from ...backends.redis._keys import escape_tag
 
-__all__ = ["NamePattern", "names"]
+__all__ = ["SYNTAX", "NamePattern", "is_glob", "names"]
 
 _SPECIAL = "*?["
+SYNTAX = "* ? [abc] [^a-z], \\ before a character to take it as it is"
+"""The glob's syntax, as the commands' help says it."""
+
+
+def is_glob(text: str) -> bool:
+    """Whether ``text`` has a wildcard (``*``, ``?`` or ``[``): a glob rather than a name
+    (``aiolimit delete``)."""
+    return any(char in text for char in _SPECIAL)
 
 
 class NamePattern(NamedTuple):

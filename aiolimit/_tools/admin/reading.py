@@ -20,12 +20,13 @@ import asyncio
 import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..._types import Algorithm, RateLimiterConfig, RateType
-from ...backends._protocol import parse_member, parse_value, state_in_config
+from ..._types import RateLimiterConfig, RateType
+from ...backends._protocol import parse_member, parse_value
+from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
 from ...backends.redis._compat import is_cluster
 from ...backends.redis._keys import Keys
@@ -33,6 +34,7 @@ from .glob import names, redis_escape
 
 __all__ = [
     "Budget",
+    "BudgetNow",
     "Client",
     "Reservations",
     "Snapshot",
@@ -78,6 +80,20 @@ class Budget:
     state: bool = False
     """Whether the budget has state of the config's generation (a grant not forgotten)."""
     reservations: Reservations = field(default_factory=Reservations)
+    started: int = 0
+    """Grants whose slot started after ``budget_state``'s ``since_us``, up to now, that its
+    log still holds: a reservation counts when its slot comes, not when it is made, and a
+    grant handed back (a caller cancelled, or sent behind a block to queue again) not at all."""
+
+
+class BudgetNow(NamedTuple):
+    """What ``budget_state`` read, and when."""
+
+    now_us: int
+    """The server's clock when it was read."""
+    gen: str
+    """The generation of the limiter's state ("-": none); ``set-rate`` starts a new one."""
+    budget: Budget
 
 
 @dataclass
@@ -133,7 +149,7 @@ class Snapshot:
     def keeps_a_log(self) -> bool:
         """Whether the algorithm keeps grants (a sliding window's log), so that grants and
         reservations can be counted; a token bucket or fixed windows keep a few numbers."""
-        return self.config.algorithm is Algorithm.SLIDING_WINDOW
+        return GROUPS[self.config.algorithm].logs_grants
 
     def as_json(self) -> dict[str, Any]:
         """What ``inspect --json`` prints: only the fields that exist for the algorithm."""
@@ -224,7 +240,7 @@ async def inspect_limiter(
     else:
         read = await _clients(backend, snapshot, gen, clients, busiest)
         memory_keys += [keys.registry, *keys.clients(read)]
-    if config.algorithm is Algorithm.SLIDING_WINDOW:  # a log per rate: the others' keys too
+    if GROUPS[config.algorithm].logs_grants:  # a log per rate: the others' keys too
         budget_keys = memory_keys[1:] if config.rate_type is RateType.OVERALL else memory_keys[2:]
         for i in range(2, len(config.rates) + 1):
             memory_keys += [keys.for_rate(key, i) for key in budget_keys]
@@ -232,25 +248,40 @@ async def inspect_limiter(
     return snapshot
 
 
-async def budget_state(backend: RedisBackend, name: str, config: RateLimiterConfig) -> Budget:
+async def budget_state(
+    backend: RedisBackend, name: str, config: RateLimiterConfig, since_us: int | None = None
+) -> BudgetNow:
     """The grants and reservations of a limiter now (PER_CLIENT: its clients' summed, over
-    the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``."""
+    the most recent :data:`CLIENTS_READ`), for ``aiolimit watch``; with ``since_us`` (the
+    server's clock), the grants started since then too, read from the log of the longest
+    rate (it holds a grant longest: one interval from its start)."""
     redis = backend.redis
     keys = backend.keys(name)
     now_us, gen = await _now_and_gen(redis, keys)
-    if config.algorithm is not Algorithm.SLIDING_WINDOW:
-        return Budget()  # the counters keep no grants to count
+    if not GROUPS[config.algorithm].logs_grants:
+        return BudgetNow(now_us, gen, Budget())  # the counters keep no grants to count
     if config.rate_type is RateType.OVERALL:
-        return await _budget(redis, keys.value, keys.permits, gen, now_us)
-    ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
-    budgets = await asyncio.gather(
-        *(_budget(redis, keys.client_value(c), keys.client_permits(c), gen, now_us) for c, _ in ids)
-    )
+        logs = [(keys.value, keys.permits)]
+    else:
+        ids = await _recent_clients(redis, keys.registry, CLIENTS_READ)
+        logs = [(keys.client_value(c), keys.client_permits(c)) for c, _ in ids]
+    budgets = await asyncio.gather(*(_budget(redis, v, p, gen, now_us) for v, p in logs))
     total = Budget()
     for budget in budgets:
         total.grants += budget.grants
+        total.state = total.state or budget.state
         _add(total.reservations, budget.reservations)
-    return total
+    if since_us is not None:
+        longest = max(range(len(config.rates)), key=lambda i: config.rates[i].interval_us) + 1
+        started = await asyncio.gather(
+            *(
+                redis.zcount(keys.for_rate(permits, longest), f"({since_us}", now_us)
+                for (_, permits), budget in zip(logs, budgets, strict=True)
+                if budget.state  # (a log of another generation is dead)
+            )
+        )
+        total.started = sum(int(count) for count in started)
+    return BudgetNow(now_us, gen, total)
 
 
 async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:

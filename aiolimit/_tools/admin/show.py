@@ -12,6 +12,7 @@ from ..._types import RateLimiterConfig
 from ...backends.redis import RedisBackend
 from ..text import plural, seconds, shown, size
 from .connect import command, name_argument, no_limiter
+from .glob import SYNTAX
 from .reading import Client, Snapshot, inspect_limiter, limiter_names
 
 __all__ = ["INSPECT", "LIST", "blocked", "rates", "render"]
@@ -128,8 +129,7 @@ def _list_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         nargs="?",
         default="*",
-        help="a glob on names: * ? [abc] [^a-z], \\ before a character to take it as it is "
-        "(default *)",
+        help=f"a glob on names: {SYNTAX} (default *)",
     )
 
 

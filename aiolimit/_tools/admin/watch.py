@@ -1,6 +1,6 @@
-"""``aiolimit watch NAME``: once a second, grants per second, the permits taken of the
-tightest rate, the reservations waiting and any block; one line redrawn on a terminal, a line
-per tick otherwise. It only reads."""
+"""``aiolimit watch NAME``: once a second, grants per second (those whose slot started since
+the previous tick), the permits taken of the tightest rate, the reservations waiting and any
+block; one line redrawn on a terminal, a line per tick otherwise. It only reads."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import time
 from typing import NamedTuple
 
 from ..._types import RateLimiterConfig, RateType
+from ...backends.memory import GROUPS
 from ...backends.redis import RedisBackend
 from ..demo import positive_int
 from ..text import bar
@@ -25,7 +26,7 @@ class Reading(NamedTuple):
     """What one tick of ``watch`` read."""
 
     rate: float | None
-    """Grants per second since the previous tick (None: the first tick)."""
+    """Grants per second whose slot started since the previous tick (None: not known)."""
     available: int | None
     """Permits available now (None: PER_CLIENT, each client its own)."""
     ahead: Reservations
@@ -65,7 +66,7 @@ def _watch_arguments(parser: argparse.ArgumentParser) -> None:
 async def _watch(args: argparse.Namespace, backend: RedisBackend) -> int:
     loop = asyncio.get_running_loop()
     tty = sys.stdout.isatty()
-    previous: tuple[float, int] | None = None
+    previous: Previous | None = None
     began = loop.time()
     tick = 0
     try:
@@ -75,7 +76,7 @@ async def _watch(args: argparse.Namespace, backend: RedisBackend) -> int:
             config = await backend.get_config(args.name)
             if config is None:
                 raise no_limiter(args)
-            reading, previous = await _read(backend, args.name, config, previous, loop.time())
+            reading, previous = await _read(backend, args.name, config, previous)
             line = watch_line(config, reading)
             if tty:
                 sys.stdout.write("\r\x1b[K" + line)
@@ -88,24 +89,39 @@ async def _watch(args: argparse.Namespace, backend: RedisBackend) -> int:
     return 0
 
 
+class Previous(NamedTuple):
+    """What the next tick compares with: when this one read (the server's clock), and the
+    generation of the state it read."""
+
+    now_us: int
+    gen: str
+
+
 async def _read(
-    backend: RedisBackend,
-    name: str,
-    config: RateLimiterConfig,
-    previous: tuple[float, int] | None,
-    now: float,
-) -> tuple[Reading, tuple[float, int]]:
-    """One tick's reading, and the (time, grants) the next compares with."""
-    budget = await budget_state(backend, name, config)
+    backend: RedisBackend, name: str, config: RateLimiterConfig, previous: Previous | None
+) -> tuple[Reading, Previous]:
+    """One tick's reading, and what the next compares with. The rate is of the grants whose
+    slot started between the two readings (a sliding window's log holds their starts), on
+    the server's clock: neither a reservation made for later nor a caller that a block sent
+    back to queue again is a grant before its slot. None on the first tick, after the state
+    began afresh (``set-rate``), and for the counters (no log)."""
+    since_us = previous.now_us if previous is not None else None
+    read = await budget_state(backend, name, config, since_us)
     rate = None
-    if previous is not None and budget.grants >= previous[1]:
-        rate = (budget.grants - previous[1]) / (now - previous[0])
+    if (
+        previous is not None
+        and read.gen == previous.gen
+        and read.now_us > previous.now_us
+        and GROUPS[config.algorithm].logs_grants
+    ):
+        rate = read.budget.started / ((read.now_us - previous.now_us) / 1e6)
     available = None
     if config.rate_type is RateType.OVERALL:
         available = await backend.available_permits(name)
     blocked_us = await backend.block(name, None)
     blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
-    return Reading(rate, available, budget.reservations, blocked_s), (now, budget.grants)
+    reading = Reading(rate, available, read.budget.reservations, blocked_s)
+    return reading, Previous(read.now_us, read.gen)
 
 
 def watch_line(config: RateLimiterConfig, reading: Reading) -> str:

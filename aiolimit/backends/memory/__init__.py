@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Hashable
 
+from ..._breaker import BreakerPolicy
 from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
 from ...errors import (
     InvalidArgumentError,
@@ -15,35 +16,42 @@ from ...errors import (
     over_rate_error,
     queue_full_error,
 )
-from .._protocol import parse_grant, state_in_config
+from .._protocol import parse_grant
 from ..base import Backend, Grant, Refusal, SetMode
 from ._algorithm import Group
-from ._counters import Counters
-from ._fixed_window import FixedWindow, windows_outlived
+from ._fixed_window import FixedWindow
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
-from ._token_bucket import TokenBucket, convert_buckets, next_epoch
+from ._token_bucket import TokenBucket
 
-__all__ = ["MemoryBackend"]
+__all__ = ["GROUPS", "MemoryBackend", "state_in_config"]
 
-GROUPS: dict[Algorithm, type[SlidingLog] | type[Counters]] = {
+GROUPS: dict[Algorithm, type[Group]] = {
     Algorithm.SLIDING_WINDOW: SlidingLog,
     Algorithm.TOKEN_BUCKET: TokenBucket,
     Algorithm.FIXED_WINDOW: FixedWindow,
 }
-"""Each algorithm's group (lib.lua's ``ALGORITHMS``)."""
+"""Each algorithm's group (lib.lua's ``ALGORITHMS``): what it is, where its state lives and
+what new rates do to it are the group's, never a branch of the operations."""
+
+
+def state_in_config(config: RateLimiterConfig) -> bool:
+    """The budget's state lives in the config (on Redis the config hash's field ``state``,
+    ``STATE_FIELD``), not under keys of its own: lib.lua's ``config.in_hash``."""
+    return GROUPS[config.algorithm].state_in_config(config)
 
 
 def _group(
     limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool, now: int
 ) -> Group:
     """The budget ``key``'s group, as it stands at ``now`` (its expired parts dropped)."""
+    group = GROUPS[config.algorithm]
     limiter.live(key, now)
-    if config.algorithm is Algorithm.SLIDING_WINDOW:
+    if group.logs_grants:  # (each rate's log under a key of its own)
         for i in range(2, len(config.rates) + 1):
             limiter.live((key, i), now)
-    return GROUPS[config.algorithm](limiter, config, key, write)
+    return group(limiter, config, key, write)
 
 
 def _keep_promises(limiter: Limiter, cleared: dict[str, int], now: int) -> None:
@@ -113,15 +121,20 @@ class MemoryBackend(Backend):
     >>> limiter = RateLimiter("emails", backend)
 
     ``clock`` returns seconds; by default the running event loop's clock, so grants and
-    local timeouts share one monotonic clock (and tests can control it).
+    local timeouts share one monotonic clock (and tests can control it). ``breaker``: the
+    back-offs of its limiters' circuit breakers (:class:`~aiolimit.BreakerPolicy`).
     """
 
     __slots__ = ("_clock", "_shared")
 
     def __init__(
-        self, *, client_id: str | None = None, clock: Callable[[], float] = _loop_clock
+        self,
+        *,
+        client_id: str | None = None,
+        clock: Callable[[], float] = _loop_clock,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
-        super().__init__(client_id)
+        super().__init__(client_id, breaker)
         if not callable(clock):
             raise InvalidArgumentError(f"clock must be a callable returning seconds, not {clock!r}")
         self._clock = clock
@@ -130,6 +143,7 @@ class MemoryBackend(Backend):
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
+        self._share_breakers(other)
         return other
 
     @property
@@ -200,20 +214,10 @@ class MemoryBackend(Backend):
                 stored.state = old.state  # the new config carries the field over
             group = _group(limiter, config, None, True, now)
             group.reclaim(now)
-            if isinstance(group, TokenBucket) and state_in_config(config) and not group.fresh:
-                convert_buckets(group, old.config.rates, now)
-            elif (
-                isinstance(group, FixedWindow)
-                and state_in_config(config)
-                and not group.fresh
-                and windows_outlived(group, old.config.rates, now)
-            ):
-                group.fresh, stored.state = True, None  # forgotten, as an expired key
+            group.rates_changed(limiter, old, now)
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
-            if isinstance(group, TokenBucket) and not state_in_config(config):
-                next_epoch(stored, old, now)
             # Clients follow the new rate at their next grant; a longer interval lengthens
             # their TTLs now (refresh.lua, in chunks on Redis).
             if config.longest_us > old.config.longest_us and limiter.registry:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import abc
 from typing import ClassVar
 
-from ..._types import RateLimiterConfig
-from ._state import Limiter
+from ..._types import RateLimiterConfig, RateType
+from ._state import Config, Limiter
 
 
 class Group(abc.ABC):
@@ -23,6 +23,13 @@ class Group(abc.ABC):
 
     idempotent: ClassVar[bool] = False
     """Handing back one grant twice returns it once by the state alone (no receipt needed)."""
+    in_hash: ClassVar[bool] = False
+    """An OVERALL budget keeps its state in its config (on Redis the config hash's field
+    ``state``: lib.lua's ``in_hash``), not under keys of its own."""
+    logs_grants: ClassVar[bool] = False
+    """The budget is a log of grants per rate, each rate's under a key of its own (on Redis a
+    value key and a permits ZSET per rate), whose grants and reservations can be counted;
+    else a few numbers in one value."""
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
@@ -32,6 +39,17 @@ class Group(abc.ABC):
         self.blocked_until = limiter.config.blocked_until
         self.fresh = True
         """No state is stored for the budget: every rate allows its full count."""
+
+    @classmethod
+    def state_in_config(cls, config: RateLimiterConfig) -> bool:
+        """The budget's state lives in the config (``config.in_hash`` in lib.lua)."""
+        return cls.in_hash and config.rate_type is RateType.OVERALL
+
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+        """set_rate with keep_state, once reclaimed: what the new rates do to the state kept
+        (``old``: the config replaced). Nothing by default: the state follows the new rates
+        at its next grant."""
+        return None
 
     @abc.abstractmethod
     def reclaim(self, now: int) -> None:

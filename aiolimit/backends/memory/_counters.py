@@ -9,7 +9,7 @@ import abc
 from dataclasses import replace
 
 from ..._types import Rate, RateLimiterConfig
-from .._protocol import MAX_EXACT, format_grant, parse_grant, state_in_config
+from .._protocol import MAX_EXACT, format_grant, parse_grant
 from ._algorithm import Group
 from ._state import Budget, Limiter, ms
 
@@ -20,13 +20,15 @@ class Counters(Group):
 
     __slots__ = ("dirty", "state")
 
+    in_hash = True  # (an OVERALL budget's numbers are a field of its config: counters.lua)
+
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
     ) -> None:
         super().__init__(limiter, config, key, write)
         self.dirty = False
         assert limiter.config is not None
-        state = limiter.config.state if state_in_config(config) else limiter.budgets.get(key)
+        state = limiter.config.state if self.state_in_config(config) else limiter.budgets.get(key)
         size = 2 * len(config.rates)
         if state is None:
             self.state = Budget(n=[0] * size)  # full buckets; no window yet
@@ -149,7 +151,7 @@ class Counters(Group):
         if state.handbacks:
             until = max(until, now + 1)  # a grant at this very time must see the count
         if until <= now:
-            if state_in_config(config):
+            if self.state_in_config(config):
                 stored.state = None
             else:
                 limiter.unstore(self.key)
@@ -159,7 +161,7 @@ class Counters(Group):
             ttl = max(min(ttl, ms(stored.deadline - now)), 1000)
         if len(config.rates) == 1 and not config.min_spacing_us:
             state.last = None  # kept only where a later request needs it (counters.lua)
-        if state_in_config(config):
+        if self.state_in_config(config):
             stored.state = state  # no TTL of its own: it goes with the config
         else:
             state.expires_at, state.epoch = now + ttl, stored.epoch

@@ -12,7 +12,7 @@ from ..._types import MAX_RATES, Rate, RateLimiterConfig
 from .._protocol import HELD_BUCKETS
 from ._counters import Counters
 from ._held import kept_until
-from ._state import Limiter
+from ._state import Config, Limiter
 
 
 def window_of(end: int, interval: int) -> int:
@@ -22,6 +22,16 @@ def window_of(end: int, interval: int) -> int:
 
 class FixedWindow(Counters):
     __slots__ = ()
+
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+        stored = limiter.config
+        assert stored is not None
+        if (
+            self.state_in_config(self.config)
+            and not self.fresh
+            and windows_outlived(self, old.config.rates, now)
+        ):
+            self.fresh, stored.state = True, None  # forgotten, as an expired key
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool

@@ -187,6 +187,7 @@ class SlidingLog(Group):
     __slots__ = ("budgets", "stored", "touched", "used")
 
     idempotent = True  # a grant handed back is no longer in the log
+    logs_grants = True
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool

@@ -7,7 +7,7 @@ import math
 from dataclasses import replace
 
 from ..._types import Rate, RateLimiterConfig
-from .._protocol import MAX_EXACT, state_in_config
+from .._protocol import MAX_EXACT
 from ._counters import Counters
 from ._state import Config, Limiter
 
@@ -56,8 +56,16 @@ class TokenBucket(Counters):
         super().__init__(limiter, config, key, write)
         stored = limiter.config
         assert stored is not None
-        if not self.fresh and not state_in_config(config) and self.state.epoch < stored.epoch:
+        if not self.fresh and not self.state_in_config(config) and self.state.epoch < stored.epoch:
             adopted(self, stored, self.state.epoch)  # a client's state of earlier rates
+
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+        stored = limiter.config
+        assert stored is not None
+        if not self.state_in_config(self.config):
+            next_epoch(stored, old, now)  # each client's bucket is converted at its next call
+        elif not self.fresh:
+            convert_buckets(self, old.config.rates, now)
 
     def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
         if b >= rate.permits:  # a remainder of another rate: a whole us, rounded up
@@ -133,7 +141,7 @@ def converted(was: Rate, rate: Rate, tat: int, frac: int, at: int) -> tuple[int,
 
 
 def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> None:
-    """set_rate with keep_state, an OVERALL bucket (set_rate.lua's ``convert_buckets``)."""
+    """set_rate with keep_state, an OVERALL bucket (token_bucket.lua's ``convert_buckets``)."""
     n = list(bucket.state.n)
     for i, rate in enumerate(bucket.config.rates[: len(old)]):
         n[2 * i], n[2 * i + 1] = converted(old[i], rate, n[2 * i], n[2 * i + 1], now)
@@ -141,7 +149,7 @@ def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> Non
 
 
 def next_epoch(stored: Config, old: Config, now: int) -> None:
-    """set_rate with keep_state, a PER_CLIENT bucket (set_rate.lua's ``next_epoch``): when
+    """set_rate with keep_state, a PER_CLIENT bucket (token_bucket.lua's ``next_epoch``): when
     the rates change, the next rates epoch, the old rates kept with the change's time."""
     stored.epoch, stored.epochs = old.epoch, old.epochs
 

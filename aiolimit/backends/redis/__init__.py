@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
+from ..._breaker import BreakerPolicy
 from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._protocol import format_rates, parse_grant
@@ -52,6 +53,9 @@ class RedisBackend(Backend):
     round trip itself runs on: a grant it makes for a caller that gave up is handed back, as
     a cancelled caller's is. ``None`` (or ``math.inf``) leaves only redis-py's own timeouts.
     Backends on one client share its round trips, each call still under its own timeout.
+
+    ``breaker``: the back-offs of its limiters' circuit breakers
+    (:class:`~aiolimit.BreakerPolicy`; after an outage, calls fail at once for a while).
     """
 
     __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")
@@ -64,8 +68,9 @@ class RedisBackend(Backend):
         clock: Clock = "server",
         prefix: str = "aiolimit:",
         timeout: Duration | None = 5.0,
+        breaker: BreakerPolicy | None = None,
     ) -> None:
-        super().__init__(client_id)
+        super().__init__(client_id, breaker)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
         if prefix:
@@ -91,6 +96,7 @@ class RedisBackend(Backend):
             self._redis, client_id=client_id, prefix=self._prefix, timeout=self._timeout
         )
         other._clock = self._clock
+        self._share_breakers(other)
         # One store, one key layout: the view shares what this backend learnt of each limiter
         # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
         # trip, not two. An ASGI middleware makes a view per request.

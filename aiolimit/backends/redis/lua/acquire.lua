@@ -7,7 +7,7 @@
 -- ARGV[1] the request: "<permits> <now in us, or -> <max wait in us, -1: none> <rate type>
 --         [<client id>]"
 --
--- Returns the reply string described at `acquire` in lib.lua.
+-- Returns the reply string described in batch.lua (its header).
 
 local batch = new_batch()
 local reply = try_acquire(batch, KEYS[1], KEYS[2], KEYS[3], KEYS[4], match(ARGV[1] or '', '^' .. REQUEST))

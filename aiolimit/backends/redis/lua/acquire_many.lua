@@ -6,7 +6,7 @@
 -- ARGV   one per request: "<k> <request>", where KEYS[k] is the request's config hash (its
 --        other keys follow it) and <request> is as for acquire.lua
 --
--- Returns the reply strings of the requests (see `acquire` in lib.lua), in order, joined by
+-- Returns the reply strings of the requests (see batch.lua's header), in order, joined by
 -- newlines into one string; a grant's reply that is the one before it with `permits` fewer
 -- left and another tag is "=<tag step>" (SAME_FORMAT in _protocol.py). Requests run one after another,
 -- exactly as if they had been sent as separate acquire calls; one that fails gets its own

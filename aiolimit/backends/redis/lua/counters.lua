@@ -199,7 +199,8 @@ end
 -- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
 -- (Numeric loops over the rates: they run for every request of a batch.)
 local function counters(rule)
-  local algorithm = {}
+  -- (an OVERALL budget's numbers are a field of its config: see above)
+  local algorithm = { in_hash = true }
   function algorithm.load(group, write)
     load_counters(group, rule, write)
   end
@@ -251,6 +252,9 @@ local function counters(rule)
   end
   function algorithm.keep(group)
     group.dirty = not group.fresh
+  end
+  function algorithm.rates_changed()
+    -- each rate reads its numbers as `loaded` says, whatever rate wrote them
   end
   function algorithm.save(group, now)
     return save_counters(group, rule, now)

@@ -236,3 +236,9 @@ local function windows_outlived(group, olds, now)
   end
   return true
 end
+
+function fixed.rates_changed(group, olds, old_epochs, now)
+  if group.config.in_hash and not group.fresh and windows_outlived(group, olds, now) then
+    group.fresh = true -- (the new config has no state field: nothing to remove)
+  end
+end

@@ -50,6 +50,8 @@ end
 -- The algorithms a config may name (docs/algorithms.md), each a table of the functions
 -- below ("groups"), filled in by its own file.
 local ALGORITHMS = {}
+local DEFAULT_ALGORITHM = 'SLIDING_WINDOW'
+-- (a config without the field 'algorithm' has the default: set_rate does not write it)
 
 local function now_us(arg)
   if arg ~= nil and arg ~= '' and arg ~= '-' then
@@ -209,6 +211,13 @@ local function config_rates(stored, rate, interval)
   return rates
 end
 
+-- Where the state of a budget lives: in the config hash (an OVERALL budget of an algorithm
+-- whose table says `in_hash`), or in value keys.
+local function state_in_hash(rate_type, algorithm)
+  local algorithm_table = ALGORITHMS[algorithm]
+  return rate_type == 'OVERALL' and algorithm_table ~= nil and algorithm_table.in_hash
+end
+
 -- Reads the config hash; returns nil when the limiter has no config. One HGETALL straight into
 -- one table (every field named in its constructor, so it is allocated once): the fields a
 -- config lacks keep their defaults.
@@ -226,7 +235,7 @@ local function load_config(config_key)
   -- 'blocked_until' (set by block(): no grant starts before it).
   local config = {
     key = config_key, rate = false, interval = false, type = false, keep_alive = 0,
-    clock_moved = false, gen = '-', algorithm = 'SLIDING_WINDOW', rates = false, spacing = 0,
+    clock_moved = false, gen = '-', algorithm = DEFAULT_ALGORITHM, rates = false, spacing = 0,
     -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
     state = false,
     in_hash = false, max_permits = false, longest = false, lane = false,
@@ -260,8 +269,7 @@ local function load_config(config_key)
   if not (rates and config.keep_alive and config.type and config.spacing and ALGORITHMS[config.algorithm]) then
     error('aiolimit: the config of ' .. config_key .. ' is not an aiolimit config; delete() the limiter')
   end
-  -- Where the state of its budget lives: in the config hash (OVERALL counters), or in value keys.
-  config.in_hash = config.type == 'OVERALL' and config.algorithm ~= 'SLIDING_WINDOW'
+  config.in_hash = state_in_hash(config.type, config.algorithm)
   -- One rate and no spacing, where the algorithm has a `grant_now`: see `acquire` (batch.lua).
   config.lane = #rates == 1 and config.spacing == 0 and ALGORITHMS[config.algorithm].grant_now ~= nil
   return config
@@ -349,8 +357,15 @@ end
 --   queued(group, now)             the permits reserved to start after `now` (at least; of
 --                                  the rate that has the most) and the latest such start,
 --                                  or nil: what a reset must not forget (set_rate.lua)
+--   rates_changed(group, olds, old_epochs, now)  set_rate with keep_state, once the group is
+--                                  loaded and reclaimed: what the new rates do to the stored
+--                                  state (`olds` the old config's rates, {rate, interval}
+--                                  each; `old_epochs` its field 'epochs'). Nothing, for most:
+--                                  the state follows the new rates at its next grant
 --   idempotent                     (a flag) handing back one grant twice returns it once by
 --                                  the state alone, without a receipt (release.lua)
+--   in_hash                        (a flag) an OVERALL budget keeps its state in the config
+--                                  hash (field 'state'), not in value keys (config.in_hash)
 -- Each rate tells the earliest start at which it allows a request; every rate allows it from
 -- then on (given that a start is never before the latest one), so the request starts at the
 -- latest of them, no earlier than the latest grant, nor than it plus the spacing.

@@ -11,8 +11,8 @@
 -- ARGV[6] keep_state: '1' keeps grants inside the new window, '0' clears every budget
 -- ARGV[7] now in microseconds, or '' to read the server's TIME
 -- ARGV[8] a fresh generation, unique to this call (used when the state is cleared; not
---         written for an OVERALL token bucket or fixed window, whose state is in the hash)
--- ARGV[9] algorithm: 'SLIDING_WINDOW', 'TOKEN_BUCKET' or 'FIXED_WINDOW'
+--         written where the budget's state is in the hash: `in_hash` in lib.lua)
+-- ARGV[9] algorithm: a name in ALGORITHMS (lib.lua)
 -- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
 -- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
 --
@@ -21,8 +21,9 @@
 -- renamed to KEYS[5] for the caller to remove their keys in chunks (retire.lua). Keeping it,
 -- each client's state follows the new rate at its next grant (`used` does not depend on the
 -- rate); only a longer interval needs their TTLs lengthened, in chunks (refresh.lua).
--- An OVERALL token bucket's or fixed windows' state is a field of the config hash: the new
--- config carries it over when the state is kept, and simply lacks it when it is cleared.
+-- An OVERALL budget's state may be a field of the config hash (`in_hash`): the new config
+-- carries it over when the state is kept, and simply lacks it when it is cleared. What new
+-- rates do to the state kept is the algorithm's (`rates_changed`).
 --
 -- A reset forgets what was used, not what was promised: an OVERALL budget's reservations that
 -- have not started yet keep their slots, and count against the new state as a grant of the
@@ -51,45 +52,6 @@ local function reservations_of(config_key, value_key, permits_key, now_arg)
   return permits and { permits, latest } or nil
 end
 
--- An OVERALL token bucket keeps the tokens missing from each rate's bucket, not the time it
--- is full again: they refill at the new rate from `now` (token_bucket.lua's `converted`).
--- A PER_CLIENT client's bucket is converted at its next call: see `next_epoch`.
-local function convert_buckets(group, olds, now)
-  local n = group.n
-  for i, r in ipairs(group.config.rates) do
-    if olds[i] then
-      n[2 * i - 1], n[2 * i] = converted(olds[i], r, n[2 * i - 1], n[2 * i], now)
-    end
-  end
-end
-
-local function format_rates(rates)
-  local parts = {}
-  for i, r in ipairs(rates) do
-    parts[i] = fmt(r.rate) .. ':' .. fmt(r.interval)
-  end
-  return table.concat(parts, ',')
-end
-
--- A PER_CLIENT token bucket whose rates change: the next rates epoch (token_bucket.lua), its
--- generation written, the old rates kept in 'epochs' with the time of the change.
-local function next_epoch(config, olds, old_epochs, now)
-  local rates = format_rates(olds)
-  if rates == format_rates(config.rates) then
-    return
-  end
-  local base, epoch = split_gen(config.gen)
-  local kept = { fmt(epoch) .. ' ' .. fmt(now) .. ' ' .. rates }
-  for entry in string.gmatch(old_epochs or '', '[^|]+') do
-    if #kept == EPOCHS_KEPT then
-      break
-    end
-    kept[#kept + 1] = entry
-  end
-  config.gen, config.epochs = base .. '.' .. fmt(epoch + 1), table.concat(kept, '|')
-  redis.call('HSET', config.key, 'gen', config.gen, 'epochs', config.epochs)
-end
-
 -- The old config's rates ({rate, interval} each), from the HMGET below.
 local function old_rates(old)
   local olds = {}
@@ -114,16 +76,16 @@ local rate_type, keep_alive, algorithm = ARGV[2], tonumber(ARGV[5]), ARGV[9]
 -- Changing the rate type or the algorithm clears the state: the budgets are not comparable.
 -- So does a new config where none was: state left by an expired or deleted limiter belongs
 -- to no limiter.
-local keep = ARGV[6] == '1' and old_type == rate_type and (old[5] or 'SLIDING_WINDOW') == algorithm
+local keep = ARGV[6] == '1' and old_type == rate_type and (old[5] or DEFAULT_ALGORITHM) == algorithm
 local gen = keep and old[2] or ARGV[8]
 local promised = not keep and old_type == 'OVERALL' and rate_type == 'OVERALL'
   and reservations_of(KEYS[1], KEYS[2], KEYS[3], ARGV[7])
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
-if rate_type ~= 'OVERALL' or algorithm == 'SLIDING_WINDOW' then
+if not state_in_hash(rate_type, algorithm) then
   redis.call('HSET', KEYS[1], 'gen', gen) -- the state in value keys belongs to it
 end
-if algorithm ~= 'SLIDING_WINDOW' then
+if algorithm ~= DEFAULT_ALGORITHM then
   redis.call('HSET', KEYS[1], 'algorithm', algorithm)
 end
 if ARGV[10] ~= '' then
@@ -145,20 +107,9 @@ if keep then
   config.state = config.in_hash and old[7] or nil -- written back by save, if it lives
   local now = limiter_now(config, ARGV[7])
   clock = config.clock and fmt(config.clock)
-  if algorithm == 'TOKEN_BUCKET' and not config.in_hash then
-    if old[9] then
-      config.epochs = old[9]
-      redis.call('HSET', KEYS[1], 'epochs', old[9]) -- (the config was written afresh)
-    end
-    next_epoch(config, old_rates(old), old[9], now)
-  end
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
-  if algorithm == 'TOKEN_BUCKET' and config.in_hash and not group.fresh then
-    convert_buckets(group, old_rates(old), now)
-  elseif algorithm == 'FIXED_WINDOW' and config.in_hash and not group.fresh and windows_outlived(group, old_rates(old), now) then
-    group.fresh = true -- (the new config has no state field: nothing to remove)
-  end
+  group.algorithm.rates_changed(group, old_rates(old), old[9], now)
   group.algorithm.keep(group)
   if not group.fresh then
     group.algorithm.save(group, now)

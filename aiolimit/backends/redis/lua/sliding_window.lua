@@ -213,7 +213,9 @@ end
 
 -- -- the group (see "groups" in lib.lua): group.budgets holds a log per rate ----------------------
 -- (Loops over it are numeric: ipairs calls a C function on every step.)
-local sliding = { idempotent = true } -- a grant handed back is no longer in its log
+-- (a grant handed back is no longer in its log; the logs live in value keys and permits ZSETs,
+-- an OVERALL budget's too)
+local sliding = { idempotent = true, in_hash = false }
 ALGORITHMS.SLIDING_WINDOW = sliding
 
 function sliding.load(group, write)
@@ -320,6 +322,11 @@ function sliding.grant_now(group, permits, now)
   end
   local tag = sliding.commit(group, permits, now)
   return tag, budget.rate - budget.used
+end
+
+function sliding.rates_changed()
+  -- a log follows the new rates by itself: each grant counts for one interval of the rate
+  -- that reads it (a longer one finds what left the window in held.lua's summary)
 end
 
 function sliding.keep(group)

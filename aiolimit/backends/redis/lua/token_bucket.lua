@@ -97,7 +97,7 @@ local function parse_epochs(text)
   return epochs
 end
 
-ALGORITHMS.TOKEN_BUCKET = counters({
+local bucket = counters({
   -- A client's state of an earlier rates epoch of this config (nil: not this config's): a
   -- function of (i, tat, frac) converting rate i's numbers through every change since,
   -- each at its time, as set_rate converts an OVERALL bucket. An epoch older than those
@@ -190,3 +190,55 @@ ALGORITHMS.TOKEN_BUCKET = counters({
     return count, tat, frac
   end,
 })
+ALGORITHMS.TOKEN_BUCKET = bucket
+
+-- An OVERALL bucket keeps the tokens missing from each rate's bucket, not the time it is full
+-- again: they refill at the new rate from `now` (`converted`).
+local function convert_buckets(group, olds, now)
+  local n = group.n
+  for i, r in ipairs(group.config.rates) do
+    if olds[i] then
+      n[2 * i - 1], n[2 * i] = converted(olds[i], r, n[2 * i - 1], n[2 * i], now)
+    end
+  end
+end
+
+local function format_rates(rates)
+  local parts = {}
+  for i, r in ipairs(rates) do
+    parts[i] = fmt(r.rate) .. ':' .. fmt(r.interval)
+  end
+  return table.concat(parts, ',')
+end
+
+-- A PER_CLIENT bucket is converted at its client's next call (`adopt`): when the rates change,
+-- the next rates epoch, its generation written, the old rates kept in 'epochs' (carried over
+-- from the old config, `old_epochs`) with the time of the change.
+local function next_epoch(config, olds, old_epochs, now)
+  if old_epochs then
+    config.epochs = old_epochs
+    redis.call('HSET', config.key, 'epochs', old_epochs) -- (set_rate wrote the config afresh)
+  end
+  local rates = format_rates(olds)
+  if rates == format_rates(config.rates) then
+    return
+  end
+  local base, epoch = split_gen(config.gen)
+  local kept = { fmt(epoch) .. ' ' .. fmt(now) .. ' ' .. rates }
+  for entry in string.gmatch(old_epochs or '', '[^|]+') do
+    if #kept == EPOCHS_KEPT then
+      break
+    end
+    kept[#kept + 1] = entry
+  end
+  config.gen, config.epochs = base .. '.' .. fmt(epoch + 1), table.concat(kept, '|')
+  redis.call('HSET', config.key, 'gen', config.gen, 'epochs', config.epochs)
+end
+
+function bucket.rates_changed(group, olds, old_epochs, now)
+  if not group.config.in_hash then
+    next_epoch(group.config, olds, old_epochs, now)
+  elseif not group.fresh then
+    convert_buckets(group, olds, now)
+  end
+end

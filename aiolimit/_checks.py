@@ -1,0 +1,38 @@
+"""The checks of the arguments every surface takes: a timeout (or ``wait``) and a count of
+permits. One place each, below the engine and every limiter and surface that import them."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from .errors import InvalidArgumentError
+
+__all__ = ["check_permits", "max_wait_of"]
+
+
+def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
+    """A public timeout as the longest wait in microseconds; None waits as long as it takes.
+    Every surface's timeout (or ``wait``) is checked here.
+
+    A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
+    long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
+    if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
+        return timeout * 1_000_000
+    if timeout is None or exceeds_max_duration(timeout):
+        return None
+    max_wait = to_micros(timeout, what)  # (a number or a timedelta from here on)
+    if max_wait < 0 or (not isinstance(timeout, timedelta) and timeout < 0):
+        raise InvalidArgumentError(f"{what} must be >= 0 or None, not {timeout!r}")
+    return max_wait
+
+
+def check_permits(permits: object) -> int:
+    """``permits`` when it is an int from 1 to MAX_RATE; else InvalidArgumentError."""
+    if permits.__class__ is int and 1 <= permits <= MAX_RATE:
+        return permits
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 1 <= permits <= MAX_RATE:
+        raise InvalidArgumentError(
+            f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
+        )
+    return permits
