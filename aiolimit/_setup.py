@@ -8,15 +8,27 @@ concurrent first calls wait for one write. A write that fails is tried again by 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._types import Algorithm, Duration, RateLimiterConfig, Rates, RateType
 from .errors import InvalidArgumentError
 
-if TYPE_CHECKING:
-    from ._base import _Limiter
+__all__ = ["Ensures", "Setup", "setup_of"]
 
-__all__ = ["Setup", "setup_of"]
+
+class Ensures(Protocol):
+    """What a setup writes through: a limiter's ``ensure_rate``."""
+
+    async def ensure_rate(
+        self,
+        rate_type: RateType | str,
+        rate: Rates,
+        interval: Duration | None = None,
+        *,
+        algorithm: Algorithm | str = ...,
+        min_spacing: Duration | None = None,
+        keep_alive: Duration | None = None,
+    ) -> bool: ...
 
 
 class Setup:
@@ -29,7 +41,7 @@ class Setup:
         self.done = False
         self._lock = asyncio.Lock()
 
-    async def ensure(self, limiter: _Limiter) -> None:
+    async def ensure(self, limiter: Ensures) -> None:
         """Writes the config through ``limiter`` unless it was written already."""
         async with self._lock:
             if self.done:
