@@ -137,7 +137,7 @@ async def run(client: str, url: str, limiters: int, algorithm: str, count: Count
 
     else:
         port = int(url.rsplit(":", 1)[1].split("/")[0])
-        hit = await _bare_hit(port, lims[0]._backend, [lim.name for lim in lims])
+        hit = await _bare_hit(port, lims[0].backend, [lim.name for lim in lims])
 
     async def task(seed: int) -> None:
         pick = random.Random(seed).randrange
