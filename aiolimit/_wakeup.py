@@ -19,7 +19,7 @@ from ._observe import Observer
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
 
-__all__ = ["BLOCK_LEAD", "Sleeper", "sleep_out"]
+__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "sleep_out"]
 
 
 class Sleeper(Protocol):
@@ -33,9 +33,13 @@ class Sleeper(Protocol):
 
 
 BLOCK_LEAD = 0.005
-"""Seconds before a reservation's start its sleeper asks whether a ``block()`` came
-meanwhile, so that the read's round trip does not make it late (a block set in the last
-``BLOCK_LEAD`` before the start is obeyed from the next grant on)."""
+"""The least seconds before a reservation's start its sleeper asks whether a ``block()``
+came meanwhile, so that the read's round trip does not make it late: twice the time such
+reads took lately, up to ``MAX_BLOCK_LEAD`` (a block set in that last moment before the
+start is obeyed from the next grant on)."""
+MAX_BLOCK_LEAD = 0.05
+
+_read_took = 0.0  # how long block reads took lately (a maximum that decays)
 
 
 async def sleep_out(
@@ -64,7 +68,8 @@ async def sleep_out(
             observer.queued(name, 1)
     try:
         try:
-            await asyncio.sleep(max(wake - BLOCK_LEAD - now, 0.0))
+            lead = min(max(BLOCK_LEAD, 2 * _read_took), MAX_BLOCK_LEAD)
+            await asyncio.sleep(max(wake - lead - now, 0.0))
         except asyncio.CancelledError:
             for limiter, grant in grants:
                 limiter.backend.hand_back(limiter.name, grant.member)
@@ -93,7 +98,10 @@ async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
     """After sleeping out reservations: whether a ``block()`` (from any process) came on a
     limiter whose grant was a reservation (a block ending after the grant's start); one read
     each, sent together."""
+    global _read_took
     reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
     try:
         ends = await asyncio.gather(
             *(limiter.backend.blocked_until(limiter.name) for limiter, _ in reserved)
@@ -102,6 +110,7 @@ async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
         for limiter, grant in grants:
             limiter.backend.hand_back(limiter.name, grant.member)
         raise
+    _read_took = max(loop.time() - began, _read_took * 0.9)
     return any(
         end is not None and end > grant.starts_at
         for end, (_, grant) in zip(ends, reserved, strict=True)

@@ -101,3 +101,44 @@ def test_the_map_keeps_the_tightest_offset_and_forgets_old_ones():
     assert clock_map.local(200_000_000) == pytest.approx(194.9)
     clock_map.observe(round((100 + 2 * half + 2) * 1e6), 100 + 2 * half)  # 5.1 is forgotten
     assert clock_map.local(200_000_000) == pytest.approx(197.0)
+
+
+class SlowBlockReads(SlowReplies):
+    """Whether a block came is answered ``read`` seconds after it is asked."""
+
+    read = 0.004
+
+    async def blocked_until(self, name: str) -> int | None:
+        await asyncio.sleep(self.read)
+        return await super().blocked_until(name)
+
+
+async def test_asking_whether_a_block_came_does_not_make_a_waiter_late():
+    # A waiter asks whether a block() came while it slept; asked at its slot, the read's
+    # round trip (4 ms here) made every waiter that late.
+    backend = SlowBlockReads([])
+    limiter = RateLimiter("partner", backend)
+    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await limiter.acquire(2)
+    await limiter.acquire()  # its slot: 1 s
+    assert loop.time() - began == pytest.approx(1.0, abs=1e-5)
+
+
+async def test_a_block_that_came_while_the_waiter_slept_is_still_obeyed():
+    backend = SlowBlockReads([])
+    limiter = RateLimiter("partner", backend)
+    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    await limiter.acquire(2)
+
+    async def block_soon() -> None:
+        await asyncio.sleep(0.5)
+        await limiter.block(2.0)  # until 2.5 s
+
+    blocking = asyncio.create_task(block_soon())
+    await limiter.acquire()  # its slot was 1 s: behind the block now
+    await blocking
+    assert loop.time() - began >= 2.5 - 1e-6

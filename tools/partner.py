@@ -174,22 +174,24 @@ class Seen:
 
 
 def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") -> Seen:
-    """What a partner's ``stats()`` say about the trial's steady part: the whole intervals
-    from one interval after ``began`` (the callers' first burst and connections left out) to
-    ``ended``; the 429s of the whole run."""
+    """What a partner's ``stats()`` say about the trial's steady part, from one interval
+    after ``began`` (the callers' first burst and connections left out) to ``ended``; the
+    429s of the whole run."""
     rate, interval = stats["rate"], stats["interval"]
     arrivals = sorted(stats["arrivals"])
     first = began + interval
-    windows = max(0, math.floor((ended - first) / interval))
-    steady = arrivals[
-        bisect.bisect_left(arrivals, first) : bisect.bisect_left(
-            arrivals, first + windows * interval
-        )
-    ]
-    share = len(steady) / (rate * windows) if windows else 0.0
-    late = sorted(
-        late for at, late in zip(stats["late_at"], stats["late"], strict=True) if at >= first
-    )
+    steady = arrivals[bisect.bisect_left(arrivals, first) : bisect.bisect_left(arrivals, ended)]
+    windows = math.floor((ended - first) / interval)
+    # What came through per interval, from the first steady arrival to the start of the last
+    # burst (arrivals closer than half a permit's share of the interval are one burst, and
+    # the last one opens the next span), over the quota.
+    last = len(steady) - 1
+    while last > 0 and steady[last] - steady[last - 1] < interval / rate / 2:
+        last -= 1
+    span = steady[last] - steady[0] if last > 0 else 0.0
+    share = last / (rate * span / interval) if span > 0 else 0.0
+    stamped = zip(stats["late_at"], stats["late"], strict=True)
+    late = sorted(late for at, late in stamped if at >= first)
     return Seen(
         kind=stats["kind"],
         client=client,
