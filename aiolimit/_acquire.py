@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 from . import _observe
 from ._breaker import Breaker, charge, enter_all
 from ._observe import Observer
+from ._wakeup import sleep_out
 from .backends._protocol import parse_grant
 from .backends.base import Attempt, Backend, Grant, Refusal, Started, hand_backs_failed
 from .errors import BackendError, LimiterError
@@ -231,9 +232,9 @@ async def _settle(
                 starts_in = grant.starts_in
         if starts_in <= 0:
             return Acquired(limiters, permits, attempts, waited)
-        await _sleep_out(grants, starts_in, observer, names)
+        blocked = await sleep_out(grants, starts_in, observer, names)
         waited = loop.time() - began
-        if not await _blocked_meanwhile(grants):
+        if not blocked:
             return Acquired(limiters, permits, attempts, waited)
         await _release(grants)  # behind the block: ask again
         if max_wait is not None:
@@ -343,45 +344,3 @@ async def _release(grants: Sequence[tuple[Limited, Grant]]) -> None:
             raise outcome
     if failures:
         hand_backs_failed(failures[0], len(failures))  # one warning with the count, soon
-
-
-async def _sleep_out(
-    grants: Sequence[tuple[Limited, Grant]],
-    starts_in: int,
-    observer: Observer | None,
-    names: Sequence[str],
-) -> None:
-    """Sleeps until the last reserved grant starts; a cancelled sleeper hands its grants
-    back. The observer sees each limiter's caller waiting meanwhile."""
-    if observer is not None:
-        for name in names:
-            observer.queued(name, 1)
-    try:
-        await asyncio.sleep(starts_in / 1e6)
-    except asyncio.CancelledError:
-        for limiter, grant in grants:
-            limiter.backend.hand_back(limiter.name, grant.member)
-        raise
-    finally:
-        if observer is not None:
-            for name in names:
-                observer.queued(name, -1)
-
-
-async def _blocked_meanwhile(grants: Sequence[tuple[Limited, Grant]]) -> bool:
-    """After sleeping out reservations: whether a ``block()`` (from any process) came on a
-    limiter whose grant was a reservation (a block ending after the grant's start); one read
-    each, sent together."""
-    reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
-    try:
-        ends = await asyncio.gather(
-            *(limiter.backend.blocked_until(limiter.name) for limiter, _ in reserved)
-        )
-    except BaseException:  # unknown: the grants go back rather than risk passing a block
-        for limiter, grant in grants:
-            limiter.backend.hand_back(limiter.name, grant.member)
-        raise
-    return any(
-        end is not None and end > grant.starts_at
-        for end, (_, grant) in zip(ends, reserved, strict=True)
-    )

@@ -102,6 +102,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
     ) -> bool:
         """Sets the rate only where the limiter has none; returns whether it did.
@@ -114,7 +115,13 @@ class _Limiter:
         When a stored config differs from the one asked for (another process, or an earlier
         run, set another rate), it stays, and a warning is logged once per process."""
         asked = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         written = await self._set("try", asked, True)
         if not all(written):
@@ -141,6 +148,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = False,
     ) -> None:
@@ -148,7 +156,13 @@ class _Limiter:
         ``keep_state`` every budget restarts full; with it, what was granted keeps counting
         (a change of rate type or algorithm always clears the state)."""
         config = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         await self._set("set", config, keep_state)
 
@@ -160,6 +174,7 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
     ) -> bool:
         """Makes sure the stored config is this one: writes it where there is none, and
@@ -167,7 +182,13 @@ class _Limiter:
         keep_state=True)``); returns whether it wrote. For code that owns its limits (the
         ASGI middleware's rules): an unchanged config costs two reads, no write."""
         asked = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         if all(await self._set("try", asked, True)):
             return True
@@ -185,12 +206,19 @@ class _Limiter:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
         keep_alive: Duration | None = None,
         keep_state: bool = True,
     ) -> bool:
         """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
         config = RateLimiterConfig.build(
-            rate_type, rate, interval, keep_alive, algorithm=algorithm, min_spacing=min_spacing
+            rate_type,
+            rate,
+            interval,
+            keep_alive,
+            algorithm=algorithm,
+            min_spacing=min_spacing,
+            margin=margin,
         )
         return all(await self._set("update", config, keep_state))
 
@@ -215,6 +243,18 @@ class _Limiter:
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
+
+    async def reserve(self, permits: int = 1, *, timeout: Duration | None = 0) -> Acquired:
+        """Takes ``permits`` as :meth:`try_acquire` does, and returns the acquisition: true
+        when granted (``retry_after`` when not). Its ``release()`` hands everything back;
+        its ``settle(n)`` says what the call really cost once it is known.
+
+        >>> acquired = await tokens.reserve(prompt_tokens + max_tokens, timeout=30)
+        >>> if acquired:
+        ...     response = await call_model(...)
+        ...     await acquired.settle(response.usage.total_tokens)
+        """
+        return await self._take(check_permits(permits), max_wait_of(timeout))
 
     def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
         """Takes ``permits`` (checked) within ``max_wait`` µs through the engine: the

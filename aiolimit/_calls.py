@@ -15,19 +15,27 @@ the year 9999) would otherwise stop every caller of the limiter, in every proces
 
 from __future__ import annotations
 
+import contextvars
 import email.utils
 import logging
 import re
 import time
 from datetime import timezone
 
+from ._acquire import Acquired
 from ._checks import check_permits, max_wait_of
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
 
-__all__ = ["DEFAULT_MAX_PAUSE", "PAUSE_STATUSES", "CallGuard", "retry_after_seconds"]
+__all__ = [
+    "DEFAULT_MAX_PAUSE",
+    "PAUSE_STATUSES",
+    "CallGuard",
+    "last_grant",
+    "retry_after_seconds",
+]
 
 log = logging.getLogger("aiolimit")
 
@@ -68,6 +76,13 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return min(max(seconds, 0.0), _LONGEST_PAUSE)
 
 
+last_grant: contextvars.ContextVar[Acquired | None] = contextvars.ContextVar(
+    "last_grant", default=None
+)
+"""The acquisition the guard just took for this task's call (what a test or a trace reads:
+the grant's start, to tell how late the request left)."""
+
+
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
@@ -102,6 +117,7 @@ class CallGuard:
         acquired = await self.limiter._take(self.permits, self._max_wait)
         if not acquired:
             raise RateLimited(self.limiter.name, acquired.retry_after)
+        last_grant.set(acquired)
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;

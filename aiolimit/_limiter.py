@@ -57,9 +57,12 @@ class RateLimiter(_Limiter):
         algorithm: Algorithm | str | None = None,
         min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
+        margin: Duration | None = None,
     ) -> None:
         super().__init__(name, backend)
-        self._setup = setup_of(rate, interval, rate_type, algorithm, min_spacing, keep_alive)
+        self._setup = setup_of(
+            rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin
+        )
 
     @classmethod
     def _view(cls, name: str, backend: Backend, breaker: Breaker) -> RateLimiter:

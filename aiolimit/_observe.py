@@ -53,6 +53,13 @@ class Observer:
         """A caller in this process started (+1) or stopped (-1: served or cancelled)
         waiting for a reservation: the sum is the reservations waiting here now."""
 
+    def late(self, name: str, seconds: float) -> None:
+        """A caller given a reservation woke ``seconds`` after its grant's start (the
+        limiter's clock, mapped to this process's through the tightest offset seen): what the
+        event loop adds to the schedule before the caller can act. A partner that counts
+        arrivals sees this spread, plus the caller's own send; a rate's ``margin`` covers
+        it (docs: HTTP clients)."""
+
     def round_trip(self, requests: int) -> None:
         """One round trip to Redis carried ``requests`` callers' requests (of any limiters:
         concurrent calls share round trips, so these are not per limiter). A round trip

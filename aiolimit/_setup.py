@@ -64,6 +64,7 @@ def setup_of(
     algorithm: Algorithm | str | None,
     min_spacing: Duration | None,
     keep_alive: Duration | None,
+    margin: Duration | None = None,
 ) -> Setup | None:
     """The constructor's rate arguments, checked; None without a ``rate``."""
     if rate is None:
@@ -73,6 +74,7 @@ def setup_of(
             "algorithm": algorithm,
             "min_spacing": min_spacing,
             "keep_alive": keep_alive,
+            "margin": margin,
         }
         named = [name for name, value in given.items() if value is not None]
         if named:
@@ -85,5 +87,6 @@ def setup_of(
         keep_alive,
         algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,
         min_spacing=min_spacing,
+        margin=margin,
     )
     return Setup(config)

@@ -122,6 +122,7 @@ class ShardedRateLimiter(_Limiter):
         rate_type: RateType | str | None = None,
         algorithm: Algorithm | str | None = None,
         keep_alive: Duration | None = None,
+        margin: Duration | None = None,
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
@@ -133,7 +134,7 @@ class ShardedRateLimiter(_Limiter):
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
-        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive)
+        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive, margin)
         if self._setup is not None:
             self._configs(self._setup.config)  # a rate the shards cannot split fails here
 

@@ -220,6 +220,25 @@ MAX_RATES = 8
 """The most rates one limiter applies at once."""
 
 
+def widened(rates: tuple[Rate, ...], margin: Duration) -> tuple[Rate, ...]:
+    """``rates`` with every interval longer by ``margin``: for a partner that counts requests
+    as they arrive, in its own window of the nominal interval, a limiter of its exact quota
+    lets as many start in one interval as the partner allows, and any spread in how late
+    callers send then puts one more in some partner window. Widened by the spread callers
+    add (``Observer.late``: waking up, the event loop, the send), the partner sees at most
+    its quota. Not negative, nor longer than the shortest interval."""
+    margin_us = to_micros(margin, "margin")
+    shortest = min(r.interval_us for r in rates)
+    if not 0 <= margin_us <= shortest:
+        raise InvalidArgumentError(
+            f"margin must be between 0 and the shortest interval "
+            f"({timedelta(microseconds=shortest)}), not {shown(margin)}"
+        )
+    if margin_us == 0:
+        return rates
+    return tuple(Rate(r.permits, timedelta(microseconds=r.interval_us + margin_us)) for r in rates)
+
+
 @dataclass(frozen=True, init=False, repr=False)
 class RateLimiterConfig:
     """A limiter's rates, algorithm and spacing. ``rates`` holds them all; ``rate`` and
@@ -286,8 +305,10 @@ class RateLimiterConfig:
         *,
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
+        margin: Duration | None = None,
     ) -> RateLimiterConfig:
-        """Validates public arguments and returns the config they describe."""
+        """Validates public arguments and returns the config they describe. ``margin``
+        widens every rate's interval by that much (see :func:`widened`)."""
         try:
             kind = RateType(rate_type)
         except ValueError:
@@ -304,6 +325,8 @@ class RateLimiterConfig:
                 f"case), not {shown(algorithm)}"
             ) from None
         rates = rates_of(rate, interval)
+        if margin is not None:
+            rates = widened(rates, margin)
         longest = max(r.interval_us for r in rates)
         keep_alive_us = None
         if keep_alive is not None:

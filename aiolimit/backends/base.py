@@ -12,6 +12,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import Duration, RateLimiterConfig, check_text
 from ..errors import BackendError, InvalidArgumentError
+from ._clock import ClockMap
 from ._protocol import parse_grant
 
 __all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started", "breaker_of"]
@@ -132,7 +133,7 @@ class Backend(abc.ABC):
     the default when None). A ``with_client`` view shares its backend's breakers.
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id")
+    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -147,6 +148,8 @@ class Backend(abc.ABC):
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them.
         self._hand_backs: set[asyncio.Future[int]] = set()
+        self.clock_map = ClockMap()
+        """The limiter's clock seen from this process's: where a reservation wakes up."""
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:

@@ -1,0 +1,117 @@
+"""How a caller sleeps out its reservation: to the grant's start on the limiter's clock,
+mapped to the loop's through its backend's ``clock_map`` (``backends/_clock.py``: never
+early), rather than ``starts_in`` from the moment it read the reply, which wakes it late by
+however long the reply took to reach it, and by a different amount for each caller: a
+partner that counts arrivals in its own window then sees late ones bunch with on-time ones.
+On the way it asks whether a ``block()`` came meanwhile, a little before the start
+(``BLOCK_LEAD``), so that the read's round trip does not make it late either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ._observe import Observer
+
+if TYPE_CHECKING:
+    from .backends.base import Backend, Grant
+
+__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "sleep_out"]
+
+
+class Sleeper(Protocol):
+    """A limiter as a sleeper sees it: its name on its backend."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
+
+BLOCK_LEAD = 0.005
+"""The least seconds before a reservation's start its sleeper asks whether a ``block()``
+came meanwhile, so that the read's round trip does not make it late: twice the time such
+reads took lately, up to ``MAX_BLOCK_LEAD`` (a block set in that last moment before the
+start is obeyed from the next grant on)."""
+MAX_BLOCK_LEAD = 0.05
+
+_read_took = 0.0  # how long block reads took lately (a maximum that decays)
+
+
+async def sleep_out(
+    grants: Sequence[tuple[Sleeper, Grant]],
+    starts_in: int,
+    observer: Observer | None,
+    names: Sequence[str],
+) -> bool:
+    """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
+    loop's (``_wakeup``: never early, and no later than ``starts_in`` from now), asking on
+    the way whether a block came meanwhile (returned); a cancelled sleeper hands its grants
+    back. The observer sees each limiter's caller waiting meanwhile, and how late it woke."""
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    wake = now + starts_in / 1e6
+    mapped = -math.inf
+    for limiter, grant in grants:
+        if grant.starts_in > 0:
+            clock_map = limiter.backend.clock_map
+            clock_map.observe(grant.starts_at - grant.starts_in, now)
+            local = clock_map.local(grant.starts_at)
+            mapped = max(mapped, wake if local is None else local)
+    wake = min(wake, mapped)
+    if observer is not None:
+        for name in names:
+            observer.queued(name, 1)
+    try:
+        try:
+            lead = min(max(BLOCK_LEAD, 2 * _read_took), MAX_BLOCK_LEAD)
+            await asyncio.sleep(max(wake - lead - now, 0.0))
+        except asyncio.CancelledError:
+            for limiter, grant in grants:
+                limiter.backend.hand_back(limiter.name, grant.member)
+            raise
+        blocked = await _blocked_meanwhile(grants)  # (hands the grants back if it fails)
+        try:
+            rest = wake - loop.time()
+            if rest > 0:
+                await asyncio.sleep(rest)
+        except asyncio.CancelledError:
+            for limiter, grant in grants:
+                limiter.backend.hand_back(limiter.name, grant.member)
+            raise
+        if observer is not None:
+            late = loop.time() - wake
+            for name in names:
+                observer.late(name, late)
+        return blocked
+    finally:
+        if observer is not None:
+            for name in names:
+                observer.queued(name, -1)
+
+
+async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
+    """After sleeping out reservations: whether a ``block()`` (from any process) came on a
+    limiter whose grant was a reservation (a block ending after the grant's start); one read
+    each, sent together."""
+    global _read_took
+    reserved = [(limiter, grant) for limiter, grant in grants if grant.starts_in > 0]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    try:
+        ends = await asyncio.gather(
+            *(limiter.backend.blocked_until(limiter.name) for limiter, _ in reserved)
+        )
+    except BaseException:  # unknown: the grants go back rather than risk passing a block
+        for limiter, grant in grants:
+            limiter.backend.hand_back(limiter.name, grant.member)
+        raise
+    _read_took = max(loop.time() - began, _read_took * 0.9)
+    return any(
+        end is not None and end > grant.starts_at
+        for end, (_, grant) in zip(ends, reserved, strict=True)
+    )

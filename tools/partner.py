@@ -1,0 +1,382 @@
+"""A partner API that keeps its quota the way partners do: it counts requests as they
+*arrive*, in its own window, and answers ``429`` with ``Retry-After`` past the quota. The
+limiter's grants are exact on its own clock; what a partner sees is each grant's start plus
+whatever the caller adds before the request lands (waking up, the event loop, the HTTP send),
+so a limiter set to the exact quota is judged here, where the promise lands.
+
+>>> partner = Partner(10, 1.0, "sliding")
+>>> with serve(partner) as url:
+...     ...  # send requests to url; partner.arrivals, partner.refused
+
+``trial`` runs processes x tasks through ``RateLimitedTransport`` against three partners at
+once (a strict sliding window, fixed windows aligned to its clock, a token bucket of the
+quota's size) and reports what each partner saw: 429s, the share of the quota delivered, and
+how late requests arrived after their grant's start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import json
+import math
+import multiprocessing
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from aiolimit.backends import Grant
+
+if TYPE_CHECKING:
+    from aiolimit import RateLimiter
+
+KINDS = ("sliding", "fixed", "bucket")
+"""How a partner counts: the arrivals in any span of one interval (strict), in fixed windows
+aligned to multiples of the interval on its clock, or a token bucket of ``rate`` tokens
+refilled at the quota."""
+
+LATENESS_HEADER = "x-grant-start"
+"""The grant's start (limiter clock, µs), sent by the trial's workers: the partner reads it
+beside the arrival time (Redis's TIME and the partner's clock are one machine's clock)."""
+
+
+class Partner:
+    """An ASGI app keeping ``rate`` requests per ``interval`` seconds by arrival (``kind``,
+    one of :data:`KINDS`). ``GET /stats`` answers what it counted as JSON."""
+
+    def __init__(self, rate: int, interval: float, kind: str = "sliding") -> None:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
+        self.rate, self.interval, self.kind = rate, interval, kind
+        self.arrivals: list[float] = []  # the served requests' arrival times
+        self.refused: list[float] = []  # the 429s' arrival times
+        self.late: list[float] = []  # seconds from a grant's start to its request's arrival
+        self.late_at: list[float] = []  # ... and when it arrived
+        self._window: deque[float] = deque()  # sliding: the arrivals of the last interval
+        self._counts: dict[int, int] = {}  # fixed: arrivals per window number
+        self._tat = 0.0  # bucket: when the bucket is full again
+        self._lock = threading.Lock()
+
+    def admit(self, now: float) -> float:
+        """Counts an arrival at ``now``: 0.0 when served, else the seconds until it would be."""
+        with self._lock:
+            wait = self._decide(now)
+            (self.refused if wait > 0 else self.arrivals).append(now)
+            return wait
+
+    def _decide(self, now: float) -> float:
+        if self.kind == "sliding":
+            window = self._window
+            while window and window[0] <= now - self.interval:
+                window.popleft()
+            if len(window) >= self.rate:
+                return window[0] + self.interval - now
+            window.append(now)
+            return 0.0
+        if self.kind == "fixed":
+            number = math.floor(now / self.interval)
+            if self._counts.get(number, 0) >= self.rate:
+                return (number + 1) * self.interval - now
+            self._counts[number] = self._counts.get(number, 0) + 1
+            return 0.0
+        step = self.interval / self.rate  # bucket (GCRA): a token per step, rate at most
+        tat = max(self._tat, now) + step
+        if tat - self.interval > now + 1e-9:
+            return tat - self.interval - now
+        self._tat = tat
+        return 0.0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        now = time.time()
+        if scope["path"] == "/stats":
+            await _answer(send, 200, [], json.dumps(self.stats()).encode())
+            return
+        wait = self.admit(now)
+        headers = dict(scope["headers"])
+        start = headers.get(LATENESS_HEADER.encode())
+        if start is not None:
+            with self._lock:
+                self.late.append(now - int(start) / 1e6)
+                self.late_at.append(now)
+        if wait > 0:
+            retry_after = str(max(1, math.ceil(wait))).encode()  # (whole seconds, as most do)
+            await _answer(send, 429, [(b"retry-after", retry_after)], b"over quota")
+        else:
+            await _answer(send, 200, [], b"ok")
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "kind": self.kind,
+                "rate": self.rate,
+                "interval": self.interval,
+                "arrivals": list(self.arrivals),
+                "refused": list(self.refused),
+                "late": list(self.late),
+                "late_at": list(self.late_at),
+            }
+
+
+async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@contextmanager
+def serve(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serves ``app`` with uvicorn in a thread on a free port; yields its base URL."""
+    import uvicorn
+
+    from tools import free_port
+
+    port = free_port()
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the partner did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+# -- what a partner saw ---------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """One partner's view of a trial."""
+
+    kind: str
+    client: str
+    served: int
+    refused: int
+    share: float  # the served requests of the steady windows, over the quota of those windows
+    windows: int
+    late_p50: float | None  # seconds from the grant's start to the request's arrival
+    late_p99: float | None
+    spread: float | None  # p99 - p1 of that lateness: what a margin has to cover
+    most_in_a_window: int = 0  # the most arrivals any span of one interval held
+
+
+def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") -> Seen:
+    """What a partner's ``stats()`` say about the trial's steady part, from one interval
+    after ``began`` (the callers' first burst and connections left out) to ``ended``; the
+    429s of the whole run."""
+    rate, interval = stats["rate"], stats["interval"]
+    arrivals = sorted(stats["arrivals"])
+    first = began + interval
+    steady = arrivals[bisect.bisect_left(arrivals, first) : bisect.bisect_left(arrivals, ended)]
+    windows = math.floor((ended - first) / interval)
+    # What came through per interval, from the first steady arrival to the start of the last
+    # burst (arrivals closer than half a permit's share of the interval are one burst, and
+    # the last one opens the next span), over the quota.
+    last = len(steady) - 1
+    while last > 0 and steady[last] - steady[last - 1] < interval / rate / 2:
+        last -= 1
+    span = steady[last] - steady[0] if last > 0 else 0.0
+    share = last / (rate * span / interval) if span > 0 else 0.0
+    stamped = zip(stats["late_at"], stats["late"], strict=True)
+    late = sorted(late for at, late in stamped if at >= first)
+    return Seen(
+        kind=stats["kind"],
+        client=client,
+        served=len(arrivals),
+        refused=len(stats["refused"]),
+        share=share,
+        windows=windows,
+        late_p50=_percentile(late, 0.5),
+        late_p99=_percentile(late, 0.99),
+        spread=_spread(late),
+        most_in_a_window=_most_in_a_window(arrivals, interval),
+    )
+
+
+def _spread(ordered: list[float]) -> float | None:
+    high, low = _percentile(ordered, 0.99), _percentile(ordered, 0.01)
+    return None if high is None or low is None else high - low
+
+
+def _percentile(ordered: list[float], share: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def _most_in_a_window(ordered: list[float], interval: float) -> int:
+    most, first = 0, 0
+    for last, at in enumerate(ordered):
+        while ordered[first] <= at - interval:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+# -- a trial: processes x tasks through the HTTP clients -------------------------------------------
+
+CLIENTS = ("httpx", "aiohttp", "acquire")
+"""How a trial's callers send: through ``RateLimitedTransport``, ``RateLimitedClientMiddleware``,
+or ``await limiter.acquire()`` before a plain httpx request."""
+
+
+@dataclass
+class Trial:
+    """``processes`` x ``tasks`` callers per partner, each partner keeping ``rate`` per
+    ``interval`` s; the limiter is given the same quota and ``margin`` s (what the docs say to
+    give a partner that counts arrivals), for ``duration`` s. ``partners`` pairs each partner's
+    kind (:data:`KINDS`) with the client its callers use (:data:`CLIENTS`)."""
+
+    redis_url: str
+    processes: int = 5
+    tasks: int = 4
+    rate: int = 10
+    interval: float = 1.0
+    duration: float = 12.0
+    margin: float = 0.0
+    partners: tuple[tuple[str, str], ...] = (("sliding", "httpx"),)
+    prefix: str = "partner-trial"
+
+
+def trial(spec: Trial) -> list[Seen]:
+    """Runs ``spec``: one partner after the other (their callers' bursts would otherwise
+    share the machine's cores at the same instants), each with its own limiter and its
+    client in every worker process; returns what each partner saw."""
+    return [_one(spec, kind, client) for kind, client in spec.partners]
+
+
+def _one(spec: Trial, kind: str, client: str) -> Seen:
+    partner = Partner(spec.rate, spec.interval, kind)
+    with serve(partner) as url:
+        start_at = time.time() + 2.0  # (the workers' imports and connections first)
+        context = multiprocessing.get_context("spawn")
+        with context.Pool(spec.processes) as pool:
+            results = [
+                pool.apply_async(_worker, (spec, kind, client, url, start_at))
+                for _ in range(spec.processes)
+            ]
+            for result in results:
+                result.get(timeout=spec.duration + 60)
+    return seen(partner.stats(), start_at, start_at + spec.duration, client)
+
+
+def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> None:
+    asyncio.run(_work(spec, kind, client, url, start_at))
+
+
+async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) -> None:
+    from redis.asyncio import Redis
+
+    from aiolimit import RateLimiter, RateType, RedisBackend
+
+    redis = Redis.from_url(spec.redis_url)
+    backend = RedisBackend(redis)
+    try:
+        limiter = RateLimiter(f"{spec.prefix}-{kind}-{client}", backend)
+        await limiter.ensure_rate(
+            RateType.OVERALL, spec.rate, spec.interval, margin=spec.margin, keep_alive=3600
+        )
+        stop = start_at + spec.duration
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await asyncio.gather(*(_caller(client, limiter, url, stop) for _ in range(spec.tasks)))
+    finally:
+        await backend.aclose()
+        await redis.aclose()
+
+
+async def _caller(client: str, limiter: RateLimiter, url: str, stop: float) -> None:
+    if client == "httpx":
+        await _httpx_caller(limiter, url, stop)
+    elif client == "aiohttp":
+        await _aiohttp_caller(limiter, url, stop)
+    else:
+        await _acquire_caller(limiter, url, stop)
+
+
+async def _httpx_caller(limiter: RateLimiter, url: str, stop: float) -> None:
+    from aiolimit.httpx import RateLimitedTransport
+
+    transport = RateLimitedTransport(limiter, _Stamped(httpx.AsyncHTTPTransport()))
+    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
+        while time.time() < stop:
+            await client.get(f"{url}/call")
+
+
+async def _acquire_caller(limiter: RateLimiter, url: str, stop: float) -> None:
+    async with httpx.AsyncClient(timeout=30) as client:
+        while time.time() < stop:
+            acquired = await limiter.reserve(timeout=None)  # the acquire() path, and its grant
+            grant = acquired.attempts[0]
+            headers = {LATENESS_HEADER: str(grant.starts_at)} if grant.granted else {}
+            await client.get(f"{url}/call", headers=headers)
+
+
+async def _aiohttp_caller(limiter: RateLimiter, url: str, stop: float) -> None:
+    import aiohttp
+
+    from aiolimit.aiohttp import RateLimitedClientMiddleware
+
+    async def stamp(request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+        start = granted_start()
+        if start is not None:
+            request.headers[LATENESS_HEADER] = str(start)
+        response: aiohttp.ClientResponse = await handler(request)
+        return response
+
+    middlewares = (RateLimitedClientMiddleware(limiter), stamp)
+    async with aiohttp.ClientSession(middlewares=middlewares) as session:
+        while time.time() < stop:
+            async with session.get(f"{url}/call") as response:
+                await response.read()
+
+
+def granted_start() -> int | None:
+    """The start (limiter clock, us) of the grant the HTTP client just took for this task."""
+    from aiolimit._calls import last_grant
+
+    acquired = last_grant.get()
+    if acquired is None or not acquired.attempts:
+        return None
+    return max(attempt.starts_at for attempt in acquired.attempts if isinstance(attempt, Grant))
+
+
+class _Stamped(httpx.AsyncBaseTransport):
+    """An httpx transport whose requests carry their grant's start (:data:`LATENESS_HEADER`)."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
+        self._transport = transport
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        start = granted_start()
+        if start is not None:
+            request.headers[LATENESS_HEADER] = str(start)
+        return await self._transport.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+
+def summary(results: list[Seen]) -> str:
+    """One line per partner."""
+    return "\n".join(
+        f"{r.kind:8} {r.client:8} 429s {r.refused:3}  share {r.share:6.1%} over {r.windows} "
+        f"windows  late p50/p99 {_ms(r.late_p50)}/{_ms(r.late_p99)} ms  spread {_ms(r.spread)} ms"
+        for r in results
+    )
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1000:.1f}"
