@@ -55,7 +55,11 @@ def main() -> None:
     arguments.add_argument(
         "--margin", type=float, action="append", help="seconds (repeatable; 0 and 0.02)"
     )
+    arguments.add_argument(
+        "--partner", choices=KINDS, action="append", help="only these partners (repeatable)"
+    )
     args = arguments.parse_args()
+    pairs = tuple((kind, client) for kind, client in PAIRS if kind in (args.partner or KINDS))
     margins = args.margin or [0.0, 0.02]
     table = Table(
         [
@@ -84,7 +88,7 @@ def main() -> None:
                 interval=args.interval,
                 duration=args.duration,
                 margin=margin,
-                partners=PAIRS,
+                partners=pairs,
                 prefix=f"bench-{margin}",
             )
             for result in trial(spec):

@@ -23,6 +23,18 @@ TINY = {
     "redis_cost.py": ["--limiters", "50", "--requests", "64", "--rounds", "1", "--reference"],
     "memory.py": ["--grants", "200", "--at", "1000"],
     "stress.py": ["--only", "window", "--window-grants", "2000"],
+    "partner.py": [
+        "--duration",
+        "1.5",
+        "--processes",
+        "1",
+        "--tasks",
+        "1",
+        "--partner",
+        "fixed",
+        "--margin",
+        "0.05",
+    ],
 }
 SCRIPTS = sorted(path.name for path in BENCHMARKS.glob("[!_]*.py"))
 
