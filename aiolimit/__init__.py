@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ._acquire import Acquired, acquire_all
 from ._breaker import Breaker, breaker_of
+from ._concurrency import ConcurrencyLimiter
+from ._lease import Lease
 from ._limiter import RateLimiter
 from ._observe import Observer, observe
 from ._sharded import ShardedRateLimiter
@@ -30,9 +32,11 @@ from ._types import (
     RateType,
 )
 from .backends import Backend, MemoryBackend
+from .backends._lease import ConcurrencyConfig
 from .errors import (
     BackendError,
     InvalidArgumentError,
+    LeaseLostError,
     LimiterError,
     NotConfiguredError,
     RateLimited,
@@ -51,8 +55,12 @@ __all__ = [
     "Backend",
     "BackendError",
     "Breaker",
+    "ConcurrencyConfig",
+    "ConcurrencyLimiter",
     "Duration",
     "InvalidArgumentError",
+    "Lease",
+    "LeaseLostError",
     "LimiterError",
     "MemoryBackend",
     "NotConfiguredError",

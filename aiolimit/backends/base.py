@@ -11,6 +11,7 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 from .._types import Duration, RateLimiterConfig, check_text
 from ..errors import BackendError, InvalidArgumentError
+from ._lease import LeaseStore
 from ._protocol import parse_grant
 
 __all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started"]
@@ -111,7 +112,7 @@ class _InTask:
                 self._backend.hand_back(self._name, attempt.member)
 
 
-class Backend(abc.ABC):
+class Backend(LeaseStore, abc.ABC):
     """Where limiter state lives: the contract every store implements.
 
     A backend serves one client id (``client_id``, the budget ``PER_CLIENT`` limiters use);
