@@ -40,6 +40,7 @@ class Semaphore:
     # ticket -> when it is dropped; in queue order (a ticket that leaves and comes back is
     # put at the end, as a new place in T:queue)
     queue: dict[str, int] = field(default_factory=dict)
+    granted: dict[str, int] = field(default_factory=dict)  # ticket -> fence, until collected
 
 
 @dataclass(eq=False)
@@ -77,19 +78,42 @@ class LeaseTable:
             return None
         return sem
 
-    def reclaim(self, sem: Semaphore, now: int) -> int:
-        """Drops ended holders and tickets; how many."""
-        ended = [lease for lease, expiry in sem.holders.items() if expiry <= now]
-        for lease in ended:
+    def tidy(self, name: str, sem: Semaphore, now: int) -> None:
+        """Drops ended holders, tickets and uncollected grants; grants the queue's head."""
+        for lease in [lease for lease, expiry in sem.holders.items() if expiry <= now]:
             self.drop(sem, lease)
-        stale = [ticket for ticket, deadline in sem.queue.items() if deadline <= now]
-        for ticket in stale:
+        for ticket in [ticket for ticket, deadline in sem.queue.items() if deadline <= now]:
             del sem.queue[ticket]
-        return len(ended) + len(stale)
+        stale = [ticket for ticket, fence in sem.granted.items() if fence < now - sem.lease_us]
+        for ticket in stale:
+            del sem.granted[ticket]
+        self.promote(name, sem, now)
 
-    def drop(self, sem: Semaphore, lease_id: str) -> None:
-        del sem.holders[lease_id]
+    def drop(self, sem: Semaphore, lease_id: str) -> bool:
+        if sem.holders.pop(lease_id, None) is None:
+            return False
         sem.used = max(0, sem.used - parse_lease(lease_id)[0])
+        return True
+
+    def grant(self, name: str, sem: Semaphore, permits: int, now: int) -> int:
+        fence = self.fences[name] = max(self.fences.get(name, 0) + 1, now)
+        sem.holders[f"{permits}:{fence}"] = now + sem.lease_us
+        sem.used += permits
+        return fence
+
+    def promote(self, name: str, sem: Semaphore, now: int) -> None:
+        """Grants the tickets at the head of the queue while they fit; wakes their waiters."""
+        free = sem.max - sem.used
+        for ticket in list(sem.queue)[:SCAN]:
+            permits = _permits(ticket)
+            if permits > free:
+                return
+            free -= permits
+            del sem.queue[ticket]
+            sem.granted[ticket] = self.grant(name, sem, permits, now)
+            waiter = self.waiters.get(ticket)
+            if waiter is not None:
+                waiter.woken.set()
 
     def ahead(self, sem: Semaphore, ticket: str) -> int | None:
         permits = 0
@@ -99,19 +123,7 @@ class LeaseTable:
             if i >= SCAN:
                 return None
             permits += _permits(queued)
-        return permits
-
-    def wake(self, sem: Semaphore) -> None:
-        free, permits = sem.max - sem.used, 0
-        if free <= 0:
-            return
-        for i, ticket in enumerate(sem.queue):
-            permits += _permits(ticket)
-            if permits > free or i >= SCAN:
-                return
-            waiter = self.waiters.get(ticket)
-            if waiter is not None:
-                waiter.woken.set()
+        return None
 
 
 def _permits(ticket: str) -> int:
@@ -141,14 +153,14 @@ class MemoryLeases(LeaseStore):
     async def set_limit(
         self, name: str, max_in_flight: int, lease_us: int, mode: LeaseMode
     ) -> bool:
-        table = self._leases
-        sem = table.live(name, self._now())
+        now, table = self._now(), self._leases
+        sem = table.live(name, now)
         if (mode == "try" and sem is not None) or (mode == "update" and sem is None):
             return False
         if sem is None:
             sem = table.semaphores[name] = Semaphore(max_in_flight, lease_us)
         sem.max, sem.lease_us = max_in_flight, lease_us
-        table.wake(sem)
+        table.tidy(name, sem, now)
         return True
 
     async def get_limit(self, name: str) -> ConcurrencyConfig | None:
@@ -164,27 +176,24 @@ class MemoryLeases(LeaseStore):
         sem = self._sem(name, now)
         if permits > sem.max:
             raise over_rate_error(permits, sem.max)
-        freed = table.reclaim(sem, now)
-        ahead = table.ahead(sem, ticket)
+        table.tidy(name, sem, now)
+        fence = sem.granted.pop(ticket, None)
+        if fence is not None and f"{permits}:{fence}" in sem.holders:
+            sem.holders[f"{permits}:{fence}"] = now + sem.lease_us  # collected: renewed
+            return LeaseGrant(f"{permits}:{fence}", sem.lease_us)
+        queued = ticket in sem.queue
         free = sem.max - sem.used
-        if ahead is not None and ahead + permits <= free:
-            fence = table.fences[name] = max(table.fences.get(name, 0) + 1, now)
-            lease_id = f"{permits}:{fence}"
-            sem.holders[lease_id] = now + sem.lease_us
-            sem.used += permits
-            sem.queue.pop(ticket, None)
-            if freed:
-                table.wake(sem)
-            return LeaseGrant(lease_id, sem.lease_us)
+        if not queued and permits <= free and not sem.queue:
+            return LeaseGrant(f"{permits}:{table.grant(name, sem, permits, now)}", sem.lease_us)
         if max_wait_us == 0:
-            freed += sem.queue.pop(ticket, None) is not None
+            if sem.queue.pop(ticket, None) is not None:
+                table.promote(name, sem, now)
         else:
             keep = sem.lease_us if not max_wait_us else min(max_wait_us, sem.lease_us)
             sem.queue[ticket] = now + keep  # (a new ticket goes to the end)
-        if freed:
-            table.wake(sem)
         expiries = sem.holders.values()
         retry = max(0, min(expiries) - now) if expiries else None
+        ahead = None if max_wait_us == 0 else table.ahead(sem, ticket)
         return LeaseRefusal(retry, free, ahead, sem.lease_us)
 
     async def renew_lease(self, name: str, lease_id: str) -> int | None:
@@ -195,7 +204,7 @@ class MemoryLeases(LeaseStore):
             return None
         if expiry <= now:
             table.drop(sem, lease_id)
-            table.wake(sem)
+            table.promote(name, sem, now)
             return None
         sem.holders[lease_id] = now + sem.lease_us
         return sem.lease_us
@@ -207,16 +216,22 @@ class MemoryLeases(LeaseStore):
         if sem is None or expiry is None:
             return False
         table.drop(sem, lease_id)
-        table.wake(sem)
+        table.promote(name, sem, now)
         return expiry > now
 
     async def cancel_ticket(self, name: str, ticket: str) -> bool:
-        table = self._leases
-        sem = table.live(name, self._now())
-        if sem is None or sem.queue.pop(ticket, None) is None:
+        now, table = self._now(), self._leases
+        sem = table.live(name, now)
+        if sem is None:
             return False
-        table.wake(sem)
-        return True
+        removed = sem.queue.pop(ticket, None) is not None
+        fence = sem.granted.pop(ticket, None)
+        if fence is not None:
+            table.drop(sem, f"{_permits(ticket)}:{fence}")
+            removed = True
+        if removed:
+            table.promote(name, sem, now)
+        return removed
 
     def lease_waiter(self, name: str, ticket: str) -> _Waiter:
         table = self._leases

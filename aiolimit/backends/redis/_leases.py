@@ -33,10 +33,11 @@ WAKE_BLOCK_S = 1
 """How long one BLPOP of the waker blocks: it ends this long after its last waiter left."""
 
 
-def lease_keys(keys: Keys) -> tuple[str, str, str, str]:
-    """T:sem, T:holders, T:queue, T:tickets (lease_lib.lua)."""
+def lease_keys(keys: Keys) -> tuple[str, str, str, str, str]:
+    """T:sem, T:holders, T:queue, T:tickets, T:granted: every lease script's KEYS, in this
+    order (lease_lib.lua)."""
     tag = keys.tag
-    return f"{tag}:sem", f"{tag}:holders", f"{tag}:queue", f"{tag}:tickets"
+    return f"{tag}:sem", f"{tag}:holders", f"{tag}:queue", f"{tag}:tickets", f"{tag}:granted"
 
 
 class _Runs(Protocol):
@@ -120,8 +121,9 @@ class RedisLeases(LeaseStore):
     async def set_limit(
         self: _Runs, name: str, max_in_flight: int, lease_us: int, mode: LeaseMode
     ) -> bool:
-        sem, _, queue, _ = lease_keys(self.keys(name))
-        return await self._run(scripts.SET, (sem, queue), (mode, max_in_flight, lease_us))
+        return await self._run(
+            scripts.SET, lease_keys(self.keys(name)), (mode, max_in_flight, lease_us)
+        )
 
     async def get_limit(self: _Runs, name: str) -> ConcurrencyConfig | None:
         sem = lease_keys(self.keys(name))[0]
@@ -139,16 +141,13 @@ class RedisLeases(LeaseStore):
         return reply
 
     async def renew_lease(self: _Runs, name: str, lease_id: str) -> int | None:
-        sem, holders, queue, _ = lease_keys(self.keys(name))
-        return await self._run(scripts.RENEW, (sem, holders, queue), (lease_id,))
+        return await self._run(scripts.RENEW, lease_keys(self.keys(name)), (lease_id,))
 
     async def release_lease(self: _Runs, name: str, lease_id: str) -> bool:
-        sem, holders, queue, _ = lease_keys(self.keys(name))
-        return await self._run(scripts.RELEASE, (sem, holders, queue), (lease_id,))
+        return await self._run(scripts.RELEASE, lease_keys(self.keys(name)), (lease_id,))
 
     async def cancel_ticket(self: _Runs, name: str, ticket: str) -> bool:
-        sem, _, queue, tickets = lease_keys(self.keys(name))
-        return await self._run(scripts.CANCEL, (sem, queue, tickets), (ticket,))
+        return await self._run(scripts.CANCEL, lease_keys(self.keys(name)), (ticket,))
 
     def lease_waiter(self: _Runs, name: str, ticket: str) -> _Waiter:
         key = f"{self.keys(name).tag}:wake:{PROCESS}"
@@ -159,8 +158,7 @@ class RedisLeases(LeaseStore):
         return waker.add(ticket)
 
     async def leases(self: _Runs, name: str, most: int = 100) -> LeaseSnapshot | None:
-        sem, holders, queue, _ = lease_keys(self.keys(name))
-        return await self._run(scripts.READ, (sem, holders, queue), (most,))
+        return await self._run(scripts.READ, lease_keys(self.keys(name)), (most,))
 
     async def delete_limit(self: _Runs, name: str) -> bool:
         return await self._run(scripts.LIFETIME, lease_keys(self.keys(name)), ("delete", 0))

@@ -2,22 +2,29 @@
 -- expired holders and tickets, and the waking of the waiters that now fit. Every function is
 -- in the one table LEASE (a script's chunk has few locals to spare).
 --
--- The keys, all under the limiter's hash tag T (aiolimit/backends/redis/_keys.py):
+-- The keys, all under the limiter's hash tag T (aiolimit/backends/redis/_keys.py), passed to
+-- every script in this order as KEYS[1..5]:
 --   T:sem      HASH  max (slots), lease (us), fence (the last fence given), seq (the last
 --                    ticket's place), used (slots the holders take), expires_at (ms, when
 --                    expire() set one)
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
 --   T:queue    ZSET  ticket "<permits>:<process>:<id>" -> its place in the queue (seq)
 --   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
---   T:wake:<process>  LIST  tickets of that process that now fit, for its waker's BLPOP
+--   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, until its
+--                    waiter collects it (the lease id is "<ticket's permits>:<fence>")
+--   T:wake:<process>  LIST  tickets of that process just granted, for its waker's BLPOP
 -- Times are the server's TIME: no client clock is read. A fence is max(last + 1, now in us):
 -- it only grows while the server's clock does not go back past its own earlier readings, even
 -- when every key is lost (FLUSHALL, a restart without persistence), as the next fence given is
 -- at least the time it is given at.
 --
--- FIFO: a ticket is granted only when it and every ticket ahead of it fit in the free slots
--- together, so a 2-permit waiter at the head is not passed by 1-permit arrivals. Every loop is
--- bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets read ahead of a caller.
+-- FIFO: whenever slots are free, the tickets at the head of the queue are granted in order
+-- (`promote`), as many as fit; a head that does not fit stops it, so a 2-permit waiter is not
+-- passed by 1-permit arrivals, and a newcomer is granted at once only when nobody waits. A
+-- waiter granted so is woken through its process's wake list and collects its lease (a collect
+-- renews it); one that never collects (killed) holds it until its lease ends, like any holder.
+-- Every loop is bounded: RECLAIM holders, tickets or grants reclaimed per call, SCAN tickets
+-- promoted or read ahead of a caller.
 
 local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000 }
 
@@ -100,25 +107,58 @@ function LEASE.ahead(queue_key, seq)
   return permits
 end
 
--- Wakes the waiters at the head of the queue that now fit, together, in the free slots: a
--- ticket pushed to its process's wake list (that process's BLPOP returns it).
-function LEASE.wake(state, queue_key)
+-- Grants the tickets at the head of the queue, in order, while they fit in the free slots;
+-- each is woken through its process's wake list.
+function LEASE.promote(state, keys, now)
   local free = state.max - state.used
   if free <= 0 then
     return
   end
-  local tickets = redis.call('ZRANGE', queue_key, 0, LEASE.SCAN - 1)
-  local permits = 0
-  for _, ticket in ipairs(tickets) do
-    permits = permits + LEASE.permits(ticket)
+  local lease_ends = string.format('%d', now + state.lease)
+  for _, ticket in ipairs(redis.call('ZRANGE', keys[3], 0, LEASE.SCAN - 1)) do
+    local permits = LEASE.permits(ticket)
     if permits > free then
-      return
+      break
     end
-    local process = string.match(ticket, '^%d+:([^:]+):')
-    local list = state.tag .. ':wake:' .. process
+    free = free - permits
+    local fence = LEASE.grant(state, keys, permits, lease_ends, now)
+    redis.call('ZREM', keys[3], ticket)
+    redis.call('ZREM', keys[4], ticket)
+    redis.call('ZADD', keys[5], fence, ticket)
+    LEASE.bound(state, keys[5])
+    local list = state.tag .. ':wake:' .. string.match(ticket, '^%d+:([^:]+):')
     redis.call('LPUSH', list, ticket)
     redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
   end
+end
+
+-- A new holder of `permits`, its lease ending at `lease_ends` (text); its fence, as text.
+function LEASE.grant(state, keys, permits, lease_ends, now)
+  state.fence = math.max(state.fence + 1, now)
+  state.used = state.used + permits
+  state.dirty = true
+  local fence = string.format('%d', state.fence)
+  redis.call('ZADD', keys[2], lease_ends, permits .. ':' .. fence)
+  LEASE.bound(state, keys[2])
+  return fence
+end
+
+-- Drops grants nobody collected within a lease (their leases have ended: a fence is at least
+-- the time it was given at); at most RECLAIM.
+function LEASE.reclaim_granted(state, keys, now)
+  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', string.format('(%d', now - state.lease),
+    'LIMIT', 0, LEASE.RECLAIM)
+  if #stale > 0 then
+    redis.call('ZREM', keys[5], unpack(stale))
+  end
+end
+
+-- Reclaims what has ended (holders, tickets, grants) and grants the head of the queue.
+function LEASE.tidy(state, keys, now)
+  LEASE.reclaim_holders(state, keys[2], now)
+  LEASE.reclaim_tickets(keys[3], keys[4], now)
+  LEASE.reclaim_granted(state, keys, now)
+  LEASE.promote(state, keys, now)
 end
 
 function LEASE.save(state)

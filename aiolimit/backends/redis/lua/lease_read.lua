@@ -1,6 +1,6 @@
 -- lease_read: what a concurrency limiter holds, for inspect.
 --
--- KEYS[1] T:sem, KEYS[2] T:holders, KEYS[3] T:queue
+-- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
 -- ARGV[1] holders to list, at most
 --
 -- Returns {} with no limit set; else {max, lease us, now us, waiting tickets, queued

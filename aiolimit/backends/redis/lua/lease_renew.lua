@@ -1,10 +1,10 @@
 -- lease_renew: the lease runs one more lease time from now, if its holder still has it.
 --
--- KEYS[1] T:sem, KEYS[2] T:holders, KEYS[3] T:queue
+-- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
 -- ARGV[1] the lease id
 --
 -- A lease that has ended (even one not reclaimed yet) is not renewed: it is dropped, and the
--- waiters it lets in are woken. A lease once lost is never given back.
+-- waiters it lets in are granted. A lease once lost is never given back.
 -- Returns {0, lease us} renewed; {1} lost (no limit, no such holder, or it has ended).
 
 local state = LEASE.load(KEYS[1])
@@ -18,8 +18,8 @@ if not expires then
 end
 if tonumber(expires) <= now then
   LEASE.drop_holder(state, KEYS[2], ARGV[1])
+  LEASE.promote(state, KEYS, now)
   LEASE.save(state)
-  LEASE.wake(state, KEYS[3])
   return { 1 }
 end
 redis.call('ZADD', KEYS[2], 'XX', string.format('%d', now + state.lease), ARGV[1])
