@@ -92,10 +92,11 @@ class _Waker:
             del self.waiters[waiter.ticket]
 
     async def _run(self) -> None:
+        redis = self._redis
         try:
             while self.waiters:
                 try:
-                    popped = await self._redis.blpop([self._key], timeout=WAKE_BLOCK_S)
+                    popped = await redis.blpop([self._key], timeout=WAKE_BLOCK_S)
                 except ANY as exc:  # the waiters' own timers still wake them
                     log.debug("waker of %s: %s", self._key, exc)
                     await asyncio.sleep(0.1)
