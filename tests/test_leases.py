@@ -113,6 +113,14 @@ async def test_a_release_after_expiry_reports_it_and_frees_no_one_elses_slot(sto
     assert await fresh.release()
 
 
+async def test_releasing_an_ended_lease_reports_false_before_anyone_reclaimed_it(store, name):
+    sem = await limiter(store, name, 1, lease=0.2)
+    stale = await sem.try_lease()
+    await asyncio.sleep(0.3)
+    assert not await stale.release()
+    assert await sem.try_lease() is not None
+
+
 async def test_a_lease_id_never_names_a_later_lease(store, name):
     sem = await limiter(store, name, 1)
     fences = []
@@ -181,6 +189,9 @@ async def test_a_two_permit_waiter_is_not_passed_by_one_permit_arrivals(store, n
     assert await sem.try_lease() is None  # a slot is free, but the head needs 2
     small = asyncio.ensure_future(sem.try_lease(1, timeout=LEASE))
     await until(lambda: waiting(sem), lambda n: n == 2, "the 1-permit waiter queued")
+    assert await sem.try_lease() is None  # (an attempt grants the queue's head if it fits)
+    snapshot = await sem.leases()
+    assert (snapshot.in_flight, snapshot.waiting) == (1, 2)  # the free slot stays free
     await held.release()
     big_lease = await big
     assert big_lease is not None and big_lease.permits == 2
