@@ -154,7 +154,7 @@ class ConcurrencyLimiter:
             raise
         finally:
             if waiter is not None:
-                waiter.close()
+                await waiter.aclose()
             if queued:
                 _queued(self._name, -1)
 

@@ -112,7 +112,9 @@ class LeaseWaiter(Protocol):
         """Waits at most ``timeout`` seconds for a wake-up (consumed); whether one came."""
         ...
 
-    def close(self) -> None: ...
+    async def aclose(self) -> None:
+        """The waiter stops waiting (whatever it holds to be woken is let go)."""
+        ...
 
 
 class LeaseStore:

@@ -57,7 +57,7 @@ class _Waiter:
         self.woken.clear()
         return True
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         if self.table.waiters.get(self.ticket) is self:
             del self.table.waiters[self.ticket]
 

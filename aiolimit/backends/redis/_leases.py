@@ -30,7 +30,7 @@ log = logging.getLogger("aiolimit")
 R = TypeVar("R")
 
 WAKE_BLOCK_S = 1
-"""How long one BLPOP of the waker blocks: it ends this long after its last waiter left."""
+"""How long one BLPOP of the waker blocks before it is sent again."""
 
 
 def lease_keys(keys: Keys) -> tuple[str, str, str, str, str]:
@@ -65,8 +65,10 @@ class _Waiter:
         self.woken.clear()
         return True
 
-    def close(self) -> None:
-        self._waker.remove(self)
+    async def aclose(self) -> None:
+        ending = self._waker.remove(self)
+        if ending is not None:  # its BLPOP, ended: waited for, so no task outlives the call
+            await asyncio.gather(ending, return_exceptions=True)
 
 
 class _Waker:
@@ -87,9 +89,18 @@ class _Waker:
             self._task = asyncio.create_task(self._run())
         return waiter
 
-    def remove(self, waiter: _Waiter) -> None:
+    def remove(self, waiter: _Waiter) -> asyncio.Task[None] | None:
+        """Forgets the waiter; the task it ends when it was the last (to be awaited)."""
         if self.waiters.get(waiter.ticket) is waiter:
             del self.waiters[waiter.ticket]
+        task = self._task
+        if self.waiters or task is None:
+            return None
+        # No one left to wake: the BLPOP ends now, its connection with it (a wake-up pushed
+        # meanwhile waits in the list for the next waiter's BLPOP, which skips it).
+        task.cancel()
+        self._task = None
+        return task
 
     async def _run(self) -> None:
         redis = self._redis
@@ -108,7 +119,8 @@ class _Waker:
                     if waiter is not None:
                         waiter.woken.set()
         finally:
-            self._task = None
+            if self._task is asyncio.current_task():
+                self._task = None
 
 
 _wakers: weakref.WeakKeyDictionary[Any, dict[str, _Waker]] = weakref.WeakKeyDictionary()
