@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from ._acquire import Acquired
 from ._breaker import Breaker, BreakerPolicy
+from ._concurrency import ConcurrencyLimiter
+from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
 from ._sharded import ShardedRateLimiter
@@ -30,10 +32,12 @@ from ._types import (
     RateType,
 )
 from .backends import Backend, MemoryBackend
+from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
     BackendError,
     InvalidArgumentError,
+    LeaseLostError,
     LimiterError,
     NotConfiguredError,
     RateLimited,
@@ -53,8 +57,12 @@ __all__ = [
     "BackendError",
     "Breaker",
     "BreakerPolicy",
+    "ConcurrencyConfig",
+    "ConcurrencyLimiter",
     "Duration",
     "InvalidArgumentError",
+    "Lease",
+    "LeaseLostError",
     "LimiterError",
     "MemoryBackend",
     "NotConfiguredError",

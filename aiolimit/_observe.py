@@ -65,6 +65,18 @@ class Observer:
         concurrent calls share round trips, so these are not per limiter). A round trip
         sent again after a lost connection counts again."""
 
+    def leased(self, name: str, permits: int, waited: float) -> None:
+        """A concurrency limiter ``name`` granted a lease of ``permits`` slots, after
+        ``waited`` seconds in its queue (0.0: at once). A lease not had within its timeout
+        is reported with :meth:`refused`."""
+
+    def lease_queued(self, name: str, change: int) -> None:
+        """A caller in this process started (+1) or stopped (-1) waiting in a concurrency
+        limiter's queue: the sum is the waiters here now."""
+
+    def lease_lost(self, name: str, permits: int) -> None:
+        """A lease of ``permits`` slots was lost while held (:class:`~aiolimit.LeaseLostError`)."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

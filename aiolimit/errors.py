@@ -64,6 +64,19 @@ class RateLimited(LimiterError):
         """Seconds until the permits asked for could be granted."""
 
 
+class LeaseLostError(LimiterError):
+    """A concurrency limiter's lease ended while its holder still held it: it expired (the
+    event loop stalled past it, renewals failed), or the store lost it (flushed, restarted
+    without it). The body of ``async with`` is cancelled with it; ``renew()`` raises it. A
+    lost lease is never taken back silently: take a new one (with a higher ``fence``).
+    """
+
+    def __init__(self, name: str, lease_id: str) -> None:
+        super().__init__(f"concurrency limiter {name!r} lost lease {lease_id}")
+        self.name = name
+        self.lease_id = lease_id
+
+
 # The texts both backends give for the same trouble (the scripts report a code; the memory
 # backend finds it itself): written once, so the two never drift.
 

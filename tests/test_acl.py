@@ -350,7 +350,7 @@ async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: AclS
         with pytest.raises(NoPermissionError, match=r"(?i)key"):
             await client.zadd("other:key", {"m": 1})  # a command it may run, on another key
         with pytest.raises(NoPermissionError, match="command"):
-            await client.lpush("aiolimit:x", "1")  # a key it may touch, a command it may not
+            await client.rpush("aiolimit:x", "1")  # a key it may touch, a command it may not
         with pytest.raises(NoPermissionError, match="command"):
             await client.flushall()
         # and a script cannot reach other keys either

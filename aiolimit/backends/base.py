@@ -13,6 +13,7 @@ from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import Duration, RateLimiterConfig, check_text
 from ..errors import BackendError, InvalidArgumentError
 from ._clock import ClockMap
+from ._lease import LeaseStore
 from ._protocol import parse_grant
 
 __all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started", "breaker_of"]
@@ -113,7 +114,7 @@ class _InTask:
                 self._backend.hand_back(self._name, attempt.member)
 
 
-class Backend(abc.ABC):
+class Backend(LeaseStore, abc.ABC):
     """Where limiter state lives: the contract every store implements.
 
     A backend serves one client id (``client_id``, the budget ``PER_CLIENT`` limiters use);

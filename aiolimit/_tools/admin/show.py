@@ -13,6 +13,7 @@ from ...backends.redis import RedisBackend
 from ..text import plural, seconds, shown, size
 from .connect import command, name_argument, no_limiter
 from .glob import SYNTAX
+from .leases import leases_json, render_leases
 from .reading import Client, Snapshot, inspect_limiter, limiter_names
 
 __all__ = ["INSPECT", "LIST", "blocked", "rates", "render"]
@@ -39,12 +40,17 @@ def _inspect_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _inspect(args: argparse.Namespace, backend: RedisBackend) -> int:
     snapshot = await inspect_limiter(backend, args.name)
-    if snapshot is None:
+    leases = await backend.leases(args.name)  # a concurrency limiter of that name
+    if snapshot is None and leases is None:
         raise no_limiter(args)
     if args.json:
-        print(json.dumps(snapshot.as_json(), indent=2))
+        shown_json = {"name": args.name} if snapshot is None else snapshot.as_json()
+        if leases is not None:
+            shown_json["concurrency"] = leases_json(leases)
+        print(json.dumps(shown_json, indent=2))
     else:
-        print("\n".join(render(snapshot)))
+        lines = [f"limiter       {shown(args.name)}"] if snapshot is None else render(snapshot)
+        print("\n".join(lines + ([] if leases is None else render_leases(leases))))
     return 0
 
 

@@ -20,6 +20,7 @@ from .._protocol import parse_grant
 from ..base import Backend, Grant, Refusal, SetMode
 from ._algorithm import Group
 from ._fixed_window import FixedWindow
+from ._leases import MemoryLeases
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
@@ -114,7 +115,7 @@ def _refresh_clients(limiter: Limiter, stored: Config, now: int) -> None:
             _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
 
 
-class MemoryBackend(Backend):
+class MemoryBackend(MemoryLeases, Backend):
     """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
 
     >>> backend = MemoryBackend()

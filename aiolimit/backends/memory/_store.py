@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 
+from ._leases import LeaseTable
 from ._state import FOREVER, Limiter
 
 SWEEP = 8  # heap entries the sweep pops per operation, at most
@@ -36,6 +37,7 @@ class Store:
     # they outlive a deleted limiter.
     receipts: dict[tuple[str, str], int] = field(default_factory=dict)
     receipts_kept: int = 0  # how many the last pruning left
+    leases: LeaseTable = field(default_factory=LeaseTable)  # the concurrency limiters
 
     def remember(self, receipt: tuple[str, str], until: int, now: int) -> None:
         """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled

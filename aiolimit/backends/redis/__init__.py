@@ -21,6 +21,7 @@ from ._coalescer import Key, coalescer
 from ._compat import ANY, server_of, slot
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
+from ._leases import RedisLeases
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
 
@@ -35,7 +36,7 @@ _CLIENTS_PER_CALL = 100
 R = TypeVar("R")
 
 
-class RedisBackend(Backend):
+class RedisBackend(RedisLeases, Backend):
     """Limiter state in Redis (or Valkey), shared by every process that uses the same server.
 
     >>> from redis.asyncio import Redis

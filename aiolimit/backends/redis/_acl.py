@@ -19,9 +19,10 @@ __all__ = [
 ]
 
 SCRIPT_COMMANDS = (
-    "del", "exists", "get", "hdel", "hgetall", "hmget", "hset", "persist", "pexpire", "pttl",
-    "rename", "set", "time", "type", "unlink", "zadd", "zcard", "zcount", "zrange",
-    "zrangebyscore", "zrem", "zremrangebyrank", "zremrangebyscore", "zrevrangebyscore", "zscore",
+    "del", "exists", "get", "hdel", "hgetall", "hmget", "hset", "lpush", "persist", "pexpire",
+    "pexpireat", "pttl", "rename", "set", "time", "type", "unlink", "zadd", "zcard", "zcount",
+    "zrange", "zrangebyscore", "zrem", "zremrangebyrank", "zremrangebyscore", "zrevrangebyscore",
+    "zscore",
 )  # fmt: skip
 """What the scripts (``lua/*.lua``) call: Redis checks a script's commands against the ACL."""
 
@@ -35,6 +36,8 @@ CLIENT_COMMANDS = (
     "eval",  # a script the server lacks (SCRIPT FLUSH, a restart, a failover)
     "hget",  # a block, read after sleeping out a reservation (``_scripts.BLOCKED_UNTIL``)
     "hgetall",  # the config (``_scripts.CONFIG``)
+    "hmget",  # a concurrency limiter's limit (``_lease_scripts.CONFIG``)
+    "blpop",  # a process's wake list, while it has waiters on a concurrency limiter
     "zrange",  # a PER_CLIENT limiter's clients (``_scripts.CLIENTS``)
     # redis-py and valkey-py name their library on each new connection (Redis >= 7.2,
     # Valkey); refused, it is ignored, but every connection adds a refusal to the ACL log.

@@ -1,0 +1,248 @@
+"""The concurrency limiter: at most N permits held at once, across every process on the store,
+as leases served in FIFO order (docs/concurrency.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from . import _observe
+from ._lease import Lease
+from ._types import Duration, check_name, to_micros
+from .backends import Backend
+from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
+from .errors import InvalidArgumentError, RateLimited
+
+__all__ = ["ConcurrencyLimiter"]
+
+MAX_IN_FLIGHT = 2**31
+_background: set[asyncio.Future[Any]] = set()  # hand-backs of cancelled waiters, referenced
+
+
+class ConcurrencyLimiter:
+    """At most ``max_in_flight`` permits in flight at once, for every process on the store.
+
+    >>> sem = ConcurrencyLimiter("model-server", backend)
+    >>> await sem.try_set_limit(8, lease=timedelta(seconds=30))
+    >>> async with sem.lease(timeout=10) as lease:   # RateLimited if no slot within 10 s
+    ...     await call_model(fence=lease.fence)
+
+    Waiters are served in the order they came, across processes; a waiter for 2 permits is not
+    passed by later waiters for 1. A waiter wakes when a slot is freed (the store tells its
+    process), or when the earliest lease ends. Every time is the store's (Redis ``TIME``):
+    client clocks play no part. Its keys are under the name's hash tag (docs/redis-layout.md).
+    """
+
+    __slots__ = ("_backend", "_name")
+
+    def __init__(self, name: str, backend: Backend) -> None:
+        self._name = check_name(name)
+        if not isinstance(backend, Backend):
+            raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
+        self._backend = backend
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    # -- the limit --------------------------------------------------------------------------
+
+    async def try_set_limit(
+        self, max_in_flight: int, *, lease: Duration = timedelta(seconds=30)
+    ) -> bool:
+        """Sets the limit where none is set; returns whether it did."""
+        return await self._set("try", max_in_flight, lease)
+
+    async def set_limit(
+        self, max_in_flight: int, *, lease: Duration = timedelta(seconds=30)
+    ) -> None:
+        """Sets the limit, replacing any. Leases held stay: a lower limit admits no one
+        until the holders are under it; a higher one lets waiters in at once."""
+        await self._set("set", max_in_flight, lease)
+
+    async def update_limit(
+        self, max_in_flight: int, *, lease: Duration = timedelta(seconds=30)
+    ) -> bool:
+        """Sets the limit where one is set already; returns whether it did."""
+        return await self._set("update", max_in_flight, lease)
+
+    async def _set(self, mode: Any, max_in_flight: int, lease: Duration) -> bool:
+        if (
+            isinstance(max_in_flight, bool)
+            or not isinstance(max_in_flight, int)
+            or not 1 <= max_in_flight <= MAX_IN_FLIGHT
+        ):
+            raise InvalidArgumentError(
+                f"max_in_flight must be an int from 1 to 2**31, not {max_in_flight!r}"
+            )
+        lease_us = to_micros(lease, "lease")
+        if lease_us < 1000:
+            raise InvalidArgumentError(f"lease must be at least 1 ms, not {lease!r}")
+        return await self._backend.set_limit(self._name, max_in_flight, lease_us, mode)
+
+    async def get_config(self) -> ConcurrencyConfig | None:
+        """The limit and lease time; None when no limit is set."""
+        return await self._backend.get_limit(self._name)
+
+    async def leases(self, most: int = 100) -> LeaseSnapshot | None:
+        """The holders (at most ``most``, earliest expiry first), in flight and waiting."""
+        return await self._backend.leases(self._name, most)
+
+    async def delete(self) -> bool:
+        """Removes the limit, its holders and its queue (holders find their leases lost)."""
+        return await self._backend.delete_limit(self._name)
+
+    async def expire(self, ttl: Duration) -> bool:
+        """The whole limiter disappears after ``ttl``; False when no limit is set."""
+        ttl_us = to_micros(ttl, "ttl")
+        if ttl_us <= 0:
+            raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
+        return await self._backend.expire_limit(self._name, ttl_us)
+
+    async def clear_expire(self) -> bool:
+        """Removes a TTL :meth:`expire` set; returns whether there was one."""
+        return await self._backend.clear_expire_limit(self._name)
+
+    # -- leases -----------------------------------------------------------------------------
+
+    def lease(self, permits: int = 1, *, timeout: Duration | None = None) -> _Leasing:
+        """``async with sem.lease(permits, timeout=...) as lease:`` holds ``permits`` slots
+        while the body runs, renewed in the background; :class:`~aiolimit.RateLimited`
+        when none is free within ``timeout`` (None: waits as long as it takes);
+        :class:`~aiolimit.LeaseLostError` when the lease is lost (the body is cancelled)."""
+        return _Leasing(self, permits, timeout)
+
+    async def try_lease(self, permits: int = 1, *, timeout: Duration | None = 0) -> Lease | None:
+        """A lease of ``permits`` slots, waiting for them at most ``timeout`` (None: as long as
+        it takes) in FIFO order; None when none was free in time. The holder renews it
+        (:meth:`Lease.renew`, or ``async with lease:``) and releases it."""
+        _check_permits(permits)
+        wait_s = _timeout_s(timeout)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        ticket = new_ticket(permits)
+        waiter = None if wait_s == 0 else self._backend.lease_waiter(self._name, ticket)
+        queued = False
+        try:
+            while True:
+                remaining = start + wait_s - loop.time()
+                wait_us = 0 if remaining <= 0 else None if wait_s == math.inf else _us(remaining)
+                sent = loop.time()
+                answer = await self._attempt(permits, ticket, wait_us)
+                if isinstance(answer, LeaseGrant):
+                    if (observer := _observe.current) is not None:
+                        observer.leased(self._name, permits, loop.time() - start if queued else 0.0)
+                    return Lease(self, answer, sent)
+                if wait_us == 0 or waiter is None:
+                    if (observer := _observe.current) is not None:
+                        observer.refused(self._name, permits)
+                    return None
+                if not queued:
+                    queued = True
+                    _queued(self._name, 1)
+                await waiter.wait(_next_look(answer, remaining))
+        except BaseException:
+            if queued:  # (a failed or cancelled waiter leaves no ticket)
+                self._background(self._backend.cancel_ticket(self._name, ticket))
+            raise
+        finally:
+            if waiter is not None:
+                await waiter.aclose()
+            if queued:
+                _queued(self._name, -1)
+
+    async def _attempt(
+        self, permits: int, ticket: str, wait_us: int | None
+    ) -> LeaseGrant | LeaseRefusal:
+        """One attempt; if its caller is cancelled meanwhile, what it got goes back."""
+        attempt = asyncio.ensure_future(
+            self._backend.take_lease(self._name, permits, ticket, wait_us)
+        )
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            attempt.add_done_callback(lambda done: self._orphaned(done, ticket))
+            raise
+
+    def _orphaned(self, attempt: asyncio.Future[LeaseGrant | LeaseRefusal], ticket: str) -> None:
+        if attempt.cancelled() or attempt.exception() is not None:
+            return
+        answer = attempt.result()
+        if isinstance(answer, LeaseGrant):
+            self._background(self._backend.release_lease(self._name, answer.lease_id))
+        else:
+            self._background(self._backend.cancel_ticket(self._name, ticket))
+
+    @staticmethod
+    def _background(call: Any) -> None:
+        task = asyncio.ensure_future(call)
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+class _Leasing:
+    """``sem.lease(...)``: takes a lease on entry and holds it as :class:`Lease` does."""
+
+    __slots__ = ("_lease", "_limiter", "_permits", "_timeout")
+
+    def __init__(self, limiter: ConcurrencyLimiter, permits: int, timeout: Duration | None) -> None:
+        _check_permits(permits)
+        _timeout_s(timeout)
+        self._limiter, self._permits, self._timeout = limiter, permits, timeout
+        self._lease: Lease | None = None
+
+    async def __aenter__(self) -> Lease:
+        lease = await self._limiter.try_lease(self._permits, timeout=self._timeout)
+        if lease is None:
+            raise RateLimited(self._limiter.name, 0.0)
+        self._lease = lease
+        return await lease.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(exc_type, exc, tb)
+
+
+def _next_look(refusal: LeaseRefusal, remaining: float) -> float:
+    """How long a waiter sleeps unless woken: until the earliest lease ends, or its timeout,
+    and at most a third of the lease time (each attempt keeps its ticket queued)."""
+    look = min(remaining, refusal.lease_us / 3e6)
+    if refusal.retry_in is not None:
+        look = min(look, refusal.retry_in / 1e6)
+    return look
+
+
+def _queued(name: str, change: int) -> None:
+    if (observer := _observe.current) is not None:
+        observer.lease_queued(name, change)
+
+
+def _us(seconds: float) -> int:
+    return max(1, math.ceil(seconds * 1e6))
+
+
+def _check_permits(permits: int) -> None:
+    if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
+        raise InvalidArgumentError(f"permits must be an int >= 1, not {permits!r}")
+
+
+def _timeout_s(timeout: Duration | None) -> float:
+    if timeout is None:
+        return math.inf
+    seconds = to_micros(timeout, "timeout") / 1e6
+    if seconds < 0:
+        raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
+    return seconds

@@ -1,0 +1,167 @@
+"""A lease of a concurrency limiter's slots, as its holder keeps it: renewed in the
+background while ``async with`` runs, and lost loudly (:class:`~aiolimit.LeaseLostError`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from . import _observe
+from .backends._lease import LeaseGrant
+from .errors import BackendError, LeaseLostError
+
+if TYPE_CHECKING:
+    from ._concurrency import ConcurrencyLimiter
+
+__all__ = ["Lease"]
+
+RETRY_S = 0.05
+"""How soon a renewal that failed (the store did not answer) is tried again, until the
+lease would have ended."""
+
+
+class Lease:
+    """Slots of a :class:`~aiolimit.ConcurrencyLimiter`, held until released or lost.
+
+    >>> lease = await sem.try_lease(timeout=10)      # the manual form: any task may
+    >>> await lease.renew()                          # renew it (LeaseLostError if lost)
+    >>> await partner.write(data, fence=lease.fence)
+    >>> await lease.release()
+
+    ``async with lease:`` renews it every third of the lease time while the body runs and
+    releases it after; when it is lost, the body is cancelled and ``async with`` raises
+    :class:`~aiolimit.LeaseLostError`. ``fence`` only grows over the limiter's life (across
+    restarts and flushes of the store): a partner that remembers the highest fence it saw can
+    refuse a late write from a holder whose lease was lost.
+    """
+
+    __slots__ = (
+        "_cancelled",
+        "_deadline",
+        "_keeper",
+        "_lease_s",
+        "_limiter",
+        "_lost",
+        "_released",
+        "fence",
+        "id",
+        "permits",
+    )
+
+    def __init__(self, limiter: ConcurrencyLimiter, grant: LeaseGrant, sent_at: float) -> None:
+        self._limiter = limiter
+        self.id: str = grant.lease_id
+        """Names the lease for the limiter's life (release and renew by it)."""
+        self.permits: int = grant.permits
+        self.fence: int = grant.fence
+        self._lease_s = grant.lease_us / 1e6
+        # When the lease ends at the latest, on the event loop's clock: the store started it
+        # after the request left, so this is never later than the store's own expiry.
+        self._deadline = sent_at + self._lease_s
+        self._lost = False
+        self._released = False
+        self._keeper: asyncio.Task[None] | None = None
+        self._cancelled: asyncio.Task[object] | None = None  # the holder, cancelled when lost
+
+    def __repr__(self) -> str:
+        return f"<Lease {self._limiter.name!r} {self.id} fence={self.fence}>"
+
+    @property
+    def lost(self) -> bool:
+        """Whether the lease was found lost (by :meth:`renew` or the background renewal)."""
+        return self._lost
+
+    @property
+    def expires_in(self) -> float:
+        """Seconds until the lease ends unless renewed (at the latest, by this clock)."""
+        return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+    async def renew(self) -> None:
+        """The lease runs one more lease time from now; :class:`~aiolimit.LeaseLostError`
+        when it has ended (a lost lease is never taken again)."""
+        if self._lost or self._released:
+            raise LeaseLostError(self._limiter.name, self.id)
+        sent = asyncio.get_running_loop().time()
+        lease_us = await self._limiter.backend.renew_lease(self._limiter.name, self.id)
+        if lease_us is None:
+            self._lose()
+            raise LeaseLostError(self._limiter.name, self.id)
+        self._deadline = sent + lease_us / 1e6
+
+    async def release(self) -> bool:
+        """Hands the slots back: True when the lease was held until now, False when it had
+        ended or was released already. Safe to call twice; frees no one else's slots."""
+        self._stop()
+        if self._released:
+            return False
+        self._released = True
+        return await self._limiter.backend.release_lease(self._limiter.name, self.id)
+
+    def _lose(self) -> None:
+        if not self._lost:
+            self._lost = True
+            if (observer := _observe.current) is not None:
+                observer.lease_lost(self._limiter.name, self.permits)
+
+    # -- held by a task: renewed in the background ------------------------------------------
+
+    async def __aenter__(self) -> Lease:
+        if self._keeper is not None or self._released:
+            raise RuntimeError("a lease is entered once")
+        holder = asyncio.current_task()
+        assert holder is not None
+        self._keeper = asyncio.create_task(self._keep(holder))
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop()
+        holder = self._cancelled
+        if holder is None:
+            if exc_type is asyncio.CancelledError or self._lost:
+                await asyncio.shield(self.release())  # (a cancelled holder still hands back)
+            else:
+                await self.release()
+            if self._lost:
+                raise LeaseLostError(self._limiter.name, self.id) from exc
+            return
+        if exc_type is not asyncio.CancelledError:
+            # The body ended before the cancellation reached it: take it now.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0)
+        uncancel = getattr(holder, "uncancel", None)  # (Python 3.11+)
+        if uncancel is not None and uncancel() > 0:  # cancelled by someone else too: stands
+            return
+        raise LeaseLostError(self._limiter.name, self.id) from exc
+
+    def _stop(self) -> None:
+        if self._keeper is not None and self._keeper is not asyncio.current_task():
+            self._keeper.cancel()
+
+    async def _keep(self, holder: asyncio.Task[object]) -> None:
+        """Renews every third of the lease time; a lease found lost, or ended while the store
+        did not answer, cancels the holder."""
+        loop = asyncio.get_running_loop()
+        every = self._lease_s / 3
+        next_at = loop.time() + every
+        while True:
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            left = self._deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise LeaseLostError(self._limiter.name, self.id)
+                await asyncio.wait_for(self.renew(), left)
+                next_at = loop.time() + every
+            except (BackendError, asyncio.TimeoutError):
+                next_at = loop.time() + min(RETRY_S, every)
+            except LeaseLostError:
+                self._lose()
+                self._cancelled = holder
+                holder.cancel(f"lease {self.id} of {self._limiter.name!r} lost")
+                return

@@ -1,0 +1,80 @@
+"""The concurrency limiters' scripts (``lua/lease_*.lua`` on ``lease_lib.lua``) and what
+their replies mean."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from .._lease import ConcurrencyConfig, LeaseGrant, LeaseHolder, LeaseRefusal, LeaseSnapshot
+from .._lease import parse_lease as parse_lease
+from ._script import ReadCommand, Script
+
+__all__ = ["CONFIG", "TAKE", "OverLimit", "Unset"]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Unset:
+    """The limiter has no limit set."""
+
+
+class OverLimit(int):
+    """More permits than the limit (the limit)."""
+
+
+def _taken(reply: Any) -> LeaseGrant | LeaseRefusal | Unset | OverLimit:
+    code = int(reply[0])
+    if code == 0:
+        return LeaseGrant(_text(reply[1]), int(reply[2]))
+    if code == 1:
+        retry, ahead = int(reply[1]), int(reply[3])
+        return LeaseRefusal(
+            None if retry < 0 else retry, int(reply[2]), None if ahead < 0 else ahead, int(reply[4])
+        )
+    if code == -1:
+        return Unset()
+    if code == -2:
+        return OverLimit(int(reply[1]))
+    raise ValueError(f"reply code {code}")
+
+
+def _renewed(reply: Any) -> int | None:
+    return int(reply[1]) if int(reply[0]) == 0 else None
+
+
+def _config(reply: Any) -> ConcurrencyConfig | None:
+    if not reply or reply[0] is None:
+        return None
+    return ConcurrencyConfig(int(reply[0]), timedelta(microseconds=int(reply[1])))
+
+
+def _snapshot(reply: Any) -> LeaseSnapshot | None:
+    if not reply:
+        return None
+    most, lease, now, waiting, _, pairs = reply
+    holders = []
+    for i in range(0, len(pairs), 2):
+        lease_id = _text(pairs[i])
+        expiry = int(float(_text(pairs[i + 1])))
+        holders.append(LeaseHolder(lease_id, *parse_lease(lease_id), max(0, expiry - int(now))))
+    config = ConcurrencyConfig(int(most), timedelta(microseconds=int(lease)))
+    in_flight = sum(h.permits for h in holders if h.expires_in > 0)
+    return LeaseSnapshot(config, in_flight, holders, int(waiting))
+
+
+_USES = ("lease_lib",)
+# Safe to resend: a resent take grants a second lease only if the first reply was lost, and
+# that lease ends within one lease time (nobody renews it); a resent renew, release, cancel,
+# set or lifetime call finds its work done.
+TAKE = Script("lease_take", _taken, uses=_USES)
+RENEW = Script("lease_renew", _renewed, uses=_USES)
+RELEASE = Script("lease_release", lambda reply: int(reply) == 1, uses=_USES)
+CANCEL = Script("lease_cancel", lambda reply: int(reply) == 1, uses=_USES)
+SET = Script("lease_set", lambda reply: int(reply) == 1, uses=_USES)
+READ = Script("lease_read", _snapshot, uses=_USES)
+LIFETIME = Script("lease_lifetime", lambda reply: int(reply) == 1, uses=_USES)
+CONFIG = ReadCommand("HMGET", _config)
+"""T:sem's max and lease."""

@@ -1,0 +1,65 @@
+-- lease_take: one attempt at a lease, in FIFO order (lease_lib.lua).
+--
+-- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- ARGV[1] permits
+-- ARGV[2] the caller's ticket "<permits>:<process>:<id>"
+-- ARGV[3] how long the caller will wait (us): 0 gives up now (its ticket is dropped), -1
+--         waits without end; a ticket left in the queue lives at most one lease, and each
+--         call of its waiter stamps it again
+--
+-- Granted: the lease the ticket was granted in the queue (collected, and renewed), or a new
+-- one when nobody waits and the permits fit; otherwise the ticket is queued (or stays).
+-- Returns {0, lease id, lease us} granted; {1, retry us (-1: no holder), free, permits ahead
+-- (-1: too many to count), lease us} not now; {-1} no limit set; {-2, max} over the limit.
+
+local state = LEASE.load(KEYS[1])
+if not state then
+  return { -1 }
+end
+local permits, ticket, wait = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
+if permits > state.max then
+  return { -2, state.max }
+end
+local now = now_us()
+LEASE.tidy(state, KEYS, now)
+local lease_ends = string.format('%d', now + state.lease)
+local fence = redis.call('ZSCORE', KEYS[5], ticket)
+if fence then
+  redis.call('ZREM', KEYS[5], ticket)
+  local id = permits .. ':' .. string.format('%d', tonumber(fence))
+  if redis.call('ZADD', KEYS[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', KEYS[2], id) then
+    LEASE.save(state)
+    return { 0, id, state.lease }
+  end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
+end
+local seq = redis.call('ZSCORE', KEYS[3], ticket)
+local free = state.max - state.used
+if not seq and permits <= free and redis.call('ZCARD', KEYS[3]) == 0 then
+  local id = permits .. ':' .. LEASE.grant(state, KEYS, permits, lease_ends, now)
+  LEASE.save(state)
+  return { 0, id, state.lease }
+end
+if wait == 0 then
+  if seq then
+    redis.call('ZREM', KEYS[3], ticket)
+    redis.call('ZREM', KEYS[4], ticket)
+    LEASE.promote(state, KEYS, now) -- (it may have been a head that did not fit)
+  end
+else
+  if not seq then
+    state.seq = state.seq + 1
+    state.dirty = true
+    seq = state.seq
+    redis.call('ZADD', KEYS[3], string.format('%d', seq), ticket)
+    LEASE.bound(state, KEYS[3])
+  end
+  local keep = state.lease
+  if wait > 0 and wait < keep then
+    keep = wait
+  end
+  redis.call('ZADD', KEYS[4], string.format('%d', now + keep), ticket)
+  LEASE.bound(state, KEYS[4])
+end
+LEASE.save(state)
+local ahead = wait ~= 0 and LEASE.ahead(KEYS[3], seq) or nil
+return { 1, LEASE.next_expiry(KEYS[2], now), free, ahead or -1, state.lease }

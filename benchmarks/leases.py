@@ -1,0 +1,220 @@
+"""Leases: calls/s and Redis CPU per lease of aiolimit's ConcurrencyLimiter against two
+baselines written here from their public algorithms.
+
+    python benchmarks/leases.py                      # ~15 s
+    python benchmarks/leases.py --tasks 64 --limit 8 --seconds 5
+
+Each contender runs ``--tasks`` tasks in one process, on its own redis-server (a free
+127.0.0.1 port, flushed before each), for ``--seconds``: take a lease of 1 slot of
+``--limit`` (waiting as long as it takes), hold it ``--hold`` ms, release it, again. Reported:
+leases per second, Redis CPU per lease (INFO cpu, user + sys, before and after), commands per
+lease (INFO commandstats, those run inside scripts included), and the most leases held at once
+as the holders saw it.
+
+- ``redis-semaphore``: the ZSET semaphore of swarmion/redis-semaphore: one script drops
+  entries older than the lock timeout (client time) and adds the caller's if fewer than the
+  limit are in; a refused caller polls again every 10 ms (its default ``retryInterval``);
+  release is ZREM.
+- ``Redisson``: RPermitExpirableSemaphore's scripts: a counter of free permits and a ZSET of
+  permit ids by expiry (client time); an acquire reclaims expired permits, takes one if free,
+  else answers the time until the earliest expiry; release removes the id, adds the permit
+  back and PUBLISHes; waiters subscribe to the channel (one connection per process here) and
+  all try again on each message, or at the earliest expiry.
+- ``aiolimit``: ``ConcurrencyLimiter.lease()`` (FIFO tickets, server time, the head granted
+  on release and its process woken through BLPOP; renewal in the background).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from _harness import Table, command_counts, local_redis, machine, number, parser, per_grant, report
+from _harness import reading as server_reading
+from redis import Redis as SyncRedis
+from redis.asyncio import Redis
+
+from aiolimit import ConcurrencyLimiter, RedisBackend
+
+LEASE_MS = 30_000
+
+SEMAPHORE_ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3] - ARGV[4])
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return 1
+end
+return 0
+"""
+
+REDISSON_ACQUIRE = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[2], 0, ARGV[4], 'LIMIT', 0, ARGV[1])
+if #expired > 0 then
+  redis.call('ZREM', KEYS[2], unpack(expired))
+  local value = redis.call('INCRBY', KEYS[1], #expired)
+  if tonumber(value) > 0 then redis.call('PUBLISH', KEYS[3], value) end
+end
+local value = redis.call('GET', KEYS[1])
+if value ~= false and tonumber(value) >= tonumber(ARGV[1]) then
+  redis.call('DECRBY', KEYS[1], ARGV[1])
+  redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+  return ARGV[3]
+end
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if first[1] ~= nil then return ':' .. (tonumber(first[2]) - tonumber(ARGV[4])) end
+return ':-1'
+"""
+
+REDISSON_RELEASE = """
+local expire = redis.call('ZSCORE', KEYS[2], ARGV[1])
+local removed = redis.call('ZREM', KEYS[2], ARGV[1])
+if tonumber(removed) ~= 1 then return 0 end
+local value = redis.call('INCRBY', KEYS[1], ARGV[2])
+redis.call('PUBLISH', KEYS[3], value)
+if expire == false or tonumber(expire) <= tonumber(ARGV[3]) then return 0 end
+return 1
+"""
+
+_listeners: set[asyncio.Future[None]] = set()  # Redisson's subscriptions, kept referenced
+Take = Callable[[], Awaitable[Callable[[], Awaitable[Any]]]]
+"""Takes a lease (waiting); returns what releases it."""
+
+
+def _ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def _semaphore(redis: Redis, limit: int) -> Take:
+    acquire = redis.register_script(SEMAPHORE_ACQUIRE)
+
+    async def take() -> Callable[[], Awaitable[Any]]:
+        token = secrets.token_hex(8)
+        while not await acquire(keys=["sem"], args=[limit, token, _ms(), LEASE_MS]):  # noqa: ASYNC110
+            await asyncio.sleep(0.010)  # (the polling being measured)
+        return lambda: redis.zrem("sem", token)
+
+    return take
+
+
+async def _redisson(redis: Redis, limit: int) -> Take:
+    acquire = redis.register_script(REDISSON_ACQUIRE)
+    release = redis.register_script(REDISSON_RELEASE)
+    keys = ["permits", "timeouts", "channel"]
+    await redis.set("permits", limit)
+    released = asyncio.Event()
+    pubsub = redis.pubsub()
+    await pubsub.subscribe("channel")
+
+    async def listen() -> None:
+        async for message in pubsub.listen():
+            if message["type"] == "message":
+                released.set()
+                released.clear()  # (everyone waiting now wakes: Redisson's listeners)
+
+    listener = asyncio.ensure_future(listen())
+
+    async def take_lease() -> Callable[[], Awaitable[Any]]:
+        permit = secrets.token_hex(8)
+        while True:
+            now = _ms()
+            answer = await acquire(keys=keys, args=[1, now + LEASE_MS, permit, now])
+            text = answer.decode() if isinstance(answer, bytes) else str(answer)
+            if not text.startswith(":"):
+                return lambda: release(keys=keys, args=[permit, 1, _ms()])
+            wait = int(text[1:])
+            waiter = asyncio.ensure_future(released.wait())
+            await asyncio.wait([waiter], timeout=None if wait < 0 else wait / 1000)
+            waiter.cancel()
+
+    _listeners.add(listener)
+    return take_lease
+
+
+async def _aiolimit(redis: Redis, limit: int) -> Take:
+    sem = ConcurrencyLimiter("bench", RedisBackend(redis))
+    await sem.set_limit(limit, lease=LEASE_MS / 1000)
+
+    async def take() -> Callable[[], Awaitable[Any]]:
+        lease = await sem.try_lease(timeout=None)
+        assert lease is not None
+        return lease.release
+
+    return take
+
+
+CONTENDERS: dict[str, Callable[[Redis, int], Awaitable[Take]]] = {
+    "redis-semaphore (ZSET, polling)": _semaphore,
+    "Redisson (permits, pub/sub)": _redisson,
+    "aiolimit ConcurrencyLimiter": _aiolimit,
+}
+
+
+async def _run(url: str, make: Any, args: Any) -> dict[str, float]:
+    redis = Redis.from_url(url)
+    take = await make(redis, args.limit)
+    leases = held = most = 0
+    end = time.monotonic() + args.seconds
+
+    async def worker() -> None:
+        nonlocal leases, held, most
+        while time.monotonic() < end:
+            release = await take()
+            held += 1
+            most = max(most, held)
+            await asyncio.sleep(args.hold / 1000)
+            held -= 1
+            await release()
+            leases += 1
+
+    with SyncRedis.from_url(url) as sync:
+        before, (_, commands_before) = server_reading(sync), command_counts(url)
+        started = time.monotonic()
+        await asyncio.gather(*(worker() for _ in range(args.tasks)))
+        elapsed = time.monotonic() - started
+        after, (_, commands_after) = server_reading(sync), command_counts(url)
+    await redis.aclose()
+    cost = per_grant(before, after, leases)
+    return {
+        "leases_per_s": leases / elapsed,
+        "redis_cpu_us": cost.redis_cpu,
+        "commands": (commands_after - commands_before) / max(leases, 1),
+        "most_held": most,
+    }
+
+
+def main() -> None:
+    cli = parser(__doc__)
+    cli.add_argument("--tasks", type=int, default=32)
+    cli.add_argument("--limit", type=int, default=4)
+    cli.add_argument("--hold", type=float, default=2.0, help="ms each lease is held (2)")
+    cli.add_argument("--seconds", type=float, default=4.0)
+    args = cli.parse_args()
+    figures: dict[str, Any] = {}
+    with local_redis() as url:
+        heading = machine(url)
+        for label, make in CONTENDERS.items():
+            with SyncRedis.from_url(url) as sync:
+                sync.flushall()
+            figures[label] = asyncio.run(_run(url, make, args))
+    table = Table(
+        ["contender", "leases/s", "Redis CPU µs/lease", "commands/lease", "most held"],
+        title=f"{args.tasks} tasks, limit {args.limit}, each lease held {args.hold} ms, "
+        f"{args.seconds} s each",
+    )
+    for label, row in figures.items():
+        table.add(
+            label,
+            number(row["leases_per_s"]),
+            number(row["redis_cpu_us"], 1),
+            number(row["commands"], 1),
+            row["most_held"],
+        )
+    report(args, heading, [table], figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""The concurrency limiter (issue 31) on every backend: memory (virtual time), fakeredis, a
+real redis-server and Valkey. Leases, FIFO waiting, wake-ups, release, renewal and loss."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import pytest
+from conformance import now, until
+
+from aiolimit import (
+    ConcurrencyConfig,
+    ConcurrencyLimiter,
+    InvalidArgumentError,
+    LeaseLostError,
+    NotConfiguredError,
+    RateLimited,
+)
+
+LEASE = 30.0  # long: a waiter served within a fraction of it was woken, not timed out
+
+
+async def limiter(store, name, max_in_flight=2, lease=LEASE):
+    sem = ConcurrencyLimiter(name, store.backend())
+    assert await sem.try_set_limit(max_in_flight, lease=lease)
+    return sem
+
+
+async def waiting(sem) -> int:
+    snapshot = await sem.leases()
+    return snapshot.waiting
+
+
+# -- the limit --------------------------------------------------------------------------------
+
+
+async def test_the_limit_is_set_read_updated_and_deleted(store, name):
+    sem = ConcurrencyLimiter(name, store.backend())
+    assert await sem.get_config() is None
+    assert not await sem.update_limit(3)
+    assert await sem.try_set_limit(3, lease=timedelta(seconds=5))
+    assert not await sem.try_set_limit(4)
+    assert await sem.get_config() == ConcurrencyConfig(3, timedelta(seconds=5))
+    assert await sem.update_limit(4, lease=10)
+    assert await sem.get_config() == ConcurrencyConfig(4, timedelta(seconds=10))
+    assert await sem.delete()
+    assert not await sem.delete()
+    assert await sem.get_config() is None
+    with pytest.raises(NotConfiguredError):
+        await sem.try_lease()
+
+
+async def test_an_expired_limiter_is_gone_and_clear_expire_keeps_it(store, name):
+    sem = await limiter(store, name)
+    assert await sem.expire(0.2)
+    assert await sem.try_lease() is not None
+    await asyncio.sleep(0.3)
+    assert await sem.get_config() is None
+    other = await limiter(store, name + "-kept")
+    assert await other.expire(0.2)
+    assert await other.clear_expire()
+    await asyncio.sleep(0.3)
+    assert await other.get_config() is not None
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, 2**31 + 1])
+async def test_a_limit_out_of_range_is_refused(store, name, bad):
+    with pytest.raises(InvalidArgumentError):
+        await ConcurrencyLimiter(name, store.backend()).try_set_limit(bad)
+
+
+async def test_more_permits_than_the_limit_are_refused(store, name):
+    sem = await limiter(store, name, 2)
+    with pytest.raises(InvalidArgumentError):
+        await sem.try_lease(3)
+
+
+# -- taking and giving back -------------------------------------------------------------------
+
+
+async def test_at_most_the_limit_is_held_and_a_release_frees_a_slot(store, name):
+    sem = await limiter(store, name, 2)
+    first, second = await sem.try_lease(), await sem.try_lease()
+    assert first is not None and second is not None
+    assert await sem.try_lease() is None
+    assert await first.release()
+    third = await sem.try_lease()
+    assert third is not None
+    assert (await sem.leases()).in_flight == 2
+
+
+async def test_a_second_release_frees_nothing_more(store, name):
+    sem = await limiter(store, name, 2)
+    first, second = await sem.try_lease(), await sem.try_lease()
+    assert await first.release()
+    assert not await first.release()
+    assert not await store.backend().release_lease(name, first.id)  # by id, from anywhere
+    assert (await sem.leases()).in_flight == 1  # the second still holds its slot
+    assert await sem.try_lease() is not None
+    assert await sem.try_lease() is None
+    assert second is not None
+
+
+async def test_a_release_after_expiry_reports_it_and_frees_no_one_elses_slot(store, name):
+    sem = await limiter(store, name, 1, lease=0.2)
+    stale = await sem.try_lease()
+    await asyncio.sleep(0.3)
+    fresh = await sem.try_lease()  # the expired slot came back
+    assert fresh is not None
+    assert not await stale.release()
+    assert await sem.try_lease() is None  # the fresh holder still has it
+    assert await fresh.release()
+
+
+async def test_releasing_an_ended_lease_reports_false_before_anyone_reclaimed_it(store, name):
+    sem = await limiter(store, name, 1, lease=0.2)
+    stale = await sem.try_lease()
+    await asyncio.sleep(0.3)
+    assert not await stale.release()
+    assert await sem.try_lease() is not None
+
+
+async def test_a_lease_id_never_names_a_later_lease(store, name):
+    sem = await limiter(store, name, 1)
+    fences = []
+    for _ in range(5):
+        lease = await sem.try_lease()
+        fences.append(lease.fence)
+        assert await lease.release()
+    assert fences == sorted(set(fences))
+    assert not await store.backend().release_lease(name, f"1:{fences[-1] + 1}")
+
+
+async def test_fences_grow_across_delete_and_a_new_limit(store, name):
+    sem = await limiter(store, name, 1)
+    before = await sem.try_lease()
+    await sem.delete()
+    await sem.try_set_limit(1)
+    after = await sem.try_lease()
+    assert after.fence > before.fence
+
+
+async def test_a_lower_limit_admits_no_one_until_holders_are_under_it(store, name):
+    sem = await limiter(store, name, 3)
+    held = [await sem.try_lease() for _ in range(3)]
+    await sem.set_limit(1)
+    assert await sem.try_lease() is None
+    assert await held[0].release() and await held[1].release()
+    assert await sem.try_lease() is None  # 1 in flight, limit 1
+    assert await held[2].release()
+    for lease in held:
+        assert not await lease.release()  # never below zero
+    snapshot = await sem.leases()
+    assert snapshot.in_flight == 0
+    assert await sem.try_lease() is not None
+    assert await sem.try_lease() is None
+
+
+# -- waiting -----------------------------------------------------------------------------------
+
+
+async def test_a_waiter_wakes_when_a_slot_is_freed(store, name):
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    released_at = now()
+    await held.release()
+    lease = await waiter
+    assert lease is not None
+    assert now() - released_at < 1.0  # woken, not timed out (lease/3 = 10 s)
+
+
+async def test_a_waiter_wakes_at_the_earliest_lease_expiry(store, name):
+    sem = await limiter(store, name, 1, lease=0.5)
+    held = await sem.try_lease()
+    started = now()
+    lease = await sem.try_lease(timeout=5)
+    assert lease is not None and lease.fence > held.fence
+    assert 0.3 <= now() - started < 2.0
+
+
+async def test_a_two_permit_waiter_is_not_passed_by_one_permit_arrivals(store, name):
+    sem = await limiter(store, name, 2)
+    held = await sem.try_lease()
+    big = asyncio.ensure_future(sem.try_lease(2, timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "the 2-permit waiter queued")
+    assert await sem.try_lease() is None  # a slot is free, but the head needs 2
+    small = asyncio.ensure_future(sem.try_lease(1, timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 2, "the 1-permit waiter queued")
+    assert await sem.try_lease() is None  # (an attempt grants the queue's head if it fits)
+    snapshot = await sem.leases()
+    assert (snapshot.in_flight, snapshot.waiting) == (1, 2)  # the free slot stays free
+    await held.release()
+    big_lease = await big
+    assert big_lease is not None and big_lease.permits == 2
+    assert not small.done()
+    await big_lease.release()
+    small_lease = await small
+    assert small_lease.fence > big_lease.fence
+
+
+async def test_waiters_are_served_in_the_order_they_came(store, name):
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiters = []
+    for i in range(5):
+        waiters.append(asyncio.ensure_future(sem.try_lease(timeout=LEASE)))
+        await until(lambda: waiting(sem), lambda n, i=i: n == i + 1, "queued")
+    await held.release()
+    fences = []
+    for waiter in waiters:
+        lease = await waiter
+        fences.append(lease.fence)
+        await lease.release()
+    assert fences == sorted(fences)
+
+
+async def test_a_waiter_that_times_out_gets_none_and_leaves_no_ticket(store, name):
+    sem = await limiter(store, name, 1)
+    await sem.try_lease()
+    assert await sem.try_lease(timeout=0.2) is None
+    assert await waiting(sem) == 0
+
+
+async def test_a_cancelled_waiter_leaves_no_ticket(store, name):
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await until(lambda: waiting(sem), lambda n: n == 0, "the ticket gone")
+    await held.release()
+    assert await sem.try_lease() is not None  # nobody ahead
+
+
+async def test_lease_raises_rate_limited_when_no_slot_comes_in_time(store, name):
+    sem = await limiter(store, name, 1)
+    await sem.try_lease()
+    with pytest.raises(RateLimited):
+        async with sem.lease(timeout=0.1):
+            pass
+
+
+# -- holding, renewing, losing ---------------------------------------------------------------
+
+
+async def test_async_with_renews_the_lease_past_its_time_and_releases_it(store, name):
+    sem = await limiter(store, name, 1, lease=0.3)
+    async with sem.lease(timeout=0) as lease:
+        await asyncio.sleep(1.0)
+        assert await sem.try_lease() is None
+    assert not lease.lost
+    assert await sem.try_lease() is not None
+
+
+async def test_renewing_a_lost_lease_raises_and_never_takes_it_again(store, name):
+    sem = await limiter(store, name, 1, lease=0.2)
+    lease = await sem.try_lease()
+    await asyncio.sleep(0.3)
+    with pytest.raises(LeaseLostError):
+        await lease.renew()
+    with pytest.raises(LeaseLostError):
+        await lease.renew()
+    assert lease.lost
+    assert (await sem.leases()).in_flight == 0
+
+
+async def test_a_lost_lease_cancels_the_body_with_lease_lost_error(store, name):
+    sem = await limiter(store, name, 1, lease=0.3)
+    reached = []
+    with pytest.raises(LeaseLostError):
+        async with sem.lease():
+            await sem.delete()  # the store forgets the lease
+            await asyncio.sleep(5)
+            reached.append("end of body")
+    assert reached == []
