@@ -6,14 +6,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from . import _observe
 from .backends._lease import LeaseGrant
 from .errors import BackendError, LeaseLostError
 
 if TYPE_CHECKING:
-    from ._concurrency import ConcurrencyLimiter
+    from .backends import Backend
+
+
+class Holds(Protocol):
+    """What a lease needs of its limiter: its name on its backend."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def backend(self) -> Backend: ...
+
 
 __all__ = ["Lease"]
 
@@ -50,7 +61,7 @@ class Lease:
         "permits",
     )
 
-    def __init__(self, limiter: ConcurrencyLimiter, grant: LeaseGrant, sent_at: float) -> None:
+    def __init__(self, limiter: Holds, grant: LeaseGrant, sent_at: float) -> None:
         self._limiter = limiter
         self.id: str = grant.lease_id
         """Names the lease for the limiter's life (release and renew by it)."""

@@ -23,6 +23,7 @@ TINY = {
     "redis_cost.py": ["--limiters", "50", "--requests", "64", "--rounds", "1", "--reference"],
     "memory.py": ["--grants", "200", "--at", "1000"],
     "stress.py": ["--only", "window", "--window-grants", "2000"],
+    "leases.py": ["--tasks", "4", "--limit", "2", "--seconds", "0.3"],
     "partner.py": [
         "--duration",
         "1.5",

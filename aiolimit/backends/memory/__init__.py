@@ -128,6 +128,8 @@ class MemoryBackend(MemoryLeases, Backend):
 
     __slots__ = ("_clock", "_shared")
 
+    _shared: Store
+
     def __init__(
         self,
         *,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ...errors import NotConfiguredError, over_rate_error
 from .._lease import (
@@ -20,8 +20,12 @@ from .._lease import (
     parse_lease,
 )
 
-if TYPE_CHECKING:
-    from ._store import Store
+
+class HoldsLeases(Protocol):
+    """Where a store keeps its concurrency limiters (``_store.Store``)."""
+
+    leases: LeaseTable
+
 
 __all__ = ["LeaseTable", "MemoryLeases"]
 
@@ -135,7 +139,7 @@ class MemoryLeases(LeaseStore):
 
     __slots__ = ()
 
-    _shared: Store  # (MemoryBackend's)
+    _shared: HoldsLeases  # (MemoryBackend's store)
 
     def _now(self) -> int:
         raise NotImplementedError  # (MemoryBackend's clock)
