@@ -15,11 +15,12 @@ from ...errors import (
     over_rate_error,
     queue_full_error,
 )
-from .._protocol import parse_grant, state_in_config
-from ..base import Backend, Grant, Refusal, SetMode
+from .._protocol import check_settle, check_sync, parse_grant, state_in_config
+from ..base import Backend, Grant, Refusal, SetMode, Settlement
 from ._algorithm import Group
 from ._counters import Counters
 from ._fixed_window import FixedWindow, windows_outlived
+from ._settle import receipt_until, settle_group
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
@@ -307,6 +308,31 @@ class MemoryBackend(Backend):
             if until > now:
                 self._shared.remember(receipt, until, now)
         return released
+
+    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        permits = check_settle(member, permits)
+        limiter, config, now = self._configured(name, self._now(), record=False)
+        key = self._budget_key(config, name)
+        receipt = (name, member if key is None else f"{member} {key}")
+        if permits == parse_grant(member)[0] or self._shared.receipts.get(receipt, now) > now:
+            return Settlement(0, 0, member)  # nothing to change, or sent again (settle.lua)
+        assert limiter.config is not None
+        limiter.config.clock = now
+        group = _group(limiter, config, key, True, now)
+        group.reclaim(now)
+        settled = settle_group(group, member, permits, now, config.debt_limit)
+        group.save(limiter, now)
+        if settled.member != member:
+            self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
+        return settled
+
+    async def sync(self, name: str, remaining: int, reset_us: int) -> None:
+        remaining, reset_us = check_sync(remaining, reset_us)
+        limiter, config, now = self._configured(name, self._now())
+        group = _group(limiter, config, self._budget_key(config, name), True, now)
+        group.reclaim(now)
+        group.sync(remaining, reset_us, now)
+        group.save(limiter, now)
 
     async def block(self, name: str, duration_us: int | None) -> int:
         limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)
