@@ -228,12 +228,12 @@ class Backend(abc.ABC):
 
     async def settle(self, name: str, member: str, permits: int) -> Settlement:
         """The grant ``member`` now counts as ``permits`` instead of what it reserved
-       : fewer hands the difference back (only what still counts against
-        the limit, by the algorithm's rule for ``release``); more charges the difference
-        now, into debt if need be, at most the config's ``max_debt`` below zero per rate
-        (the rest is ``cut``). Later grants wait, in order, until a debt is paid off;
-        reservations already made keep their starts. Safe to send twice: a resend changes
-        nothing. A member the store no longer knows hands back nothing (more still charges)."""
+        : fewer hands the difference back (only what still counts against
+         the limit, by the algorithm's rule for ``release``); more charges the difference
+         now, into debt if need be, at most the config's ``max_debt`` below zero per rate
+         (the rest is ``cut``). Later grants wait, in order, until a debt is paid off;
+         reservations already made keep their starts. Safe to send twice: a resend changes
+         nothing. A member the store no longer knows hands back nothing (more still charges)."""
         raise NotImplementedError(f"{type(self).__name__} cannot settle a grant")
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:

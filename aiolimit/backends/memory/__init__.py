@@ -85,6 +85,18 @@ def _extend_registry(limiter: Limiter, until: float, deadline: int | None) -> No
         limiter.registry_expires_at = until
 
 
+def _register(limiter: Limiter, key: str | None, now: int, ttl: int) -> None:
+    """registered.lua: a PER_CLIENT client whose state settle or sync wrote (``ttl`` > 0)
+    is noted in the registry, as a grant at ``now``."""
+    stored = limiter.config
+    if key is None or ttl <= 0 or stored is None:
+        return
+    longest = stored.config.longest_us
+    limiter.register(key, now)
+    limiter.unregister_before(now - 2 * longest)
+    _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
+
+
 def _refresh_group(limiter: Limiter, key: str | None, now: int) -> int:
     """refresh_group: one budget's keys get the TTLs the config gives them; the longest, in
     us (0: no state, or state kept in the config, which lives as long)."""
@@ -321,7 +333,7 @@ class MemoryBackend(Backend):
         group = _group(limiter, config, key, True, now)
         group.reclaim(now)
         settled = settle_group(group, member, permits, now, config.debt_limit)
-        group.save(limiter, now)
+        _register(limiter, key, now, group.save(limiter, now))
         if settled.member != member:
             self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
         return settled
@@ -329,10 +341,11 @@ class MemoryBackend(Backend):
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
         remaining, reset_us = check_sync(remaining, reset_us)
         limiter, config, now = self._configured(name, self._now())
-        group = _group(limiter, config, self._budget_key(config, name), True, now)
+        key = self._budget_key(config, name)
+        group = _group(limiter, config, key, True, now)
         group.reclaim(now)
         group.sync(remaining, reset_us, now)
-        group.save(limiter, now)
+        _register(limiter, key, now, group.save(limiter, now))
 
     async def block(self, name: str, duration_us: int | None) -> int:
         limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)

@@ -295,10 +295,10 @@ class RedisBackend(Backend):
             receipt = member  # (release's receipt for the grant: see settle.lua)
             if rate_type is RateType.PER_CLIENT:
                 receipt = f"{member} {self.client_id}"
-            return [member, permits, self._now_arg(), rate_type.value, receipt]
+            return [member, permits, self._now_arg(), rate_type.value, receipt, self.client_id]
 
         return await self._budget_call(
-            name, scripts.SETTLE, args, extra_keys=(self.keys(name).receipts,)
+            name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)
         )
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
@@ -306,7 +306,14 @@ class RedisBackend(Backend):
         await self._budget_call(
             name,
             scripts.SYNC,
-            lambda rate_type: [remaining, reset_us, self._now_arg(), rate_type.value],
+            lambda rate_type: [
+                remaining,
+                reset_us,
+                self._now_arg(),
+                rate_type.value,
+                self.client_id,
+            ],
+            registry=True,
         )
 
     async def _clients(self, registry: str, start: int) -> list[str]:

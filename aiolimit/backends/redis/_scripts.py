@@ -269,9 +269,9 @@ def _settlement(reply: Any) -> Settlement | Trouble:
 
 
 # A settle that changed the grant remembers the old member's receipt: a resend changes nothing.
-SETTLE = Script("settle", _settlement)
+SETTLE = Script("settle", _settlement, uses=("registered",))
 # A floor: sent twice, it tightens to the same floor (or, later, the same one moved on).
-SYNC = Script("sync", _number)
+SYNC = Script("sync", _number, uses=("registered",))
 
 # -- configs and lifetimes ----------------------------------------------------------------------
 

@@ -3,12 +3,14 @@
 -- KEYS[1] config hash
 -- KEYS[2] value key      (the client's own for PER_CLIENT)
 -- KEYS[3] permits ZSET   (the client's own for PER_CLIENT)
--- KEYS[4] the limiter's receipts (release.lua's ZSET "<tag>:released")
+-- KEYS[4] PER_CLIENT: the clients registry, then (KEYS[5]) the limiter's receipts; OVERALL:
+--         the receipts (release.lua's ZSET "<tag>:released")
 -- ARGV[1] the grant's member (Grant.member, "<permits>:<start>:<tag>")
 -- ARGV[2] the permits it counts from now on (0 to MAX_EXACT)
 -- ARGV[3] now in microseconds, or '' to read the server's TIME
 -- ARGV[4] rate type the caller built KEYS for
 -- ARGV[5] the member's receipt, as release.lua's: "<member>[ <client id>]"
+-- ARGV[6] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
 --
 -- Fewer: what of the difference still counts against the limit goes back, by the
 -- algorithm's rule for a grant handed back (`shrink`; a token bucket with reservations
@@ -37,7 +39,7 @@ local reserved, start = parse_grant(member)
 if not (reserved and permits) then
   error('aiolimit: settle needs a grant\'s member and permits, not ' .. member .. ' and ' .. ARGV[2])
 end
-local receipts, receipt = KEYS[4], ARGV[5]
+local receipts, receipt = KEYS[#KEYS], ARGV[5]
 redis.call('ZREMRANGEBYSCORE', receipts, '-inf', fmt(now))
 if permits == reserved or redis.call('ZSCORE', receipts, receipt) then
   return { 0, 0, 0, member, 0 } -- nothing to change, or sent again
@@ -58,7 +60,7 @@ else
     settled = algorithm.charge(group, member, charged, now)
   end
 end
-algorithm.save(group, now)
+register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
 if settled ~= member then
   local until_ = max(start + config.longest, now + RECEIPT_US)
   redis.call('ZADD', receipts, fmt(until_), receipt)

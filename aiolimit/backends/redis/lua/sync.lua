@@ -4,10 +4,12 @@
 -- KEYS[1] config hash
 -- KEYS[2] value key      (the client's own for PER_CLIENT)
 -- KEYS[3] permits ZSET   (the client's own for PER_CLIENT)
+-- KEYS[4] the clients registry (PER_CLIENT only)
 -- ARGV[1] remaining: permits the provider still allows (0 to MAX_EXACT)
 -- ARGV[2] reset: microseconds from now until the provider's count starts over
 -- ARGV[3] now in microseconds, or '' to read the server's TIME
 -- ARGV[4] rate type the caller built KEYS for
+-- ARGV[5] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
 --
 -- Per algorithm (`sync`): a token bucket is full no earlier than `remaining` tokens' refill
 -- before one interval after the reset; a sliding window logs what it allows beyond
@@ -29,5 +31,5 @@ save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
 group.algorithm.reclaim(group, now, true)
 group.algorithm.sync(group, remaining, reset_us, now)
-group.algorithm.save(group, now)
+register_client(config, KEYS[4], ARGV[5], now, group.algorithm.save(group, now)) -- (registered.lua)
 return { 0, 0 }
