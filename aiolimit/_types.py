@@ -250,6 +250,7 @@ class RateLimiterConfig:
     rates: tuple[Rate, ...]
     algorithm: Algorithm
     min_spacing: timedelta | None
+    max_debt: int | None
 
     def __init__(
         self,
@@ -260,6 +261,7 @@ class RateLimiterConfig:
         rates: Sequence[Rate] = (),
         algorithm: Algorithm = Algorithm.SLIDING_WINDOW,
         min_spacing: timedelta | None = None,
+        max_debt: int | None = None,
     ) -> None:
         if not rates:
             if rate is None or interval is None:
@@ -277,6 +279,7 @@ class RateLimiterConfig:
         object.__setattr__(self, "rates", tuple(rates))
         object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "min_spacing", min_spacing)
+        object.__setattr__(self, "max_debt", check_max_debt(max_debt))
 
     @property
     def rate(self) -> int:
@@ -292,7 +295,9 @@ class RateLimiterConfig:
         return (
             f"RateLimiterConfig(rate_type={self.rate_type!r}, rate={self.rate}, "
             f"interval={self.interval!r}, keep_alive={self.keep_alive!r}, rates={self.rates!r}, "
-            f"algorithm={self.algorithm!r}, min_spacing={self.min_spacing!r})"
+            f"algorithm={self.algorithm!r}, min_spacing={self.min_spacing!r}"
+            + ("" if self.max_debt is None else f", max_debt={self.max_debt!r}")
+            + ")"
         )
 
     @classmethod
@@ -306,6 +311,7 @@ class RateLimiterConfig:
         algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
         min_spacing: Duration | None = None,
         margin: Duration | None = None,
+        max_debt: int | None = None,
     ) -> RateLimiterConfig:
         """Validates public arguments and returns the config they describe. ``margin``
         widens every rate's interval by that much (see :func:`widened`)."""
@@ -353,6 +359,7 @@ class RateLimiterConfig:
             rates=rates,
             algorithm=how,
             min_spacing=spacing,
+            max_debt=max_debt,
         )
 
     @property
@@ -375,9 +382,28 @@ class RateLimiterConfig:
         return min(r.permits for r in self.rates)
 
     @property
+    def debt_limit(self) -> int:
+        """How far below zero a charge (``Backend.settle`` for more than was reserved) may
+        take each rate's permits left: ``max_debt``, by default one interval's rate (the
+        smallest rate's permits)."""
+        return self.max_permits if self.max_debt is None else self.max_debt
+
+    @property
     def longest_us(self) -> int:
         """The longest interval, in microseconds: how long a grant counts."""
         return max(r.interval_us for r in self.rates)
+
+
+def check_max_debt(max_debt: object) -> int | None:
+    """``max_debt`` as a config keeps it: None (the default) or an int from 0 to MAX_RATE."""
+    if max_debt is None:
+        return None
+    if isinstance(max_debt, bool) or not isinstance(max_debt, int) or not 0 <= max_debt <= MAX_RATE:
+        raise InvalidArgumentError(
+            f"max_debt must be None or an int from 0 to {MAX_RATE} (MAX_RATE), not "
+            f"{shown(max_debt)}"
+        )
+    return max_debt
 
 
 def micros(delta: timedelta) -> int:

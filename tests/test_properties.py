@@ -104,6 +104,7 @@ advance = st.one_of(edges, edges, edges, st.floats(0, 2.5))  # named or a fracti
 back = st.one_of(st.sampled_from(["1us", "half", "interval-1us", "interval"]), st.floats(0, 1))
 ttl = st.one_of(st.sampled_from(["1us", "half", "interval", "interval+1us"]), st.floats(0, 3))
 acquire = st.tuples(st.just("acquire"), client, permits)
+SYNC_RESETS = ["zero", "1us", "half", "interval", "interval+1us"]
 step = st.tuples(st.just("advance"), advance)
 operation = st.one_of(
     acquire,
@@ -131,12 +132,29 @@ operation = st.one_of(
     st.tuples(st.just("expire"), ttl),
     st.tuples(st.just("clear_expire")),
 )
+settle_operation = st.one_of(
+    acquire,
+    st.tuples(st.just("reserve"), client, permits, st.sampled_from(["forever", "interval"])),
+    st.tuples(st.just("settle"), client, st.integers(0, 50), st.integers(0, 8)),
+    st.tuples(st.just("settle"), client, st.integers(0, 50), st.integers(0, 8)),
+    st.tuples(st.just("sync"), client, st.integers(0, 6), st.sampled_from(SYNC_RESETS)),
+    st.tuples(st.just("release"), client, permits),
+    st.tuples(st.just("release_member"), client, st.integers(0, 50)),
+    st.tuples(st.just("wait_time"), client, permits),
+    st.tuples(st.just("available"), client),
+    step,
+    step,
+    st.tuples(st.just("configure"), st.sampled_from(["set", "update"]), config, st.booleans()),
+)
+"""Settle and sync among the operations they meet most (``Backend.settle``, ``sync``)."""
 CLIENT_OPERATIONS = {
     "acquire",
     "reserve",
     "public_try_acquire",
     "release",
     "release_member",
+    "settle",
+    "sync",
     "wait_time",
     "available",
 }
@@ -381,6 +399,10 @@ async def run(backend: Backend, op: tuple[Any, ...], name: str, interval: int, t
             return ("released", await backend.release(name, op[2]))
         if kind == "release_member":
             return ("released", await backend.release(name, int(op[3].partition(":")[0]), op[3]))
+        if kind == "settle":
+            return ("settle", await backend.settle(name, op[4], op[3]))
+        if kind == "sync":
+            return ("sync", await backend.sync(name, op[2], duration(op[3], interval)))
         if kind == "wait_time":
             return ("wait", await backend.wait_time(name, op[2]))
         if kind == "available":
@@ -549,6 +571,7 @@ class Twins:
         }
         self.audit = Audit()
         self.members: list[str] = []  # of every grant, for release_member
+        self.loose = False  # a settle or sync ran: the audit bounds, but checks no hand-back
         self.deadline: int | None = None  # the end expire() gave the limiter, if any
 
     def clock(self) -> float:
@@ -748,7 +771,7 @@ class Twins:
             return None
         if kind == "wait_then_acquire":
             return await self.wait_then_acquire(op[1], op[2])
-        if kind == "release_member":
+        if kind in ("release_member", "settle"):
             member = self.members[op[2] % len(self.members)] if self.members else "1:0:1"
             op = (*op, member)
         who = op[1] if kind in CLIENT_OPERATIONS else "a"
@@ -783,10 +806,19 @@ class Twins:
             assert result.at == now and result.retry_in >= 1
         elif kind == "public_try_acquire" and result is True:
             audit.grant(who, op[2], now, self.last_member(who, op[2], now))
+        elif kind in ("release", "release_member") and expected[0] == "released" and self.loose:
+            audit.budget(who).clear()  # (after a settle or sync: see below)
         elif kind == "release" and expected[0] == "released":
             audit.release(who, op[2], result, now)
         elif kind == "release_member" and expected[0] == "released":
             audit.release_member(who, op[3], result)
+        elif kind in ("settle", "sync") and expected[0] == kind and audit.config is not None:
+            # A charge or a floor only counts more; the audit forgets the budget's grants
+            # (it then bounds less, never wrongly).
+            audit.budget(who).clear()
+            self.loose = True  # and no longer knows what a hand-back may give
+            if kind == "settle" and result.member != op[4]:
+                self.members.append(result.member)
         elif kind == "configure" and result:
             audit.configure(AuditConfig.of(op[2]), op[3])
             self.deadline = None
@@ -1172,4 +1204,32 @@ async def test_a_per_client_reset_keeps_a_clients_reservation_on_both_backends(
             ("advance", "interval"),
             ("acquire", "a", 1),
         ],
+    )
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@example(  # a charge into debt, a resend, a settle for fewer, and a floor
+    first=(RateType.OVERALL, 3, INTERVALS_US[0], None, Algorithm.FIXED_WINDOW, (), 0),
+    operations=[
+        ("acquire", "a", 3),
+        ("settle", "a", 0, 5),
+        ("settle", "a", 0, 5),
+        ("reserve", "a", 2, "forever"),
+        ("settle", "a", 1, 0),
+        ("sync", "a", 1, "half"),
+        ("available", "a"),
+    ],
+)  # fmt: skip
+@given(first=config, operations=st.lists(settle_operation, min_size=5, max_size=40))
+async def test_memory_and_redis_agree_on_settle_and_sync(
+    redis_server: LocalRedis, first: Config, operations: list[tuple[Any, ...]]
+) -> None:
+    await test_memory_and_redis_agree_and_never_exceed_the_rate.hypothesis.inner_test(  # type: ignore[attr-defined]
+        redis_server, first, operations
     )

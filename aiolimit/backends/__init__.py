@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import Attempt, Backend, Grant, Refusal, SetMode, Started
+from .base import Attempt, Backend, Grant, Refusal, SetMode, Settlement, Started
 from .memory import MemoryBackend
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ __all__ = [
     "RedisBackend",
     "Refusal",
     "SetMode",
+    "Settlement",
     "Started",
 ]
 

@@ -27,14 +27,18 @@ __all__ = [
     "HELD_BUCKETS",
     "MAX_BATCH",
     "MAX_EXACT",
+    "MAX_SYNC_US",
     "RECEIPT_US",
     "RECLAIM_STEPS",
     "REFUSED_FORMAT",
     "SAME_FORMAT",
+    "SETTLE_FORMAT",
     "STATE_FIELD",
     "VALUE_FORMAT",
     "WALK_STEPS",
     "Reply",
+    "check_settle",
+    "check_sync",
     "format_grant",
     "format_member",
     "format_rates",
@@ -202,3 +206,43 @@ def parse_windows(text: str) -> list[list[int]]:
     entries = [entry for entry in text.split(" ~")[1:] if not entry.startswith("h")]
     windows = [[int(n) for n in entry.split(":")] for entry in entries]
     return [[i, count, numbers[2 * i - 2] - ago] for i, count, ago in windows]
+
+
+SETTLE_FORMAT = "{0, <handed back>, <charged>, <member>, <cut>}"
+"""settle.lua's reply (``Backend.settle``). A settle for fewer permits hands the difference
+back by the algorithm's release rule (a token bucket with reservations queued behind the
+grant gives back nothing); for more, the difference is charged at the call's time, down to
+``max_debt`` below zero of the fewest permits left (``left``, reservations included). The
+member after it: a sliding window's ``"<permits>:<start>:<seq>"`` (its log entry rewritten,
+same score; a charge is an entry of its own at the settle's time, so a member that was
+charged names no entry a later hand-back could find); a token bucket's or fixed windows'
+``"<permits>:<start>:<tag>"`` with a tag no grant has (the hand-back count moved by two).
+The old member's receipt (as a release's) is remembered, so a resend changes nothing."""
+
+
+def check_settle(member: str, permits: object) -> int:
+    """A settle's ``permits`` (the grant's ``member`` is checked too); InvalidArgumentError
+    for anything but an int from 0 to ``MAX_EXACT``."""
+    parse_grant(member)
+    if isinstance(permits, bool) or not isinstance(permits, int) or not 0 <= permits <= MAX_EXACT:
+        raise InvalidArgumentError(
+            f"permits must be an int from 0 to {MAX_EXACT}, not {permits!r:.40}"
+        )
+    return permits
+
+
+def check_sync(remaining: object, reset_us: object) -> tuple[int, int]:
+    """A sync's ``remaining`` (an int from 0 to ``MAX_EXACT``) and ``reset_us`` (an int of
+    microseconds from 0 to ten years); InvalidArgumentError otherwise."""
+    for value, what, most in (
+        (remaining, "remaining", MAX_EXACT),
+        (reset_us, "reset_us", MAX_SYNC_US),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+            raise InvalidArgumentError(f"{what} must be an int from 0 to {most}, not {value!r:.40}")
+    return remaining, reset_us  # type: ignore[return-value]
+
+
+MAX_SYNC_US = 315_360_000_000_000
+"""The longest ``reset_us`` a sync takes (ten years, ``MAX_DURATION``). A sliding window
+and fixed windows count a sync for at most one interval of each rate."""

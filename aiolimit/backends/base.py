@@ -16,7 +16,16 @@ from ._clock import ClockMap
 from ._lease import LeaseStore
 from ._protocol import parse_grant
 
-__all__ = ["Attempt", "Backend", "Grant", "Refusal", "SetMode", "Started", "breaker_of"]
+__all__ = [
+    "Attempt",
+    "Backend",
+    "Grant",
+    "Refusal",
+    "SetMode",
+    "Settlement",
+    "Started",
+    "breaker_of",
+]
 
 log = logging.getLogger("aiolimit")
 
@@ -81,6 +90,20 @@ class Refusal(NamedTuple):
 
 Attempt = Grant | Refusal
 """What one ``Backend.try_acquire`` returns."""
+
+
+class Settlement(NamedTuple):
+    """What :meth:`Backend.settle` did to a grant."""
+
+    handed_back: int
+    """Permits given back (settled for fewer than reserved): only what still counted."""
+    charged: int
+    """Permits charged beyond the reservation (settled for more), at the settle's time."""
+    member: str
+    """The grant's member from now on, what a later ``release`` or ``settle`` names (the
+    one given when nothing changed)."""
+    cut: int = 0
+    """Permits asked for but not charged, because the limiter reached ``max_debt``."""
 
 
 class Started(Protocol):
@@ -231,6 +254,22 @@ class Backend(LeaseStore, abc.ABC):
         ``member``: only what it still holds against the limit (nothing once it has left a
         sliding window, its tokens have come back, or its fixed window has ended); returns
         how many. Safe to send twice: a grant comes back once."""
+
+    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        """The grant ``member`` now counts as ``permits`` instead of what it reserved
+        : fewer hands the difference back (only what still counts against
+         the limit, by the algorithm's rule for ``release``); more charges the difference
+         now, into debt if need be, at most the config's ``max_debt`` below zero per rate
+         (the rest is ``cut``). Later grants wait, in order, until a debt is paid off;
+         reservations already made keep their starts. Safe to send twice: a resend changes
+         nothing. A member the store no longer knows hands back nothing (more still charges)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot settle a grant")
+
+    async def sync(self, name: str, remaining: int, reset_us: int) -> None:
+        """Takes a provider's own count as a floor: from now until now + ``reset_us``, at
+        most ``remaining`` more permits are granted (for ``PER_CLIENT``: this client's).
+        Only ever tightens the limiter; never lowers anything."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
 
     @abc.abstractmethod
     async def block(self, name: str, duration_us: int | None) -> int:

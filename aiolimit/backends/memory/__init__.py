@@ -16,11 +16,12 @@ from ...errors import (
     over_rate_error,
     queue_full_error,
 )
-from .._protocol import parse_grant
-from ..base import Backend, Grant, Refusal, SetMode
+from .._protocol import check_settle, check_sync, parse_grant
+from ..base import Backend, Grant, Refusal, SetMode, Settlement
 from ._algorithm import Group
 from ._fixed_window import FixedWindow
 from ._leases import MemoryLeases
+from ._settle import receipt_until, settle_group
 from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
@@ -91,6 +92,18 @@ def _extend_registry(limiter: Limiter, until: float, deadline: int | None) -> No
         until = min(until, deadline)
     if limiter.registry_expires_at == FOREVER or limiter.registry_expires_at < until:
         limiter.registry_expires_at = until
+
+
+def _register(limiter: Limiter, key: str | None, now: int, ttl: int) -> None:
+    """registered.lua: a PER_CLIENT client whose state settle or sync wrote (``ttl`` > 0)
+    is noted in the registry, as a grant at ``now``."""
+    stored = limiter.config
+    if key is None or ttl <= 0 or stored is None:
+        return
+    longest = stored.config.longest_us
+    limiter.register(key, now)
+    limiter.unregister_before(now - 2 * longest)
+    _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
 
 
 def _refresh_group(limiter: Limiter, key: str | None, now: int) -> int:
@@ -314,6 +327,32 @@ class MemoryBackend(MemoryLeases, Backend):
             if until > now:
                 self._shared.remember(receipt, until, now)
         return released
+
+    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        permits = check_settle(member, permits)
+        limiter, config, now = self._configured(name, self._now(), record=False)
+        key = self._budget_key(config, name)
+        receipt = (name, member if key is None else f"{member} {key}")
+        if permits == parse_grant(member)[0] or self._shared.receipts.get(receipt, now) > now:
+            return Settlement(0, 0, member)  # nothing to change, or sent again (settle.lua)
+        assert limiter.config is not None
+        limiter.config.clock = now
+        group = _group(limiter, config, key, True, now)
+        group.reclaim(now)
+        settled = settle_group(group, member, permits, now, config.debt_limit)
+        _register(limiter, key, now, group.save(limiter, now))
+        if settled.member != member:
+            self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
+        return settled
+
+    async def sync(self, name: str, remaining: int, reset_us: int) -> None:
+        remaining, reset_us = check_sync(remaining, reset_us)
+        limiter, config, now = self._configured(name, self._now())
+        key = self._budget_key(config, name)
+        group = _group(limiter, config, key, True, now)
+        group.reclaim(now)
+        group.sync(remaining, reset_us, now)
+        _register(limiter, key, now, group.save(limiter, now))
 
     async def block(self, name: str, duration_us: int | None) -> int:
         limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)

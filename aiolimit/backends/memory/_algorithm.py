@@ -105,3 +105,25 @@ class Group(abc.ABC):
         if self.blocked_until is not None:
             start = max(start, self.blocked_until)
         return start
+
+    # -- settle and sync (settle.lua, sync.lua); a group that lacks them cannot settle --------
+
+    def shrink(self, member: str, wanted: int, now: int) -> tuple[int, str]:
+        """The grant ``member`` counts ``wanted`` permits fewer: what of them still counts
+        goes back. ``(permits handed back, the grant's member from now on)``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot settle a grant")
+
+    def room(self, now: int) -> int:
+        """The fewest permits left under any rate, less every permit reserved ahead: what a
+        debt is measured from."""
+        return self.left(now)[0]
+
+    def charge(self, member: str, extra: int, now: int) -> str:
+        """The grant ``member`` counts ``extra`` permits more, taken at ``now`` whatever is
+        free (the caller bounds the debt); the grant's member from now on."""
+        raise NotImplementedError(f"{type(self).__name__} cannot settle a grant")
+
+    def sync(self, remaining: int, reset_us: int, now: int) -> None:
+        """From ``now`` until ``now + reset_us`` every rate allows at most ``remaining`` more
+        permits (a sliding window and fixed windows: for at most one interval)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sync")

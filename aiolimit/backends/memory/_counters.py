@@ -216,3 +216,84 @@ class Counters(Group):
             self.dirty = True
             self.state.handbacks += 1
         return released
+
+    # -- settle and sync (counters.lua's) ----------------------------------------------------
+
+    def rate_shrink(
+        self, rate: Rate, a: int, b: int, reserved: int, wanted: int, start: int, now: int
+    ) -> tuple[int, int, int]:
+        """``rate_release`` of ``wanted`` of the ``reserved`` permits of the grant that
+        started at ``start``."""
+        if wanted <= 0:
+            return 0, a, b  # (counters.lua asks release for none)
+        return self.rate_release(rate, a, b, wanted, start, now)
+
+    @abc.abstractmethod
+    def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
+        """The numbers once ``extra`` permits are taken at ``now``, whatever is free."""
+
+    @abc.abstractmethod
+    def rate_sync(
+        self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
+    ) -> tuple[int, int]:
+        """The numbers once the rate allows at most ``remaining`` more until the reset."""
+
+    def settled(self, permits: int, start: int, tag: int) -> str:
+        """The member of a settled grant: its tag moved past every tag the rule gives once
+        more than any grant's (the hand-back count moved by two: one for it, one after)."""
+        state = self.state
+        state.handbacks += 1
+        member = format_grant(
+            permits, start, self.tagged(tag % (self.rate_span(self.config.rates[0]) + 1))
+        )
+        state.handbacks += 1
+        self.dirty, self.fresh = True, False
+        return member
+
+    def shrink(self, member: str, wanted: int, now: int) -> tuple[int, str]:
+        reserved, start, tag = parse_grant(member)
+        n, back = self.state.n, 0
+        queued = self.rate_queued(self.config.rates[0], n[0], n[1]) is not None
+        latest = self.queued_start(now) if queued else None
+        if latest is None or latest == start:  # (a token bucket: see release)
+            for i, rate in enumerate(self.config.rates):
+                count, n[2 * i], n[2 * i + 1] = self.rate_shrink(
+                    rate, n[2 * i], n[2 * i + 1], reserved, wanted, start, now
+                )
+                back = max(back, count)
+        return back, self.settled(reserved - wanted, start, tag)
+
+    def rate_room(self, rate: Rate, a: int, b: int, now: int) -> int:
+        """``rate_left``, less every permit reserved ahead (what a debt is measured from)."""
+        return self.rate_left(rate, a, b, now)
+
+    def room(self, now: int) -> int:
+        n = self.state.n
+        return min(
+            self.rate_room(rate, n[2 * i], n[2 * i + 1], now)
+            for i, rate in enumerate(self.config.rates)
+        )
+
+    def charge(self, member: str, extra: int, now: int) -> str:
+        reserved, start, tag = parse_grant(member)
+        n = self.state.n
+        for i, rate in enumerate(self.config.rates):
+            a, b = self.rate_charge(rate, n[2 * i], n[2 * i + 1], extra, now)
+            if a != n[2 * i]:
+                self.synced(i, a)
+            n[2 * i], n[2 * i + 1] = a, b
+        return self.settled(reserved + extra, start, tag)
+
+    def sync(self, remaining: int, reset_us: int, now: int) -> None:
+        n = self.state.n
+        for i, rate in enumerate(self.config.rates):
+            a, b = self.rate_sync(rate, n[2 * i], n[2 * i + 1], remaining, reset_us, now)
+            if (a, b) != (n[2 * i], n[2 * i + 1]):
+                if a != n[2 * i]:
+                    self.synced(i, a)
+                n[2 * i], n[2 * i + 1] = a, b
+                self.dirty, self.fresh = True, False
+
+    def synced(self, i: int, window_end: int) -> None:
+        """Rate ``i`` (from 0) takes the new numbers ``window_end``, ... (fixed windows keep
+        the window it leaves)."""

@@ -55,15 +55,20 @@ class FixedWindow(Counters):
 
     def commit(self, permits: int, start: int) -> str:
         # Keeps the windows the grant leaves behind: per rate at most HELD_BUCKETS.
-        n, held = self.state.n, self.state.held
-        for i, rate in enumerate(self.config.rates, 1):
-            end, count = n[2 * i - 2], n[2 * i - 1]
-            if count > 0 and start // rate.interval_us > window_of(end, rate.interval_us):
-                mine = [j for j, entry in enumerate(held) if entry[0] == i]
-                if len(mine) == HELD_BUCKETS:
-                    del held[mine[0]]
-                held.append([i, count, end])
+        for i in range(len(self.config.rates)):
+            self.synced(i, start + 1)
         return super().commit(permits, start)
+
+    def synced(self, i: int, window_end: int) -> None:
+        # Keeps the window rate i (from 0) leaves for the one ending at `window_end`, if it
+        # held grants (fixed_window.lua's `hold_window`).
+        n, held, interval = self.state.n, self.state.held, self.config.rates[i].interval_us
+        end, count = n[2 * i], n[2 * i + 1]
+        if count > 0 and (window_end - 1) // interval > window_of(end, interval):
+            mine = [j for j, entry in enumerate(held) if entry[0] == i + 1]
+            if len(mine) == HELD_BUCKETS:
+                del held[mine[0]]
+            held.append([i + 1, count, end])
 
     def rate_left(self, rate: Rate, a: int, b: int, now: int) -> int:
         window, current = window_of(a, rate.interval_us), now // rate.interval_us
@@ -110,10 +115,39 @@ class FixedWindow(Counters):
         window = window_of(a, rate.interval_us)
         if start is None:
             start = now
-        if start // rate.interval_us != window:
-            return 0, a, b
+        if start // rate.interval_us != window or window < now // rate.interval_us:
+            return 0, a, b  # (another window's, or one that has ended)
         count = min(wanted, b)
         return count, a, b - count
+
+    def rate_room(self, rate: Rate, a: int, b: int, now: int) -> int:
+        # `left`, less the permits of the windows ahead (reservations, or a debt).
+        window, current = window_of(a, rate.interval_us), now // rate.interval_us
+        if window <= current:
+            return rate.permits if window < current else rate.permits - b
+        return -((window - current - 1) * rate.permits + b)
+
+    def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
+        # Added to the latest window, current or ahead (a new current one when it has ended);
+        # past its rate, the rest goes to the windows after it, as reservations would.
+        window = now // rate.interval_us
+        if window_of(a, rate.interval_us) >= window:
+            window, count = window_of(a, rate.interval_us), b + extra
+        else:
+            count = extra
+        ahead = max(0, -(-(count - rate.permits) // rate.permits))
+        return (window + ahead + 1) * rate.interval_us, count - ahead * rate.permits
+
+    def rate_sync(
+        self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
+    ) -> tuple[int, int]:
+        # The current window holds at least rate - remaining (a window ahead: the current one
+        # is full already).
+        window, current = window_of(a, rate.interval_us), now // rate.interval_us
+        least = rate.permits - remaining
+        if reset_us <= 0 or window > current or least <= (b if window == current else 0):
+            return a, b
+        return (current + 1) * rate.interval_us, least
 
 
 def windows_outlived(windows: FixedWindow, old: tuple[Rate, ...], now: int) -> bool:

@@ -304,3 +304,48 @@ class SlidingLog(Group):
                 self.touched[i] = True
             released = max(released, count)
         return released
+
+    def shrink(self, member: str, wanted: int, now: int) -> tuple[int, str]:
+        # Its entry in each log that still counts it, rewritten with fewer permits at the
+        # same score (removed for none): sliding_window.lua's `shrink`.
+        permits, start, seq = parse_grant(member)
+        kept, back = permits - wanted, 0
+        logged = (start, format_member(permits, seq), permits)
+        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+            if not self.stored[i] or start <= now - rate.interval_us:
+                continue
+            grants = budget.grants
+            at = bisect.bisect_left(grants, logged, lo=budget.head)
+            if at == len(grants) or grants[at] != logged:
+                continue
+            del grants[at]
+            if kept:
+                budget.add((start, format_member(kept, seq), kept))
+            budget.moved(start, -wanted)
+            budget.used -= wanted
+            self.used[i] = budget.used
+            self.touched[i] = True
+            back = wanted
+        return back, format_grant(kept, start, seq) if back else member
+
+    def charge(self, member: str, extra: int, now: int) -> str:
+        # An entry of its own at `now`: the grant keeps its entry, the member its number.
+        permits, start, seq = parse_grant(member)
+        self.commit(extra, now)
+        return format_grant(permits + extra, start, seq)
+
+    def sync(self, remaining: int, reset_us: int, now: int) -> None:
+        seq = max(b.seq for b in self.budgets) + 1
+        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+            over = rate.permits - self.used[i] - remaining
+            if over <= 0 or reset_us <= 0:
+                continue
+            # Scored so that it leaves the window at the reset (at most one interval on).
+            at = now + min(reset_us, rate.interval_us) - rate.interval_us
+            budget.add((at, format_member(over, seq), over))
+            budget.seq = seq
+            budget.used += over
+            self.used[i] = budget.used
+            budget.moved(at, over)
+            self.touched[i] = self.stored[i] = True
+            self.fresh = False

@@ -124,6 +124,28 @@ class TokenBucket(Counters):
             tat, frac = now, 0
         return count, tat, frac
 
+    def rate_shrink(
+        self, rate: Rate, a: int, b: int, reserved: int, wanted: int, start: int, now: int
+    ) -> tuple[int, int, int]:
+        # The grant's tokens come back oldest first: its latest ones still count.
+        if now > start:
+            wanted = min(wanted, reserved - refilled_since(rate, reserved, start, now))
+        if wanted <= 0:
+            return 0, a, b  # (counters.lua asks release for none)
+        return self.rate_release(rate, a, b, wanted, None, now)
+
+    def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
+        return refilled(rate, a, b, now, extra)  # past one interval on: a debt
+
+    def rate_sync(
+        self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
+    ) -> tuple[int, int]:
+        # Full no earlier than `remaining` tokens' refill before one interval after the reset.
+        if reset_us <= 0:
+            return a, b
+        full = now + reset_us + rate.interval_us - cost(rate, remaining)[0]
+        return (full, 0) if a < full else (a, b)
+
 
 EPOCHS_KEPT = 4
 """Earlier rates a PER_CLIENT token bucket's config keeps (token_bucket.lua)."""

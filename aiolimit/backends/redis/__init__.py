@@ -14,8 +14,8 @@ from typing import Any, Literal, TypeVar, cast
 from ..._breaker import BreakerPolicy
 from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
-from .._protocol import format_rates, parse_grant
-from ..base import Backend, Grant, Refusal, SetMode, Started, call_timeout
+from .._protocol import check_settle, check_sync, format_rates, parse_grant
+from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started, call_timeout
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
 from ._compat import ANY, server_of, slot
@@ -295,6 +295,34 @@ class RedisBackend(RedisLeases, Backend):
             extra_keys=(self.keys(name).receipts,),
         )
 
+    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        permits = check_settle(member, permits)
+
+        def args(rate_type: RateType) -> list[Any]:
+            receipt = member  # (release's receipt for the grant: see settle.lua)
+            if rate_type is RateType.PER_CLIENT:
+                receipt = f"{member} {self.client_id}"
+            return [member, permits, self._now_arg(), rate_type.value, receipt, self.client_id]
+
+        return await self._budget_call(
+            name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)
+        )
+
+    async def sync(self, name: str, remaining: int, reset_us: int) -> None:
+        remaining, reset_us = check_sync(remaining, reset_us)
+        await self._budget_call(
+            name,
+            scripts.SYNC,
+            lambda rate_type: [
+                remaining,
+                reset_us,
+                self._now_arg(),
+                rate_type.value,
+                self.client_id,
+            ],
+            registry=True,
+        )
+
     async def _clients(self, registry: str, start: int) -> list[str]:
         end = start + _CLIENTS_PER_CALL - 1
         return await self._run(scripts.CLIENTS, (registry,), (start, end))
@@ -340,6 +368,7 @@ class RedisBackend(RedisLeases, Backend):
                 config.algorithm.value,
                 format_rates(config) if len(config.rates) > 1 else "",
                 config.min_spacing_us,
+                "" if config.max_debt is None else config.max_debt,
             ),
         )
         if reply.written:

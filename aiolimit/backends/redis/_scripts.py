@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, TypeVar
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
 from ...errors import BackendError
 from .._protocol import MAX_BATCH, Reply, parse_rates
-from ..base import Grant, Refusal
+from ..base import Grant, Refusal, Settlement
 from ._request import Batch
 from ._script import LIBRARY as LIBRARY
 from ._script import ReadCommand as ReadCommand
@@ -260,6 +260,19 @@ WAIT = Script("wait", _number)
 # Each call carries a fresh receipt key: a resend finds the receipt and hands back nothing more.
 RELEASE = Script("release", _number)
 
+
+def _settlement(reply: Any) -> Settlement | Trouble:
+    code = Reply(int(reply[0]))
+    if code is Reply.GRANTED:  # (_protocol.SETTLE_FORMAT)
+        return Settlement(int(reply[1]), int(reply[2]), _text(reply[3]), int(reply[4]))
+    return _trouble(code, _text(reply[1]) if len(reply) > 1 else "")
+
+
+# A settle that changed the grant remembers the old member's receipt: a resend changes nothing.
+SETTLE = Script("settle", _settlement, uses=("registered",))
+# A floor: sent twice, it tightens to the same floor (or, later, the same one moved on).
+SYNC = Script("sync", _number, uses=("registered",))
+
 # -- configs and lifetimes ----------------------------------------------------------------------
 
 
@@ -311,6 +324,7 @@ def _config(reply: Any) -> RateLimiterConfig | None:
         parse_rates(fields["rates"]) if "rates" in fields else (Rate(rate, interval),),
         Algorithm(fields.get("algorithm", Algorithm.SLIDING_WINDOW.value)),
         timedelta(microseconds=spacing) if spacing else None,
+        int(fields["max_debt"]) if "max_debt" in fields else None,
     )
 
 

@@ -196,6 +196,85 @@ local function tagged(group, rule, r, tag)
   return tag + (count % max(1, floor((MAX_EXACT - span) / span))) * span
 end
 
+-- settle.lua's and sync.lua's group functions of an algorithm kept as counters (the rule's
+-- optional `shrink`, and its `charge` and `sync`, per rate):
+--   shrink(r, reserved, wanted, start, now)  wanted, start: what `release` is asked for when
+--                                    `wanted` of the `reserved` permits of the grant that
+--                                    started at `start` go back (without it: as they are)
+--   charge(r, a, b, extra, now)      a, b once `extra` permits are taken at `now`, whatever
+--                                    is free (a debt; settle.lua bounds it)
+--   sync(r, a, b, remaining, reset_us, now)  a, b once the rate allows at most `remaining`
+--                                    more until now + reset_us
+--   room(r, a, b, now)               (optional) `left`, less every permit reserved ahead:
+--                                    what a debt is measured from (without it: `left`)
+--   synced(group, i, a)              (on the algorithm, optional) rate i takes the new
+--                                    numbers a, ... (fixed windows keep the window it leaves)
+local function settling(algorithm, rule, queued_start)
+  -- A settled grant's member: its tag moved past every tag the rule gives once more than
+  -- any grant's (the hand-back count moved by two: one for it, one for the grants after).
+  local function settled(group, permits, start, tag)
+    local rates = group.config.rates
+    group.handbacks = (group.handbacks or 0) + 1
+    local member = fmt(permits) .. ':' .. fmt(start) .. ':' .. fmt(tagged(group, rule, rates[1], tag % (rule.span(rates[1]) + 1)))
+    group.handbacks = group.handbacks + 1
+    group.dirty, group.fresh = true, false
+    return member
+  end
+  function algorithm.shrink(group, member, wanted, now)
+    local reserved, start, tag = parse_grant(member)
+    local rates, n, back = group.config.rates, group.n, 0
+    local latest = rule.queued and queued_start(group, now)
+    if not latest or latest == start then -- (a token bucket: see `release`)
+      for i = 1, #rates do
+        local count, at = wanted, start
+        if rule.shrink then
+          count, at = rule.shrink(rates[i], reserved, wanted, start, now)
+        end
+        if count > 0 then
+          count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], count, at, now)
+          back = max(back, count)
+        end
+      end
+    end
+    return back, settled(group, reserved - wanted, start, tag)
+  end
+  -- The fewest permits left under any rate, less those reserved ahead (settle.lua).
+  function algorithm.room(group, now)
+    local rates, n, least = group.config.rates, group.n, nil
+    local room = rule.room or rule.left
+    for i = 1, #rates do
+      local l = room(rates[i], n[2 * i - 1], n[2 * i], now)
+      least = min(least or l, l)
+    end
+    return least
+  end
+  function algorithm.charge(group, member, extra, now)
+    local reserved, start, tag = parse_grant(member)
+    local rates, n = group.config.rates, group.n
+    for i = 1, #rates do
+      local a, b = rule.charge(rates[i], n[2 * i - 1], n[2 * i], extra, now)
+      if algorithm.synced and a ~= n[2 * i - 1] then
+        algorithm.synced(group, i, a)
+      end
+      n[2 * i - 1], n[2 * i] = a, b
+    end
+    return settled(group, reserved + extra, start, tag)
+  end
+  function algorithm.sync(group, remaining, reset_us, now)
+    local rates, n = group.config.rates, group.n
+    for i = 1, #rates do
+      local a, b = rule.sync(rates[i], n[2 * i - 1], n[2 * i], remaining, reset_us, now)
+      if a ~= n[2 * i - 1] or b ~= n[2 * i] then
+        if algorithm.synced and a ~= n[2 * i - 1] then
+          algorithm.synced(group, i, a)
+        end
+        n[2 * i - 1], n[2 * i] = a, b
+        group.dirty, group.fresh = true, false
+      end
+    end
+  end
+end
+
 -- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
 -- (Numeric loops over the rates: they run for every request of a batch.)
 local function counters(rule)
@@ -307,5 +386,6 @@ local function counters(rule)
     end
     return released
   end
+  settling(algorithm, rule, queued_start)
   return algorithm
 end

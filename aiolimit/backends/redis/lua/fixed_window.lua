@@ -68,11 +68,44 @@ local fixed_rule = {
   release = function(r, window_end, count, wanted, start, now)
     -- Only the latest window's count is kept: a grant there (or, without a member, in the
     -- current window when nothing is reserved ahead) can go back.
-    if floor((start or now) / r.interval) ~= window_of(r, window_end) then
-      return 0, window_end, count
+    local window = window_of(r, window_end)
+    if floor((start or now) / r.interval) ~= window or window < floor(now / r.interval) then
+      return 0, window_end, count -- (another window's, or one that has ended)
     end
     local back = min(wanted, count)
     return back, window_end, count - back
+  end,
+  -- (settle.lua, sync.lua: see `settling` in counters.lua)
+  room = function(r, window_end, count, now)
+    -- `left`, less the permits of the windows ahead (reservations, or a debt).
+    local window, current = window_of(r, window_end), floor(now / r.interval)
+    if window <= current then
+      return window < current and r.rate or r.rate - count
+    end
+    return -((window - current - 1) * r.rate + count)
+  end,
+  charge = function(r, window_end, count, extra, now)
+    -- Added to the latest window, current or ahead (a new current one when it has ended);
+    -- past its rate, the rest goes to the windows after it, as reservations would.
+    local window = floor(now / r.interval)
+    if window_of(r, window_end) >= window then
+      window = window_of(r, window_end)
+    else
+      count = 0
+    end
+    count = count + extra
+    local ahead = max(0, ceil((count - r.rate) / r.rate))
+    return (window + ahead + 1) * r.interval, count - ahead * r.rate
+  end,
+  sync = function(r, window_end, count, remaining, reset_us, now)
+    -- The current window holds at least rate - remaining (a window ahead: the current one
+    -- is full already).
+    local window, current = window_of(r, window_end), floor(now / r.interval)
+    local least = r.rate - remaining
+    if reset_us <= 0 or window > current or least <= (window == current and count or 0) then
+      return window_end, count
+    end
+    return (current + 1) * r.interval, least
   end,
 }
 local fixed = counters(fixed_rule)
@@ -105,23 +138,27 @@ local function load_windows(group)
   group.tail = nil
 end
 
--- Keeps the windows a grant at `start` leaves behind: per rate at most HELD_BUCKETS.
-local function hold_windows(group, start)
-  local n, held, rates = group.n, group.held, group.config.rates
-  for i = 1, #rates do
-    local r = rates[i]
-    if n[2 * i] > 0 and floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
-      local first, count = nil, 0
-      for j = 1, #held do
-        if held[j][1] == i then
-          first, count = first or j, count + 1
-        end
+-- Keeps the window rate i leaves behind at `start`, if it held grants: at most HELD_BUCKETS.
+local function hold_window(group, i, start)
+  local n, held, r = group.n, group.held, group.config.rates[i]
+  if n[2 * i] > 0 and floor(start / r.interval) > window_of(r, n[2 * i - 1]) then
+    local first, count = nil, 0
+    for j = 1, #held do
+      if held[j][1] == i then
+        first, count = first or j, count + 1
       end
-      if count == HELD_BUCKETS then
-        table.remove(held, first)
-      end
-      held[#held + 1] = { i, n[2 * i], n[2 * i - 1] }
     end
+    if count == HELD_BUCKETS then
+      table.remove(held, first)
+    end
+    held[#held + 1] = { i, n[2 * i], n[2 * i - 1] }
+  end
+end
+
+-- Keeps the windows a grant at `start` leaves behind.
+local function hold_windows(group, start)
+  for i = 1, #group.config.rates do
+    hold_window(group, i, start)
   end
 end
 
@@ -209,6 +246,15 @@ function fixed.grant_now(group, permits, now)
   group.last, group.dirty, group.fresh = now, true, false
   return tagged(group, fixed_rule, r, fixed_rule.tag(r, ends, permits, permits, now)),
     fixed_rule.left(r, ends, permits, now)
+end
+
+-- Rate i takes new numbers (settle.lua, sync.lua): the window it leaves is kept, as a
+-- grant that starts the window its new numbers name would keep it.
+function fixed.synced(group, i, window_end)
+  if not group.held then
+    load_windows(group)
+  end
+  hold_window(group, i, window_end - 1)
 end
 
 function fixed.save(group, now)

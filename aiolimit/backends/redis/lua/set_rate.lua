@@ -15,6 +15,7 @@
 -- ARGV[9] algorithm: a name in ALGORITHMS (lib.lua)
 -- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
 -- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
+-- ARGV[12] max_debt: how far below zero a settle may charge (permits, '' for the default)
 --
 -- O(1) however many PER_CLIENT clients there are. Clearing the state starts a new
 -- generation: every client's state of the old one is dead at once, and the registry is
@@ -93,6 +94,9 @@ if ARGV[10] ~= '' then
 end
 if ARGV[11] ~= '0' then
   redis.call('HSET', KEYS[1], 'spacing', ARGV[11])
+end
+if ARGV[12] and ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[1], 'max_debt', ARGV[12]) -- (settle.lua)
 end
 if keep_alive > 0 then
   redis.call('HSET', KEYS[1], 'keep_alive', ARGV[5])

@@ -385,3 +385,65 @@ function sliding.release(group, wanted, member, now)
   end
   return released
 end
+
+-- -- settle and sync (settle.lua, sync.lua) ------------------------------------------------------
+
+-- The grant `member` counts `wanted` permits fewer: its entry in each log that still counts
+-- it is rewritten with fewer permits at the same score (removed for none). Returns the
+-- permits handed back and the grant's member from now on.
+function sliding.shrink(group, member, wanted, now)
+  local permits, start, seq = parse_grant(member)
+  local kept, back = permits - wanted, 0
+  local logged = fmt(permits) .. ':' .. fmt(seq)
+  local budgets = group.budgets
+  for k = 1, #budgets do
+    local budget = budgets[k]
+    flush_log(budget)
+    local score = not budget.fresh and start > now - budget.interval and redis.call('ZSCORE', budget.permits_key, logged)
+    if score and tonumber(score) == start then
+      redis.call('ZREM', budget.permits_key, logged)
+      if kept > 0 then
+        redis.call('ZADD', budget.permits_key, fmt(start), fmt(kept) .. ':' .. fmt(seq))
+      end
+      cursor_moved(budget, start, -wanted)
+      budget.used, budget.dirty = budget.used - wanted, true
+      back = wanted
+    end
+  end
+  if back > 0 then
+    return back, fmt(kept) .. ':' .. fmt(start) .. ':' .. fmt(seq)
+  end
+  return 0, member
+end
+
+-- The fewest permits left under any rate, reservations included (settle.lua).
+sliding.room = sliding.left
+
+-- The grant `member` counts `extra` permits more, taken at `now`: an entry of its own (the
+-- grant keeps its entry, the member its number). Returns the member from now on.
+function sliding.charge(group, member, extra, now)
+  local permits, start, seq = parse_grant(member)
+  sliding.commit(group, extra, now)
+  return fmt(permits + extra) .. ':' .. fmt(start) .. ':' .. fmt(seq)
+end
+
+-- Each rate allows at most `remaining` more permits until now + reset_us (at most one
+-- interval on): an entry of what it allows beyond that, scored to leave the window then.
+function sliding.sync(group, remaining, reset_us, now)
+  local budgets, seq = group.budgets, 0
+  for k = 1, #budgets do
+    seq = max(seq, budgets[k].seq)
+  end
+  seq = seq + 1
+  for k = 1, #budgets do
+    local budget = budgets[k]
+    local over = budget.rate - budget.used - remaining
+    if over > 0 and reset_us > 0 then
+      local at = now + min(reset_us, budget.interval) - budget.interval
+      flush_log(budget)
+      redis.call('ZADD', budget.permits_key, fmt(at), fmt(over) .. ':' .. fmt(seq))
+      budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + over, true, nil
+      cursor_moved(budget, at, over)
+    end
+  end
+end

@@ -189,6 +189,28 @@ local bucket = counters({
     end
     return count, tat, frac
   end,
+  -- (settle.lua, sync.lua: see `settling` in counters.lua)
+  shrink = function(r, reserved, wanted, start, now)
+    -- The grant's tokens come back oldest first: its latest ones still count.
+    if now > start then
+      wanted = min(wanted, reserved - refilled_since(r, reserved, start, now))
+    end
+    return wanted, nil
+  end,
+  charge = function(r, tat, frac, extra, now)
+    return refilled(r, tat, frac, now, extra) -- past one interval on: a debt
+  end,
+  sync = function(r, tat, frac, remaining, reset_us, now)
+    -- Full no earlier than `remaining` tokens' refill before one interval after the reset.
+    if reset_us <= 0 then
+      return tat, frac
+    end
+    local full = now + reset_us + r.interval - cost(r, remaining)
+    if tat < full then
+      return full, 0
+    end
+    return tat, frac
+  end,
 })
 ALGORITHMS.TOKEN_BUCKET = bucket
 
