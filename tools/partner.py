@@ -171,6 +171,7 @@ class Seen:
     late_p99: float | None
     spread: float | None  # p99 - p1 of that lateness: what a margin has to cover
     most_in_a_window: int = 0  # the most arrivals any span of one interval held
+    stall: float = 0.0  # the longest any caller's event loop ran late meanwhile (a busy machine)
 
 
 def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") -> Seen:
@@ -268,16 +269,28 @@ def _one(spec: Trial, kind: str, client: str) -> Seen:
                 pool.apply_async(_worker, (spec, kind, client, url, start_at))
                 for _ in range(spec.processes)
             ]
-            for result in results:
-                result.get(timeout=spec.duration + 60)
-    return seen(partner.stats(), start_at, start_at + spec.duration, client)
+            stalls = [result.get(timeout=spec.duration + 60) for result in results]
+    result = seen(partner.stats(), start_at, start_at + spec.duration, client)
+    result.stall = max(stalls, default=0.0)
+    return result
 
 
-def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> None:
-    asyncio.run(_work(spec, kind, client, url, start_at))
+def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> float:
+    """One caller process; how late its event loop ran at worst while it called."""
+    return asyncio.run(_work(spec, kind, client, url, start_at))
 
 
-async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) -> None:
+async def _stalls(stop: float, worst: list[float]) -> None:
+    """Ticks every 5 ms until ``stop``, keeping in ``worst[0]`` how late a tick ran at most:
+    how long the process did not run (a busy machine), which no limiter can make up for."""
+    loop = asyncio.get_running_loop()
+    while time.time() < stop:
+        due = loop.time() + 0.005
+        await asyncio.sleep(0.005)
+        worst[0] = max(worst[0], loop.time() - due)
+
+
+async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) -> float:
     from redis.asyncio import Redis
 
     from aiolimit import RateLimiter, RateType, RedisBackend
@@ -291,7 +304,10 @@ async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) 
         )
         stop = start_at + spec.duration
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        await asyncio.gather(*(_caller(client, limiter, url, stop) for _ in range(spec.tasks)))
+        worst = [0.0]
+        callers = [_caller(client, limiter, url, stop) for _ in range(spec.tasks)]
+        await asyncio.gather(_stalls(stop, worst), *callers)
+        return worst[0]
     finally:
         await backend.aclose()
         await redis.aclose()
@@ -374,6 +390,7 @@ def summary(results: list[Seen]) -> str:
     return "\n".join(
         f"{r.kind:8} {r.client:8} 429s {r.refused:3}  share {r.share:6.1%} over {r.windows} "
         f"windows  late p50/p99 {_ms(r.late_p50)}/{_ms(r.late_p99)} ms  spread {_ms(r.spread)} ms"
+        f"  stall {_ms(r.stall)} ms"
         for r in results
     )
 
