@@ -89,7 +89,9 @@ class InFlight(Acquired):
         failure is logged, never raised."""
         outcomes = await asyncio.shield(
             asyncio.gather(
-                super().release(), *(lease.release() for lease in self.leases), return_exceptions=True
+                super().release(),
+                *(lease.release() for lease in self.leases),
+                return_exceptions=True,
             )
         )
         failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
