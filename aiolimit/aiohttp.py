@@ -50,9 +50,9 @@ class RateLimitedClientMiddleware:
 
     ``concurrency``: a slot of it is held from before the permit until aiohttp lets the
     response's connection go (the whole body received, or the response released: ``async
-    with session.get(...)`` left), renewed meanwhile. When the slot's lease is lost before the response came, the request is
-    cancelled and :class:`~aiolimit.LeaseLostError` raised; a loss after it is logged
-    (aiohttp reads the body outside the middleware).
+    with session.get(...)`` left), renewed meanwhile. When the slot's lease is lost before
+    the response came, the request is cancelled and :class:`~aiolimit.LeaseLostError`
+    raised; a loss after it is logged (aiohttp reads the body outside the middleware).
     """
 
     __slots__ = ("_guard",)
