@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from ._acquire import Acquired
 from ._breaker import Breaker, BreakerPolicy
 from ._concurrency import ConcurrencyLimiter
+from ._inflight import InFlight
 from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
@@ -60,6 +61,7 @@ __all__ = [
     "ConcurrencyConfig",
     "ConcurrencyLimiter",
     "Duration",
+    "InFlight",
     "InvalidArgumentError",
     "Lease",
     "LeaseLostError",

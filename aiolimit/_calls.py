@@ -20,10 +20,13 @@ import email.utils
 import logging
 import re
 import time
+from collections.abc import Awaitable
 from datetime import timezone
 
 from ._acquire import Acquired
 from ._checks import check_permits, max_wait_of
+from ._concurrency import ConcurrencyLimiter
+from ._inflight import InFlight, acquire_in_flight
 from ._limiter import RateLimiter
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
@@ -86,7 +89,15 @@ the grant's start, to tell how late the request left)."""
 class CallGuard:
     """The steps around one outgoing call; see the module's docstring."""
 
-    __slots__ = ("_max_wait", "limiter", "max_pause", "permits", "retry", "timeout")
+    __slots__ = (
+        "_max_wait",
+        "concurrency",
+        "limiter",
+        "max_pause",
+        "permits",
+        "retry",
+        "timeout",
+    )
 
     def __init__(
         self,
@@ -96,7 +107,13 @@ class CallGuard:
         timeout: Duration | None,
         retry: bool,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
+        concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
+        if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
+            raise InvalidArgumentError(
+                f"concurrency must be a ConcurrencyLimiter or None, not {concurrency!r}"
+            )
+        self.concurrency = concurrency
         if not isinstance(limiter, (RateLimiter, ShardedRateLimiter)):
             raise InvalidArgumentError(
                 f"limiter must be a RateLimiter or ShardedRateLimiter, not {limiter!r}"
@@ -111,13 +128,24 @@ class CallGuard:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = max_pause_us / 1e6
 
-    async def before_call(self) -> None:
-        """Waits for the permits (after any pause: a block holds every grant back);
-        :class:`RateLimited` when that would take longer than the timeout."""
-        acquired = await self.limiter._take(self.permits, self._max_wait)
+    async def before_call(self) -> Acquired:
+        """Waits for the permits (after any pause: a block holds every grant back), and
+        with ``concurrency`` first for a slot (an :class:`InFlight`, whose slot the caller
+        holds while the call is in flight); :class:`RateLimited` when that would take longer
+        than the timeout."""
+        if self.concurrency is None:
+            acquired = await self.limiter._take(self.permits, self._max_wait)
+        else:
+            acquired = await acquire_in_flight([(self.concurrency, 1)], self._take, self._max_wait)
         if not acquired:
+            if isinstance(acquired, InFlight):
+                raise acquired.refusal()
             raise RateLimited(self.limiter.name, acquired.retry_after)
         last_grant.set(acquired)
+        return acquired
+
+    def _take(self, max_wait: int | None) -> Awaitable[Acquired]:
+        return self.limiter._take(self.permits, max_wait)
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;

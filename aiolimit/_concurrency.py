@@ -130,6 +130,7 @@ class ConcurrencyLimiter:
         ticket = new_ticket(permits)
         waiter = None if wait_s == 0 else self._backend.lease_waiter(self._name, ticket)
         queued = False
+        granted: LeaseGrant | None = None
         try:
             while True:
                 remaining = start + wait_s - loop.time()
@@ -137,6 +138,7 @@ class ConcurrencyLimiter:
                 sent = loop.time()
                 answer = await self._attempt(permits, ticket, wait_us)
                 if isinstance(answer, LeaseGrant):
+                    granted = answer
                     if (observer := _observe.current) is not None:
                         observer.leased(self._name, permits, loop.time() - start if queued else 0.0)
                     return Lease(self, answer, sent)
@@ -153,10 +155,15 @@ class ConcurrencyLimiter:
                 self._background(self._backend.cancel_ticket(self._name, ticket))
             raise
         finally:
-            if waiter is not None:
-                await waiter.aclose()
             if queued:
                 _queued(self._name, -1)
+            if waiter is not None:
+                try:
+                    await waiter.aclose()
+                except BaseException:  # cancelled after the grant: it goes back
+                    if granted is not None:
+                        self._background(self._backend.release_lease(self._name, granted.lease_id))
+                    raise
 
     async def _attempt(
         self, permits: int, ticket: str, wait_us: int | None

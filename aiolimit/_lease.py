@@ -51,6 +51,7 @@ class Lease:
     __slots__ = (
         "_cancelled",
         "_deadline",
+        "_holder",
         "_keeper",
         "_lease_s",
         "_limiter",
@@ -74,6 +75,7 @@ class Lease:
         self._lost = False
         self._released = False
         self._keeper: asyncio.Task[None] | None = None
+        self._holder: asyncio.Task[object] | None = None  # cancelled when the lease is lost
         self._cancelled: asyncio.Task[object] | None = None  # the holder, cancelled when lost
 
     def __repr__(self) -> str:
@@ -88,6 +90,11 @@ class Lease:
     def expires_in(self) -> float:
         """Seconds until the lease ends unless renewed (at the latest, by this clock)."""
         return max(0.0, self._deadline - asyncio.get_running_loop().time())
+
+    def check(self) -> None:
+        """:class:`~aiolimit.LeaseLostError` when the lease was found lost."""
+        if self._lost:
+            raise LeaseLostError(self._limiter.name, self.id)
 
     async def renew(self) -> None:
         """The lease runs one more lease time from now; :class:`~aiolimit.LeaseLostError`
@@ -121,10 +128,17 @@ class Lease:
     async def __aenter__(self) -> Lease:
         if self._keeper is not None or self._released:
             raise RuntimeError("a lease is entered once")
-        holder = asyncio.current_task()
-        assert holder is not None
-        self._keeper = asyncio.create_task(self._keep(holder))
+        self._holder = asyncio.current_task()
+        assert self._holder is not None
+        self._keeper = asyncio.create_task(self._keep())
         return self
+
+    def _detach(self) -> None:
+        """The holder goes on without the lease's guard: the lease is still renewed until it
+        is released, but a loss no longer cancels the holder (it is found at ``__aexit__``,
+        which raises :class:`~aiolimit.LeaseLostError`, or in :attr:`lost`). For a lease held
+        past the task's own frame: an HTTP response whose body is read later."""
+        self._holder = None
 
     async def __aexit__(
         self,
@@ -155,9 +169,9 @@ class Lease:
         if self._keeper is not None and self._keeper is not asyncio.current_task():
             self._keeper.cancel()
 
-    async def _keep(self, holder: asyncio.Task[object]) -> None:
+    async def _keep(self) -> None:
         """Renews every third of the lease time; a lease found lost, or ended while the store
-        did not answer, cancels the holder."""
+        did not answer, cancels the holder (unless detached)."""
         loop = asyncio.get_running_loop()
         every = self._lease_s / 3
         next_at = loop.time() + every
@@ -173,6 +187,8 @@ class Lease:
                 next_at = loop.time() + min(RETRY_S, every)
             except LeaseLostError:
                 self._lose()
-                self._cancelled = holder
-                holder.cancel(f"lease {self.id} of {self._limiter.name!r} lost")
+                holder = self._holder
+                if holder is not None:
+                    self._cancelled = holder
+                    holder.cancel(f"lease {self.id} of {self._limiter.name!r} lost")
                 return

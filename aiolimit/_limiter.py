@@ -8,13 +8,16 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Awaitable, Hashable, Iterable
+from typing import overload
 
 from . import _observe
 from ._acquire import Acquired, acquire, give_back, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
+from ._concurrency import ConcurrencyLimiter
+from ._inflight import InFlight, acquire_in_flight
 from ._setup import setup_of
 from ._types import Algorithm, Duration, Rates, RateType, shown
 from .backends.base import Backend
@@ -117,8 +120,24 @@ class RateLimiter(_Limiter):
         await give_back(self, check_permits(permits))
 
 
-async def acquire_all(
+@overload
+async def acquire_all(  # type: ignore[overload-overlap]  # (an InFlight is an Acquired)
     requests: Iterable[tuple[RateLimiter, int]], *, timeout: Duration | None = 0
+) -> Acquired: ...
+
+
+@overload
+async def acquire_all(
+    requests: Iterable[tuple[RateLimiter | ConcurrencyLimiter, int]],
+    *,
+    timeout: Duration | None = 0,
+) -> InFlight: ...
+
+
+async def acquire_all(
+    requests: Iterable[tuple[RateLimiter | ConcurrencyLimiter, int]],
+    *,
+    timeout: Duration | None = 0,
 ) -> Acquired:
     """Takes permits from several limiters at once, all or nothing.
 
@@ -133,29 +152,56 @@ async def acquire_all(
     ``NotConfiguredError``, ``InvalidArgumentError``) are raised after handing back the
     others' grants. A limiter may appear once (the same name and client id on one store:
     one server and key prefix, or one ``MemoryBackend`` and its views).
+
+    A :class:`ConcurrencyLimiter` among them (``(sem, 1)``: one slot) makes the result an
+    :class:`~aiolimit.InFlight` that holds the slots: the slots are taken first (FIFO, within
+    the timeout), then the rate permits with what is left of it; ``async with acquired:``
+    holds the slots while the call runs, and :meth:`~aiolimit.InFlight.release` before the
+    call hands everything back (docs/concurrency.md).
     """
     pairs = requests if requests.__class__ is list else list(requests)
     limiters: list[RateLimiter] = []
     permits: list[int] = []
+    leasing: list[tuple[ConcurrencyLimiter, int]] = []
     for pair in pairs:
-        if not isinstance(pair, tuple) or len(pair) != 2 or not isinstance(pair[0], RateLimiter):
+        if not isinstance(pair, tuple) or len(pair) != 2:
             break
-        limiters.append(pair[0])
-        permits.append(check_permits(pair[1]))
-    if not pairs or len(limiters) < len(pairs):
+        if isinstance(pair[0], RateLimiter):
+            limiters.append(pair[0])
+            permits.append(check_permits(pair[1]))
+        elif isinstance(pair[0], ConcurrencyLimiter):
+            leasing.append((pair[0], check_permits(pair[1])))
+        else:
+            break
+    if not pairs or len(limiters) + len(leasing) < len(pairs):
         raise InvalidArgumentError(
-            f"requests must be a non-empty list of (RateLimiter, permits) pairs, not {shown(pairs)}"
+            "requests must be a non-empty list of (RateLimiter or ConcurrencyLimiter, permits) "
+            f"pairs, not {shown(pairs)}"
         )
     if len(limiters) > 1 and len(set(map(_identity, limiters))) != len(limiters):
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
+    if len({_slots_of(sem) for sem, _ in leasing}) != len(leasing):
+        raise InvalidArgumentError("a concurrency limiter appears twice in one acquire_all")
     max_wait = max_wait_of(timeout)
     for limiter in limiters:  # a rate given at construction, not stored yet
         if limiter._setup is not None and not limiter._setup.done:
             await limiter._setup.ensure(limiter)
-    return await acquire(limiters, permits, max_wait, _observe.current)
+    if not leasing:
+        return await acquire(limiters, permits, max_wait, _observe.current)
+    leasing.sort(key=lambda pair: _slots_of(pair[0]))  # one order for all: no deadlock
+
+    def take(left: int | None) -> Awaitable[Acquired]:
+        return acquire(limiters, permits, left, _observe.current)
+
+    return await acquire_in_flight(leasing, take if limiters else None, max_wait)
 
 
 def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
     """What makes two limiter objects one limiter: the store, the name and the client id."""
     backend = limiter.backend
     return (backend.store_id, limiter.name, backend.client_id)
+
+
+def _slots_of(limiter: ConcurrencyLimiter) -> tuple[Hashable, str]:
+    """What makes two concurrency limiter objects one: the store and the name."""
+    return (limiter.backend.store_id, limiter.name)

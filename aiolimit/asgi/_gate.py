@@ -49,6 +49,8 @@ class RateLimitStats:
     """Allowed requests that first waited for a reserved slot (``wait`` > 0)."""
     backend_errors: int = 0
     """Requests the store failed (answered 503, or let through)."""
+    busy: int = 0
+    """Requests answered 503 because no concurrency slot was free within ``wait``."""
     outages: int = 0
     """Runs of store failures (the backend logs each once as it starts and once as it ends;
     the middleware says at INFO what it does meanwhile)."""
@@ -282,6 +284,12 @@ class Gate:
                 del self._clients[next(iter(self._clients))]  # the oldest
             self._clients[(rule.name, client)] = view
         return view
+
+    def busy(self, name: str) -> Verdict:
+        """No slot of concurrency limiter ``name`` within the wait: 503, back in 1 s."""
+        self.stats.busy += 1
+        detail = f"Service Unavailable: {name!r} has too many requests in flight; retry after 1 s"
+        return Verdict(503, 1, [], detail)
 
     # -- store failures -------------------------------------------------------------------------
 

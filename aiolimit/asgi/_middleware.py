@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Sequence
 
-from .._types import Duration
+from .._concurrency import ConcurrencyLimiter
+from .._lease import Lease
+from .._types import Duration, shown
 from ..backends.base import Backend
+from ..errors import InvalidArgumentError, LimiterError
 from ._fields import header_fields, items_of, with_fields
 from ._gate import Gate, RateLimitStats, Verdict, record, record_allowed, refusal_headers
 from ._rules import Rule
@@ -39,9 +42,17 @@ class RateLimitMiddleware:
     replacing any of the same name the app set. Websocket connections are checked at
     connect and refused with close code 1008 (1013 when the store fails and ``"deny"``);
     ``lifespan`` passes through, and startup writes the rules' configs.
+
+    ``concurrency`` (a :class:`~aiolimit.ConcurrencyLimiter`, its limit set): every HTTP
+    request holds one of its slots from before its rules are checked until the app has
+    answered (or the client left), so that at most its limit are served at once, across
+    every process. A request waits for a slot in FIFO order up to ``wait``, then for its
+    permits up to ``wait`` again; with no slot in time it is answered ``503`` with
+    ``Retry-After: 1`` (counted in ``stats.busy``) and consumes no permit. A slot whose
+    lease is lost cancels the request (the server answers 500). Websockets are not counted.
     """
 
-    __slots__ = ("_gate", "_headers", "_legacy", "app")
+    __slots__ = ("_concurrency", "_gate", "_headers", "_legacy", "_wait", "app")
 
     def __init__(
         self,
@@ -54,9 +65,16 @@ class RateLimitMiddleware:
         error_retry_after: Duration = 1,
         headers: bool = True,
         legacy_headers: bool = False,
+        concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
         self.app = app
         self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after)
+        if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
+            raise InvalidArgumentError(
+                f"concurrency must be a ConcurrencyLimiter or None, not {shown(concurrency)}"
+            )
+        self._concurrency = concurrency
+        self._wait = wait
         self._headers = headers
         self._legacy = legacy_headers
 
@@ -76,6 +94,36 @@ class RateLimitMiddleware:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if kind == "http" and self._concurrency is not None:
+            await self._serve_in_slot(self._concurrency, scope, receive, send)
+            return
+        await self._serve(scope, receive, send)
+
+    async def _serve_in_slot(
+        self, concurrency: ConcurrencyLimiter, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """The request with a slot held (taken first: its permits are taken only when it can
+        be served), or refused without one."""
+        lease: Lease | None = None
+        try:
+            lease = await concurrency.try_lease(timeout=self._wait)
+        except LimiterError as exc:
+            verdict = self._gate._failed(exc)
+            if verdict.status != 200:  # "deny"
+                await self._refuse(verdict, scope, send)
+                return
+        else:
+            if lease is None:
+                await self._refuse(self._gate.busy(concurrency.name), scope, send)
+                return
+        if lease is None:  # the store failed and "allow": served unlimited
+            await self._serve(scope, receive, send)
+            return
+        async with lease:
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
         verdict = await self._gate.check(scope)
         if not record_allowed(scope, verdict):
             await record(scope, verdict)

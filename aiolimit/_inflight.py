@@ -1,0 +1,206 @@
+"""Rate permits and concurrency slots in one acquisition, all or nothing.
+
+>>> acquired = await acquire_all([(rpm, 1), (tpm, estimate), (sem, 1)], timeout=30)
+>>> async with acquired:          # RateLimited when refused; the slot held, renewed
+...     await call_model()        # leaving frees the slot; the rate permits stay spent
+
+The slots are taken first, waiting in the concurrency limiters' FIFO order, then the rate
+permits with what is left of the timeout: a rate permit is spent only when the call can go
+at once, so the partner sees requests at the rate the permits were given. When the rate
+limiters refuse, the slots are released; when a slot cannot be had, nothing was taken.
+Several concurrency limiters are taken in one order (their store and name), so that two
+callers never each hold the slot the other waits for.
+
+Above the engine (``_acquire``): it knows a concurrency limiter only as :class:`Leasing`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Protocol, TypeVar
+
+from ._acquire import Acquired
+from ._lease import Lease
+from ._types import Duration
+from .backends.base import Refusal, hand_backs_failed
+from .errors import RateLimited
+
+__all__ = ["InFlight", "Leasing", "acquire_in_flight", "hold_while"]
+
+T = TypeVar("T")
+
+# Every slot of the engine's Acquired: an InFlight takes over the engine's answer as it is.
+_ENGINE_SLOTS = tuple(
+    slot for cls in Acquired.__mro__ for slot in getattr(cls, "__slots__", ()) if slot
+)
+
+
+class Leasing(Protocol):
+    """What an acquisition needs of a concurrency limiter."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def try_lease(
+        self, permits: int = 1, *, timeout: Duration | None = 0
+    ) -> Lease | None: ...
+
+
+class InFlight(Acquired):
+    """An :class:`~aiolimit.Acquired` that also holds concurrency slots (``leases``).
+
+    ``async with acquired:`` renews the leases while the body runs and releases them after
+    (the rate permits stay spent: the call was made); a lost lease cancels the body and
+    raises :class:`~aiolimit.LeaseLostError`. Entering a refused acquisition raises
+    :class:`~aiolimit.RateLimited`. :meth:`release` before the call hands everything back:
+    the rate grants, each by its member, and the slots.
+    """
+
+    __slots__ = ("_exits", "leases", "refused_by")
+
+    def __init__(self, acquired: Acquired, leases: Sequence[Lease], refused_by: str | None) -> None:
+        for slot in _ENGINE_SLOTS:
+            if hasattr(acquired, slot):
+                setattr(self, slot, getattr(acquired, slot))
+        self.leases = tuple(leases)
+        """The slots held (none when refused)."""
+        self.refused_by = refused_by
+        """The concurrency limiter that had no slot within the timeout (None: it had)."""
+        self._exits: contextlib.AsyncExitStack | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.refused_by is None and super().granted
+
+    @property
+    def retry_after(self) -> float:
+        """As :attr:`Acquired.retry_after`; 0.0 when a concurrency limiter refused (a slot
+        is freed when a holder is done, which no one can foretell)."""
+        return 0.0 if self.refused_by is not None else super().retry_after
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()[:-1]}, leases={len(self.leases)})"
+
+    async def release(self) -> None:
+        """Hands back the rate grants and the slots (a call that is not made after all); a
+        failure is logged, never raised."""
+        outcomes = await asyncio.shield(
+            asyncio.gather(
+                super().release(),
+                *(lease.release() for lease in self.leases),
+                return_exceptions=True,
+            )
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failures:
+            hand_backs_failed(failures[0], len(failures))
+
+    def refusal(self) -> RateLimited:
+        """The error that says why this acquisition was refused."""
+        name = self.refused_by
+        if name is None:
+            refusing = (
+                limiter.name
+                for limiter, attempt in zip(self.limiters, self.attempts, strict=True)
+                if isinstance(attempt, Refusal)
+            )
+            name = next(refusing, "")
+        return RateLimited(name, self.retry_after)
+
+    def check(self) -> None:
+        """:class:`~aiolimit.LeaseLostError` when a lease was found lost."""
+        for lease in self.leases:
+            lease.check()
+
+    async def __aenter__(self) -> InFlight:
+        if not self.granted:
+            raise self.refusal()
+        if self._exits is not None:
+            raise RuntimeError("an acquisition is entered once")
+        exits = contextlib.AsyncExitStack()
+        for lease in self.leases:
+            await exits.enter_async_context(lease)
+        self._exits = exits
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        exits = self._exits
+        if exits is not None:
+            await exits.__aexit__(exc_type, exc, tb)
+
+    def _detach(self) -> None:
+        """The leases outlive the entering task's frame (``Lease._detach``)."""
+        for lease in self.leases:
+            lease._detach()
+
+
+async def acquire_in_flight(
+    leasing: Sequence[tuple[Leasing, int]],
+    take: Callable[[int | None], Awaitable[Acquired]] | None,
+    max_wait: int | None,
+) -> InFlight:
+    """The slots of ``leasing`` (in that order), then ``take(the µs left of max_wait)`` for
+    the rate permits (None: none), all or nothing; see the module."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+
+    def left() -> int | None:
+        if max_wait is None:
+            return None
+        return max(0, max_wait - int((loop.time() - began) * 1e6))
+
+    leases: list[Lease] = []
+    try:
+        for limiter, permits in leasing:
+            wait = left()
+            lease = await limiter.try_lease(permits, timeout=None if wait is None else wait / 1e6)
+            if lease is None:
+                await _let_go(leases)
+                return InFlight(Acquired((), (), (), 0.0), (), limiter.name)
+            leases.append(lease)
+        leased_in = loop.time() - began
+        acquired = Acquired((), (), (), 0.0) if take is None else await take(left())
+    except BaseException:
+        await _let_go(leases)
+        raise
+    if not acquired.granted:
+        await _let_go(leases)
+        return InFlight(acquired, (), None)
+    held = InFlight(acquired, leases, None)
+    held.waited += leased_in
+    return held
+
+
+async def hold_while(acquired: Acquired, call: Awaitable[T]) -> T:
+    """``call`` with ``acquired``'s slots held (renewed; a loss cancels it and raises
+    :class:`~aiolimit.LeaseLostError`); on success the slots stay held, renewed, until
+    ``acquired.__aexit__`` (an HTTP response: when its body is closed)."""
+    if not isinstance(acquired, InFlight):
+        return await call
+    await acquired.__aenter__()
+    try:
+        result = await call
+    except BaseException as exc:
+        await acquired.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    acquired._detach()
+    return result
+
+
+async def _let_go(leases: Sequence[Lease]) -> None:
+    """Releases leases not used after all, whatever happens to the caller meanwhile."""
+    if leases:
+        outcomes = await asyncio.shield(
+            asyncio.gather(*(lease.release() for lease in leases), return_exceptions=True)
+        )
+        failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
+        if failures:
+            hand_backs_failed(failures[0], len(failures))

@@ -1,0 +1,218 @@
+"""The httpx transport and the aiohttp middleware with a concurrency limiter beside the rate
+limiter, against a real local HTTP server that counts the requests in flight: never more than
+the cap, the rate kept, the slot held until the body is closed, a lost lease raised."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+from conformance import until
+from redis.asyncio import Redis
+
+from aiolimit import (
+    ConcurrencyLimiter,
+    LeaseLostError,
+    MemoryBackend,
+    RateLimited,
+    RateLimiter,
+    RateType,
+    RedisBackend,
+)
+from aiolimit.aiohttp import RateLimitedClientMiddleware
+from aiolimit.httpx import RateLimitedTransport
+from tools import LocalRedis, free_port
+
+CAP = 3
+
+
+class Server:
+    """A partner on 127.0.0.1 that counts requests in flight (the most at once) and holds
+    each one ``hold`` seconds, or until ``release`` is set when ``hold`` is None."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.most = 0
+        self.served = 0
+        self.hold: float | None = 0.05
+        self.release = asyncio.Event()
+        self.arrived = asyncio.Event()
+        self.url = ""
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        self.arrived.set()
+        try:
+            if self.hold is None:
+                await self.release.wait()
+            else:
+                await asyncio.sleep(self.hold)
+            self.served += 1
+            return web.Response(text="x" * 10_000)
+        finally:
+            self.in_flight -= 1
+
+    async def stream(self, request: web.Request) -> web.StreamResponse:
+        """Headers and a first chunk at once, the rest when ``release`` is set."""
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"first ")
+        await self.release.wait()
+        await response.write(b"last")
+        await response.write_eof()
+        return response
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    state = Server()
+    app = web.Application()
+    app.router.add_get("/stream", state.stream)
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    state.url = f"http://127.0.0.1:{port}"
+    yield state
+    state.release.set()
+    await runner.cleanup()
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        yield MemoryBackend()
+        return
+    real: LocalRedis = request.getfixturevalue("redis_server")
+    redis = Redis.from_url(real.url)
+    await redis.flushall()
+    yield RedisBackend(redis)
+    await redis.aclose()
+
+
+async def limiters(backend: Any, rate: int = 10, lease: float = 30.0) -> tuple[Any, Any]:
+    rpm = RateLimiter("partner-rpm", backend)
+    await rpm.set_rate(RateType.OVERALL, rate, 60)
+    sem = ConcurrencyLimiter("partner-slots", backend)
+    await sem.set_limit(CAP, lease=lease)
+    return rpm, sem
+
+
+async def in_flight(sem: ConcurrencyLimiter) -> int:
+    snapshot = await sem.leases()
+    assert snapshot is not None
+    return snapshot.in_flight
+
+
+async def test_httpx_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, server: Server):
+    rpm, sem = await limiters(backend, rate=10)
+    transport = RateLimitedTransport(rpm, concurrency=sem, timeout=5)
+    async with httpx.AsyncClient(transport=transport) as client:
+        answers = await asyncio.gather(
+            *(client.get(server.url) for _ in range(12)), return_exceptions=True
+        )
+    refused = [a for a in answers if isinstance(a, RateLimited)]
+    assert [a.status_code for a in answers if isinstance(a, httpx.Response)] == [200] * 10
+    assert len(refused) == 2 and {r.name for r in refused} == {"partner-rpm"}
+    assert server.served == 10
+    assert server.most == CAP  # the cap reached, never passed
+    assert await in_flight(sem) == 0  # every slot back, the refused ones' too
+
+
+async def test_aiohttp_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, server: Server):
+    rpm, sem = await limiters(backend, rate=10)
+    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem, timeout=5)
+
+    async def get(session: aiohttp.ClientSession) -> int:
+        async with session.get(server.url) as response:
+            await response.read()
+            return response.status
+
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        answers = await asyncio.gather(*(get(session) for _ in range(12)), return_exceptions=True)
+    refused = [a for a in answers if isinstance(a, RateLimited)]
+    assert [a for a in answers if not isinstance(a, BaseException)] == [200] * 10
+    assert len(refused) == 2
+    assert server.served == 10
+    assert server.most == CAP
+    await until(lambda: in_flight(sem), lambda n: n == 0, "every slot back")
+
+
+async def test_httpx_holds_the_slot_until_a_streamed_body_is_closed(backend: Any, server: Server):
+    rpm, sem = await limiters(backend)
+    transport = RateLimitedTransport(rpm, concurrency=sem)
+    async with httpx.AsyncClient(transport=transport) as client:
+        async with client.stream("GET", server.url) as response:
+            assert response.status_code == 200
+            assert await in_flight(sem) == 1  # the body is not read yet
+            await response.aread()
+        assert await in_flight(sem) == 0
+        assert (await client.get(server.url)).status_code == 200
+        assert await in_flight(sem) == 0  # client.get reads and closes the body
+
+
+async def test_aiohttp_holds_the_slot_until_the_response_is_released(backend: Any, server: Server):
+    rpm, sem = await limiters(backend)
+    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        async with session.get(server.url + "/stream") as response:
+            assert await response.content.readexactly(6) == b"first "
+            assert await in_flight(sem) == 1  # the body is still coming
+            server.release.set()
+            assert await response.read() == b"last"
+            await until(lambda: in_flight(sem), lambda n: n == 0, "released at the body's end")
+        server.release.clear()
+        async with session.get(server.url + "/stream") as response:
+            assert await in_flight(sem) == 1
+        await until(lambda: in_flight(sem), lambda n: n == 0, "released with the response")
+
+
+async def test_httpx_a_lease_lost_mid_request_raises_lease_lost_error(backend: Any, server: Server):
+    rpm, sem = await limiters(backend, lease=0.3)
+    server.hold = None  # the partner answers only when told
+    transport = RateLimitedTransport(rpm, concurrency=sem)
+    async with httpx.AsyncClient(transport=transport) as client:
+        calling = asyncio.ensure_future(client.get(server.url))
+        await server.arrived.wait()
+        await sem.delete()  # the store forgets the lease: the next renewal finds it lost
+        with pytest.raises(LeaseLostError):
+            await asyncio.wait_for(calling, 5)
+    assert server.served == 0
+
+
+async def test_aiohttp_a_lease_lost_mid_request_raises_lease_lost_error(
+    backend: Any, server: Server
+):
+    rpm, sem = await limiters(backend, lease=0.3)
+    server.hold = None
+    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        calling = asyncio.ensure_future(session.get(server.url))
+        await server.arrived.wait()
+        await sem.delete()
+        with pytest.raises(LeaseLostError):
+            await asyncio.wait_for(calling, 5)
+    assert server.served == 0
+
+
+async def test_no_slot_in_time_raises_rate_limited_and_spends_no_permit(
+    backend: Any, server: Server
+):
+    rpm, sem = await limiters(backend, rate=10)
+    held = [await sem.try_lease() for _ in range(CAP)]
+    transport = RateLimitedTransport(rpm, concurrency=sem, timeout=0.2)
+    async with httpx.AsyncClient(transport=transport) as client:
+        with pytest.raises(RateLimited) as refused:
+            await client.get(server.url)
+    assert refused.value.name == "partner-slots"
+    assert server.served == 0
+    assert await rpm.try_acquire(10)  # all ten permits still there
+    for lease in held:
+        assert lease is not None and await lease.release()
