@@ -20,11 +20,13 @@ import email.utils
 import logging
 import re
 import time
+from collections.abc import Mapping
 from datetime import timezone
 
 from ._acquire import Acquired
 from ._checks import check_permits, max_wait_of
 from ._limiter import RateLimiter
+from ._meter import TokenMeter, sync_from
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
@@ -84,9 +86,11 @@ the grant's start, to tell how late the request left)."""
 
 
 class CallGuard:
-    """The steps around one outgoing call; see the module's docstring."""
+    """The steps around one outgoing call; see the module's docstring. With ``tokens`` (a
+    :class:`TokenMeter`), a call's tokens too: estimated and taken with its permits, settled
+    by its usage (``_meter``)."""
 
-    __slots__ = ("_max_wait", "limiter", "max_pause", "permits", "retry", "timeout")
+    __slots__ = ("_max_wait", "limiter", "max_pause", "meter", "permits", "retry", "timeout")
 
     def __init__(
         self,
@@ -96,6 +100,7 @@ class CallGuard:
         timeout: Duration | None,
         retry: bool,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
+        meter: TokenMeter | None = None,
     ) -> None:
         if not isinstance(limiter, (RateLimiter, ShardedRateLimiter)):
             raise InvalidArgumentError(
@@ -110,14 +115,27 @@ class CallGuard:
         if max_pause_us < 0:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = max_pause_us / 1e6
+        self.meter = meter
 
-    async def before_call(self) -> None:
-        """Waits for the permits (after any pause: a block holds every grant back);
-        :class:`RateLimited` when that would take longer than the timeout."""
-        acquired = await self.limiter._take(self.permits, self._max_wait)
+    async def before_call(self, request: object = None) -> Acquired:
+        """Waits for the permits (after any pause: a block holds every grant back), with the
+        request's estimated tokens when metered; :class:`RateLimited` when that would take
+        longer than the timeout."""
+        meter, limiter = self.meter, self.limiter
+        if meter is None:
+            acquired = await limiter._take(self.permits, self._max_wait)
+        else:
+            assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
+            acquired = await meter.take(limiter, self.permits, self._max_wait, request)
         if not acquired:
-            raise RateLimited(self.limiter.name, acquired.retry_after)
+            raise RateLimited(limiter.name, acquired.retry_after)
         last_grant.set(acquired)
+        return acquired
+
+    async def after_headers(self, headers: Mapping[str, str]) -> None:
+        """A provider's count of requests left, when its headers say, taken as a floor
+        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``)."""
+        await sync_from(headers, self.limiter, "requests")
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;

@@ -10,8 +10,9 @@
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). Needs ``pip install
-'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
+the pause (``retry=False`` returns the response instead). ``tokens=`` meters tokens as the httpx
+transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
+client middlewares).
 """
 
 from __future__ import annotations
@@ -19,14 +20,18 @@ from __future__ import annotations
 from ._extras import missing_extra
 
 try:
-    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, payload
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
+from collections.abc import Awaitable, Callable
+
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._limiter import RateLimiter
+from ._meter import MAX_BODY, TokenMeter, estimate_tokens, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
+from .errors import InvalidArgumentError
 
 __all__ = ["RateLimitedClientMiddleware"]
 
@@ -39,6 +44,11 @@ class RateLimitedClientMiddleware:
     ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
     minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
     ``aiolimit``) and cut to it.
+
+    ``tokens``, ``estimate`` and ``usage`` as :class:`aiolimit.httpx.RateLimitedTransport`
+    takes them (``usage`` may be async: ``await response.json()``). The middleware reads a
+    metered response's body itself (at most ``MAX_BODY``; the caller reads the same bytes)
+    and settles at once; for an event stream (``text/event-stream``) the estimate stands.
     """
 
     __slots__ = ("_guard",)
@@ -51,9 +61,22 @@ class RateLimitedClientMiddleware:
         timeout: Duration | None = None,
         retry: bool = True,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
+        tokens: RateLimiter | None = None,
+        estimate: Callable[[ClientRequest], int] | None = None,
+        usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
     ) -> None:
+        meter = None
+        if tokens is not None:
+            meter = TokenMeter(tokens, limiter, estimate or _estimate, usage or _usage)
+        elif estimate is not None or usage is not None:
+            raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
         self._guard = CallGuard(
-            limiter, permits=permits, timeout=timeout, retry=retry, max_pause=max_pause
+            limiter,
+            permits=permits,
+            timeout=timeout,
+            retry=retry,
+            max_pause=max_pause,
+            meter=meter,
         )
 
     @property
@@ -62,13 +85,41 @@ class RateLimitedClientMiddleware:
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         guard = self._guard
-        await guard.before_call()
+        acquired = await guard.before_call(request)
         response = await handler(request)
+        await guard.after_headers(response.headers)
         paused = await guard.pause_for(response.status, response.headers.get("Retry-After"))
-        if not (paused and guard.retry):
-            return response
-        response.release()
-        await guard.before_call()  # after the pause, with a permit of its own
-        response = await handler(request)
-        await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        if paused and guard.retry:
+            response.release()
+            if guard.meter is not None:
+                await guard.meter.unused(acquired, response.headers)  # it used no tokens
+            acquired = await guard.before_call(request)  # after the pause, a permit of its own
+            response = await handler(request)
+            await guard.after_headers(response.headers)
+            await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        meter = guard.meter
+        if meter is not None:
+            readable = _readable(response)
+            if readable:
+                await response.read()  # (kept: the caller's read() gives the same bytes)
+            await meter.settle(acquired, response if readable else None, response.headers)
         return response
+
+
+def _readable(response: ClientResponse) -> bool:
+    """Whether the middleware may read the body for its usage: not an event stream, and
+    not longer than MAX_BODY by its Content-Length."""
+    if response.content_type == "text/event-stream":
+        return False
+    length = response.content_length
+    return length is None or length <= MAX_BODY
+
+
+def _estimate(request: ClientRequest) -> int:
+    body = request.body
+    text = body.decode("utf-8", "replace") if isinstance(body, payload.BytesPayload) else ""
+    return estimate_tokens(text.encode())
+
+
+async def _usage(response: ClientResponse) -> int | None:
+    return usage_tokens(await response.read())
