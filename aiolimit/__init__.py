@@ -21,6 +21,7 @@ from ._inflight import InFlight
 from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
+from ._settling import Settled
 from ._sharded import ShardedRateLimiter
 from ._types import (
     MAX_DURATION,
@@ -76,6 +77,7 @@ __all__ = [
     "RateType",
     "Rates",
     "RedisBackend",
+    "Settled",
     "ShardedRateLimiter",
     "__version__",
     "acquire_all",

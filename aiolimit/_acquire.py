@@ -26,6 +26,7 @@ from typing import Any, Protocol, cast
 from . import _observe
 from ._breaker import Breaker, charge, enter_all
 from ._observe import Observer
+from ._settling import NOTHING, Settled, check_settle_permits, index_of, settle_grant
 from ._wakeup import sleep_out
 from .backends._protocol import parse_grant
 from .backends.base import Attempt, Backend, Grant, Refusal, Started, hand_backs_failed
@@ -61,10 +62,12 @@ class Acquired:
     ``attempts`` holds the last answer of each limiter, in the order asked (a refusal's
     ``retry_in`` says when that limiter could grant); ``waited`` the seconds slept for
     reservations; ``retry_after`` the seconds until every refusing limiter could grant (0.0
-    when granted). :meth:`release` hands back exactly these grants.
+    when granted). :meth:`release` hands back exactly these grants; :meth:`settle` says what
+    one of them really cost. ``owners``: the limiters as the caller knows them (a
+    ``ShardedRateLimiter`` for the shard that granted).
     """
 
-    __slots__ = ("_released", "attempts", "limiters", "permits", "waited")
+    __slots__ = ("_released", "_settles", "attempts", "limiters", "owners", "permits", "waited")
 
     def __init__(
         self,
@@ -77,7 +80,9 @@ class Acquired:
         self.permits = tuple(permits)
         self.attempts = tuple(attempts)
         self.waited = waited
+        self.owners: tuple[Limited, ...] = self.limiters
         self._released = False
+        self._settles: dict[int, asyncio.Future[Settled]] | None = None
 
     @property
     def granted(self) -> bool:
@@ -102,7 +107,44 @@ class Acquired:
         all), each by its member; a failure is logged, never raised. Once only."""
         if not self._released:
             self._released = True
+            if self._settles:  # what a settle under way leaves is what goes back
+                await asyncio.gather(*self._settles.values(), return_exceptions=True)
             await _release(_grants(self.limiters, self.attempts))
+
+    async def settle(self, permits: int, *, limiter: object | None = None) -> Settled:
+        """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
+        as ``permits`` from now on instead of what was reserved: fewer hand the difference
+        back, more charge it now, into debt down to the limiter's ``max_debt`` (past it, the
+        charge is ``cut``: logged and observed, not raised). Once per limiter: settling again
+        returns the first result; a refused or released acquisition settles nothing
+        (``Settled(0, 0, 0)``), and so does a limiter whose state is gone. A later
+        :meth:`release` hands back what the grant holds now. A caller cancelled meanwhile
+        does not stop it: the settle goes on, and settling again returns its result."""
+        permits = check_settle_permits(permits)
+        i = index_of(self.limiters, self.owners, limiter)
+        settles = self._settles
+        if settles is None:
+            settles = self._settles = {}
+        settling = settles.get(i)
+        if settling is None:
+            if self._released or not self.granted:
+                return NOTHING
+            settling = settles[i] = asyncio.ensure_future(self._settle(i, permits))
+        return await asyncio.shield(settling)
+
+    async def _settle(self, i: int, permits: int) -> Settled:
+        grant = self.attempts[i]
+        assert isinstance(grant, Grant)
+        try:
+            settled, grant = await settle_grant(
+                self.limiters[i], grant, permits, self.owners[i].name
+            )
+        except BaseException:
+            if self._settles is not None:
+                del self._settles[i]  # not settled: may be tried again
+            raise
+        self.attempts = (*self.attempts[:i], grant, *self.attempts[i + 1 :])
+        return settled
 
 
 async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
@@ -327,7 +369,9 @@ def _grants(limiters: Sequence[Limited], attempts: Sequence[object]) -> list[tup
 
 
 async def _release(grants: Sequence[tuple[Limited, Grant]]) -> None:
-    """Hands back exactly these grants, each by its member (a refusal elsewhere, a block)."""
+    """Hands back exactly these grants, each by its member (a refusal elsewhere, a block);
+    a grant settled for nothing holds nothing."""
+    grants = [pair for pair in grants if parse_grant(pair[1].member)[0] > 0]
     if not grants:
         return
     releases = asyncio.gather(

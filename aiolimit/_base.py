@@ -104,6 +104,7 @@ class _Limiter:
         min_spacing: Duration | None = None,
         margin: Duration | None = None,
         keep_alive: Duration | None = None,
+        max_debt: int | None = None,
     ) -> bool:
         """Sets the rate only where the limiter has none; returns whether it did.
 
@@ -111,6 +112,8 @@ class _Limiter:
         must allow a grant; :meth:`Rate.parse` reads them from text) without one.
         ``min_spacing`` keeps the starts of consecutive grants at least that far apart (a
         :class:`ShardedRateLimiter` refuses it: its shards cannot share one spacing).
+        ``max_debt``: how far below zero a settle may charge (default: the smallest rate's
+        permits; docs: Token budgets).
 
         When a stored config differs from the one asked for (another process, or an earlier
         run, set another rate), it stays, and a warning is logged once per process."""
@@ -122,6 +125,7 @@ class _Limiter:
             algorithm=algorithm,
             min_spacing=min_spacing,
             margin=margin,
+            max_debt=max_debt,
         )
         written = await self._set("try", asked, True)
         if not all(written):
@@ -150,6 +154,7 @@ class _Limiter:
         min_spacing: Duration | None = None,
         margin: Duration | None = None,
         keep_alive: Duration | None = None,
+        max_debt: int | None = None,
         keep_state: bool = False,
     ) -> None:
         """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. Without
@@ -163,6 +168,7 @@ class _Limiter:
             algorithm=algorithm,
             min_spacing=min_spacing,
             margin=margin,
+            max_debt=max_debt,
         )
         await self._set("set", config, keep_state)
 
@@ -176,6 +182,7 @@ class _Limiter:
         min_spacing: Duration | None = None,
         margin: Duration | None = None,
         keep_alive: Duration | None = None,
+        max_debt: int | None = None,
     ) -> bool:
         """Makes sure the stored config is this one: writes it where there is none, and
         rewrites a stored one that differs, keeping what was granted (as ``set_rate(...,
@@ -189,6 +196,7 @@ class _Limiter:
             algorithm=algorithm,
             min_spacing=min_spacing,
             margin=margin,
+            max_debt=max_debt,
         )
         if all(await self._set("try", asked, True)):
             return True
@@ -208,6 +216,7 @@ class _Limiter:
         min_spacing: Duration | None = None,
         margin: Duration | None = None,
         keep_alive: Duration | None = None,
+        max_debt: int | None = None,
         keep_state: bool = True,
     ) -> bool:
         """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
@@ -219,6 +228,7 @@ class _Limiter:
             algorithm=algorithm,
             min_spacing=min_spacing,
             margin=margin,
+            max_debt=max_debt,
         )
         return all(await self._set("update", config, keep_state))
 
@@ -237,7 +247,8 @@ class _Limiter:
             Rate(sum(c.rates[i].permits for c in configs if c is not None), rate.interval)
             for i, rate in enumerate(first.rates)
         )
-        return replace(first, rates=rates)
+        debts = [c.max_debt for c in configs if c is not None and c.max_debt is not None]
+        return replace(first, rates=rates, max_debt=sum(debts) if debts else None)
 
     # -- permits -------------------------------------------------------------------------------
 

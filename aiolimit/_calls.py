@@ -20,7 +20,7 @@ import email.utils
 import logging
 import re
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from datetime import timezone
 
 from ._acquire import Acquired
@@ -28,6 +28,7 @@ from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, acquire_in_flight
 from ._limiter import RateLimiter
+from ._meter import TokenMeter, sync_from
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
@@ -87,13 +88,16 @@ the grant's start, to tell how late the request left)."""
 
 
 class CallGuard:
-    """The steps around one outgoing call; see the module's docstring."""
+    """The steps around one outgoing call; see the module's docstring. With ``tokens`` (a
+    :class:`TokenMeter`), a call's tokens too: estimated and taken with its permits, settled
+    by its usage (``_meter``)."""
 
     __slots__ = (
         "_max_wait",
         "concurrency",
         "limiter",
         "max_pause",
+        "meter",
         "permits",
         "retry",
         "timeout",
@@ -108,6 +112,7 @@ class CallGuard:
         retry: bool,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
         concurrency: ConcurrencyLimiter | None = None,
+        meter: TokenMeter | None = None,
     ) -> None:
         if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
             raise InvalidArgumentError(
@@ -127,16 +132,21 @@ class CallGuard:
         if max_pause_us < 0:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = max_pause_us / 1e6
+        self.meter = meter
 
-    async def before_call(self) -> Acquired:
-        """Waits for the permits (after any pause: a block holds every grant back), and
-        with ``concurrency`` first for a slot (an :class:`InFlight`, whose slot the caller
-        holds while the call is in flight); :class:`RateLimited` when that would take longer
-        than the timeout."""
+    async def before_call(self, request: object = None) -> Acquired:
+        """Waits for the permits (after any pause: a block holds every grant back), with the
+        request's estimated tokens when metered, and with ``concurrency`` first for a slot
+        (an :class:`InFlight`, whose slot the caller holds while the call is in flight);
+        :class:`RateLimited` when that would take longer than the timeout."""
         if self.concurrency is None:
-            acquired = await self.limiter._take(self.permits, self._max_wait)
+            acquired = await self._take(self._max_wait, request)
         else:
-            acquired = await acquire_in_flight([(self.concurrency, 1)], self._take, self._max_wait)
+            acquired = await acquire_in_flight(
+                [(self.concurrency, 1)],
+                lambda max_wait: self._take(max_wait, request),
+                self._max_wait,
+            )
         if not acquired:
             if isinstance(acquired, InFlight):
                 raise acquired.refusal()
@@ -144,8 +154,18 @@ class CallGuard:
         last_grant.set(acquired)
         return acquired
 
-    def _take(self, max_wait: int | None) -> Awaitable[Acquired]:
-        return self.limiter._take(self.permits, max_wait)
+    def _take(self, max_wait: int | None, request: object = None) -> Awaitable[Acquired]:
+        """The call's permits, and its estimated tokens when metered."""
+        limiter = self.limiter
+        if self.meter is None:
+            return limiter._take(self.permits, max_wait)
+        assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
+        return self.meter.take(limiter, self.permits, max_wait, request)
+
+    async def after_headers(self, headers: Mapping[str, str]) -> None:
+        """A provider's count of requests left, when its headers say, taken as a floor
+        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``)."""
+        await sync_from(headers, self.limiter, "requests")
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;

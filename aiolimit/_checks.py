@@ -8,7 +8,7 @@ from datetime import timedelta
 from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
 from .errors import InvalidArgumentError
 
-__all__ = ["check_permits", "max_wait_of"]
+__all__ = ["check_permits", "check_sync", "max_wait_of"]
 
 
 def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
@@ -36,3 +36,23 @@ def check_permits(permits: object) -> int:
             f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
         )
     return permits
+
+
+def check_sync(remaining: object, reset: Duration) -> tuple[int, int]:
+    """A sync's ``remaining`` (an int from 0 to MAX_RATE) and ``reset`` (seconds or a
+    timedelta, from 0 to MAX_DURATION) as ``(remaining, reset_us)``; else
+    InvalidArgumentError."""
+    if (
+        isinstance(remaining, bool)
+        or not isinstance(remaining, int)
+        or not 0 <= remaining <= MAX_RATE
+    ):
+        raise InvalidArgumentError(
+            f"remaining must be an int from 0 to {MAX_RATE} (MAX_RATE), not {shown(remaining)}"
+        )
+    if exceeds_max_duration(reset):
+        raise InvalidArgumentError(f"reset must be at most 10 years, not {shown(reset)}")
+    reset_us = to_micros(reset, "reset")  # (a number or a timedelta, finite, from here on)
+    if reset_us < 0:
+        raise InvalidArgumentError(f"reset must be >= 0, not {shown(reset)}")
+    return remaining, reset_us

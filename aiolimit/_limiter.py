@@ -15,7 +15,7 @@ from . import _observe
 from ._acquire import Acquired, acquire, give_back, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
-from ._checks import check_permits, max_wait_of
+from ._checks import check_permits, check_sync, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, acquire_in_flight
 from ._setup import setup_of
@@ -40,11 +40,11 @@ class RateLimiter(_Limiter):
     process, and sleeps until then. Objects are cheap; create one wherever convenient.
 
     ``rate`` (with ``interval`` for an int; ``rate_type``, ``algorithm``, ``min_spacing``,
-    ``keep_alive`` as :meth:`ensure_rate` takes them) is checked here and made the stored
-    config by the first permit call (``acquire``, ``try_acquire``, ``async with``, the
-    decorator, :func:`acquire_all`), once per object: the code's rate replaces a stored
-    one. Without it, the limiter uses the stored config (``set_rate``, ``try_set_rate``,
-    ``aiolimit set-rate``).
+    ``keep_alive``, ``margin``, ``max_debt`` as :meth:`ensure_rate` takes them) is checked
+    here and made the stored config by the first permit call (``acquire``, ``try_acquire``,
+    ``async with``, the decorator, :func:`acquire_all`), once per object: the code's rate
+    replaces a stored one. Without it, the limiter uses the stored config (``set_rate``,
+    ``try_set_rate``, ``aiolimit set-rate``).
     """
 
     __slots__ = ()
@@ -61,10 +61,11 @@ class RateLimiter(_Limiter):
         min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
         margin: Duration | None = None,
+        max_debt: int | None = None,
     ) -> None:
         super().__init__(name, backend)
         self._setup = setup_of(
-            rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin
+            rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin, max_debt
         )
 
     @classmethod
@@ -118,6 +119,20 @@ class RateLimiter(_Limiter):
     async def release(self, permits: int) -> None:
         """Hands back ``permits`` from the most recent grants, as if they had not happened."""
         await give_back(self, check_permits(permits))
+
+    async def sync(self, *, remaining: int, reset: Duration) -> None:
+        """Takes a provider's own count as a floor: until ``reset`` seconds from now, at most
+        ``remaining`` more permits are granted (for a ``for_client`` view: that client's).
+        Only ever tightens; a count looser than the limiter's changes nothing.
+
+        >>> quota = aiolimit_quota(response.headers)       # x-ratelimit-remaining-tokens, ...
+        >>> await tokens.sync(remaining=quota.remaining, reset=quota.reset)
+        """
+        remaining, reset_us = check_sync(remaining, reset)
+        setup = self._setup
+        if setup is not None and not setup.done:
+            await setup.ensure(self)
+        await self.breaker.guard(self.backend.sync(self.name, remaining, reset_us))
 
 
 @overload

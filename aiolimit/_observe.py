@@ -77,6 +77,10 @@ class Observer:
     def lease_lost(self, name: str, permits: int) -> None:
         """A lease of ``permits`` slots was lost while held (:class:`~aiolimit.LeaseLostError`)."""
 
+    def debt_cut(self, name: str, permits: int) -> None:
+        """A settle (:meth:`Acquired.settle <aiolimit.Acquired.settle>`) of limiter ``name``
+        charged ``permits`` less than the call cost: the limiter was at its ``max_debt``."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

@@ -28,6 +28,7 @@ class Ensures(Protocol):
         algorithm: Algorithm | str = ...,
         min_spacing: Duration | None = None,
         keep_alive: Duration | None = None,
+        max_debt: int | None = None,
     ) -> bool: ...
 
 
@@ -53,6 +54,7 @@ class Setup:
                 algorithm=config.algorithm,
                 min_spacing=config.min_spacing,
                 keep_alive=config.keep_alive,
+                max_debt=config.max_debt,
             )
             self.done = True
 
@@ -65,6 +67,7 @@ def setup_of(
     min_spacing: Duration | None,
     keep_alive: Duration | None,
     margin: Duration | None = None,
+    max_debt: int | None = None,
 ) -> Setup | None:
     """The constructor's rate arguments, checked; None without a ``rate``."""
     if rate is None:
@@ -75,6 +78,7 @@ def setup_of(
             "min_spacing": min_spacing,
             "keep_alive": keep_alive,
             "margin": margin,
+            "max_debt": max_debt,
         }
         named = [name for name, value in given.items() if value is not None]
         if named:
@@ -88,5 +92,6 @@ def setup_of(
         algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,
         min_spacing=min_spacing,
         margin=margin,
+        max_debt=max_debt,
     )
     return Setup(config)

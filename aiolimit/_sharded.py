@@ -10,7 +10,7 @@ from dataclasses import replace
 from . import _observe
 from ._acquire import Acquired, acquire, acquire_unreported, give_back, observed
 from ._base import _Limiter, _most_telling
-from ._checks import check_permits, max_wait_of
+from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter
 from ._observe import Observer
 from ._setup import setup_of
@@ -32,7 +32,12 @@ def _split_rate(rate: int, shards: int) -> list[int]:
             f"a rate of {rate} cannot be split over {shards} shards: every shard needs a "
             f"budget of at least 1 permit (use a rate >= {shards} or fewer shards)"
         )
-    base, extra = divmod(rate, shards)
+    return _shares(rate, shards)
+
+
+def _shares(total: int, shards: int) -> list[int]:
+    """``total`` split as :func:`_split_rate` splits a rate, 0 allowed (2 over 3: 1, 1, 0)."""
+    base, extra = divmod(total, shards)
     return [base + (1 if i < extra else 0) for i in range(shards)]
 
 
@@ -123,6 +128,7 @@ class ShardedRateLimiter(_Limiter):
         algorithm: Algorithm | str | None = None,
         keep_alive: Duration | None = None,
         margin: Duration | None = None,
+        max_debt: int | None = None,
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
@@ -134,7 +140,9 @@ class ShardedRateLimiter(_Limiter):
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
-        self._setup = setup_of(rate, interval, rate_type, algorithm, None, keep_alive, margin)
+        self._setup = setup_of(
+            rate, interval, rate_type, algorithm, None, keep_alive, margin, max_debt
+        )
         if self._setup is not None:
             self._configs(self._setup.config)  # a rate the shards cannot split fails here
 
@@ -167,7 +175,8 @@ class ShardedRateLimiter(_Limiter):
                 Rate(share[i], rate.interval)
                 for share, rate in zip(shares, config.rates, strict=True)
             )
-            configs.append(replace(config, rates=rates))
+            debt = None if config.max_debt is None else _shares(config.max_debt, shards)[i]
+            configs.append(replace(config, rates=rates, max_debt=debt))
         return configs
 
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
@@ -189,9 +198,11 @@ class ShardedRateLimiter(_Limiter):
             await setup.ensure(self)
         observer = _observe.current
         choosing = self._choose(permits, max_wait, observer)
-        if observer is None:
-            return await choosing
-        return await observed(choosing, [self.name], [permits], observer)
+        acquired = await (
+            choosing if observer is None else observed(choosing, [self.name], [permits], observer)
+        )
+        acquired.owners = (self,)  # its settle names this limiter, and goes to the shard
+        return acquired
 
     async def _choose(
         self, permits: int, max_wait: int | None, observer: Observer | None
@@ -240,6 +251,22 @@ class ShardedRateLimiter(_Limiter):
         if acquired.granted:
             self._last = best
         return acquired
+
+    async def sync(self, *, remaining: int, reset: Duration) -> None:
+        """A provider's count as a floor (:meth:`RateLimiter.sync`), split over the shards by
+        their share of the rate, as the rate is (10 over 3 shards: 4, 3, 3): the shards
+        together grant at most ``remaining`` more until ``reset``."""
+        remaining, reset_us = check_sync(remaining, reset)
+        setup = self._setup
+        if setup is not None and not setup.done:
+            await setup.ensure(self)
+        shares = _shares(remaining, len(self._shards))
+        await asyncio.gather(
+            *(
+                shard.breaker.guard(self.backend.sync(shard.name, share, reset_us))
+                for shard, share in zip(self._shards, shares, strict=True)
+            )
+        )
 
     async def release(self, permits: int) -> None:
         """Hands back ``permits``: the most recent grants of the shard this object granted

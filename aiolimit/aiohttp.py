@@ -10,10 +10,9 @@
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). With ``concurrency=sem`` each
-request also holds a slot while it is in flight, until its body has been received. Needs
-``pip install
-'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
+the pause (``retry=False`` returns the response instead). ``tokens=`` meters tokens as the httpx
+transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
+client middlewares).
 """
 
 from __future__ import annotations
@@ -21,20 +20,24 @@ from __future__ import annotations
 from ._extras import missing_extra
 
 try:
-    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse
+    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, payload
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
 from ._limiter import RateLimiter
+from ._meter import MAX_BODY, TokenMeter, estimate_tokens, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
+from .errors import InvalidArgumentError
 
 __all__ = ["RateLimitedClientMiddleware"]
 
@@ -47,6 +50,11 @@ class RateLimitedClientMiddleware:
     ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
     minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
     ``aiolimit``) and cut to it.
+
+    ``tokens``, ``estimate`` and ``usage`` as :class:`aiolimit.httpx.RateLimitedTransport`
+    takes them (``usage`` may be async: ``await response.json()``). The middleware reads a
+    metered response's body itself (at most ``MAX_BODY``; the caller reads the same bytes)
+    and settles at once; for an event stream (``text/event-stream``) the estimate stands.
 
     ``concurrency``: a slot of it is held from before the permit until aiohttp lets the
     response's connection go (the whole body received, or the response released: ``async
@@ -65,8 +73,16 @@ class RateLimitedClientMiddleware:
         timeout: Duration | None = None,
         retry: bool = True,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
+        tokens: RateLimiter | None = None,
+        estimate: Callable[[ClientRequest], int] | None = None,
+        usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
+        meter = None
+        if tokens is not None:
+            meter = TokenMeter(tokens, limiter, estimate or _estimate, usage or _usage)
+        elif estimate is not None or usage is not None:
+            raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
         self._guard = CallGuard(
             limiter,
             permits=permits,
@@ -74,6 +90,7 @@ class RateLimitedClientMiddleware:
             retry=retry,
             max_pause=max_pause,
             concurrency=concurrency,
+            meter=meter,
         )
 
     @property
@@ -82,26 +99,59 @@ class RateLimitedClientMiddleware:
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         guard = self._guard
-        response = await self._send(request, handler)
+        acquired = await guard.before_call(request)
+        response = await _send(request, handler, acquired)
+        await guard.after_headers(response.headers)
         paused = await guard.pause_for(response.status, response.headers.get("Retry-After"))
-        if not (paused and guard.retry):
-            return response
-        response.release()
-        response = await self._send(request, handler)  # after the pause, a permit of its own
-        await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        if paused and guard.retry:
+            response.release()
+            if guard.meter is not None:
+                await guard.meter.unused(acquired, response.headers)  # it used no tokens
+            acquired = await guard.before_call(request)  # after the pause, a permit of its own
+            response = await _send(request, handler, acquired)
+            await guard.after_headers(response.headers)
+            await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        meter = guard.meter
+        if meter is not None:
+            readable = _readable(response)
+            if readable:
+                await response.read()  # (kept: the caller's read() gives the same bytes)
+            await meter.settle(acquired, response if readable else None, response.headers)
         return response
 
-    async def _send(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
-        acquired = await self._guard.before_call()
-        if not isinstance(acquired, InFlight):
-            return await handler(request)
-        response = await hold_while(acquired, handler(request))
-        connection = response.connection
-        if connection is None:  # released already (no body, or read to its end)
-            await acquired.__aexit__(None, None, None)
-        else:
-            connection.add_callback(lambda: _background(acquired.__aexit__(None, None, None)))
-        return response
+
+async def _send(
+    request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
+) -> ClientResponse:
+    """The request sent; with a concurrency slot, held until aiohttp lets the connection go."""
+    if not isinstance(acquired, InFlight):
+        return await handler(request)
+    response = await hold_while(acquired, handler(request))
+    connection = response.connection
+    if connection is None:  # released already (no body, or read to its end)
+        await acquired.__aexit__(None, None, None)
+    else:
+        connection.add_callback(lambda: _background(acquired.__aexit__(None, None, None)))
+    return response
+
+
+def _readable(response: ClientResponse) -> bool:
+    """Whether the middleware may read the body for its usage: not an event stream, and
+    not longer than MAX_BODY by its Content-Length."""
+    if response.content_type == "text/event-stream":
+        return False
+    length = response.content_length
+    return length is None or length <= MAX_BODY
+
+
+def _estimate(request: ClientRequest) -> int:
+    body = request.body
+    text = body.decode("utf-8", "replace") if isinstance(body, payload.BytesPayload) else ""
+    return estimate_tokens(text.encode())
+
+
+async def _usage(response: ClientResponse) -> int | None:
+    return usage_tokens(await response.read())
 
 
 log = logging.getLogger("aiolimit")

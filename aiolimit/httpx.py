@@ -9,9 +9,12 @@
 Every client and process that uses the limiter shares the partner's quota. When the partner
 still answers ``429`` (or ``503``) with ``Retry-After`` (seconds or an HTTP date), every caller
 of the limiter, in every process, pauses that long, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). With ``concurrency=sem`` (a
-:class:`~aiolimit.ConcurrencyLimiter`) each request also holds a slot while it is in flight:
-taken before the rate permit, released when the response's body is closed. Needs
+the pause (``retry=False`` returns the response instead). With ``tokens=`` (a second
+limiter, of tokens), each request also reserves its estimated tokens, settled by the usage
+its response reports once the body is read or closed (docs: Token budgets). With
+``concurrency=sem`` (a :class:`~aiolimit.ConcurrencyLimiter`) each request also holds a slot
+while it is in flight: taken before the rate permit, released when the response's body is
+closed. Needs
 ``pip install 'aiolimit-redis[httpx]'``.
 """
 
@@ -24,14 +27,17 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.httpx", "httpx") from exc
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
 from ._limiter import RateLimiter
+from ._meter import MAX_BODY, TokenMeter, estimate_tokens, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
+from .errors import InvalidArgumentError
 
 __all__ = ["RateLimitedTransport"]
 
@@ -44,6 +50,14 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
     ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15
     minutes by default), whatever ``Retry-After`` says; a longer one is logged (logger
     ``aiolimit``) and cut to it. A request whose body is a stream is not sent again.
+
+    ``tokens`` (a :class:`~aiolimit.RateLimiter` of tokens): ``estimate(request)`` tokens
+    (default: a token per 4 bytes of the body plus its ``max_tokens``) are taken with the
+    request's permits, all or nothing; when the response body has been read (or a streamed
+    one closed), ``usage(response)`` (default: ``usage.total_tokens`` of a JSON body, or of
+    an event stream's last usage) settles them; None leaves the estimate standing. A
+    provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers are taken as floors
+    for both limiters (``sync``).
 
     ``concurrency``: a slot of it is held from before the permit until the response's body
     is closed (read to the end by ``client.get``; the ``async with client.stream(...)``
@@ -63,8 +77,16 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         timeout: Duration | None = None,
         retry: bool = True,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
+        tokens: RateLimiter | None = None,
+        estimate: Callable[[httpx.Request], int] | None = None,
+        usage: Callable[[httpx.Response], int | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
+        meter = None
+        if tokens is not None:
+            meter = TokenMeter(tokens, limiter, estimate or _estimate, usage or _usage)
+        elif estimate is not None or usage is not None:
+            raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
         self._guard = CallGuard(
             limiter,
             permits=permits,
@@ -72,6 +94,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
             retry=retry,
             max_pause=max_pause,
             concurrency=concurrency,
+            meter=meter,
         )
         self._transport = transport or httpx.AsyncHTTPTransport()
 
@@ -81,30 +104,104 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         guard = self._guard
-        response = await self._send(request)
+        acquired = await guard.before_call(request)
+        response = await self._send(request, acquired)
         paused = await guard.pause_for(response.status_code, response.headers.get("retry-after"))
-        if not (paused and guard.retry and isinstance(request.stream, httpx.ByteStream)):
+        if paused and guard.retry and isinstance(request.stream, httpx.ByteStream):
+            await response.aclose()
+            if guard.meter is not None:
+                await guard.meter.unused(acquired, response.headers)  # it used no tokens
+            acquired = await guard.before_call(request)  # after the pause, a permit of its own
+            response = await self._send(request, acquired)
+            await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+        if guard.meter is None:
             return response
-        await response.aclose()
-        response = await self._send(request)  # after the pause, with a permit of its own
-        await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+        settle = self._settler(request, response, acquired)
+        if response.is_closed:  # read already (a response made with its content)
+            await settle(response.content)
+        else:
+            response.stream = _Metered(response.stream, settle)
         return response
 
-    async def _send(self, request: httpx.Request) -> httpx.Response:
-        acquired = await self._guard.before_call()
+    async def _send(self, request: httpx.Request, acquired: Acquired) -> httpx.Response:
         sending = self._transport.handle_async_request(request)
-        if not isinstance(acquired, InFlight):
-            return await sending
-        response = await hold_while(acquired, sending)
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            stream=_HeldStream(response.stream, acquired),
-            extensions=response.extensions,
-        )
+        if isinstance(acquired, InFlight):  # the slot held until the body is closed
+            response = await hold_while(acquired, sending)
+            response = httpx.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=_HeldStream(response.stream, acquired),
+                extensions=response.extensions,
+            )
+        else:
+            response = await sending
+        await self._guard.after_headers(response.headers)
+        return response
+
+    def _settler(
+        self, request: httpx.Request, response: httpx.Response, acquired: Acquired
+    ) -> Callable[[bytes | None], Awaitable[None]]:
+        """What settles the call once its body is read: ``usage`` sees the response with
+        the body it read (a copy; a body longer than MAX_BODY: the estimate stands)."""
+        meter = self._guard.meter
+        assert meter is not None
+
+        async def settle(body: bytes | None) -> None:
+            read = None
+            if body is not None:
+                read = httpx.Response(
+                    response.status_code, headers=response.headers, content=body, request=request
+                )
+            await meter.settle(acquired, read, response.headers)
+
+        return settle
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+def _estimate(request: httpx.Request) -> int:
+    try:
+        body = request.content
+    except httpx.RequestNotRead:  # a streamed body: its max_tokens cannot be read
+        body = b""
+    return estimate_tokens(body)
+
+
+def _usage(response: httpx.Response) -> int | None:
+    return usage_tokens(response.content)
+
+
+class _Metered(httpx.AsyncByteStream):
+    """A response body that keeps what it passes on (up to MAX_BODY) and, once closed,
+    hands it to ``closed`` (None past MAX_BODY), once."""
+
+    def __init__(
+        self,
+        stream: httpx.SyncByteStream | httpx.AsyncByteStream,
+        closed: Callable[[bytes | None], Awaitable[None]],
+    ) -> None:
+        assert isinstance(stream, httpx.AsyncByteStream)
+        self._stream = stream
+        self._closed: Callable[[bytes | None], Awaitable[None]] | None = closed
+        self._body: bytearray | None = bytearray()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            if self._body is not None:
+                if len(self._body) + len(chunk) > MAX_BODY:
+                    self._body = None
+                else:
+                    self._body += chunk
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            closed, self._closed = self._closed, None
+            if closed is not None:
+                await closed(None if self._body is None else bytes(self._body))
 
 
 class _HeldStream(httpx.AsyncByteStream):

@@ -160,3 +160,19 @@ def test_partner_api_in_two_processes_through_redis(redis_url: str):
     out = run_example("partner_api.py", "--redis", redis_url)
     assert out.startswith("two processes, 12 workers: 73 calls reached the partner")
     check_partner_api(out)
+
+
+def check_llm_client(out: str) -> None:
+    lines = out.splitlines()
+    # Settled by their usage, nine requests fit a budget their estimates alone (about 380
+    # tokens each) would have let five of through; none reaches the provider's 429.
+    assert lines[-1] == "9 answered, 3 held back, 0 refused by the provider"
+    assert lines[8].startswith("request  8: 200")
+
+
+def test_llm_client_in_memory():
+    check_llm_client(run_example("llm_client.py"))
+
+
+def test_llm_client_through_redis(redis_url: str):
+    check_llm_client(run_example("llm_client.py", "--redis", redis_url))

@@ -1,0 +1,191 @@
+"""The HTTP clients' second meter: what a call costs in tokens, reserved with its request and
+settled once the response says what it really cost (``CallGuard(..., tokens=...)``).
+
+>>> meter = TokenMeter(tokens, estimate=estimate_tokens, usage=usage_tokens)
+>>> acquired = await meter.take(requests, 1, max_wait, body)   # both, all or nothing
+>>> ...                                                          # the call
+>>> await meter.settle(acquired, response)                      # usage: fewer or more
+
+The request's permit and the estimate are taken in one :func:`aiolimit.acquire_all`: a call
+that cannot have both takes neither. After the response is read, ``usage(response)`` (an int,
+None, or an awaitable of either) settles the tokens' grant; None leaves the estimate standing.
+A provider's rate-limit headers (``_quota_headers``) are taken as floors for both limiters
+(:meth:`RateLimiter.sync`). Nothing here raises once the call is made: a failure to settle or
+sync is logged (logger ``aiolimit``), and the response is the caller's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from ._acquire import Acquired
+from ._limiter import RateLimiter, acquire_all
+from ._quota_headers import quota
+from ._settling import check_settle_permits
+from ._sharded import ShardedRateLimiter
+from ._types import MAX_RATE, shown
+from .errors import InvalidArgumentError, LimiterError
+
+__all__ = ["MAX_BODY", "TokenMeter", "estimate_tokens", "sync_from", "usage_tokens"]
+
+log = logging.getLogger("aiolimit")
+
+MAX_BODY = 4 * 1024 * 1024
+"""The most of a response body kept to read its usage from (a longer one: the estimate
+stands)."""
+
+_MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+Estimate = Callable[[Any], int]
+Usage = Callable[[Any], "int | Awaitable[int | None] | None"]
+
+
+def estimate_tokens(body: bytes) -> int:
+    """A request body's tokens, over-estimated: a token per 4 bytes of the whole body (the
+    prompt and its JSON around it), plus the ``max_tokens`` (``max_completion_tokens``,
+    ``max_output_tokens``) it asks for; at least 1."""
+    tokens = len(body) // 4 + 1
+    try:
+        fields = json.loads(body) if body else None
+    except ValueError:
+        return tokens
+    if isinstance(fields, dict):
+        for name in _MAX_TOKEN_FIELDS:
+            value = fields.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return min(tokens + value, MAX_RATE)
+    return min(tokens, MAX_RATE)
+
+
+def usage_tokens(body: bytes | None) -> int | None:
+    """The tokens a response says it used: a JSON body's ``usage.total_tokens`` (OpenAI), or
+    ``usage.input_tokens + usage.output_tokens`` (Anthropic); for an event stream, the last
+    ``data:`` event that carries a usage. None when it does not say."""
+    if not body:
+        return None
+    try:
+        return _usage(json.loads(body))
+    except ValueError:
+        pass
+    for line in reversed(body.splitlines()):  # server-sent events: the last usage wins
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                found = _usage(json.loads(line[5:]))
+            except ValueError:
+                continue
+            if found is not None:
+                return found
+    return None
+
+
+def _usage(document: object) -> int | None:
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    total = _count(usage.get("total_tokens"))
+    if total is not None:
+        return min(total, MAX_RATE)
+    parts = _count(usage.get("input_tokens")), _count(usage.get("output_tokens"))
+    if None not in parts:
+        return min(sum(part for part in parts if part is not None), MAX_RATE)
+    return None
+
+
+def _count(value: object) -> int | None:
+    """``value`` when it is a count of tokens (an int >= 0)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+class TokenMeter:
+    """A token limiter beside a client's request limiter; see the module."""
+
+    __slots__ = ("estimate", "tokens", "usage")
+
+    def __init__(
+        self,
+        tokens: object,
+        requests: RateLimiter | ShardedRateLimiter,
+        estimate: object,
+        usage: object,
+    ) -> None:
+        if not isinstance(tokens, RateLimiter):
+            raise InvalidArgumentError(f"tokens must be a RateLimiter, not {tokens!r}")
+        if not isinstance(requests, RateLimiter):
+            raise InvalidArgumentError(
+                "with tokens=, the request limiter must be a RateLimiter (a ShardedRateLimiter "
+                "serves a request from one shard, and cannot join an all-or-nothing acquire)"
+            )
+        if (tokens.name, tokens.backend.store_id) == (requests.name, requests.backend.store_id):
+            raise InvalidArgumentError("tokens= must be another limiter than the requests'")
+        for what, given in (("estimate", estimate), ("usage", usage)):
+            if not callable(given):
+                raise InvalidArgumentError(f"{what} must be callable, not {given!r}")
+        self.tokens = tokens
+        self.estimate: Estimate = estimate  # type: ignore[assignment]
+        self.usage: Usage = usage  # type: ignore[assignment]
+
+    async def take(
+        self, requests: RateLimiter, permits: int, max_wait: int | None, request: object
+    ) -> Acquired:
+        """The request's permits and its estimated tokens, all or nothing (an estimate of 0:
+        the request's permits only, nothing to settle)."""
+        estimate = self.estimate(request)
+        if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
+            raise InvalidArgumentError(f"estimate() must give an int >= 0, not {shown(estimate)}")
+        timeout = None if max_wait is None else max_wait / 1e6
+        if estimate == 0:
+            return await requests._take(permits, max_wait)
+        return await acquire_all([(requests, permits), (self.tokens, estimate)], timeout=timeout)
+
+    async def settle(
+        self, acquired: Acquired, response: object, headers: Mapping[str, str]
+    ) -> None:
+        """The tokens' grant settled as ``usage(response)`` says (None: the estimate stands),
+        then the provider's count of tokens left (``headers``) taken as a floor: it counts
+        this call already, so it is synced after the settle, lest a refund loosen it."""
+        if response is not None:  # (None: a body not read, the estimate stands)
+            await self._settle(acquired, response)
+        await sync_from(headers, self.tokens, "tokens")
+
+    async def _settle(self, acquired: Acquired, response: object) -> None:
+        if len(acquired.limiters) < 2:
+            return  # an estimate of 0: no tokens taken
+        try:
+            used = self.usage(response)
+            if inspect.isawaitable(used):
+                used = await used
+            if used is None:
+                return
+            await acquired.settle(check_settle_permits(used), limiter=self.tokens)
+        except (LimiterError, ValueError, TypeError) as exc:
+            log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
+
+    async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
+        """The provider refused the call (a ``429`` to retry): its tokens go back, then the
+        provider's count is taken as a floor."""
+        if len(acquired.limiters) == 2:
+            try:
+                await acquired.settle(0, limiter=self.tokens)
+            except LimiterError as exc:
+                log.warning("limiter %r: tokens not handed back: %s", self.tokens.name, exc)
+        await sync_from(headers, self.tokens, "tokens")
+
+
+async def sync_from(
+    headers: Mapping[str, str], limiter: RateLimiter | ShardedRateLimiter, kind: str
+) -> None:
+    """A provider's rate-limit headers for ``kind``, when present, taken as a floor by
+    ``limiter``; a failure is logged."""
+    left = quota(headers, kind)
+    if left is None:
+        return
+    try:
+        await limiter.sync(remaining=left.remaining, reset=left.reset)
+    except LimiterError as exc:
+        log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)

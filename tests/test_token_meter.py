@@ -1,0 +1,263 @@
+"""The HTTP clients' token meter (``tokens=``, ``estimate=``, ``usage=``): a request's
+estimated tokens taken with its permit, all or nothing; settled by the usage its response
+reports once read (a streamed body: once closed); a provider's rate-limit headers taken as
+floors. httpx against a MockTransport, aiohttp against a local aiohttp server, on every
+backend (the limiters on a clock the test holds still)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from conformance import ManualClock, new_client
+
+from aiolimit import (
+    InvalidArgumentError,
+    RateLimited,
+    RateLimiter,
+    RateType,
+    ShardedRateLimiter,
+)
+from aiolimit.aiohttp import RateLimitedClientMiddleware
+from aiolimit.httpx import RateLimitedTransport
+
+PROMPT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
+# The default estimate: a token per 4 bytes of the body, plus its max_tokens (httpx writes
+# compact JSON; aiohttp json.dumps's).
+ESTIMATE = len(httpx.Request("POST", "http://llm.test", json=PROMPT).content) // 4 + 1 + 100
+AIOHTTP_ESTIMATE = len(json.dumps(PROMPT).encode()) // 4 + 1 + 100
+
+
+class Ticking(ManualClock):
+    """A clock one microsecond further at every reading."""
+
+    def __call__(self) -> float:
+        self.advance(1e-6)
+        return super().__call__()
+
+
+async def meters(
+    store: Any, tokens: int = 1000, clock: ManualClock | None = None
+) -> tuple[RateLimiter, RateLimiter]:
+    backend = new_client(store, clock=clock or ManualClock())
+    requests = RateLimiter("llm-requests", backend)
+    await requests.set_rate(RateType.OVERALL, 10, 60)
+    budget = RateLimiter("llm-tokens", backend)
+    await budget.set_rate(RateType.OVERALL, tokens, 60)
+    return requests, budget
+
+
+def provider(
+    answers: list[httpx.Response], seen: list[httpx.Request]
+) -> Callable[[httpx.Request], httpx.Response]:
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answers.pop(0)
+
+    return handle
+
+
+class Chunks(httpx.AsyncByteStream):
+    """A body sent in chunks, as a provider streams one (not read before it is iterated)."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk + b"\n\n"
+
+
+def client(requests: RateLimiter, handle: Any, **options: Any) -> httpx.AsyncClient:
+    transport = RateLimitedTransport(requests, httpx.MockTransport(handle), **options)
+    return httpx.AsyncClient(transport=transport, base_url="http://llm.test")
+
+
+async def test_httpx_settles_the_estimate_by_the_usage_the_response_reports(store: Any) -> None:
+    requests, tokens = await meters(store)
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}})]
+    async with client(requests, provider(answers, seen), tokens=tokens) as http:
+        response = await http.post("/v1/chat/completions", json=PROMPT)
+    assert response.json() == {"usage": {"total_tokens": 30}}
+    assert await tokens.available_permits() == 1000 - 30
+    assert await requests.available_permits() == 9
+
+
+async def test_httpx_holds_a_streamed_bodys_estimate_until_it_is_closed(store: Any) -> None:
+    requests, tokens = await meters(store)
+    events = b'data: {"choices": []}\n\ndata: {"usage": {"total_tokens": 42}}\n\ndata: [DONE]\n\n'
+    sse = {"content-type": "text/event-stream"}
+    answers = [httpx.Response(200, stream=Chunks(events.split(b"\n\n")), headers=sse)]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        async with http.stream("POST", "/v1/chat/completions", json=PROMPT) as response:
+            assert await tokens.available_permits() == 1000 - ESTIMATE
+            async for _ in response.aiter_lines():
+                pass
+        assert await tokens.available_permits() == 1000 - 42
+
+
+async def test_httpx_without_usage_leaves_the_estimate_standing(store: Any) -> None:
+    requests, tokens = await meters(store)
+    answers = [httpx.Response(200, json={"id": 1}), httpx.Response(200, text="not json")]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        await http.post("/a", json=PROMPT)
+        await http.post("/b", json=PROMPT)
+    assert await tokens.available_permits() == 1000 - 2 * ESTIMATE
+
+
+async def test_httpx_takes_the_permit_and_the_tokens_all_or_nothing(store: Any) -> None:
+    requests, tokens = await meters(store, tokens=ESTIMATE + 50)
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(200, json={"id": 1})]
+    async with client(requests, provider(answers, seen), tokens=tokens, timeout=0) as http:
+        await http.post("/a", json=PROMPT)  # no usage: the estimate stands
+        with pytest.raises(RateLimited):
+            await http.post("/b", json=PROMPT)  # the tokens refuse: no permit taken either
+    assert len(seen) == 1
+    assert await requests.available_permits() == 9
+    assert await tokens.available_permits() == 50
+
+
+async def test_httpx_settles_for_more_and_a_custom_estimate_and_usage(store: Any) -> None:
+    requests, tokens = await meters(store)
+    answers = [httpx.Response(200, json={"used": 700})]
+    async with client(
+        requests,
+        provider(answers, []),
+        tokens=tokens,
+        estimate=lambda request: 200,
+        usage=lambda response: response.json()["used"],
+    ) as http:
+        await http.post("/a", json=PROMPT)
+    assert await tokens.available_permits() == 1000 - 700
+
+
+async def test_httpx_a_refused_call_hands_its_tokens_back_before_the_retry(store: Any) -> None:
+    # (a clock that moves: on one held still, a grant at the very instant of one settled to
+    # nothing, in a log left empty, is named as that one was, and its settle read as a resend)
+    requests, tokens = await meters(store, clock=Ticking())
+    answers = [
+        httpx.Response(429, json={"error": "slow down"}, headers={"retry-after": "0"}),
+        httpx.Response(200, json={"usage": {"total_tokens": 30}}),
+    ]
+    seen: list[httpx.Request] = []
+    async with client(requests, provider(answers, seen), tokens=tokens) as http:
+        response = await http.post("/a", json=PROMPT)
+    assert (response.status_code, len(seen)) == (200, 2)
+    assert await tokens.available_permits() == 1000 - 30
+
+
+async def test_httpx_syncs_both_limiters_from_openai_headers(store: Any) -> None:
+    requests, tokens = await meters(store)
+    headers = {
+        "x-ratelimit-remaining-requests": "3",
+        "x-ratelimit-reset-requests": "6m0s",
+        "x-ratelimit-remaining-tokens": "400",
+        "x-ratelimit-reset-tokens": "20s",
+    }
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        await http.post("/a", json=PROMPT)
+    assert await requests.available_permits() == 3
+    assert await tokens.available_permits() == 400
+
+
+@pytest.mark.parametrize(
+    ("remaining", "reset"),
+    [("-5", "1s"), ("9" * 400, "1s"), ("5", "9999-01-01T00:00:00Z"), ("x", "nan"), ("5", "-1s")],
+)
+async def test_httpx_hostile_quota_headers_are_bounded_or_ignored(
+    store: Any, remaining: str, reset: str
+) -> None:
+    requests, tokens = await meters(store)
+    headers = {"x-ratelimit-remaining-tokens": remaining, "x-ratelimit-reset-tokens": reset}
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        response = await http.post("/a", json=PROMPT)
+    assert response.status_code == 200
+    assert 0 <= await tokens.available_permits() <= 1000 - 30
+
+
+async def test_the_clients_refuse_what_cannot_be_metered(store: Any) -> None:
+    requests, tokens = await meters(store)
+    sharded = ShardedRateLimiter("sharded", requests.backend, shards=2)
+    with pytest.raises(InvalidArgumentError, match="ShardedRateLimiter"):
+        RateLimitedTransport(sharded, tokens=tokens)
+    with pytest.raises(InvalidArgumentError, match="go with tokens="):
+        RateLimitedTransport(requests, estimate=lambda request: 1)
+    with pytest.raises(InvalidArgumentError, match="another limiter"):
+        RateLimitedClientMiddleware(requests, tokens=requests)
+    with pytest.raises(InvalidArgumentError, match="tokens must be a RateLimiter"):
+        RateLimitedClientMiddleware(requests, tokens=sharded)  # type: ignore[arg-type]
+    answers = [httpx.Response(200, json={})]
+    async with client(
+        requests, provider(answers, []), tokens=tokens, estimate=lambda request: -1
+    ) as http:
+        with pytest.raises(InvalidArgumentError, match="estimate"):
+            await http.post("/a", json=PROMPT)
+    assert await requests.available_permits() == 10
+
+
+# -- aiohttp ------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def anthropic() -> AsyncIterator[TestServer]:
+    """A provider that answers with Anthropic's usage and rate-limit headers."""
+    reset = (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat()
+
+    async def messages(request: web.Request) -> web.Response:
+        await request.json()
+        headers = {
+            "anthropic-ratelimit-tokens-remaining": "600",
+            "anthropic-ratelimit-tokens-reset": reset,
+            "anthropic-ratelimit-requests-remaining": "4",
+            "anthropic-ratelimit-requests-reset": reset,
+        }
+        usage = {"input_tokens": 12, "output_tokens": 20}
+        return web.json_response({"usage": usage}, headers=headers)
+
+    async def plain(request: web.Request) -> web.Response:
+        return web.json_response({"usage": {"total_tokens": 25}})
+
+    app = web.Application()
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/plain", plain)
+    async with TestServer(app, host="127.0.0.1") as server:
+        yield server
+
+
+async def test_aiohttp_settles_the_usage_and_syncs_from_anthropic_headers(
+    store: Any, anthropic: TestServer
+) -> None:
+    requests, tokens = await meters(store)
+    middleware = RateLimitedClientMiddleware(requests, tokens=tokens)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        async with session.post(anthropic.make_url("/v1/plain"), json=PROMPT) as response:
+            assert await response.json() == {"usage": {"total_tokens": 25}}
+        assert await tokens.available_permits() == 1000 - 25
+        async with session.post(anthropic.make_url("/v1/messages"), json=PROMPT) as response:
+            assert response.status == 200
+            assert (await response.json())["usage"]["output_tokens"] == 20  # read again
+    assert await tokens.available_permits() == 600
+    assert await requests.available_permits() == 4
+
+
+async def test_aiohttp_takes_the_permit_and_the_tokens_all_or_nothing(
+    store: Any, anthropic: TestServer
+) -> None:
+    requests, tokens = await meters(store, tokens=AIOHTTP_ESTIMATE + 10)
+    assert await tokens.try_acquire(20)
+    middleware = RateLimitedClientMiddleware(requests, tokens=tokens, timeout=0)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        with pytest.raises(RateLimited):
+            await session.post(anthropic.make_url("/v1/plain"), json=PROMPT)
+    assert await requests.available_permits() == 10
