@@ -5,7 +5,7 @@ quota: ``processes`` x ``tasks`` callers, each sending calls of a random prompt 
 - ``settle``: before the call, ``acquire_all`` one request and prompt + ``max_tokens``
   tokens (one task per process asks at a time, reserving at most ``horizon`` s ahead,
   else asking again after at most that long); when the answer comes, the tokens grant is settled to
-  ``usage.total_tokens`` (what was not used goes back at once); a 429 hands both back;
+  ``usage.total_tokens`` (what was not used goes back at once); a 429's grants are kept;
 - ``worst-case``: the same reservation, never settled: every call counts its prompt +
   ``max_tokens`` for a whole window;
 - ``after``: before the call, one request only; after it, the call's ``usage.total_tokens``
@@ -178,7 +178,11 @@ class ReserveSettle:
         await settle(held, used, self.tpm)
 
     async def refused(self, held: Any) -> None:
-        await held.release()
+        # Kept, not handed back: a 429 says the provider counts more than the limiter did
+        # (requests that arrived late in its window), and the kept grant covers the
+        # difference until it ages out, where handing it back would let the next caller
+        # meet the same 429.
+        pass
 
     async def close(self) -> None:
         await self.backend.aclose()
