@@ -23,6 +23,10 @@ TINY = {
     "redis_cost.py": ["--limiters", "50", "--requests", "64", "--rounds", "1", "--reference"],
     "memory.py": ["--grants", "200", "--at", "1000"],
     "stress.py": ["--only", "window", "--window-grants", "2000"],
+    "tokens.py": [
+        *("--windows", "1", "--processes", "1", "--tasks", "2", "--window", "0.5"),
+        *("--tpm", "10000", "--rpm", "50", "--only", "settle"),
+    ],
     "leases.py": ["--tasks", "4", "--limit", "2", "--seconds", "0.3"],
     "partner.py": [
         "--duration",

@@ -1,0 +1,94 @@
+"""Tokens per minute: reserve, then settle, against a provider that charges the way LLM
+providers document it.
+
+    python benchmarks/tokens.py                   # ~4 min: 4 processes x 32 tasks, 20 windows
+    python benchmarks/tokens.py --windows 5 --only settle
+
+The provider (``tools/llm_provider.py``) keeps ``--tpm`` tokens and ``--rpm`` requests per
+``--window`` s, each in its own sliding window by arrival; a request's prompt + ``max_tokens``
+is charged when it arrives and adjusted to its ``usage`` when it completes; past a quota it
+answers 429 with ``Retry-After`` and ``x-ratelimit-*`` headers. ``usage`` is skewed: a call
+completes ``max_tokens * r**3`` tokens (a quarter of ``max_tokens`` on average) and takes
+the matching share of 10..100 ms. The window stands for a minute: 200,000 tokens and 400
+requests per 2 s are 6,000,000 TPM and 12,000 RPM with calls of 0.3..3 s.
+
+``--processes`` x ``--tasks`` callers (one redis-server on a free 127.0.0.1 port) send calls
+of a uniform 100..900-token prompt and ``max_tokens`` 1024, one way after the other
+(``tools/token_trial.py`` says exactly what each does): (a) ``settle``: reserve prompt +
+``max_tokens`` with the request, settle to ``usage.total_tokens``; (b) ``worst-case``: the
+same reservation, never settled; (c) ``after``: one request before the call, its usage
+taken after it; (d) ``limits``: limits' moving window charging the worst case (its
+``hit(cost=...)`` cannot be handed back), "n/a (not installed)" without the package. The
+aiolimit limiters get the provider's quotas with ``--margin`` s added to their interval. For
+each: the tokens used per window as a share of the tokens quota (mean, and the lowest
+window), the requests per window as a share of the requests quota, and the 429s.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from _harness import Table, local_redis, machine, parser, report, say
+
+from tools.token_trial import STRATEGIES, TokenTrial, available, run
+
+LABELS = {
+    "settle": "(a) reserve prompt + max_tokens, settle to usage",
+    "worst-case": "(b) reserve prompt + max_tokens, never settle",
+    "after": "(c) charge usage after the call",
+    "limits": "(d) limits moving window, hit(cost=prompt + max_tokens)",
+}
+
+
+def main() -> None:
+    arguments = parser(__doc__)
+    arguments.add_argument("--processes", type=int, default=4)
+    arguments.add_argument("--tasks", type=int, default=32, help="per process")
+    arguments.add_argument("--tpm", type=int, default=200_000, help="tokens per window")
+    arguments.add_argument("--rpm", type=int, default=400, help="requests per window")
+    arguments.add_argument("--window", type=float, default=2.0, help="seconds (2)")
+    arguments.add_argument("--windows", type=int, default=20, help="steady windows per run")
+    arguments.add_argument("--margin", type=float, default=0.05, help="seconds (0.05)")
+    arguments.add_argument("--only", choices=STRATEGIES, action="append", help="repeatable")
+    args = arguments.parse_args()
+    table = Table(["caller", "tokens per window", "lowest window", "requests per window", "429s"])
+    rows: list[dict[str, Any]] = []
+    with local_redis() as url:
+        heading = machine(url)
+        for strategy in args.only or STRATEGIES:
+            if not available(strategy):
+                say(f"{strategy}: not installed, left out (pip install -e '.[bench]')")
+                table.add(LABELS[strategy], "n/a (not installed)", "", "", "")
+                continue
+            say(f"{strategy}: {(args.windows + 1) * args.window:g} s")
+            spec = TokenTrial(
+                url,
+                strategy=strategy,
+                processes=args.processes,
+                tasks=args.tasks,
+                tpm=args.tpm,
+                rpm=args.rpm,
+                window=args.window,
+                windows=args.windows,
+                margin=args.margin,
+                prefix=f"bench-tokens-{strategy}",
+            )
+            result = run(spec)
+            table.add(
+                LABELS[strategy],
+                f"{result.token_share:.1%}",
+                f"{result.lowest_token_share:.1%}",
+                f"{result.request_share:.1%}",
+                result.refused,
+            )
+            rows.append({"strategy": strategy, **result.__dict__})
+    table.title = (
+        f"{args.processes} processes x {args.tasks} tasks, {args.tpm:,} tokens and {args.rpm:,} "
+        f"requests per {args.window:g} s window, {args.windows} windows per caller, "
+        f"margin {args.margin * 1000:g} ms"
+    )
+    report(args, heading, [table], {"runs": rows})
+
+
+if __name__ == "__main__":
+    main()
