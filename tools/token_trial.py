@@ -191,7 +191,7 @@ class ReserveSettle:
 
 async def settle(acquired: Any, used: int, tpm: Any) -> None:
     """Settles the tokens grant of ``acquired`` (the second of ``acquire_all``) to ``used``."""
-    await tpm.backend.settle(tpm.name, acquired.attempts[1].member, used)
+    await acquired.settle(used, limiter=tpm)
 
 
 class WorstCase(ReserveSettle):
@@ -220,11 +220,19 @@ class ChargeAfter(ReserveSettle):
 class LimitsWorstCase:
     """(d) limits' moving window: the worst case hit before the call (it cannot settle)."""
 
+    storage: Any
+    limiter: Any
+    tokens: Any
+    requests: Any
+    key: str
+
     @classmethod
     async def open(cls, spec: TokenTrial) -> LimitsWorstCase:
-        from limits import RateLimitItemPerSecond
-        from limits.aio.storage import RedisStorage
-        from limits.aio.strategies import MovingWindowRateLimiter
+        from limits import RateLimitItemPerSecond  # type: ignore[import-not-found,unused-ignore]
+        from limits.aio.storage import RedisStorage  # type: ignore[import-not-found,unused-ignore]
+        from limits.aio.strategies import (  # type: ignore[import-not-found,unused-ignore]
+            MovingWindowRateLimiter,
+        )
 
         if spec.window != int(spec.window):
             raise ValueError("limits' items count whole seconds")
