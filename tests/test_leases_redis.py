@@ -141,3 +141,18 @@ async def test_eight_processes_never_exceed_the_limit_and_keep_fifo_order(
     assert len({s.fence for s in stamps}) == len(stamps)
     assert sum(s.queued is not None for s in stamps) > len(stamps) // 2  # most waited
     assert out_of_order(stamps) == []
+
+
+async def test_a_free_slot_is_leased_at_once_with_a_timeout(redis, name):
+    # The first try_lease(timeout>0) of a process, a slot free: it closed its waiter by
+    # waiting for the waker's BLPOP to end, which the client library lets go of only when
+    # its block is up: about a second for a slot that was free all along.
+    sem = ConcurrencyLimiter(name, RedisBackend(redis))
+    await sem.try_set_limit(2)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    lease = await sem.try_lease(timeout=5)
+    took = loop.time() - began
+    assert lease is not None
+    await lease.release()
+    assert took < 0.5, f"a free slot took {took:.3f} s"

@@ -67,8 +67,15 @@ class _Waiter:
 
     async def aclose(self) -> None:
         ending = self._waker.remove(self)
-        if ending is not None:  # its BLPOP, ended: waited for, so no task outlives the call
-            await asyncio.gather(ending, return_exceptions=True)
+        if ending is not None:
+            # Its BLPOP ends in the background: the client library lets go of a BLPOP
+            # cancelled while it connects only when its block is up (a second), which a
+            # caller granted at once must not wait for.
+            _ending.add(ending)
+            ending.add_done_callback(_ending.discard)
+
+
+_ending: set[asyncio.Task[None]] = set()  # wakers' tasks ending (referenced until they end)
 
 
 class _Waker:
