@@ -31,7 +31,7 @@ from ._types import (
     Rates,
     RateType,
 )
-from .backends import Backend, MemoryBackend
+from .backends import Backend, Grant, MemoryBackend, Refusal
 from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
@@ -60,6 +60,7 @@ __all__ = [
     "ConcurrencyConfig",
     "ConcurrencyLimiter",
     "Duration",
+    "Grant",
     "InvalidArgumentError",
     "Lease",
     "LeaseLostError",
@@ -74,6 +75,7 @@ __all__ = [
     "RateType",
     "Rates",
     "RedisBackend",
+    "Refusal",
     "ShardedRateLimiter",
     "__version__",
     "acquire_all",
