@@ -382,7 +382,7 @@ async def test_a_change_of_algorithm_clears_the_state_even_with_keep_state(store
     await assert_stored_keys(store, 5 if new is SLIDING else 1)
     await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=True)  # same: kept
     assert await limiter.available_permits() == 3
-    await limiter.set_rate(OVERALL, rates, algorithm=new)  # keep_state=False: cleared
+    await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=False)  # cleared
     assert await limiter.available_permits() == 4
 
 
@@ -735,8 +735,8 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
     assert await limiter.try_acquire(2)
     assert await limiter.update_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
     assert await limiter.available_permits() == 0
-    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm)
-    assert await limiter.available_permits() == 6  # without keep_state: afresh
+    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=False)
+    assert await limiter.available_permits() == 6  # afresh
     await assert_stored_keys(store, 1)
     if store.is_redis:
         assert "state" not in await config_fields(store, name)

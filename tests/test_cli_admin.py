@@ -198,7 +198,7 @@ def test_list_scans_config_keys_never_keys_and_reads_odd_names(capsys, url):
 # -- set-rate, delete ---------------------------------------------------------------------------
 
 
-def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, name):
+def test_set_rate_writes_the_rate_keeps_the_grants_and_reset_state_forgets_them(capsys, url, name):
     code, out, _ = aiolimit(capsys, url, "set-rate", name, "5/second")
     assert (code, out) == (0, f"{name}: 5/second (SLIDING_WINDOW, OVERALL)\n")
 
@@ -209,12 +209,13 @@ def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, n
         return await RateLimiter(name, backend).available_permits()
 
     on_server(url, take_three)
-    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20 / minute", "--keep-state")
-    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL), state kept\n")
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20 / minute")
+    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL)\n")
     assert on_server(url, available) == 17
-    code, _, _ = aiolimit(capsys, url, "set-rate", name, "20/minute")
-    assert code == 0
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20/minute", "--reset-state")
+    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL), state reset\n")
     assert on_server(url, available) == 20
+    assert aiolimit(capsys, url, "set-rate", name, "20/minute", "--keep-state")[0] == 0
 
 
 def test_set_rate_writes_several_rates_an_algorithm_and_a_spacing(capsys, url, name):

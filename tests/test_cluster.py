@@ -96,8 +96,8 @@ async def test_grants_refuses_releases_and_resets_on_cluster(
     assert await limiter.available_permits() == 2
     assert await limiter.update_rate(RateType.OVERALL, 4, 30)
     assert await limiter.available_permits() == 1
-    # without keep_state the budget restarts full
-    await limiter.set_rate(RateType.OVERALL, 4, 30)
+    # keep_state=False: the budget restarts full
+    await limiter.set_rate(RateType.OVERALL, 4, 30, keep_state=False)
     assert await limiter.available_permits() == 4
     config = await limiter.get_config()
     assert config is not None and config.rate == 4

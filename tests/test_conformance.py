@@ -335,18 +335,18 @@ async def test_release_hands_back_only_this_clients_per_client_grants(store, nam
 # -- configuration ------------------------------------------------------------------------------
 
 
-async def test_set_rate_without_keep_state_restarts_every_budget_full(store, name):
+async def test_set_rate_with_keep_state_false_restarts_every_budget_full(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
     await a.set_rate(PER_CLIENT, 3, 10)
     assert await a.try_acquire(3)
     assert await b.try_acquire(2)
-    await a.set_rate(PER_CLIENT, 3, 10)
+    await a.set_rate(PER_CLIENT, 3, 10, keep_state=False)
     assert await a.available_permits() == 3
     assert await b.available_permits() == 3
     await a.set_rate(OVERALL, 3, 10)
     assert await a.try_acquire(3)
-    await b.set_rate(OVERALL, 4, 10)
+    await b.set_rate(OVERALL, 4, 10, keep_state=False)
     assert await a.available_permits() == 4
 
 

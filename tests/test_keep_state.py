@@ -300,7 +300,7 @@ async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
     for rate in (5, 20):
-        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to)
+        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to, keep_state=False)
         starts = [grant.starts_at for grant in queued]
         starts += [grant.starts_at for grant in await reservations(backend, name, 30)]
         largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
@@ -320,7 +320,7 @@ async def test_a_reset_with_nothing_queued_forgets_what_was_used(store, name, al
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
     await reservations(backend, name, 20)
-    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm)
+    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm, keep_state=False)
     assert await limiter.available_permits() == 5
 
 
@@ -341,7 +341,7 @@ async def test_a_reset_counts_each_clients_reservations_against_its_new_budget(
     queued = await reservations(waiting, name, 20)
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
-    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to)
+    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to, keep_state=False)
     starts = [grant.starts_at for grant in queued]
     starts += [grant.starts_at for grant in await reservations(waiting, name, 30)]
     largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)

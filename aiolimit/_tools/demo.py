@@ -255,7 +255,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
     try:
         # set_rate, not try_set_rate: start from a full budget whatever an earlier run left.
-        await limiter.set_rate(RateType.OVERALL, args.rate, args.interval)
+        await limiter.set_rate(RateType.OVERALL, args.rate, args.interval, keep_state=False)
         print(
             f"aiolimit demo: {plural(args.workers, 'worker')} "
             f"{'shares' if args.workers == 1 else 'share'} limiter "
