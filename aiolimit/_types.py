@@ -15,13 +15,23 @@ Duration = float | int | timedelta
 
 __all__ = [
     "MAX_DURATION",
+    "MAX_DURATION_SECONDS",
     "MAX_RATE",
+    "MAX_RATES",
     "Algorithm",
     "Duration",
     "Rate",
     "RateLimiterConfig",
     "RateType",
     "Rates",
+    "accepted",
+    "check_name",
+    "check_text",
+    "clock_micros",
+    "exceeds_max_duration",
+    "rates_of",
+    "shown",
+    "to_micros",
 ]
 
 # Lua numbers are doubles, exact for integers up to 2**53. Every number the scripts see stays
@@ -33,7 +43,7 @@ MAX_RATE = 2**50
 MAX_DURATION = timedelta(days=3650)
 """The longest ``interval``, ``keep_alive`` and ``expire`` ttl; a longer timeout waits
 as long as it takes."""
-_MAX_SECONDS = int(MAX_DURATION.total_seconds())
+MAX_DURATION_SECONDS = int(MAX_DURATION.total_seconds())
 _MAX_CLOCK_US = 2**53  # the scripts add durations to clock readings; past 2**53 they round
 
 
@@ -180,7 +190,7 @@ def _interval(count: str | None, unit: int) -> Duration:
     if count is None:
         return unit
     seconds = Decimal(count) * unit
-    if seconds > _MAX_SECONDS or not seconds:
+    if seconds > MAX_DURATION_SECONDS or not seconds:
         return float(seconds)  # refused by Rate, naming MAX_DURATION (or "not positive")
     return timedelta(microseconds=math.ceil(seconds * 1_000_000))
 
@@ -423,7 +433,7 @@ def to_micros(value: Duration, what: str) -> int:
         raise InvalidArgumentError(f"{what} must be seconds or a timedelta, not {value!r}")
     if isinstance(value, float) and not math.isfinite(value):  # (huge ints overflow isfinite)
         raise InvalidArgumentError(f"{what} must be finite, not {value!r}")
-    if not -_MAX_SECONDS <= value <= _MAX_SECONDS:
+    if not -MAX_DURATION_SECONDS <= value <= MAX_DURATION_SECONDS:
         raise _too_long(value, what)
     return math.ceil(value * 1_000_000 - 1e-6)
 
@@ -434,7 +444,7 @@ def exceeds_max_duration(value: object) -> bool:
         return value > MAX_DURATION
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
-    return value > _MAX_SECONDS  # False for NaN
+    return value > MAX_DURATION_SECONDS  # False for NaN
 
 
 def _too_long(value: Duration, what: str) -> InvalidArgumentError:

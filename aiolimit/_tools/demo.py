@@ -28,7 +28,16 @@ from .options import masked, server_options
 from .text import plural, shown
 from .window import busiest_window
 
-__all__ = ["LoopLag", "Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
+__all__ = [
+    "LoopLag",
+    "Run",
+    "add_arguments",
+    "allowed_by_rate",
+    "masked",
+    "positive_int",
+    "run",
+    "verdict",
+]
 
 _BAR_WIDTH = 20
 # A stamp is taken a little after its grant (scheduling, the reply's trip back), and not

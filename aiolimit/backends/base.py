@@ -25,6 +25,8 @@ __all__ = [
     "Settlement",
     "Started",
     "breaker_of",
+    "call_timeout",
+    "hand_backs_failed",
 ]
 
 log = logging.getLogger("aiolimit")

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from ...backends.redis._keys import escape_tag
 
-__all__ = ["SYNTAX", "NamePattern", "is_glob", "names"]
+__all__ = ["SYNTAX", "NamePattern", "is_glob", "names", "redis_escape"]
 
 _SPECIAL = "*?["
 SYNTAX = "* ? [abc] [^a-z], \\ before a character to take it as it is"

@@ -38,6 +38,7 @@ __all__ = [
     "Client",
     "Reservations",
     "Snapshot",
+    "budget_state",
     "inspect_limiter",
     "limiter_names",
     "unescape_tag",

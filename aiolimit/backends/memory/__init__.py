@@ -13,10 +13,14 @@ from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
 from ...errors import (
     InvalidArgumentError,
     NotConfiguredError,
+)
+from .._protocol import (
+    check_settle,
+    check_sync,
     over_rate_error,
+    parse_grant,
     queue_full_error,
 )
-from .._protocol import check_settle, check_sync, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement
 from ._algorithm import Group
 from ._fixed_window import FixedWindow
