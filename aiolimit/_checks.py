@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ._types import MAX_DURATION_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from ._types import MAX_RATE
+from ._values import MAX_DURATION_SECONDS, Duration, exceeds_max_duration, shown, to_micros
 from .errors import InvalidArgumentError
 
 __all__ = ["check_permits", "max_wait_of"]

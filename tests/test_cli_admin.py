@@ -27,7 +27,7 @@ from test_cluster import masters_holding
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
-from aiolimit._tools.admin.reading import limiter_names
+from aiolimit._tools.admin.glob import limiter_names
 from aiolimit.backends.base import Grant
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot

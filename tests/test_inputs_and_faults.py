@@ -36,7 +36,7 @@ from aiolimit import (
     RedisBackend,
     ShardedRateLimiter,
 )
-from aiolimit._types import to_micros
+from aiolimit._values import to_micros
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.asgi import RateLimitMiddleware
 from aiolimit.backends._protocol import MAX_BATCH

@@ -366,7 +366,7 @@ async def test_a_client_the_resets_clean_up_has_not_reached_keeps_its_reservatio
     async def stopped(*args: object) -> None:
         pass
 
-    monkeypatch.setattr(RedisBackend, "_retire", stopped)
+    monkeypatch.setattr("aiolimit.backends.redis.retire_clients", stopped)
     await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=FIXED)
     [first] = await reservations(waiting, name, 1)
     assert first.starts_at >= queued[-1].starts_at + 1_000_000  # the window after theirs

@@ -13,7 +13,7 @@ from .. import _observe
 from .._acquire import Acquired, acquire
 from .._checks import max_wait_of
 from .._limiter import RateLimiter
-from .._types import Duration, shown, to_micros
+from .._values import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT

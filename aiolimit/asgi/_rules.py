@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from .._types import Algorithm, Rate, RateType, accepted, check_name, rates_of, shown
+from .._types import Algorithm, Rate, RateType, accepted, rates_of
+from .._values import check_name, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 

@@ -17,8 +17,7 @@ from ...errors import NotConfiguredError
 from ..options import masked
 from ..text import plural, seconds, shown
 from .connect import Abort, command, name_argument, no_limiter, seconds_argument
-from .glob import SYNTAX, is_glob
-from .reading import limiter_names
+from .glob import SYNTAX, is_glob, limiter_names
 from .show import rates
 
 __all__ = ["BLOCK", "DELETE", "SET_RATE", "UNBLOCK"]
