@@ -1,4 +1,4 @@
-"""``set_rate(..., keep_state=True)`` to a longer interval (issue 15, item 12): the grants
+"""``set_rate(..., keep_state=True)`` to a longer interval: the grants
 still inside the new window keep counting, for OVERALL and PER_CLIENT alike, on every backend
 of the conformance suite and every algorithm.
 
@@ -58,12 +58,12 @@ async def _windows_then_longer(store, clock, limiter, rate_type, grants, release
 @ALGORITHMS
 @RATE_TYPES
 @pytest.mark.parametrize(
-    ("interval", "after", "longer"), [(1, 1.5, 10), (100, 150, 1000)], ids=["issue", "long"]
+    ("interval", "after", "longer"), [(1, 1.5, 10), (100, 150, 1000)], ids=["seconds", "long"]
 )
 async def test_a_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
     store, name, algorithm, rate_type, interval, after, longer
 ):
-    # Issue 15, item 12, as it was reported ("issue"): 10 grants under 10 per 1 s; 1.5 s later
+    # ("seconds"): 10 grants under 10 per 1 s; 1.5 s later
     # (past the old window; Redis's keys age with the clock) the rate becomes 10 per 10 s,
     # keeping the state. The windows still count the 10 grants: nothing more is admitted
     # until they leave the new window. A token bucket was full again (its 10 tokens came back

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cluster_keys import HOSTILE_NAMES, masters_holding
 from conformance import ManualClock
 from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
-from test_cluster import HOSTILE_NAMES, masters_holding
 
 from aiolimit import (
     BackendError,
