@@ -33,7 +33,7 @@ from ._types import (
     Rates,
     RateType,
 )
-from .backends import Backend, MemoryBackend
+from .backends import Backend, Grant, MemoryBackend, Refusal
 from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
@@ -62,6 +62,7 @@ __all__ = [
     "ConcurrencyConfig",
     "ConcurrencyLimiter",
     "Duration",
+    "Grant",
     "InFlight",
     "InvalidArgumentError",
     "Lease",
@@ -77,6 +78,7 @@ __all__ = [
     "RateType",
     "Rates",
     "RedisBackend",
+    "Refusal",
     "Settled",
     "ShardedRateLimiter",
     "__version__",

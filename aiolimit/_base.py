@@ -155,11 +155,11 @@ class _Limiter:
         margin: Duration | None = None,
         keep_alive: Duration | None = None,
         max_debt: int | None = None,
-        keep_state: bool = False,
+        keep_state: bool = True,
     ) -> None:
-        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. Without
-        ``keep_state`` every budget restarts full; with it, what was granted keeps counting
-        (a change of rate type or algorithm always clears the state)."""
+        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. What was
+        granted keeps counting; ``keep_state=False`` restarts every budget full (a change of
+        rate type or algorithm always starts afresh)."""
         config = RateLimiterConfig.build(
             rate_type,
             rate,
@@ -185,8 +185,8 @@ class _Limiter:
         max_debt: int | None = None,
     ) -> bool:
         """Makes sure the stored config is this one: writes it where there is none, and
-        rewrites a stored one that differs, keeping what was granted (as ``set_rate(...,
-        keep_state=True)``); returns whether it wrote. For code that owns its limits (the
+        rewrites a stored one that differs, keeping what was granted (as :meth:`set_rate`
+        does); returns whether it wrote. For code that owns its limits (the
         ASGI middleware's rules): an unchanged config costs two reads, no write."""
         asked = RateLimiterConfig.build(
             rate_type,
@@ -219,7 +219,8 @@ class _Limiter:
         max_debt: int | None = None,
         keep_state: bool = True,
     ) -> bool:
-        """Like :meth:`set_rate`, but only when a config exists (returns False otherwise)."""
+        """Like :meth:`set_rate` (what was granted keeps counting; ``keep_state=False``
+        restarts every budget full), but only when a config exists (returns False otherwise)."""
         config = RateLimiterConfig.build(
             rate_type,
             rate,

@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from .errors import BackendError, InvalidArgumentError
 
-__all__ = ["Breaker", "BreakerPolicy", "Breakers", "charge", "enter_all"]
+__all__ = ["DEFAULT_POLICY", "Breaker", "BreakerPolicy", "Breakers", "charge", "enter_all"]
 
 log = logging.getLogger("aiolimit")
 

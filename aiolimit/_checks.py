@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from ._types import _MAX_SECONDS, MAX_RATE, Duration, exceeds_max_duration, shown, to_micros
+from ._types import MAX_RATE
+from ._values import MAX_DURATION_SECONDS, Duration, exceeds_max_duration, shown, to_micros
 from .errors import InvalidArgumentError
 
 __all__ = ["check_permits", "check_sync", "max_wait_of"]
@@ -17,7 +18,7 @@ def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
 
     A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
     long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
-    if timeout.__class__ is int and 0 <= timeout <= _MAX_SECONDS:  # (0: the default)
+    if timeout.__class__ is int and 0 <= timeout <= MAX_DURATION_SECONDS:  # (0: the default)
         return timeout * 1_000_000
     if timeout is None or exceeds_max_duration(timeout):
         return None

@@ -11,7 +11,7 @@ from typing import Any
 
 from . import _observe
 from ._lease import Lease
-from ._types import Duration, check_name, to_micros
+from ._values import Duration, check_name, to_micros
 from .backends import Backend
 from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
 from .errors import InvalidArgumentError, RateLimited

@@ -1,40 +1,52 @@
+"""What a limiter is configured with: its rate type, algorithm and rates (:class:`Rate`, read
+from text by :meth:`Rate.parse`), gathered in a :class:`RateLimiterConfig`."""
+
 from __future__ import annotations
 
 import enum
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from decimal import Decimal
 
+from ._values import (
+    MAX_DURATION,
+    Duration,
+    check_name,
+    exceeds_max_duration,
+    interval_of,
+    micros,
+    shown,
+    to_micros,
+    unit_seconds,
+)
 from .errors import InvalidArgumentError
 
-Duration = float | int | timedelta
-"""Seconds as a number, or a :class:`~datetime.timedelta`."""
-
+# (Duration, MAX_DURATION and the value checks live in _values; the limiters' base and the
+# HTTP calls take them from here with the types.)
 __all__ = [
     "MAX_DURATION",
     "MAX_RATE",
+    "MAX_RATES",
     "Algorithm",
     "Duration",
     "Rate",
     "RateLimiterConfig",
     "RateType",
     "Rates",
+    "accepted",
+    "check_name",
+    "exceeds_max_duration",
+    "rates_of",
+    "shown",
+    "to_micros",
 ]
 
 # Lua numbers are doubles, exact for integers up to 2**53. Every number the scripts see stays
 # below that: rates and permits up to 2**50 leave a margin of 8 for the permits a budget holds
-# in queued reservations, and durations up to ten years in microseconds (3.2e14) leave room to
-# add them to a clock reading (1.8e15 today).
+# in queued reservations (durations: _values).
 MAX_RATE = 2**50
 """The largest ``rate`` and ``permits``."""
-MAX_DURATION = timedelta(days=3650)
-"""The longest ``interval``, ``keep_alive`` and ``expire`` ttl; a longer timeout waits
-as long as it takes."""
-_MAX_SECONDS = int(MAX_DURATION.total_seconds())
-_MAX_CLOCK_US = 2**53  # the scripts add durations to clock readings; past 2**53 they round
 
 
 def _member_named(kind: type[enum.Enum], value: object) -> enum.Enum | None:
@@ -86,26 +98,10 @@ class Algorithm(str, enum.Enum):
         return _member_named(cls, value)  # type: ignore[return-value]
 
 
-_UNITS = {
-    "s": 1, "sec": 1, "second": 1,
-    "m": 60, "min": 60, "minute": 60,
-    "h": 3600, "hr": 3600, "hour": 3600,
-    "d": 86400, "day": 86400,
-}  # fmt: skip
 _RATE_TEXT = re.compile(
     r"^\s*(?P<permits>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
     re.IGNORECASE,
 )
-
-
-def _unit_seconds(word: str) -> int | None:
-    """Seconds in a unit word: second(s), sec(s), s, minute(s), min(s), m, ... ("ms" is not
-    minutes: it is refused)."""
-    if word in _UNITS:
-        return _UNITS[word]
-    if len(word) > 2 and word.endswith("s"):
-        return _UNITS.get(word[:-1])
-    return None
 
 
 @dataclass(frozen=True)
@@ -157,14 +153,14 @@ class Rate:
             if not part.strip():
                 continue
             match = _RATE_TEXT.match(part)
-            unit = match and _unit_seconds(match["unit"].lower())
+            unit = match and unit_seconds(match["unit"].lower())
             if match is None or unit is None:
                 raise InvalidArgumentError(
                     f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
                     "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
                 )
             try:
-                rates.append(cls(int(match["permits"]), _interval(match["count"], unit)))
+                rates.append(cls(int(match["permits"]), interval_of(match["count"], unit)))
             except InvalidArgumentError as exc:
                 raise InvalidArgumentError(
                     f"the rate {part.strip()!r} in {text!r}: {exc}"
@@ -172,17 +168,6 @@ class Rate:
         if not rates:
             raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
         return tuple(rates)
-
-
-def _interval(count: str | None, unit: int) -> Duration:
-    """``count`` units read exactly (decimal text, not a float), rounded up to a whole
-    microsecond, so the text :meth:`Rate.__str__` writes reads back as the same interval."""
-    if count is None:
-        return unit
-    seconds = Decimal(count) * unit
-    if seconds > _MAX_SECONDS or not seconds:
-        return float(seconds)  # refused by Rate, naming MAX_DURATION (or "not positive")
-    return timedelta(microseconds=math.ceil(seconds * 1_000_000))
 
 
 Rates = int | str | Rate | Sequence[Rate]
@@ -404,88 +389,3 @@ def check_max_debt(max_debt: object) -> int | None:
             f"{shown(max_debt)}"
         )
     return max_debt
-
-
-def micros(delta: timedelta) -> int:
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
-
-
-def to_micros(value: Duration, what: str) -> int:
-    """Converts a public duration to integer microseconds (rounded up: never shorter).
-
-    Durations beyond 10 years either way (:data:`MAX_DURATION`) are refused before any
-    arithmetic, so no value overflows or becomes an integer the scripts cannot hold."""
-    if isinstance(value, timedelta):
-        if not -MAX_DURATION <= value <= MAX_DURATION:
-            raise _too_long(value, what)
-        return micros(value)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentError(f"{what} must be seconds or a timedelta, not {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):  # (huge ints overflow isfinite)
-        raise InvalidArgumentError(f"{what} must be finite, not {value!r}")
-    if not -_MAX_SECONDS <= value <= _MAX_SECONDS:
-        raise _too_long(value, what)
-    return math.ceil(value * 1_000_000 - 1e-6)
-
-
-def exceeds_max_duration(value: object) -> bool:
-    """Whether ``value`` is a duration (seconds or timedelta) longer than MAX_DURATION."""
-    if isinstance(value, timedelta):
-        return value > MAX_DURATION
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return value > _MAX_SECONDS  # False for NaN
-
-
-def _too_long(value: Duration, what: str) -> InvalidArgumentError:
-    return InvalidArgumentError(
-        f"{what} must be at most 10 years (MAX_DURATION) either way, not {shown(value)}"
-    )
-
-
-def shown(value: object) -> str:
-    """``repr(value)``, but short for huge ints (whose repr may even raise ValueError)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"an int of {value.bit_length()} bits"
-    return repr(value)
-
-
-def clock_micros(reading: object) -> int:
-    """A clock reading (seconds) as integer microseconds; InvalidArgumentError unless it is a
-    finite number the scripts can hold exactly."""
-    if (
-        isinstance(reading, bool)
-        or not isinstance(reading, (int, float))
-        or not abs(reading) < _MAX_CLOCK_US / 1_000_000  # False for NaN and infinities
-    ):
-        raise InvalidArgumentError(
-            f"the backend's clock returned {shown(reading)}, not a finite time in seconds "
-            f"(below {_MAX_CLOCK_US // 1_000_000} in magnitude)"
-        )
-    return round(reading * 1_000_000)
-
-
-def check_text(value: object, what: str) -> str:
-    """A non-empty str that encodes as strict UTF-8 (what Redis keys and arguments are
-    sent as); InvalidArgumentError otherwise, before anything is sent."""
-    if not isinstance(value, str) or not value:
-        raise InvalidArgumentError(f"{what} must be a non-empty str, not {shown(value)}")
-    try:
-        value.encode()
-    except UnicodeEncodeError as exc:
-        raise InvalidArgumentError(
-            f"{what} must encode as UTF-8: {value!r} holds {value[exc.start]!r} at index "
-            f"{exc.start} ({exc.reason})"
-        ) from None
-    return value
-
-
-def check_name(name: object) -> str:
-    """A limiter name: non-empty UTF-8 text without NUL, which shard names use."""
-    name = check_text(name, "name")
-    if "\x00" in name:
-        raise InvalidArgumentError(
-            f"name must not contain NUL ('\\x00'; sub-limiters of ShardedRateLimiter use it), "
-            f"not {name!r}"
-        )
-    return name

@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "BackendError",
     "InvalidArgumentError",
+    "LeaseLostError",
     "LimiterError",
     "NotConfiguredError",
     "RateLimited",
@@ -75,21 +76,3 @@ class LeaseLostError(LimiterError):
         super().__init__(f"concurrency limiter {name!r} lost lease {lease_id}")
         self.name = name
         self.lease_id = lease_id
-
-
-# The texts both backends give for the same trouble (the scripts report a code; the memory
-# backend finds it itself): written once, so the two never drift.
-
-
-def over_rate_error(permits: int, rate: int) -> InvalidArgumentError:
-    """A request for more permits than the (smallest) rate allows at once."""
-    return InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
-
-
-def queue_full_error(name: str, permits: int) -> BackendError:
-    """A request whose grant would make a budget hold more than the scripts count exactly."""
-    return BackendError(
-        f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
-        "more than 2**53, which the scripts cannot count exactly",
-        outage=False,
-    )

@@ -12,7 +12,6 @@ This module imports Starlette (FastAPI's base); :mod:`aiolimit.asgi` imports no 
 from __future__ import annotations
 
 import inspect
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,16 +77,8 @@ class RateLimit:
         error_retry_after: Duration = 1,
         headers: bool = True,
         legacy_headers: bool = False,
-        cost: int | PermitsFunc | None = None,
         detail: DetailFunc | None = None,
     ) -> None:
-        if cost is not None:
-            warnings.warn(
-                "RateLimit(cost=...) is deprecated: write RateLimit(permits=...)",
-                DeprecationWarning,
-                2,
-            )
-            permits = cost
         key = _scope_key(key)
         rule = Rule(name, rates, key=key, permits=permits, algorithm=algorithm)
         self._detail = detail

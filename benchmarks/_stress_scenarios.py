@@ -337,8 +337,10 @@ async def per_client(sc: Scenario, url: str, args: argparse.Namespace) -> None:
         )
         await admin_call(
             "set_rate",
-            f"set_rate(PER_CLIENT, {CLIENT_RATE}, {CLIENT_INTERVAL})",
-            lambda: limiter.set_rate(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL),
+            f"set_rate(PER_CLIENT, {CLIENT_RATE}, {CLIENT_INTERVAL}, keep_state=False)",
+            lambda: limiter.set_rate(
+                RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL, keep_state=False
+            ),
         )
         registered = int(await admin.zcard(f"{PREFIX}{{{name}}}:clients"))
         if registered < n:  # set_rate cleared them: give delete() its N clients back

@@ -35,7 +35,8 @@ PING process have no socket timeout, so a stalled server shows in full.
    permits zset per grant.
 3. PER_CLIENT admin at scale: rate 10 per 60 s; ``--clients`` N (5 000; ``--full``
    100 000) take
-   a permit each, then expire(3600), clear_expire(), update_rate(20/60), set_rate(10/60) and
+   a permit each, then expire(3600), clear_expire(), update_rate(20/60), set_rate(10/60,
+   keep_state=False) and
    delete() act on all of them (wall time, outcome, longest script). set_rate clears every
    client, so the clients take a permit again before delete(); then the keys left (SCAN).
    Last, update_rate and delete over N clients while another task brings 1 000 new client

@@ -9,14 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
 import pytest
 
-from aiolimit import Backend, RateLimiter, RedisBackend
+from aiolimit import Backend, Observer, RateLimiter, RedisBackend
 from aiolimit.backends import Grant
 from tools import busiest_window
 
@@ -37,6 +37,26 @@ async def until(
         assert now() < deadline, f"{what}: still {value!r} after {within} s"
         await asyncio.sleep(0.01)
     return value
+
+
+class Sleepers(Observer):
+    """The callers of this process sleeping out a reservation, per limiter name (what the
+    observer's ``queued`` reports): the barrier for waiters started as tasks, which hold a
+    reservation once they sleep (the ``asleep`` fixture attaches one for a test)."""
+
+    def __init__(self) -> None:
+        self.by_name: Counter[str] = Counter()
+
+    def queued(self, name: str, change: int) -> None:
+        self.by_name[name] += change
+
+    async def reach(self, name: str, count: int) -> None:
+        """Waits until ``count`` callers of limiter ``name`` sleep out their reservations."""
+
+        async def sleeping() -> int:
+            return self.by_name[name]
+
+        await until(sleeping, lambda n: n >= count, f"{count} callers of {name!r} asleep")
 
 
 @contextlib.asynccontextmanager

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from conformance import LoopLag
+from conformance import LoopLag, Sleepers
 from redis.asyncio import Redis
 from servers import valkey_server_binary
 
+import aiolimit
 from aiolimit import Backend, MemoryBackend, RedisBackend
 from tools import LocalRedis
 
@@ -39,6 +40,23 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def redis_server() -> Iterator[LocalRedis]:
     with LocalRedis() as server:
         yield server
+
+
+@pytest.fixture
+def asleep() -> Iterator[Sleepers]:
+    """Counts this process's callers sleeping out a reservation, for the test's duration."""
+    sleepers = Sleepers()
+    previous = aiolimit.observe(sleepers)
+    try:
+        yield sleepers
+    finally:
+        aiolimit.observe(previous)
+
+
+@pytest.fixture
+def url(redis_server: LocalRedis) -> str:
+    """The session's redis-server, as the commands' ``--redis`` takes it."""
+    return redis_server.url
 
 
 @pytest.fixture(scope="session")

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import aiolimit
 
-__all__ = ["find_cycle", "import_graph"]
+__all__ = ["ROOT", "find_cycle", "import_graph", "package_modules", "resolve_from"]
 
 ROOT = Path(aiolimit.__file__).resolve().parent
 
 
-def _modules() -> dict[str, tuple[Path, bool]]:
+def package_modules() -> dict[str, tuple[Path, bool]]:
     """Every module of the package: its dotted name, its file, whether it is a package."""
     modules = {}
     for path in ROOT.rglob("*.py"):
@@ -32,22 +32,27 @@ def _modules() -> dict[str, tuple[Path, bool]]:
     return modules
 
 
-def _targets(name: str, package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
-    """The dotted names an import statement of module ``name`` reaches for."""
-    if isinstance(node, ast.Import):
-        return [alias.name for alias in node.names]
+def resolve_from(name: str, package: bool, node: ast.ImportFrom) -> str:
+    """The dotted module a ``from ... import`` statement of module ``name`` imports from."""
     if node.level:
         parts = name.split(".") if package else name.split(".")[:-1]
         parts = parts[: len(parts) - node.level + 1]
     else:
         parts = []
-    base = ".".join(parts + ([node.module] if node.module else []))
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def _targets(name: str, package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The dotted names an import statement of module ``name`` reaches for."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = resolve_from(name, package, node)
     return [base, *(f"{base}.{alias.name}" for alias in node.names)]
 
 
 def import_graph() -> dict[str, set[str]]:
     """Each aiolimit module, with the aiolimit modules it imports."""
-    modules = _modules()
+    modules = package_modules()
     graph: dict[str, set[str]] = {}
     for name, (path, package) in modules.items():
         imported: set[str] = set()

@@ -23,7 +23,8 @@ from servers import valkey_server_binary
 import aiolimit
 from aiolimit import Algorithm, BackendError, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import cli
-from aiolimit._tools.admin.reading import budget_state, inspect_limiter, limiter_names
+from aiolimit._tools.admin.glob import limiter_names
+from aiolimit._tools.admin.reading import budget_state, inspect_limiter
 from aiolimit.backends.redis._acl import (
     ADMIN_COMMANDS,
     CLIENT_COMMANDS,

@@ -50,7 +50,7 @@ ALLOWED: dict[str, set[str]] = {
         '"token_bucket",',
         '"fixed_window",',
     },
-    "aiolimit/backends/memory/__init__.py": {
+    "aiolimit/backends/memory/_budgets.py": {
         "from ._fixed_window import FixedWindow",
         "from ._sliding import SlidingLog",
         "from ._token_bucket import TokenBucket",

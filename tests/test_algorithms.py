@@ -1,4 +1,4 @@
-"""Several rates on one limiter, a minimum spacing, and the three algorithms (issue 10), on
+"""Several rates on one limiter, a minimum spacing, and the three algorithms, on
 every backend of the conformance suite: memory (virtual time: exact), fakeredis, a real
 redis-server and a real Valkey (real time: short intervals, the suite's tolerances).
 
@@ -16,6 +16,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from cluster_keys import masters_holding
 from conformance import (
     assert_stored_keys,
     manual_clock,
@@ -27,7 +28,6 @@ from conformance import (
     when_free,
 )
 from redis.asyncio import RedisCluster
-from test_cluster import masters_holding
 
 from aiolimit import (
     Algorithm,
@@ -382,7 +382,7 @@ async def test_a_change_of_algorithm_clears_the_state_even_with_keep_state(store
     await assert_stored_keys(store, 5 if new is SLIDING else 1)
     await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=True)  # same: kept
     assert await limiter.available_permits() == 3
-    await limiter.set_rate(OVERALL, rates, algorithm=new)  # keep_state=False: cleared
+    await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=False)  # cleared
     assert await limiter.available_permits() == 4
 
 
@@ -701,7 +701,7 @@ async def test_an_overall_counter_keeps_its_state_in_the_config_hash(store, name
 @COUNTERS
 @pytest.mark.parametrize("store", ["redis"], indirect=True)
 async def test_an_overall_counter_takes_at_most_200_bytes_of_redis_memory(store, algorithm):
-    # Issue 10's target, as benchmarks/memory.py measures it: a name of 18
+    # The size of a counter's state, as benchmarks/memory.py measures it: a name of 18
     # characters, a rate of 100 000 per hour, every permit of it taken.
     name = f"mem-{algorithm.value}-1"
     assert len(name) == 18
@@ -735,8 +735,8 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
     assert await limiter.try_acquire(2)
     assert await limiter.update_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
     assert await limiter.available_permits() == 0
-    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm)
-    assert await limiter.available_permits() == 6  # without keep_state: afresh
+    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=False)
+    assert await limiter.available_permits() == 6  # afresh
     await assert_stored_keys(store, 1)
     if store.is_redis:
         assert "state" not in await config_fields(store, name)

@@ -877,9 +877,11 @@ async def test_several_rates_on_one_rule_are_each_enforced_and_announced() -> No
         assert int(refused.headers["retry-after"]) == 59
 
 
-def test_cost_is_the_deprecated_name_of_permits() -> None:
-    with pytest.warns(DeprecationWarning, match="permits="):
-        rule = Rule("old", "5/second", cost=2)
+def test_a_rule_and_the_dependency_take_permits_under_that_name_only() -> None:
+    rule = Rule("uploads", "5/second", permits=2)
     assert rule.permits == 2
-    with pytest.warns(DeprecationWarning, match="permits="):
-        RateLimit("old", "5/second", backend=MemoryBackend(), cost=2)
+    assert not hasattr(rule, "cost")
+    with pytest.raises(TypeError, match="cost"):
+        Rule("uploads", "5/second", cost=2)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="cost"):
+        RateLimit("uploads", "5/second", backend=MemoryBackend(), cost=2)  # type: ignore[call-arg]

@@ -1,6 +1,6 @@
 """The HTTP edge as an attacker and a real deployment meet it: forwarding headers a client
 wrote, apps behind ``root_path`` and a ``Mount``, HEAD on GET routes, IPv6 peers, the policy
-a RateLimit field names, and costs an app computes wrongly.
+a RateLimit field names, and permits an app computes wrongly.
 
 Through ``httpx.ASGITransport`` under looptime (fake loop time), and through a real uvicorn
 where the server's own scope is the point (``--root-path``, an IPv6 peer, a 500's log line).
@@ -86,7 +86,7 @@ def limit_field(response: httpx.Response) -> dict[str, Any]:
     return {name: params for name, params in parsed}
 
 
-# -- item 2: Forwarded quote injection ------------------------------------------------------------
+# -- Forwarded quote injection -------------------------------------------------------------------
 
 PROXY = "10.0.0.1"
 SEEN_BY_PROXY = "203.0.113.7"
@@ -171,7 +171,7 @@ async def test_injected_forwarded_addresses_through_the_middleware_share_one_bud
     assert endpoint.runs == 3
 
 
-# -- item 3: paths relative to root_path ----------------------------------------------------------
+# -- paths relative to root_path -----------------------------------------------------------------
 
 
 @looptime
@@ -221,7 +221,7 @@ def test_a_rule_sees_the_path_starlette_routes() -> None:
     assert api.matches(scope("/api/items", "/v1"))
 
 
-# -- item 4: HEAD on a GET rule -------------------------------------------------------------------
+# -- HEAD on a GET rule --------------------------------------------------------------------------
 
 
 @looptime
@@ -277,7 +277,7 @@ async def test_a_real_deployment_root_path_mount_head_and_a_hostile_forwarded_he
     assert endpoint.runs == 3
 
 
-# -- item 5: IPv6 and the spellings of one address ------------------------------------------------
+# -- IPv6 and the spellings of one address -------------------------------------------------------
 
 
 def test_every_spelling_of_an_address_is_one_key() -> None:
@@ -347,7 +347,7 @@ async def test_an_ipv6_peer_through_uvicorn_counts_in_its_network() -> None:
     assert await RateLimiter("pc", backend.with_client("::/56")).available_permits() == 0
 
 
-# -- item 13: the field names the policy that binds -----------------------------------------------
+# -- the field names the policy that binds -------------------------------------------------------
 
 
 @looptime
@@ -491,7 +491,7 @@ async def test_a_failed_read_of_the_binding_policy_still_serves_the_request() ->
     assert endpoint.runs == 2
 
 
-# -- item 14: a callable cost the app got wrong ---------------------------------------------------
+# -- callable permits the app got wrong ----------------------------------------------------------
 
 
 @pytest.mark.parametrize(("cost", "says"), [(-1, "-1"), (4, "exceeds the rate")])

@@ -51,13 +51,13 @@ async def test_a_block_holds_back_every_client_of_a_per_client_limiter(store, na
 
 
 @pytest.mark.slow
-async def test_reservations_made_before_a_block_move_behind_it(store, name):
+async def test_reservations_made_before_a_block_move_behind_it(store, name, asleep):
     limiter = await configured(store, name, 2, 0.5)
     assert await limiter.try_acquire(2)
     waiter = asyncio.create_task(limiter.acquire())  # reserved 0.5 s after the grant
-    await asyncio.sleep(0.1)
+    await asleep.reach(name, 1)  # the waiter holds its reservation
     before = now()
-    await limiter.block(1.0)  # until 1.1 s after the grant, later than the reservation
+    await limiter.block(1.0)  # later than the reservation
     blocked = before, now()  # the store read its clock within the call
     await waiter
     tol = tolerance(store)
@@ -66,17 +66,17 @@ async def test_reservations_made_before_a_block_move_behind_it(store, name):
 
 
 @pytest.mark.slow
-async def test_a_block_in_another_process_moves_this_ones_reservations(store, name):
+async def test_a_block_in_another_process_moves_this_ones_reservations(store, name, asleep):
     limiter = await configured(store, name, 2, 0.5)
     assert await limiter.try_acquire(2)
     other = RateLimiter(name, new_client(store))
+    waiter = asyncio.create_task(limiter.acquire())  # reserved 0.5 s after the grant
+    await asleep.reach(name, 1)  # the waiter holds its reservation
     start = now()
-    waiter = asyncio.create_task(limiter.acquire())
-    await asyncio.sleep(0.1)
     await other.block(0.2)  # once blocked, this limiter's sleepers look when they wake
     await other.block(1.0)
     await waiter
-    assert now() >= start + 1.1 - tolerance(store).early
+    assert now() >= start + 1.0 - tolerance(store).early
 
 
 async def test_a_shorter_block_never_shortens_a_longer_one(store, name):
@@ -116,18 +116,19 @@ async def test_block_checks_its_argument_and_needs_a_config(store, name):
 
 
 @pytest.mark.slow
-async def test_a_block_set_elsewhere_stops_a_reservation_made_before_any_block(store, name):
-    # Issue 15.11: 14 tasks on 10/second, a 3 s block from the CLI: 14 grants still given
-    # during the block, since only a process that had itself blocked looked again on waking.
-    # Here the block comes through another client's backend, as from another process.
+async def test_a_block_set_elsewhere_stops_a_reservation_made_before_any_block(store, name, asleep):
+    # A block from another process (the CLI) must stop the reservations made before it:
+    # 14 tasks on 10/second and a 3 s block would otherwise see 14 grants during the block, if
+    # only a process that had itself blocked looked again on waking. Here the block comes
+    # through another client's backend, as from another process.
     limiter = await configured(store, name, 2, 0.5)
     assert await limiter.try_acquire(2)
+    waiter = asyncio.create_task(limiter.acquire())  # reserved 0.5 s on, never blocked
+    await asleep.reach(name, 1)  # the waiter holds its reservation
     start = now()
-    waiter = asyncio.create_task(limiter.acquire())  # reserved at start + 0.5, never blocked
-    await asyncio.sleep(0.1)
-    assert await new_client(store).block(name, 1_000_000) > 0  # until start + 1.1
+    assert await new_client(store).block(name, 1_000_000) > 0  # until start + 1.0
     await waiter
-    assert now() >= start + 1.1 - tolerance(store).early, "granted inside the block"
+    assert now() >= start + 1.0 - tolerance(store).early, "granted inside the block"
 
 
 async def test_unblock_ends_a_block_at_once_in_every_process(store, name):

@@ -11,24 +11,22 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import os
 import re
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 import redis as sync_redis
-from redis.asyncio import Redis, RedisCluster
-from test_cluster import masters_holding
+from cluster_keys import masters_holding
+from commands import aiolimit, field, full_with_a_reservation, on_server, run_command
+from redis.asyncio import RedisCluster
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
-from aiolimit._tools.admin.reading import limiter_names
-from aiolimit.backends.base import Grant
+from aiolimit._tools.admin.glob import limiter_names
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot
 from tools import LocalRedis, free_port
@@ -36,56 +34,14 @@ from tools.cluster import Cluster, cluster_client
 
 pytest_plugins = ["cluster_fixtures"]
 
-T = TypeVar("T")
 ACL_PAGE = Path(__file__).resolve().parent.parent / "docs" / "deployments.md"
-
-
-def on_server(
-    url: str, work: Callable[[RedisBackend], Awaitable[T]], prefix: str = "aiolimit:"
-) -> T:
-    """Runs ``work`` on a backend of the server at ``url``, in an event loop of its own."""
-
-    async def run() -> T:
-        redis = Redis.from_url(url)
-        try:
-            return await work(RedisBackend(redis, prefix=prefix))
-        finally:
-            await redis.aclose()
-
-    return asyncio.run(run())
-
-
-def aiolimit(capsys: pytest.CaptureFixture[str], url: str, *args: str) -> tuple[int, str, str]:
-    code = cli.main([*args, "--redis", url])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def field(out: str, label: str) -> str:
-    (line,) = [line for line in out.splitlines() if line.startswith(f"{label} ")]
-    return line[len(label) :].strip()
-
-
-@pytest.fixture
-def url(redis_server: LocalRedis) -> str:
-    return redis_server.url
 
 
 # -- inspect ------------------------------------------------------------------------------------
 
 
-async def _full_with_a_reservation(backend: RedisBackend, name: str) -> Grant:
-    limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.OVERALL, 10, 60)
-    assert await limiter.try_acquire(10)
-    reserved = await backend.try_acquire(name, 3, None)  # starts in about 60 s; no sleep
-    assert isinstance(reserved, Grant) and reserved.starts_in > 59_000_000
-    assert await limiter.expire(300)
-    return reserved
-
-
 def test_inspect_shows_config_permits_reservations_memory_and_slot(capsys, url, name):
-    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    on_server(url, lambda backend: full_with_a_reservation(backend, name))
     code, out, err = aiolimit(capsys, url, "inspect", name)
     assert (code, err) == (0, "")
     assert field(out, "limiter") == name
@@ -112,7 +68,7 @@ async def _slot(backend: RedisBackend, name: str) -> int:
 
 
 def test_inspect_json_carries_the_same_figures(capsys, url, name):
-    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    on_server(url, lambda backend: full_with_a_reservation(backend, name))
     code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
     assert code == 0
     shown = json.loads(out)
@@ -198,7 +154,7 @@ def test_list_scans_config_keys_never_keys_and_reads_odd_names(capsys, url):
 # -- set-rate, delete ---------------------------------------------------------------------------
 
 
-def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, name):
+def test_set_rate_writes_the_rate_keeps_the_grants_and_reset_state_forgets_them(capsys, url, name):
     code, out, _ = aiolimit(capsys, url, "set-rate", name, "5/second")
     assert (code, out) == (0, f"{name}: 5/second (SLIDING_WINDOW, OVERALL)\n")
 
@@ -209,12 +165,13 @@ def test_set_rate_writes_the_rate_and_keep_state_keeps_the_grants(capsys, url, n
         return await RateLimiter(name, backend).available_permits()
 
     on_server(url, take_three)
-    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20 / minute", "--keep-state")
-    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL), state kept\n")
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20 / minute")
+    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL)\n")
     assert on_server(url, available) == 17
-    code, _, _ = aiolimit(capsys, url, "set-rate", name, "20/minute")
-    assert code == 0
+    code, out, _ = aiolimit(capsys, url, "set-rate", name, "20/minute", "--reset-state")
+    assert (code, out) == (0, f"{name}: 20/minute (SLIDING_WINDOW, OVERALL), state reset\n")
     assert on_server(url, available) == 20
+    assert aiolimit(capsys, url, "set-rate", name, "20/minute", "--keep-state")[0] == 0
 
 
 def test_set_rate_writes_several_rates_an_algorithm_and_a_spacing(capsys, url, name):
@@ -343,17 +300,6 @@ def test_delete_exact_takes_a_glob_s_characters_as_a_name(capsys, monkeypatch, u
 # -- errors -------------------------------------------------------------------------------------
 
 
-def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aiolimit", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -449,7 +395,7 @@ def acl_url() -> Iterator[str]:
 def test_the_readme_s_acl_user_can_run_every_command(capsys, acl_url, name):
     assert aiolimit(capsys, acl_url, "set-rate", name, "3/minute", "--type", "per_client")[0] == 0
     on_server(acl_url, lambda backend: _three_clients(backend, f"{name}-clients"))
-    on_server(acl_url, lambda backend: _full_with_a_reservation(backend, name + "-full"))
+    on_server(acl_url, lambda backend: full_with_a_reservation(backend, name + "-full"))
     for args in (
         ["inspect", name + "-full"],
         ["inspect", f"{name}-clients"],

@@ -13,22 +13,17 @@ import sys
 
 import pytest
 import redis as sync_redis
-from test_cli_admin import field, on_server, run_command
+from commands import field, on_server, run_command
 
 from aiolimit import Algorithm, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import cli
-from tools import LocalRedis, free_port
+from tools import free_port
 
 
 def aiolimit(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = cli.main(list(args))
     out, err = capsys.readouterr()
     return code, out, err
-
-
-@pytest.fixture
-def url(redis_server: LocalRedis) -> str:
-    return redis_server.url
 
 
 @pytest.fixture

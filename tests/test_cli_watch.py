@@ -17,9 +17,8 @@ import threading
 from typing import Any
 
 import pytest
+from commands import aiolimit, full_with_a_reservation, on_server
 from conformance import until
-from test_cli_admin import _full_with_a_reservation, aiolimit, on_server
-from test_cli_admin import url as url  # (the fixture)
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
 from aiolimit._tools import cli
@@ -79,7 +78,7 @@ WATCH_LINE = re.compile(
 
 
 def test_watch_prints_one_plain_line_per_tick_when_not_a_tty(capsys, url, name):
-    on_server(url, lambda backend: _full_with_a_reservation(backend, name))
+    on_server(url, lambda backend: full_with_a_reservation(backend, name))
     code, out, err = aiolimit(capsys, url, "watch", name, "--count", "3", "--interval", "0.1")
     assert (code, err) == (0, "")
     assert "\x1b" not in out and "\r" not in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cluster_keys import HOSTILE_NAMES, masters_holding
 from conformance import LoopLag, Tolerance, now
 from redis.asyncio import RedisCluster
 
@@ -16,28 +17,6 @@ from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
 from tools.cluster import Cluster
 
 pytest_plugins = ["cluster_fixtures"]
-
-HOSTILE_NAMES = [
-    "{braces}",
-    "a}b{c",
-    "{}",
-    "with  spaces ",
-    "ünïcödé 限流 🚦",
-    "x" * 300,
-    "%7B%",
-    "key:{tag}:x",
-    "tab\tnew\nline",
-]
-
-
-def masters_holding(cluster: Cluster) -> dict[str, int]:
-    """Each key stored on a master -> that master's port (asked of the servers themselves)."""
-    where: dict[str, int] = {}
-    for port in cluster.master_ports():
-        with cluster.node(port).admin() as client:
-            for key in client.keys("*"):
-                where[key] = port
-    return where
 
 
 def test_cluster_runs_three_masters_each_with_a_replica(redis_cluster: Cluster) -> None:
@@ -96,8 +75,8 @@ async def test_grants_refuses_releases_and_resets_on_cluster(
     assert await limiter.available_permits() == 2
     assert await limiter.update_rate(RateType.OVERALL, 4, 30)
     assert await limiter.available_permits() == 1
-    # without keep_state the budget restarts full
-    await limiter.set_rate(RateType.OVERALL, 4, 30)
+    # keep_state=False: the budget restarts full
+    await limiter.set_rate(RateType.OVERALL, 4, 30, keep_state=False)
     assert await limiter.available_permits() == 4
     config = await limiter.get_config()
     assert config is not None and config.rate == 4

@@ -1,4 +1,4 @@
-"""The behaviour every backend must share (issue 2), through the public API only.
+"""The behaviour every backend must share, through the public API only.
 
 Each test runs on the memory backend (virtual time: exact), fakeredis, a real redis-server and
 a real Valkey (real time: short intervals, tolerances in `conformance.tolerance`).
@@ -23,6 +23,7 @@ from conformance import (
     per_permit,
     take,
     tolerance,
+    until,
     when_free,
 )
 
@@ -99,7 +100,7 @@ async def test_timeout_none_and_acquire_wait_as_long_as_it_takes(store, name):
 
 
 @pytest.mark.slow
-async def test_waiting_tasks_are_served_in_arrival_order(store, name):
+async def test_waiting_tasks_are_served_in_arrival_order(store, name, asleep):
     # Two RateLimiter objects with one name on one backend share one queue.
     backend = store.backend()
     limiter, twin = RateLimiter(name, backend), RateLimiter(name, backend)
@@ -114,7 +115,7 @@ async def test_waiting_tasks_are_served_in_arrival_order(store, name):
     tasks = []
     for i in range(5):
         tasks.append(asyncio.create_task(waiter(i)))
-        await asyncio.sleep(0.02)  # arrivals 20 ms apart, well inside the first wait
+        await asleep.reach(name, i + 1)  # waiter i holds its reservation: arrivals in order
     await asyncio.wait_for(asyncio.gather(*tasks), 5)
     assert served == [0, 1, 2, 3, 4]
 
@@ -181,15 +182,15 @@ async def test_waiters_on_one_limiter_never_delay_waiters_on_another(store, name
 
 
 @pytest.mark.slow
-async def test_cancelled_waiters_hold_no_permits_and_the_others_proceed(store, name):
+async def test_cancelled_waiters_hold_no_permits_and_the_others_proceed(store, name, asleep):
     limiter = await configured(store, name, 2, 0.3)
     granted = await take(limiter, 2)
     head = asyncio.create_task(limiter.acquire(2))
-    await asyncio.sleep(0.02)
+    await asleep.reach(name, 1)
     middle = asyncio.create_task(limiter.acquire(1))
-    await asyncio.sleep(0.02)
+    await asleep.reach(name, 2)
     last = asyncio.create_task(limiter.acquire(1))
-    await asyncio.sleep(0.05)
+    await asleep.reach(name, 3)
     head.cancel()  # sleeping until its permits are free
     middle.cancel()  # waiting for its turn
     await asyncio.gather(head, middle, return_exceptions=True)
@@ -218,10 +219,7 @@ async def test_a_caller_cancelled_while_its_call_is_queued_keeps_no_permits(stor
         assert queued.cancelled(), "cancelled while its script call was queued or in flight"
     # (The memory backend decides without awaiting: both are done before the cancel lands.)
     expected = 2 if queued.cancelled() else 0
-    deadline = now() + 1
-    while await limiter.available_permits() != expected:
-        assert now() < deadline, "a cancelled caller kept its grant"
-        await asyncio.sleep(0.01)
+    await until(limiter.available_permits, lambda n: n == expected, "a cancelled caller's grant")
     assert [await limiter.try_acquire() for _ in range(3)] == [True] * expected + [False] * (
         3 - expected
     )
@@ -239,10 +237,7 @@ async def test_a_task_cancelled_during_its_attempt_keeps_no_permits(store, name)
         assert task.cancelled(), "cancelled while its script call was in flight"
     # (The memory backend decides without awaiting: the task is done before it can be cancelled.)
     expected = 3 if task.cancelled() else 1
-    deadline = now() + 1
-    while await limiter.available_permits() != expected:
-        assert now() < deadline, "a cancelled caller kept its grant"
-        await asyncio.sleep(0.01)
+    await until(limiter.available_permits, lambda n: n == expected, "a cancelled caller's grant")
     assert [await limiter.try_acquire() for _ in range(4)] == [True] * expected + [False] * (
         4 - expected
     )
@@ -335,18 +330,18 @@ async def test_release_hands_back_only_this_clients_per_client_grants(store, nam
 # -- configuration ------------------------------------------------------------------------------
 
 
-async def test_set_rate_without_keep_state_restarts_every_budget_full(store, name):
+async def test_set_rate_with_keep_state_false_restarts_every_budget_full(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
     await a.set_rate(PER_CLIENT, 3, 10)
     assert await a.try_acquire(3)
     assert await b.try_acquire(2)
-    await a.set_rate(PER_CLIENT, 3, 10)
+    await a.set_rate(PER_CLIENT, 3, 10, keep_state=False)
     assert await a.available_permits() == 3
     assert await b.available_permits() == 3
     await a.set_rate(OVERALL, 3, 10)
     assert await a.try_acquire(3)
-    await b.set_rate(OVERALL, 4, 10)
+    await b.set_rate(OVERALL, 4, 10, keep_state=False)
     assert await a.available_permits() == 4
 
 
@@ -749,11 +744,11 @@ async def test_permits_above_the_rate_raise_value_errors_however_they_are_asked(
     assert await limiter.available_permits() == 3
 
 
-async def test_permits_above_the_rate_raise_even_while_others_wait(store, name):
+async def test_permits_above_the_rate_raise_even_while_others_wait(store, name, asleep):
     limiter = await configured(store, name, 2, 10)
     assert await limiter.try_acquire(2)
     waiter = asyncio.create_task(limiter.acquire())
-    await asyncio.sleep(0.05)
+    await asleep.reach(name, 1)
     try:
         with pytest.raises(InvalidArgumentError):
             await limiter.try_acquire(3)
@@ -863,13 +858,13 @@ async def test_try_set_rate_warns_once_when_another_config_is_stored(store, name
     assert (await limiter.get_config()).rate == 5  # the stored config stays
 
 
-async def test_aclose_waits_for_the_hand_backs_of_cancelled_callers(store, name):
+async def test_aclose_waits_for_the_hand_backs_of_cancelled_callers(store, name, asleep):
     backend = store.backend()
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(OVERALL, 1, 10)
     first = await take(limiter)
     waiters = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
-    await asyncio.sleep(0.05)  # all three hold reservations
+    await asleep.reach(name, 3)  # all three hold reservations
     for waiter in waiters:
         waiter.cancel()
     await asyncio.gather(*waiters, return_exceptions=True)

@@ -279,14 +279,15 @@ async def test_polling_clients_never_exceed_the_rate_in_any_window(store, name):
 
 
 async def test_set_rate_resets_the_budget_for_both_rate_types(store, name):
-    # testChangeRate (Redisson reads the value key; we read available_permits)
+    # testChangeRate (Redisson reads the value key; we read available_permits). Redisson's
+    # setRate clears the state, as set_rate does with keep_state=False.
     limiter = RateLimiter(name, store.backend())
     for rate_type in (PER_CLIENT, OVERALL):
         await limiter.set_rate(rate_type, 10, 1)
         assert (await limiter.get_config()).rate == 10
         await limiter.acquire(1)
         assert await limiter.available_permits() == 9
-        await limiter.set_rate(rate_type, 20, 1)
+        await limiter.set_rate(rate_type, 20, 1, keep_state=False)
         assert (await limiter.get_config()).rate == 20
         await limiter.acquire(1)
         assert await limiter.available_permits() == 19

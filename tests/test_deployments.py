@@ -46,7 +46,18 @@ def sentinel_setup() -> Iterator[tuple[LocalRedis, LocalRedis, LocalRedis]]:
     ):
         wait_until(lambda: replica_linked(replica), 10, "the replica to sync")
         wait_until(lambda: sentinel_master_port(sentinel) == master.port, 10, "the sentinel")
+        wait_until(lambda: sentinel_sees_a_replica(sentinel), 15, "the sentinel's replica")
         yield master, replica, sentinel
+
+
+def sentinel_sees_a_replica(sentinel: LocalRedis) -> bool:
+    """Whether the Sentinel knows a replica of ``mymaster`` it could promote (a failover asked
+    before answers NOGOODSLAVE)."""
+    import redis
+
+    with redis.Redis(port=sentinel.port, socket_timeout=2, decode_responses=True) as client:
+        replicas = client.sentinel_slaves("mymaster")
+    return any(r.get("master-link-status") == "ok" and not r.get("is_sdown") for r in replicas)
 
 
 def replica_linked(replica: LocalRedis) -> bool:
@@ -67,7 +78,7 @@ async def test_limiter_keeps_its_state_and_works_after_a_sentinel_failover(
         limiter = RateLimiter("sentinel {api}", RedisBackend(client))
         await limiter.set_rate(RateType.OVERALL, 5, 60)
         assert [await limiter.try_acquire() for _ in range(3)] == [True] * 3
-        await asyncio.sleep(0.1)  # replication of the last grant (asynchronous)
+        assert await client.execute_command("WAIT", 1, 5000) == 1  # the grants replicated
 
         await sentinel.execute_command("SENTINEL", "FAILOVER", "mymaster", once=True)
         await asyncio.to_thread(

@@ -1,6 +1,6 @@
 """Hand-backs (``Backend.release`` of one grant's member) on every backend and algorithm: a
 member names one grant for the limiter's whole life, and handing it back returns only what it
-still holds against the limit (issue 15, item 1); handing it back twice returns it once.
+still holds against the limit; handing it back twice returns it once.
 
 Each test runs on the memory backend (virtual time: exact), fakeredis, a real redis-server and
 a real Valkey (real time: short intervals).
@@ -61,8 +61,8 @@ async def granted(backend: Backend, name: str, most: int = 20) -> int:
 @ALGORITHMS
 @RATE_TYPES
 async def test_a_stale_hand_back_frees_nothing(store, name, algorithm, rate_type):
-    # The issue's repro: 5 per second; 3 grants kept; 1.3 s later 5 more; handing back the 3
-    # old ones gave 3 more permits (8 within milliseconds).
+    # 5 per second; 3 grants kept; 1.3 s later 5 more; handing back the 3 old ones must not
+    # give 3 more permits (8 within milliseconds).
     backend = await configured(store, name, [Rate(5, 1)], algorithm, rate_type)
     await at_window_start(store, 1)  # (fixed windows: the 5 new grants share one)
     old = await grants(backend, name, 3)
@@ -113,7 +113,7 @@ async def test_a_token_bucket_hands_back_only_the_tokens_not_yet_refilled(store,
     assert await backend.available_permits(name) == 5
 
 
-# -- no key per hand-back (item 9) -----------------------------------------------------------------
+# -- no key per hand-back -------------------------------------------------------------------------
 
 
 @pytest.mark.slow

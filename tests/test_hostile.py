@@ -441,7 +441,7 @@ async def test_a_rate_of_10_to_the_14_grants_and_releases_whole_rate_requests(
         await step(limiter.release(big))
         await step(limiter.available_permits())
         await step(limiter.try_acquire(1))
-        await limiter.set_rate(RateType.OVERALL, odd, 60)
+        await limiter.set_rate(RateType.OVERALL, odd, 60, keep_state=False)
         await step(limiter.try_acquire(odd))
         await step(limiter.release(1))
         await step(limiter.available_permits())
@@ -569,8 +569,8 @@ async def test_admin_operations_over_20000_per_client_clients_never_hold_redis_f
             await step(limiter.clear_expire())
             await step(limiter.update_rate(RateType.PER_CLIENT, 20, 60))
             await step(first.available_permits())  # keep_state: its grant still counts
-            await step(limiter.set_rate(RateType.PER_CLIENT, 10, 60))
-            await step(first.available_permits())  # without keep_state: full again
+            await step(limiter.set_rate(RateType.PER_CLIENT, 10, 60, keep_state=False))
+            await step(first.available_permits())  # full again
             await step(limiter.delete())
             entries = slow(await admin.slowlog_get(1024), stretch.end())
         return results, entries, await scan(admin, f"{prefix}{{{name}}}")

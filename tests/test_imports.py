@@ -116,6 +116,14 @@ def test_the_benchmarks_take_their_harness_from_the_lab_not_the_tests() -> None:
         assert wrong == set(), f"{path.name} imports {sorted(wrong)} from tests/"
 
 
+def test_tests_take_shared_helpers_from_helper_modules_not_from_test_modules() -> None:
+    importing = {
+        path.name: sorted(n for n in _imported(path) if n.startswith("test_"))
+        for path in sorted((ROOT / "tests").glob("*.py"))
+    }
+    assert {name: found for name, found in importing.items() if found} == {}
+
+
 # -- the import graph ------------------------------------------------------------------------------
 
 ENGINE = "aiolimit._acquire"

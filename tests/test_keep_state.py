@@ -1,4 +1,4 @@
-"""``set_rate(..., keep_state=True)`` to a longer interval (issue 15, item 12): the grants
+"""``set_rate(..., keep_state=True)`` to a longer interval: the grants
 still inside the new window keep counting, for OVERALL and PER_CLIENT alike, on every backend
 of the conformance suite and every algorithm.
 
@@ -58,12 +58,12 @@ async def _windows_then_longer(store, clock, limiter, rate_type, grants, release
 @ALGORITHMS
 @RATE_TYPES
 @pytest.mark.parametrize(
-    ("interval", "after", "longer"), [(1, 1.5, 10), (100, 150, 1000)], ids=["issue", "long"]
+    ("interval", "after", "longer"), [(1, 1.5, 10), (100, 150, 1000)], ids=["seconds", "long"]
 )
 async def test_a_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
     store, name, algorithm, rate_type, interval, after, longer
 ):
-    # Issue 15, item 12, as it was reported ("issue"): 10 grants under 10 per 1 s; 1.5 s later
+    # ("seconds"): 10 grants under 10 per 1 s; 1.5 s later
     # (past the old window; Redis's keys age with the clock) the rate becomes 10 per 10 s,
     # keeping the state. The windows still count the 10 grants: nothing more is admitted
     # until they leave the new window. A token bucket was full again (its 10 tokens came back
@@ -300,7 +300,7 @@ async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
     for rate in (5, 20):
-        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to)
+        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to, keep_state=False)
         starts = [grant.starts_at for grant in queued]
         starts += [grant.starts_at for grant in await reservations(backend, name, 30)]
         largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
@@ -320,7 +320,7 @@ async def test_a_reset_with_nothing_queued_forgets_what_was_used(store, name, al
     limiter = RateLimiter(name, backend)
     await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
     await reservations(backend, name, 20)
-    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm)
+    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm, keep_state=False)
     assert await limiter.available_permits() == 5
 
 
@@ -341,7 +341,7 @@ async def test_a_reset_counts_each_clients_reservations_against_its_new_budget(
     queued = await reservations(waiting, name, 20)
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
-    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to)
+    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to, keep_state=False)
     starts = [grant.starts_at for grant in queued]
     starts += [grant.starts_at for grant in await reservations(waiting, name, 30)]
     largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
@@ -366,7 +366,7 @@ async def test_a_client_the_resets_clean_up_has_not_reached_keeps_its_reservatio
     async def stopped(*args: object) -> None:
         pass
 
-    monkeypatch.setattr(RedisBackend, "_retire", stopped)
+    monkeypatch.setattr("aiolimit.backends.redis.retire_clients", stopped)
     await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=FIXED)
     [first] = await reservations(waiting, name, 1)
     assert first.starts_at >= queued[-1].starts_at + 1_000_000  # the window after theirs

@@ -1,4 +1,4 @@
-"""The concurrency limiter (issue 31) on every backend: memory (virtual time), fakeredis, a
+"""The concurrency limiter on every backend: memory (virtual time), fakeredis, a
 real redis-server and Valkey. Leases, FIFO waiting, wake-ups, release, renewal and loss."""
 
 from __future__ import annotations

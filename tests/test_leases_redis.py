@@ -1,4 +1,4 @@
-"""The concurrency limiter against a real redis-server, adversarially (issue 31): a holder
+"""The concurrency limiter against a real redis-server, adversarially: a holder
 killed with SIGKILL, a holder whose event loop freezes past its lease, FLUSHALL mid-lease,
 client clocks an hour off, and 8 processes audited from the holders' own stamps."""
 

@@ -1022,7 +1022,7 @@ class Twins:
         ("delete",),
     ],
 )  # fmt: skip
-@example(  # an OVERALL token bucket keeps its missing tokens through keep_state (issue 15.12)
+@example(  # an OVERALL token bucket keeps its missing tokens through keep_state
     first=(
         RateType.OVERALL, 3, INTERVALS_US[0], None,
         Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[1]),), 0,
@@ -1040,7 +1040,7 @@ class Twins:
         ("reserve", "a", 2, "forever"),
     ],
 )  # fmt: skip
-@example(  # a PER_CLIENT bucket converts at its next call through two changes (issue 15.12)
+@example(  # a PER_CLIENT bucket converts at its next call through two changes
     first=(
         RateType.PER_CLIENT, 3, INTERVALS_US[0], None,
         Algorithm.TOKEN_BUCKET, ((4, INTERVALS_US[1]),), 0,

@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from cluster_keys import HOSTILE_NAMES, masters_holding
 from conformance import ManualClock
 from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
-from test_cluster import HOSTILE_NAMES, masters_holding
 
 from aiolimit import (
     BackendError,
@@ -234,7 +234,7 @@ async def test_release_update_expire_and_delete_reach_every_shard() -> None:
     # keep_state: the one grant still counts after raising the rate to 6 (3 per shard)
     assert await limiter.update_rate(RateType.OVERALL, 6, 60)
     assert await limiter.available_permits() == 5
-    await limiter.set_rate(RateType.OVERALL, 6, 60)
+    await limiter.set_rate(RateType.OVERALL, 6, 60, keep_state=False)
     assert await limiter.available_permits() == 6
 
     assert await limiter.expire(30)

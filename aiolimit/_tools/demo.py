@@ -28,7 +28,16 @@ from .options import masked, server_options
 from .text import plural, shown
 from .window import busiest_window
 
-__all__ = ["LoopLag", "Run", "add_arguments", "allowed_by_rate", "masked", "run", "verdict"]
+__all__ = [
+    "LoopLag",
+    "Run",
+    "add_arguments",
+    "allowed_by_rate",
+    "masked",
+    "positive_int",
+    "run",
+    "verdict",
+]
 
 _BAR_WIDTH = 20
 # A stamp is taken a little after its grant (scheduling, the reply's trip back), and not
@@ -255,7 +264,7 @@ async def _demo(args: argparse.Namespace) -> int:
 
     try:
         # set_rate, not try_set_rate: start from a full budget whatever an earlier run left.
-        await limiter.set_rate(RateType.OVERALL, args.rate, args.interval)
+        await limiter.set_rate(RateType.OVERALL, args.rate, args.interval, keep_state=False)
         print(
             f"aiolimit demo: {plural(args.workers, 'worker')} "
             f"{'shares' if args.workers == 1 else 'share'} limiter "

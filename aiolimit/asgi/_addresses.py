@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from itertools import chain
 
-from .._types import shown
+from .._values import shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, Scope
 

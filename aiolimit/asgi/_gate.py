@@ -13,7 +13,7 @@ from .. import _observe
 from .._acquire import Acquired, acquire
 from .._checks import max_wait_of
 from .._limiter import RateLimiter
-from .._types import Duration, shown, to_micros
+from .._values import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
 from ._addresses import UNKNOWN_CLIENT
@@ -59,7 +59,7 @@ class RateLimitStats:
 class _Request(NamedTuple):
     rule: Rule
     limiter: RateLimiter  # the rule's limiter, as the request's client sees it (PER_CLIENT)
-    cost: int
+    permits: int
 
 
 # _Request(...) and Verdict(...) without the Python frame of a named tuple's __new__ (every
@@ -186,11 +186,11 @@ class Gate:
                 client = client or UNKNOWN_CLIENT
                 view = self._clients.get((rule.name, client))  # (a view known: no call)
                 limiter = self._client(rule, client) if view is None else view
-            cost = rule.cost
-            if callable(cost):
-                cost = rule.cost_of(scope)
-            if cost:
-                requests.append(_new_request((rule, limiter, cost)))
+            permits = rule.permits
+            if callable(permits):
+                permits = rule.permits_of(scope)
+            if permits:
+                requests.append(_new_request((rule, limiter, permits)))
         return requests
 
     async def check(self, scope: Scope) -> Verdict:
@@ -202,7 +202,7 @@ class Gate:
                 acquired = await self._acquire(requests)
             except NotConfiguredError as exc:  # deleted or expired since: write it again
                 acquired = await self._acquire_again(requests, exc.name)
-        except InvalidArgumentError:  # a stored config with a lower rate than the cost
+        except InvalidArgumentError:  # a stored config with a lower rate than the permits
             return self._over_budget(requests)
         except LimiterError as exc:
             return self._failed(exc)
@@ -220,18 +220,18 @@ class Gate:
         return _new_verdict((200, 0, items, "", acquired, requests))
 
     def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
-        """The permits of every request at once, through the one permit path (the costs are
-        checked already: by the rule, or by ``Rule.cost_of``); the configs are written first
+        """The permits of every request at once, through the one permit path (the permits are
+        checked already: by the rule, or by ``Rule.permits_of``); the configs are written first
         where this process has not yet. (A coroutine function in all but name.)"""
         configured = self._configuring
         limiters = []
-        costs = []
-        for rule, limiter, cost in requests:  # (a loop: no generators, no comprehensions)
+        permits = []
+        for rule, limiter, count in requests:  # (a loop: no generators, no comprehensions)
             if rule.name not in configured:
                 return self._acquire_configured(requests)
             limiters.append(limiter)
-            costs.append(cost)
-        return acquire(limiters, costs, self._max_wait, _observe.current)
+            permits.append(count)
+        return acquire(limiters, permits, self._max_wait, _observe.current)
 
     async def _acquire_configured(self, requests: list[_Request]) -> Acquired:
         await asyncio.gather(
@@ -252,14 +252,14 @@ class Gate:
         items = [
             refused_item(r.rule, a.retry_in, a.binding)
             if isinstance(a, Refusal)
-            else granted_item(r.rule, a.left + r.cost, a.binding)  # handed back
+            else granted_item(r.rule, a.left + r.permits, a.binding)  # handed back
             for r, a in pairs
         ]
         retry_in = max(a.retry_in for _, a in refused)
         return self._refusal([r.rule for r, _ in refused], retry_in, items)
 
     def _over_budget(self, requests: list[_Request]) -> Verdict:
-        """A cost above the stored config's rate (a config written elsewhere, with a lower
+        """Permits above the stored config's rate (a config written elsewhere, with a lower
         rate than the rule's): refused, to come back after the rules' longest interval."""
         longest = max(rate.interval_us for r in requests for rate in r.rule.rates)
         items = [refused_item(r.rule, longest, 0) for r in requests]
@@ -343,7 +343,7 @@ async def record(scope: Scope, verdict: Verdict) -> None:
     grants = _grants_of(scope)
     if grants:  # refused (429) or unchecked (503): the request is not served
         await asyncio.gather(*(acquired.release() for acquired, _ in grants))
-        back = {r.rule.name: r.cost for _, requests in grants for r in requests}
+        back = {r.rule.name: r.permits for _, requests in grants for r in requests}
         items[:] = [
             item._replace(remaining=item.remaining + back.get(item.rule.name, 0)) for item in items
         ]

@@ -1,12 +1,13 @@
-"""Rules: which requests a limit applies to, what it counts by, and what a request costs."""
+"""Rules: which requests a limit applies to, what it counts by, and the permits a request
+takes."""
 
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Sequence
 
-from .._types import Algorithm, Rate, RateType, accepted, check_name, rates_of, shown
+from .._types import Algorithm, Rate, RateType, accepted, rates_of
+from .._values import check_name, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
@@ -28,7 +29,7 @@ class Rule:
     matches ``/v1/api/items``). ``methods`` are HTTP methods (a websocket connects with
     ``GET``; ``GET`` covers ``HEAD``, which frameworks answer with the GET route); None
     matches all. ``permits`` are what a request takes, or a callable of the scope (0:
-    free); ``cost`` is its old, deprecated name. A callable that returns no int from 0 to
+    free). A callable that returns no int from 0 to
     the rule's rate is a bug of the app: :class:`~aiolimit.InvalidArgumentError` is raised
     (the server logs it and answers 500), never a 429 the client could not have avoided.
     ``algorithm`` None is the library's default. The name is the limiter's name, so a rule
@@ -36,7 +37,7 @@ class Rule:
     names the rule's policy in the header fields, so it is printable ASCII.
     """
 
-    __slots__ = ("algorithm", "cost", "key", "methods", "name", "paths", "rates", "windows")
+    __slots__ = ("algorithm", "key", "methods", "name", "paths", "permits", "rates", "windows")
 
     def __init__(
         self,
@@ -48,13 +49,7 @@ class Rule:
         methods: Iterable[str] | None = None,
         permits: int | PermitsFunc = 1,
         algorithm: Algorithm | str | None = None,
-        cost: int | PermitsFunc | None = None,
     ) -> None:
-        if cost is not None:
-            warnings.warn(
-                "Rule(cost=...) is deprecated: write Rule(permits=...)", DeprecationWarning, 2
-            )
-            permits = cost
         self.name = check_name(name)
         if not all(" " <= char <= "~" for char in name):
             raise InvalidArgumentError(
@@ -71,8 +66,9 @@ class Rule:
             raise InvalidArgumentError(f"paths are prefixes starting with '/', not {self.paths}")
         self.methods = None if methods is None else _methods(methods)
         if not callable(permits):
-            _check_cost(permits, self)
-        self.cost = permits
+            _check_permits(permits, self)
+        self.permits: int | PermitsFunc = permits
+        """The permits a request takes, or the callable of the scope that says them."""
         try:
             self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)
         except ValueError:
@@ -84,11 +80,6 @@ class Rule:
     def __repr__(self) -> str:
         rates = "; ".join(str(rate) for rate in self.rates)
         return f"Rule({self.name!r}, {rates!r}, {self.rate_type.value})"
-
-    @property
-    def permits(self) -> int | PermitsFunc:
-        """The permits a request takes, or the callable of the scope that says them."""
-        return self.cost
 
     @property
     def rate_type(self) -> RateType:
@@ -106,12 +97,12 @@ class Rule:
                 return False
         return True
 
-    def cost_of(self, scope: Scope) -> int:
+    def permits_of(self, scope: Scope) -> int:
         """The permits this request takes; InvalidArgumentError when a callable ``permits``
         returns no int from 0 to the rate (the app's error: no request could pass)."""
-        if callable(self.cost):
-            return _check_cost(self.cost(scope), self, "permits(scope) returned")
-        return self.cost
+        if callable(self.permits):
+            return _check_permits(self.permits(scope), self, "permits(scope) returned")
+        return self.permits
 
     def policies(self) -> list[tuple[str, Rate]]:
         """The rule's quota policies for the header fields: one per rate, named after the
@@ -144,20 +135,20 @@ def route_path(scope: Scope) -> str:
     return path[len(root_path) :] if path[len(root_path)] == "/" else path
 
 
-def _check_cost(cost: object, rule: Rule, what: str = "permits are") -> int:
-    """``cost`` when it is an int from 0 to the rule's rate; else InvalidArgumentError, which
-    names the rule."""
-    if isinstance(cost, bool) or not isinstance(cost, int) or cost < 0:
+def _check_permits(permits: object, rule: Rule, what: str = "permits are") -> int:
+    """``permits`` when it is an int from 0 to the rule's rate; else InvalidArgumentError,
+    which names the rule."""
+    if isinstance(permits, bool) or not isinstance(permits, int) or permits < 0:
         raise InvalidArgumentError(
-            f"rule {rule.name!r}: {what} {shown(cost)}; permits must be an int >= 0"
+            f"rule {rule.name!r}: {what} {shown(permits)}; permits must be an int >= 0"
         )
     most = min(rate.permits for rate in rule.rates)
-    if cost > most:
+    if permits > most:
         raise InvalidArgumentError(
-            f"rule {rule.name!r}: {what} {shown(cost)}, which exceeds the rate of the rule "
+            f"rule {rule.name!r}: {what} {shown(permits)}, which exceeds the rate of the rule "
             f"({most}): no request could ever be granted"
         )
-    return cost
+    return permits
 
 
 def window(rate: Rate) -> int:

@@ -16,6 +16,7 @@ __all__ = [
     "ConcurrencyConfig",
     "LeaseGrant",
     "LeaseHolder",
+    "LeaseMode",
     "LeaseRefusal",
     "LeaseSnapshot",
     "LeaseStore",

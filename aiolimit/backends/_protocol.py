@@ -19,7 +19,7 @@ from datetime import timedelta
 from enum import IntEnum
 
 from .._types import Rate, RateLimiterConfig
-from ..errors import InvalidArgumentError
+from ..errors import BackendError, InvalidArgumentError
 
 __all__ = [
     "COUNTERS_FORMAT",
@@ -42,6 +42,7 @@ __all__ = [
     "format_grant",
     "format_member",
     "format_rates",
+    "over_rate_error",
     "parse_counters",
     "parse_grant",
     "parse_handbacks",
@@ -49,6 +50,7 @@ __all__ = [
     "parse_rates",
     "parse_value",
     "parse_windows",
+    "queue_full_error",
 ]
 
 MAX_EXACT = 2**53 - 1
@@ -246,3 +248,21 @@ def check_sync(remaining: object, reset_us: object) -> tuple[int, int]:
 MAX_SYNC_US = 315_360_000_000_000
 """The longest ``reset_us`` a sync takes (ten years, ``MAX_DURATION``). A sliding window
 and fixed windows count a sync for at most one interval of each rate."""
+
+
+# The texts both backends give for the same trouble (the scripts report a code; the memory
+# backend finds it itself): written once, so the two never drift.
+
+
+def over_rate_error(permits: int, rate: int) -> InvalidArgumentError:
+    """A request for more permits than the (smallest) rate allows at once."""
+    return InvalidArgumentError(f"permits ({permits}) exceed the rate ({rate})")
+
+
+def queue_full_error(name: str, permits: int) -> BackendError:
+    """A request whose grant would make a budget hold more than the scripts count exactly."""
+    return BackendError(
+        f"limiter {name!r} cannot queue {permits} more permits: its log would hold "
+        "more than 2**53, which the scripts cannot count exactly",
+        outage=False,
+    )

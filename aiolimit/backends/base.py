@@ -3,14 +3,13 @@ from __future__ import annotations
 import abc
 import asyncio
 import logging
-import math
 import uuid
 from collections.abc import Generator, Hashable
-from datetime import timedelta
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
-from .._types import Duration, RateLimiterConfig, check_text
+from .._types import RateLimiterConfig
+from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
 from ._clock import ClockMap
 from ._lease import LeaseStore
@@ -25,6 +24,7 @@ __all__ = [
     "Settlement",
     "Started",
     "breaker_of",
+    "hand_backs_failed",
 ]
 
 log = logging.getLogger("aiolimit")
@@ -32,18 +32,6 @@ log = logging.getLogger("aiolimit")
 SetMode = Literal["try", "set", "update"]
 """How ``set_rate`` writes: ``"try"`` only where no config exists, ``"set"`` always,
 ``"update"`` only where one exists."""
-
-
-def call_timeout(timeout: Duration | None) -> float | None:
-    """A backend's ``timeout`` (seconds or timedelta, > 0) as seconds; None (or infinity):
-    no bound of the backend's own."""
-    if isinstance(timeout, timedelta):
-        timeout = timeout.total_seconds()
-    if timeout is None or timeout == math.inf:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise InvalidArgumentError(f"timeout must be seconds > 0 or None, not {timeout!r}")
-    return float(timeout)
 
 
 class Grant(NamedTuple):

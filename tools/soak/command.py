@@ -186,6 +186,7 @@ async def _set_rate(url: str, name: str, rate_type: str, limits: Limits) -> None
             limits.rates,
             algorithm=limits.algorithm,
             min_spacing=limits.min_spacing or None,
+            keep_state=False,  # a run starts from full budgets, whatever an earlier one left
         )
     finally:
         await redis.aclose()

@@ -17,8 +17,7 @@ from ...errors import NotConfiguredError
 from ..options import masked
 from ..text import plural, seconds, shown
 from .connect import Abort, command, name_argument, no_limiter, seconds_argument
-from .glob import SYNTAX, is_glob
-from .reading import limiter_names
+from .glob import SYNTAX, is_glob, limiter_names
 from .show import rates
 
 __all__ = ["BLOCK", "DELETE", "SET_RATE", "UNBLOCK"]
@@ -73,10 +72,18 @@ def _set_rate_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--keep-alive", type=seconds_argument, metavar="SECONDS")
     parser.add_argument("--min-spacing", type=seconds_argument, metavar="SECONDS")
-    parser.add_argument(
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument(
         "--keep-state",
         action="store_true",
-        help="grants made keep counting (default: every budget restarts full)",
+        default=True,
+        help="grants made keep counting (the default)",
+    )
+    kept.add_argument(
+        "--reset-state",
+        action="store_false",
+        dest="keep_state",
+        help="every budget restarts full",
     )
 
 
@@ -104,7 +111,7 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     stored = await limiter.get_config()
     if stored is None:
         raise Abort(f"the config of '{shown(args.name)}' was gone right after it was set")
-    kept = ", state kept" if args.keep_state else ""
+    kept = "" if args.keep_state else ", state reset"
     print(f"{shown(args.name)}: {_described(stored)}{kept}")
     if stored != asked:
         print(

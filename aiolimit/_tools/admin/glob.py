@@ -1,6 +1,7 @@
-"""``aiolimit list PATTERN``: a Redis glob (``*``, ``?``, ``[abc]``, ``[^a-z]``, ``\\x``)
-matched against limiter names, not against the keys they are stored under, which escape
-``%``, ``{`` and ``}`` (``we{ir}d`` is ``{we%7Bir%7Dd}``: ``_keys.escape_tag``).
+"""``aiolimit list PATTERN`` (:func:`limiter_names`): a Redis glob (``*``, ``?``, ``[abc]``,
+``[^a-z]``, ``\\x``) matched against limiter names, not against the keys they are stored
+under, which escape ``%``, ``{`` and ``}`` (``we{ir}d`` is ``{we%7Bir%7Dd}``:
+``_keys.escape_tag``).
 
 The server is asked (SCAN MATCH) only for the pattern's literal start, escaped as stored;
 the whole pattern is then matched here against each name it returns.
@@ -12,11 +13,16 @@ the whole pattern is then matched here against each name it returns.
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator
 from typing import NamedTuple
 
+from ...backends.redis import RedisBackend
 from ...backends.redis._keys import escape_tag
 
-__all__ = ["SYNTAX", "NamePattern", "is_glob", "names"]
+__all__ = ["SYNTAX", "NamePattern", "is_glob", "limiter_names", "names", "unescape_tag"]
+
+_UNESCAPE = re.compile(r"%(25|7B|7D|00)")
+_UNESCAPED = {"25": "%", "7B": "{", "7D": "}", "00": "\x00"}
 
 _SPECIAL = "*?["
 SYNTAX = "* ? [abc] [^a-z], \\ before a character to take it as it is"
@@ -99,3 +105,25 @@ def _bracket(glob: str, index: int) -> tuple[str, int]:
     if not members:
         return ("." if negate else "(?!)"), index
     return f"[{'^' if negate else ''}{''.join(members)}]", index
+
+
+def unescape_tag(tag: str) -> str:
+    """A name as ``escape_tag`` wrote it inside ``{...}``, back as the name."""
+    return _UNESCAPE.sub(lambda match: _UNESCAPED[match[1]], tag)
+
+
+async def limiter_names(backend: RedisBackend, pattern: str = "*") -> AsyncIterator[str]:
+    """The names of the limiters with a config that match the glob ``pattern`` (matched
+    against the names, not their stored keys): SCAN over config keys (never
+    KEYS, which blocks the server), so a name may come twice if the keyspace is resized
+    meanwhile; sorted callers dedupe."""
+    redis = backend.redis
+    prefix = backend.keys("x").tag[: -len("{x}")]  # the prefix, as Keys writes it
+    wanted = names(pattern)
+    match = f"{redis_escape(prefix)}{{{wanted.match}:config"
+    async for key in redis.scan_iter(match=match, count=1000):
+        tag = (key.decode() if isinstance(key, bytes) else str(key))[len(prefix) :]
+        if tag.startswith("{") and tag.endswith("}:config"):
+            name = unescape_tag(tag[1 : -len("}:config")])
+            if wanted.pattern.fullmatch(name):
+                yield name

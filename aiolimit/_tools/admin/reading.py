@@ -1,5 +1,5 @@
 """Looking inside live limiters on a Redis server: the one place that reads their keys for
-the command line (``aiolimit inspect``, ``list``, ``watch``).
+the command line (``aiolimit inspect``, ``watch``; ``list`` finds the names: ``glob.py``).
 
 Key names come from ``Keys`` (docs/redis-layout.md), the config from
 ``RedisBackend.get_config`` and permits available from ``available_permits``, so this keeps
@@ -11,14 +11,12 @@ config hash, counted in the config's memory. A block's time left is the backend'
 ACL line of docs/deployments.md.
 
 >>> snapshot = await inspect_limiter(backend, "partner-api")
->>> async for name in limiter_names(backend, "partner-*"): ...
+>>> state = await budget_state(backend, "partner-api", config, since_us)
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -30,7 +28,6 @@ from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
 from ...backends.redis._compat import is_cluster
 from ...backends.redis._keys import Keys
-from .glob import names, redis_escape
 
 __all__ = [
     "Budget",
@@ -38,21 +35,13 @@ __all__ = [
     "Client",
     "Reservations",
     "Snapshot",
+    "budget_state",
     "inspect_limiter",
-    "limiter_names",
-    "unescape_tag",
 ]
 
 CLIENTS_READ = 1000
 """PER_CLIENT clients read at most (the most recent in the registry)."""
 _RESERVATIONS_READ = 10_000  # reservations whose permits are summed, at most
-_UNESCAPE = re.compile(r"%(25|7B|7D|00)")
-_UNESCAPED = {"25": "%", "7B": "{", "7D": "}", "00": "\x00"}
-
-
-def unescape_tag(tag: str) -> str:
-    """A name as ``escape_tag`` wrote it inside ``{...}``, back as the name."""
-    return _UNESCAPE.sub(lambda match: _UNESCAPED[match[1]], tag)
 
 
 def _text(value: Any) -> str:
@@ -190,23 +179,6 @@ class Snapshot:
             "with_state": self.clients_with_state,
             "busiest": busiest,
         }
-
-
-async def limiter_names(backend: RedisBackend, pattern: str = "*") -> AsyncIterator[str]:
-    """The names of the limiters with a config that match the glob ``pattern`` (matched
-    against the names, not their stored keys: ``glob.py``): SCAN over config keys (never
-    KEYS, which blocks the server), so a name may come twice if the keyspace is resized
-    meanwhile; sorted callers dedupe."""
-    redis = backend.redis
-    prefix = backend.keys("x").tag[: -len("{x}")]  # the prefix, as Keys writes it
-    wanted = names(pattern)
-    match = f"{redis_escape(prefix)}{{{wanted.match}:config"
-    async for key in redis.scan_iter(match=match, count=1000):
-        tag = _text(key)[len(prefix) :]
-        if tag.startswith("{") and tag.endswith("}:config"):
-            name = unescape_tag(tag[1 : -len("}:config")])
-            if wanted.pattern.fullmatch(name):
-                yield name
 
 
 async def inspect_limiter(

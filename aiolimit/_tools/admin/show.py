@@ -12,9 +12,9 @@ from ..._types import RateLimiterConfig
 from ...backends.redis import RedisBackend
 from ..text import plural, seconds, shown, size
 from .connect import command, name_argument, no_limiter
-from .glob import SYNTAX
+from .glob import SYNTAX, limiter_names
 from .leases import leases_json, render_leases
-from .reading import Client, Snapshot, inspect_limiter, limiter_names
+from .reading import Client, Snapshot, inspect_limiter
 
 __all__ = ["INSPECT", "LIST", "blocked", "rates", "render"]
 

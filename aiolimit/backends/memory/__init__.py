@@ -1,7 +1,7 @@
 """The in-process backend: the Lua scripts' algorithms, step for step, in Python.
 
 The operations here are the scripts' (one method per script); each algorithm is a
-:class:`~._algorithm.Group` of its own module, picked from ``GROUPS``."""
+:class:`~._algorithm.Group` of its own module, picked from ``GROUPS`` (``_budgets``)."""
 
 from __future__ import annotations
 
@@ -9,123 +9,38 @@ import asyncio
 from collections.abc import Callable, Hashable
 
 from ..._breaker import BreakerPolicy
-from ..._types import Algorithm, RateLimiterConfig, RateType, clock_micros
-from ...errors import (
-    InvalidArgumentError,
-    NotConfiguredError,
+from ..._types import RateLimiterConfig, RateType
+from ..._values import clock_micros
+from ...errors import InvalidArgumentError, NotConfiguredError
+from .._protocol import (
+    check_settle,
+    check_sync,
     over_rate_error,
+    parse_grant,
     queue_full_error,
 )
-from .._protocol import check_settle, check_sync, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement
-from ._algorithm import Group
-from ._fixed_window import FixedWindow
+from ._budgets import (
+    GROUPS,
+    extend_registry,
+    group_of,
+    keep_promises,
+    refresh_clients,
+    refresh_group,
+    register,
+    reservations,
+    state_in_config,
+)
 from ._leases import MemoryLeases
 from ._settle import receipt_until, settle_group
-from ._sliding import SlidingLog
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
-from ._token_bucket import TokenBucket
 
 __all__ = ["GROUPS", "MemoryBackend", "state_in_config"]
-
-GROUPS: dict[Algorithm, type[Group]] = {
-    Algorithm.SLIDING_WINDOW: SlidingLog,
-    Algorithm.TOKEN_BUCKET: TokenBucket,
-    Algorithm.FIXED_WINDOW: FixedWindow,
-}
-"""Each algorithm's group (lib.lua's ``ALGORITHMS``): what it is, where its state lives and
-what new rates do to it are the group's, never a branch of the operations."""
-
-
-def state_in_config(config: RateLimiterConfig) -> bool:
-    """The budget's state lives in the config (on Redis the config hash's field ``state``,
-    ``STATE_FIELD``), not under keys of its own: lib.lua's ``config.in_hash``."""
-    return GROUPS[config.algorithm].state_in_config(config)
-
-
-def _group(
-    limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool, now: int
-) -> Group:
-    """The budget ``key``'s group, as it stands at ``now`` (its expired parts dropped)."""
-    group = GROUPS[config.algorithm]
-    limiter.live(key, now)
-    if group.logs_grants:  # (each rate's log under a key of its own)
-        for i in range(2, len(config.rates) + 1):
-            limiter.live((key, i), now)
-    return group(limiter, config, key, write)
-
-
-def _keep_promises(limiter: Limiter, cleared: dict[str, int], now: int) -> None:
-    """A PER_CLIENT reset (retire.lua): each client of the registry it cleared whose latest
-    grant lies ahead starts its new budget with a grant of the new rate at that start."""
-    stored = limiter.config
-    assert stored is not None
-    config = stored.config
-    for client, latest in cleared.items():
-        if latest > now:
-            group = _group(limiter, config, client, True, now)
-            group.commit(config.max_permits, latest)
-            ttl = group.save(limiter, now)
-            limiter.register(client, latest)
-            _extend_registry(limiter, now + ttl + ms(config.longest_us), stored.deadline)
-
-
-def _reservations(limiter: Limiter, now: int) -> tuple[int, int] | None:
-    """An OVERALL budget's reservations that have not started: (permits, latest start)."""
-    assert limiter.config is not None
-    config = limiter.config.config
-    if config.rate_type is not RateType.OVERALL:
-        return None
-    if limiter.config.clock is not None:
-        now = max(now, limiter.config.clock)
-    return _group(limiter, config, None, False, now).queued(now)
 
 
 def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
-
-
-def _extend_registry(limiter: Limiter, until: float, deadline: int | None) -> None:
-    """The registry lives at least ``until``, never past ``deadline``."""
-    if deadline is not None:
-        until = min(until, deadline)
-    if limiter.registry_expires_at == FOREVER or limiter.registry_expires_at < until:
-        limiter.registry_expires_at = until
-
-
-def _register(limiter: Limiter, key: str | None, now: int, ttl: int) -> None:
-    """registered.lua: a PER_CLIENT client whose state settle or sync wrote (``ttl`` > 0)
-    is noted in the registry, as a grant at ``now``."""
-    stored = limiter.config
-    if key is None or ttl <= 0 or stored is None:
-        return
-    longest = stored.config.longest_us
-    limiter.register(key, now)
-    limiter.unregister_before(now - 2 * longest)
-    _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
-
-
-def _refresh_group(limiter: Limiter, key: str | None, now: int) -> int:
-    """refresh_group: one budget's keys get the TTLs the config gives them; the longest, in
-    us (0: no state, or state kept in the config, which lives as long)."""
-    assert limiter.config is not None
-    if state_in_config(limiter.config.config):
-        return 0
-    group = _group(limiter, limiter.config.config, key, True, now)
-    if group.fresh:
-        return 0
-    group.keep()
-    return group.save(limiter, now)
-
-
-def _refresh_clients(limiter: Limiter, stored: Config, now: int) -> None:
-    """refresh.lua over every client of the registry: TTLs as the config gives them."""
-    longest = stored.config.longest_us
-    for client in list(limiter.registry):
-        ttl = _refresh_group(limiter, client, now)
-        if ttl:
-            _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
 
 
 class MemoryBackend(MemoryLeases, Backend):
@@ -212,7 +127,7 @@ class MemoryBackend(MemoryLeases, Backend):
         if limiter is None:
             limiter = self._shared.create(name)
         clock = None if old is None else old.clock
-        promised = _reservations(limiter, now) if old is not None else None
+        promised = reservations(limiter, now) if old is not None else None
         stored = limiter.config = Config(
             config, now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER
         )
@@ -228,7 +143,7 @@ class MemoryBackend(MemoryLeases, Backend):
             clock = now
             if state_in_config(config):
                 stored.state = old.state  # the new config carries the field over
-            group = _group(limiter, config, None, True, now)
+            group = group_of(limiter, config, None, True, now)
             group.reclaim(now)
             group.rates_changed(limiter, old, now)
             group.keep()
@@ -237,17 +152,17 @@ class MemoryBackend(MemoryLeases, Backend):
             # Clients follow the new rate at their next grant; a longer interval lengthens
             # their TTLs now (refresh.lua, in chunks on Redis).
             if config.longest_us > old.config.longest_us and limiter.registry:
-                _refresh_clients(limiter, stored, now)
+                refresh_clients(limiter, stored, now)
         else:
             same_type = old is not None and old.config.rate_type is config.rate_type
             cleared, limiter.registry = limiter.registry, {}
             limiter.forget_clients()
             if same_type and config.rate_type is RateType.PER_CLIENT:
-                _keep_promises(limiter, cleared, max(now, clock or now))
+                keep_promises(limiter, cleared, max(now, clock or now))
             if promised is not None and config.rate_type is RateType.OVERALL:
                 # A reset forgets what was used, not what was promised (set_rate.lua).
                 stored.state = None
-                group = _group(limiter, config, None, True, max(now, clock or now))
+                group = group_of(limiter, config, None, True, max(now, clock or now))
                 group.commit(min(promised[0], config.max_permits), promised[1])
                 group.save(limiter, max(now, clock or now))
         stored.clock = clock
@@ -264,7 +179,7 @@ class MemoryBackend(MemoryLeases, Backend):
     ) -> Grant | Refusal:
         limiter, config, now = self._configured(name, self._now(), permits=permits)
         key = self._budget_key(config, name)
-        group = _group(limiter, config, key, True, now)
+        group = group_of(limiter, config, key, True, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
         if start is None:
@@ -282,7 +197,7 @@ class MemoryBackend(MemoryLeases, Backend):
         if key is not None:
             limiter.register(key, start)
             limiter.unregister_before(now - 2 * longest)
-            _extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
+            extend_registry(limiter, now + ttl + ms(longest), stored.deadline)
         if config.keep_alive_us and stored.deadline is None:
             stored.expires_at = now + max(ms(config.keep_alive_us), ttl)
         left, binding = group.left(now)
@@ -290,14 +205,14 @@ class MemoryBackend(MemoryLeases, Backend):
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)
-        group = _group(limiter, config, self._budget_key(config, name), False, now)
+        group = group_of(limiter, config, self._budget_key(config, name), False, now)
         group.reclaim(now)
         start = group.earliest(permits, now)
         return 0 if start is None else start - now
 
     async def available_permits(self, name: str) -> int:
         limiter, config, now = self._configured(name, self._now(), record=False)
-        group = _group(limiter, config, self._budget_key(config, name), False, now)
+        group = group_of(limiter, config, self._budget_key(config, name), False, now)
         group.reclaim(now)
         left = group.left(now)[0]
         if config.min_spacing_us > 0 or group.blocked_until is not None:
@@ -310,7 +225,7 @@ class MemoryBackend(MemoryLeases, Backend):
         start = None if member is None else parse_grant(member)[1]
         limiter, config, now = self._configured(name, self._now(), record=False)
         key = self._budget_key(config, name)
-        group = _group(limiter, config, key, True, now)
+        group = group_of(limiter, config, key, True, now)
         receipt = None
         if member is not None and not group.idempotent:
             # As release.lua: a grant handed back once comes back once.
@@ -337,10 +252,10 @@ class MemoryBackend(MemoryLeases, Backend):
             return Settlement(0, 0, member)  # nothing to change, or sent again (settle.lua)
         assert limiter.config is not None
         limiter.config.clock = now
-        group = _group(limiter, config, key, True, now)
+        group = group_of(limiter, config, key, True, now)
         group.reclaim(now)
         settled = settle_group(group, member, permits, now, config.debt_limit)
-        _register(limiter, key, now, group.save(limiter, now))
+        register(limiter, key, now, group.save(limiter, now))
         if settled.member != member:
             self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
         return settled
@@ -349,10 +264,10 @@ class MemoryBackend(MemoryLeases, Backend):
         remaining, reset_us = check_sync(remaining, reset_us)
         limiter, config, now = self._configured(name, self._now())
         key = self._budget_key(config, name)
-        group = _group(limiter, config, key, True, now)
+        group = group_of(limiter, config, key, True, now)
         group.reclaim(now)
         group.sync(remaining, reset_us, now)
-        _register(limiter, key, now, group.save(limiter, now))
+        register(limiter, key, now, group.save(limiter, now))
 
     async def block(self, name: str, duration_us: int | None) -> int:
         limiter, _, now = self._configured(name, self._now(), record=duration_us is not None)
@@ -390,10 +305,10 @@ class MemoryBackend(MemoryLeases, Backend):
         limiter.config.deadline = at
         # The state's TTL as the new end gives it (refresh_group): an earlier end shortens
         # it, a later one gives back what an earlier expire() took.
-        _refresh_group(limiter, None, now)
+        refresh_group(limiter, None, now)
         if limiter.registry:
             limiter.registry_expires_at = min(limiter.registry_expires_at, at)
-        _refresh_clients(limiter, limiter.config, now)
+        refresh_clients(limiter, limiter.config, now)
         return True
 
     async def clear_expire(self, name: str) -> bool:
@@ -405,6 +320,6 @@ class MemoryBackend(MemoryLeases, Backend):
         had_ttl = stored.expires_at != FOREVER
         stored.expires_at = FOREVER
         stored.deadline = None
-        _refresh_group(limiter, None, now)
-        _refresh_clients(limiter, stored, now)
+        refresh_group(limiter, None, now)
+        refresh_clients(limiter, stored, now)
         return had_ttl

@@ -2,7 +2,7 @@
 table in the scripts): a :class:`Group` is one budget's state under every rate of its
 config, loaded for one operation. The operations (``MemoryBackend``) call only these
 methods, so adding an algorithm is one module with a ``Group`` subclass, registered in
-``GROUPS`` (``__init__.py``), and its Lua file."""
+``GROUPS`` (``_budgets.py``), and its Lua file."""
 
 from __future__ import annotations
 

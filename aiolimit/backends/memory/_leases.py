@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
 
-from ...errors import NotConfiguredError, over_rate_error
+from ...errors import NotConfiguredError
 from .._lease import (
     ConcurrencyConfig,
     LeaseGrant,
@@ -19,6 +19,7 @@ from .._lease import (
     LeaseStore,
     parse_lease,
 )
+from .._protocol import over_rate_error
 
 
 class HoldsLeases(Protocol):

@@ -12,26 +12,25 @@ from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
-from ..._types import Duration, RateLimiterConfig, RateType, check_text, clock_micros
+from ..._types import RateLimiterConfig, RateType
+from ..._values import Duration, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._protocol import check_settle, check_sync, format_rates, parse_grant
-from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started, call_timeout
+from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
 from ._compat import ANY, server_of, slot
+from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
 from ._leases import RedisLeases
+from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
 
 __all__ = ["RedisBackend"]
 
 Clock = Literal["server", "client"] | Callable[[], float]
-
-# PER_CLIENT clients handled by one retire.lua or refresh.lua call: well under 1 ms of server
-# time (about four commands each), so that no call holds Redis long.
-_CLIENTS_PER_CALL = 100
 
 R = TypeVar("R")
 
@@ -323,31 +322,6 @@ class RedisBackend(RedisLeases, Backend):
             registry=True,
         )
 
-    async def _clients(self, registry: str, start: int) -> list[str]:
-        end = start + _CLIENTS_PER_CALL - 1
-        return await self._run(scripts.CLIENTS, (registry,), (start, end))
-
-    async def _retire(self, keys: Keys, retired: str) -> None:
-        """Removes the state of every client of a retired registry, a chunk per call. Each
-        call removes its chunk from the registry, and nothing adds to it: this ends."""
-        while clients := await self._clients(retired, 0):
-            chunk = [keys.config, retired, *keys.clients(clients), keys.registry]
-            await self._run(scripts.RETIRE, chunk, [self._now_arg(), *clients])
-
-    async def _refresh(self, keys: Keys) -> None:
-        """Gives every client in the registry the TTLs the config gives it, a chunk per call.
-        Clients that join meanwhile get them from their own grants."""
-        start = 0
-        while clients := await self._clients(keys.registry, start):
-            await self._run(
-                scripts.REFRESH,
-                [keys.config, keys.registry, *keys.clients(clients)],
-                [self._now_arg(), *clients],
-            )
-            if len(clients) < _CLIENTS_PER_CALL:
-                return
-            start += len(clients)
-
     async def set_rate(
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
@@ -374,9 +348,9 @@ class RedisBackend(RedisLeases, Backend):
         if reply.written:
             self._types[name] = config.rate_type
         if reply.follow is Follow.REFRESH:
-            await self._refresh(keys)
+            await refresh_clients(self, keys)
         elif reply.follow is Follow.RETIRE:
-            await self._retire(keys, keys.retired(generation))
+            await retire_clients(self, keys, keys.retired(generation))
         return reply.written
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
@@ -393,7 +367,7 @@ class RedisBackend(RedisLeases, Backend):
             scripts.DELETE, (keys.config, keys.value, keys.permits, keys.registry, retired), ()
         )
         if reply.retire:
-            await self._retire(keys, retired)
+            await retire_clients(self, keys, retired)
         return reply.existed
 
     async def expire(self, name: str, ttl_us: int) -> bool:
@@ -405,7 +379,7 @@ class RedisBackend(RedisLeases, Backend):
             (ttl_ms, self._now_arg()),
         )
         if found:
-            await self._refresh(keys)
+            await refresh_clients(self, keys)
         return found
 
     async def clear_expire(self, name: str) -> bool:
@@ -413,5 +387,5 @@ class RedisBackend(RedisLeases, Backend):
         had_ttl = await self._run(
             scripts.CLEAR_EXPIRE, (keys.config, keys.value, keys.permits), (self._now_arg(),)
         )
-        await self._refresh(keys)
+        await refresh_clients(self, keys)
         return had_ttl

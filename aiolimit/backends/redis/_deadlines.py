@@ -11,13 +11,16 @@ a queue and a timer of their own, so a short deadline never waits behind a long 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
+from datetime import timedelta
 from typing import Any
 
-from ...errors import BackendError
+from ..._values import Duration
+from ...errors import BackendError, InvalidArgumentError
 from ._request import Operation
 
-__all__ = ["Deadlines"]
+__all__ = ["Deadlines", "call_timeout"]
 
 
 class Deadlines:
@@ -62,3 +65,15 @@ class Deadlines:
                 )
             waiting.popleft()
         del self._all[self.timeout]  # none waits: made again when a caller of it comes
+
+
+def call_timeout(timeout: Duration | None) -> float | None:
+    """A backend's ``timeout`` (seconds or timedelta, > 0) as seconds; None (or infinity):
+    no bound of the backend's own."""
+    if isinstance(timeout, timedelta):
+        timeout = timeout.total_seconds()
+    if timeout is None or timeout == math.inf:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+        raise InvalidArgumentError(f"timeout must be seconds > 0 or None, not {timeout!r}")
+    return float(timeout)

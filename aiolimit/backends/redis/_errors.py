@@ -11,9 +11,8 @@ from ...errors import (
     BackendError,
     LimiterError,
     NotConfiguredError,
-    over_rate_error,
-    queue_full_error,
 )
+from .._protocol import over_rate_error, queue_full_error
 from . import _scripts as scripts
 from ._compat import NOT_SERVING, UNREACHABLE
 from ._scripts import Failed, NotConfigured, OverRate, QueueFull, Trouble

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeVar
 
-from ..._types import RateType, check_text
+from ..._types import RateType
+from ..._values import check_text
 
 __all__ = ["Keys", "Recent", "escape_tag"]
 

@@ -9,7 +9,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
-from ...errors import NotConfiguredError, over_rate_error
+from ...errors import NotConfiguredError
 from .._lease import (
     PROCESS,
     ConcurrencyConfig,
@@ -19,6 +19,7 @@ from .._lease import (
     LeaseSnapshot,
     LeaseStore,
 )
+from .._protocol import over_rate_error
 from . import _lease_scripts as scripts
 from ._compat import ANY
 from ._keys import Keys

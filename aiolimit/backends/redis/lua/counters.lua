@@ -275,7 +275,7 @@ local function settling(algorithm, rule, queued_start)
   end
 end
 
--- The group functions (see "groups" in lib.lua) of an algorithm kept as counters by `rule`.
+-- The group functions (see groups.lua) of an algorithm kept as counters by `rule`.
 -- (Numeric loops over the rates: they run for every request of a batch.)
 local function counters(rule)
   -- (an OVERALL budget's numbers are a field of its config: see above)
