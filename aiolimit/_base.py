@@ -13,31 +13,26 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Coroutine
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ._acquire import Acquired
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
+from ._setting import _RateSetting, gather
 from ._setup import Setup
 from ._types import (
-    Algorithm,
     Duration,
-    Rate,
-    RateLimiterConfig,
-    Rates,
-    RateType,
     check_name,
     exceeds_max_duration,
     shown,
     to_micros,
 )
-from .backends.base import Backend, SetMode, breaker_of
+from .backends.base import Backend, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
 
-__all__ = ["_Limiter"]
+__all__ = ["_Limiter", "most_telling"]
 
 log = logging.getLogger("aiolimit")
 
@@ -45,13 +40,8 @@ _L = TypeVar("_L", bound="_Limiter")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-# Configs try_set_rate found different from the one asked for, each warned about once (the
-# most recent few hundred: a process that sets many names does not grow it without end).
-_warned: dict[tuple[str, RateLimiterConfig, RateLimiterConfig], None] = {}
-_WARNED_MOST = 256
 
-
-class _Limiter:
+class _Limiter(_RateSetting):
     """What every limiter shares: its name and backend, the set-rate methods, lifetime,
     ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
     ``try_acquire``."""
@@ -73,183 +63,6 @@ class _Limiter:
         self.breaker = breaker_of(backend, self.name)
         self._names: list[str] = [self.name]  # where the state lives: one per shard
         self._setup: Setup | None = None  # the rate given at construction, until stored
-
-    # -- configuration -------------------------------------------------------------------------
-
-    def _configs(self, config: RateLimiterConfig) -> list[RateLimiterConfig]:
-        """The config of each sub-limiter."""
-        return [config]
-
-    async def _set(
-        self,
-        mode: SetMode,
-        config: RateLimiterConfig,
-        keep_state: bool,
-    ) -> list[bool]:
-        configs = self._configs(config)
-        return await self.breaker.guard(
-            _gather(
-                self.backend.set_rate(name, sub, mode, keep_state)
-                for name, sub in zip(self._names, configs, strict=True)
-            )
-        )
-
-    async def try_set_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
-    ) -> bool:
-        """Sets the rate only where the limiter has none; returns whether it did.
-
-        ``rate`` is an int with its ``interval``, or a sequence of :class:`Rate` (every one
-        must allow a grant; :meth:`Rate.parse` reads them from text) without one.
-        ``min_spacing`` keeps the starts of consecutive grants at least that far apart (a
-        :class:`ShardedRateLimiter` refuses it: its shards cannot share one spacing).
-        ``max_debt``: how far below zero a settle may charge (default: the smallest rate's
-        permits; docs: Token budgets).
-
-        When a stored config differs from the one asked for (another process, or an earlier
-        run, set another rate), it stays, and a warning is logged once per process."""
-        asked = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        written = await self._set("try", asked, True)
-        if not all(written):
-            stored = await self.get_config()
-            if stored is not None and stored != asked and (seen := (self.name, asked, stored)):
-                if seen in _warned:
-                    return any(written)
-                if len(_warned) >= _WARNED_MOST:
-                    del _warned[next(iter(_warned))]  # the oldest
-                _warned[seen] = None
-                log.warning(
-                    "try_set_rate(%r): kept the stored config %s, not %s (set_rate replaces it)",
-                    self.name,
-                    stored,
-                    asked,
-                )
-        return any(written)
-
-    async def set_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
-        keep_state: bool = True,
-    ) -> None:
-        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. What was
-        granted keeps counting; ``keep_state=False`` restarts every budget full (a change of
-        rate type or algorithm always starts afresh)."""
-        config = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        await self._set("set", config, keep_state)
-
-    async def ensure_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
-    ) -> bool:
-        """Makes sure the stored config is this one: writes it where there is none, and
-        rewrites a stored one that differs, keeping what was granted (as :meth:`set_rate`
-        does); returns whether it wrote. For code that owns its limits (the
-        ASGI middleware's rules): an unchanged config costs two reads, no write."""
-        asked = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        if all(await self._set("try", asked, True)):
-            return True
-        if await self.get_config() == asked:
-            return False
-        log.info("rate limiter %r: writing the config the code gives: %s", self.name, asked)
-        await self._set("set", asked, True)
-        return True
-
-    async def update_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
-        keep_state: bool = True,
-    ) -> bool:
-        """Like :meth:`set_rate` (what was granted keeps counting; ``keep_state=False``
-        restarts every budget full), but only when a config exists (returns False otherwise)."""
-        config = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        return all(await self._set("update", config, keep_state))
-
-    async def get_config(self) -> RateLimiterConfig | None:
-        """The limiter's config (for a sharded one, the shards' rates summed); None unless it
-        has one."""
-        calls = _gather(self.backend.get_config(name) for name in self._names)
-        configs = await self.breaker.guard(calls)
-        if any(config is None for config in configs):
-            return None
-        first = configs[0]
-        assert first is not None
-        if len(configs) == 1:
-            return first
-        rates = tuple(
-            Rate(sum(c.rates[i].permits for c in configs if c is not None), rate.interval)
-            for i, rate in enumerate(first.rates)
-        )
-        debts = [c.max_debt for c in configs if c is not None and c.max_debt is not None]
-        return replace(first, rates=rates, max_debt=sum(debts) if debts else None)
 
     # -- permits -------------------------------------------------------------------------------
 
@@ -354,12 +167,12 @@ class _Limiter:
             if isinstance(wait, BaseException) and not isinstance(wait, LimiterError):
                 raise wait
         errors = [wait for wait in waits if isinstance(wait, LimiterError)]
-        raise _most_telling(errors, permits, len(waits))
+        raise most_telling(errors, permits, len(waits))
 
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
         limiter, summed over the shards, though one request is served by one shard)."""
-        return sum(await _gather(self.backend.available_permits(n) for n in self._names))
+        return sum(await gather(self.backend.available_permits(n) for n in self._names))
 
     # -- lifetime ------------------------------------------------------------------------------
 
@@ -378,16 +191,16 @@ class _Limiter:
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        await _gather(self.backend.block(name, duration_us) for name in self._names)
+        await gather(self.backend.block(name, duration_us) for name in self._names)
 
     async def unblock(self) -> bool:
         """Ends a :meth:`block` at once, in every process; returns whether one was in force.
         Reservations it already moved behind its end stay there."""
-        return any(await _gather(self.backend.unblock(name) for name in self._names))
+        return any(await gather(self.backend.unblock(name) for name in self._names))
 
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""
-        return any(await _gather(self.backend.delete(name) for name in self._names))
+        return any(await gather(self.backend.delete(name) for name in self._names))
 
     async def expire(self, ttl: Duration) -> bool:
         """Makes the whole limiter disappear after ``ttl``, grants made meanwhile included;
@@ -395,17 +208,13 @@ class _Limiter:
         ttl_us = to_micros(ttl, "ttl")
         if ttl_us <= 0:
             raise InvalidArgumentError(f"ttl must be positive, not {ttl!r}")
-        return all(await _gather(self.backend.expire(name, ttl_us) for name in self._names))
+        return all(await gather(self.backend.expire(name, ttl_us) for name in self._names))
 
     async def clear_expire(self) -> bool:
         """Removes a TTL set by :meth:`expire`; returns whether there was one. The grants
         keep counting for their full window. (A ``keep_alive`` sets a TTL again on the next
         grant.)"""
-        return any(await _gather(self.backend.clear_expire(name) for name in self._names))
-
-
-async def _gather(calls: Iterable[Awaitable[_T]]) -> list[_T]:
-    return list(await asyncio.gather(*calls))
+        return any(await gather(self.backend.clear_expire(name) for name in self._names))
 
 
 class _Permits:
@@ -429,7 +238,7 @@ class _Permits:
         return None
 
 
-def _most_telling(refusals: list[LimiterError], permits: int, shards: int) -> LimiterError:
+def most_telling(refusals: list[LimiterError], permits: int, shards: int) -> LimiterError:
     """The error to raise when no shard could even consider a request."""
     for kind in (BackendError, InvalidArgumentError):
         errors = [exc for exc in refusals if isinstance(exc, kind)]

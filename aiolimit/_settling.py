@@ -25,7 +25,7 @@ from ._types import MAX_RATE, shown
 from .backends.base import Backend, Grant
 from .errors import InvalidArgumentError, NotConfiguredError
 
-__all__ = ["Settled", "check_settle_permits", "index_of", "settle_grant"]
+__all__ = ["NOTHING", "Settled", "check_settle_permits", "index_of", "settle_grant"]
 
 log = logging.getLogger("aiolimit")
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from . import _observe
 from ._acquire import Acquired, acquire, acquire_unreported, give_back, observed
-from ._base import _Limiter, _most_telling
+from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter
 from ._observe import Observer
@@ -232,7 +232,7 @@ class ShardedRateLimiter(_Limiter):
                 return acquired
             refused[i] = acquired
         if not refused and not queued:
-            raise _most_telling(errors, permits, count)
+            raise most_telling(errors, permits, count)
         if refused:
             best = min(refused, key=lambda i: refused[i].retry_after)
             if max_wait == 0 or (

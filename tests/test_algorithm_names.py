@@ -68,7 +68,7 @@ ALLOWED: dict[str, set[str]] = {
     "aiolimit/backends/redis/_scripts.py": {
         'Algorithm(fields.get("algorithm", Algorithm.SLIDING_WINDOW.value)),'
     },
-    "aiolimit/_base.py": {_DEFAULT_PARAMETER},
+    "aiolimit/_setting.py": {_DEFAULT_PARAMETER},
     "aiolimit/_setup.py": {
         "algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,"
     },
