@@ -146,7 +146,7 @@ async def still_limits(cluster: Cluster, name: str) -> None:
     client = cluster_client(cluster)
     try:
         limiter = RateLimiter(name, RedisBackend(client))
-        await limiter.set_rate(RateType.OVERALL, 5, 30)
+        await limiter.set_rate(RateType.OVERALL, 5, 30, keep_state=False)  # (fresh budgets)
         assert [await limiter.try_acquire() for _ in range(6)] == [True] * 5 + [False]
     finally:
         await client.aclose()

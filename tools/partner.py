@@ -280,14 +280,16 @@ def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> f
     return asyncio.run(_work(spec, kind, client, url, start_at))
 
 
-async def _stalls(stop: float, worst: list[float]) -> None:
-    """Ticks every 5 ms until ``stop``, keeping in ``worst[0]`` how late a tick ran at most:
-    how long the process did not run (a busy machine), which no limiter can make up for."""
+async def _stalls(since: float, stop: float, worst: list[float]) -> None:
+    """Ticks every 5 ms until ``stop``, keeping in ``worst[0]`` how late a tick ran at most
+    from ``since`` on (the steady part: the callers' clients are made before it): how long
+    the process did not run (a busy machine), which no limiter can make up for."""
     loop = asyncio.get_running_loop()
     while time.time() < stop:
         due = loop.time() + 0.005
         await asyncio.sleep(0.005)
-        worst[0] = max(worst[0], loop.time() - due)
+        if time.time() >= since:
+            worst[0] = max(worst[0], loop.time() - due)
 
 
 async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) -> float:
@@ -306,7 +308,7 @@ async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) 
         await asyncio.sleep(max(0.0, start_at - time.time()))
         worst = [0.0]
         callers = [_caller(client, limiter, url, stop) for _ in range(spec.tasks)]
-        await asyncio.gather(_stalls(stop, worst), *callers)
+        await asyncio.gather(_stalls(start_at + spec.interval, stop, worst), *callers)
         return worst[0]
     finally:
         await backend.aclose()

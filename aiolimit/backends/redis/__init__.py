@@ -23,7 +23,7 @@ from ._compat import ANY, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
-from ._leases import RedisLeases
+from ._leases import RedisLeases, end_wakers
 from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
@@ -119,6 +119,10 @@ class RedisBackend(RedisLeases, Backend):
     def redis(self) -> Any:
         """The Redis client this backend runs on."""
         return self._redis
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        await end_wakers()  # (a lease waiter's BLPOP ending: no task left pending)
 
     def keys(self, name: str) -> Keys:
         """Every key of the limiter ``name`` (docs/redis-layout.md)."""

@@ -25,7 +25,7 @@ from ._compat import ANY
 from ._keys import Keys
 from ._script import ReadCommand, Script
 
-__all__ = ["RedisLeases", "lease_keys"]
+__all__ = ["RedisLeases", "end_wakers", "lease_keys"]
 
 log = logging.getLogger("aiolimit")
 R = TypeVar("R")
@@ -77,6 +77,14 @@ class _Waiter:
 
 
 _ending: set[asyncio.Task[None]] = set()  # wakers' tasks ending (referenced until they end)
+
+
+async def end_wakers() -> None:
+    """Waits (at most one BLPOP block) for this loop's wakers still ending (``aclose``)."""
+    loop = asyncio.get_running_loop()
+    ending = {task for task in _ending if task.get_loop() is loop}
+    if ending:
+        await asyncio.wait(ending, timeout=WAKE_BLOCK_S + 1)
 
 
 class _Waker:
