@@ -344,16 +344,6 @@ def per_permit(span: tuple[float, float] | None, permits: int) -> Sequence[tuple
     return [span] * permits
 
 
-def most_in_a_window(starts: list[int], width_us: int) -> int:
-    """The most grant starts (us) that fall in any half-open span of ``width_us``."""
-    starts, most, first = sorted(starts), 0, 0
-    for last, start in enumerate(starts):
-        while starts[first] <= start - width_us:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
-
-
 async def reservations(backend: Backend, name: str, count: int) -> list[Grant]:
     """``count`` single permits, each granted at once or reserved (a wait of up to an hour)."""
     queued = []

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from aiolimit.backends import Grant
+from tools.audit import busiest_window
 
 if TYPE_CHECKING:
     from aiolimit import RateLimiter
@@ -203,7 +204,7 @@ def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") ->
         late_p50=_percentile(late, 0.5),
         late_p99=_percentile(late, 0.99),
         spread=_spread(late),
-        most_in_a_window=_most_in_a_window(arrivals, interval),
+        most_in_a_window=busiest_window(arrivals, interval).most,
     )
 
 
@@ -216,15 +217,6 @@ def _percentile(ordered: list[float], share: float) -> float | None:
     if not ordered:
         return None
     return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
-
-
-def _most_in_a_window(ordered: list[float], interval: float) -> int:
-    most, first = 0, 0
-    for last, at in enumerate(ordered):
-        while ordered[first] <= at - interval:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 # -- a trial: processes x tasks through the HTTP clients -------------------------------------------
