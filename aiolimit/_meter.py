@@ -7,8 +7,13 @@ settled once the response says what it really cost (``CallGuard(..., tokens=...)
 >>> await meter.settle(acquired, response)                      # usage: fewer or more
 
 The request's permit and the estimate are taken in one :func:`aiolimit.acquire_all`: a call
-that cannot have both takes neither. After the response is read, ``usage(response)`` (an int,
-None, or an awaitable of either) settles the tokens' grant; None leaves the estimate standing.
+that cannot have both takes neither. A process's calls ask one at a time, in order, and
+reserve no further ahead than ``HORIZON``, else ask again after at most that long: an
+estimate is a worst case, and reservations queued far ahead would keep the places their
+settled calls no longer need (a reservation is placed on what the store knew when it was
+made, and is not moved earlier by later refunds). After the response is read,
+``usage(response)`` (an int, None, or an awaitable of either) settles the tokens' grant;
+None leaves the estimate standing.
 A provider's rate-limit headers (``_quota_headers``) are taken as floors for both limiters
 (:meth:`RateLimiter.sync`). Nothing here raises once the call is made: a failure to settle or
 sync is logged (logger ``aiolimit``), and the response is the caller's.
@@ -16,9 +21,12 @@ sync is logged (logger ``aiolimit``), and the response is the caller's.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import weakref
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -37,6 +45,10 @@ log = logging.getLogger("aiolimit")
 MAX_BODY = 4 * 1024 * 1024
 """The most of a response body kept to read its usage from (a longer one: the estimate
 stands)."""
+
+HORIZON = 0.01
+"""How far ahead (seconds) a metered call reserves: further, and it asks again after at most
+this long."""
 
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -105,7 +117,7 @@ def _count(value: object) -> int | None:
 class TokenMeter:
     """A token limiter beside a client's request limiter; see the module."""
 
-    __slots__ = ("estimate", "tokens", "usage")
+    __slots__ = ("_turns", "estimate", "tokens", "usage")
 
     def __init__(
         self,
@@ -129,6 +141,9 @@ class TokenMeter:
         self.tokens = tokens
         self.estimate: Estimate = estimate  # type: ignore[assignment]
         self.usage: Usage = usage  # type: ignore[assignment]
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = (
+            weakref.WeakKeyDictionary()
+        )
 
     async def take(
         self, requests: RateLimiter, permits: int, max_wait: int | None, request: object
@@ -138,10 +153,26 @@ class TokenMeter:
         estimate = self.estimate(request)
         if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
             raise InvalidArgumentError(f"estimate() must give an int >= 0, not {shown(estimate)}")
-        timeout = None if max_wait is None else max_wait / 1e6
         if estimate == 0:
             return await requests._take(permits, max_wait)
-        return await acquire_all([(requests, permits), (self.tokens, estimate)], timeout=timeout)
+        loop = asyncio.get_running_loop()
+        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = _Turns()
+        wanted = [(requests, permits), (self.tokens, estimate)]
+        if not await turns.wait(deadline):  # (the timeout came first: one last ask)
+            return await acquire_all(wanted, timeout=0)
+        try:
+            while True:
+                left = None if deadline is None else max(deadline - loop.time(), 0.0)
+                ask = HORIZON if left is None else min(HORIZON, left)
+                acquired = await acquire_all(wanted, timeout=ask)
+                if acquired or (left is not None and acquired.retry_after > left):
+                    return acquired
+                await turns.pause(min(acquired.retry_after, HORIZON))
+        finally:
+            turns.next()
 
     async def settle(
         self, acquired: Acquired, response: object, headers: Mapping[str, str]
@@ -162,7 +193,10 @@ class TokenMeter:
                 used = await used
             if used is None:
                 return
-            await acquired.settle(check_settle_permits(used), limiter=self.tokens)
+            settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
+            turns = self._turns.get(asyncio.get_running_loop())
+            if settled.handed_back and turns is not None:
+                turns.wake()  # (the caller asking next may have them now)
         except (LimiterError, ValueError, TypeError) as exc:
             log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
 
@@ -175,6 +209,65 @@ class TokenMeter:
             except LimiterError as exc:
                 log.warning("limiter %r: tokens not handed back: %s", self.tokens.name, exc)
         await sync_from(headers, self.tokens, "tokens")
+
+
+class _Turns:
+    """An event loop's callers, one at a time, in the order they came."""
+
+    __slots__ = ("_busy", "_paused", "_waiting")
+
+    def __init__(self) -> None:
+        self._busy = False
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._paused: asyncio.Future[None] | None = None
+
+    async def pause(self, seconds: float) -> None:
+        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake`."""
+        paused = self._paused = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((paused,), timeout=seconds)
+        finally:
+            self._paused = None
+            paused.cancel()
+
+    def wake(self) -> None:
+        """Ends a :meth:`pause` (permits came back in this process)."""
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    async def wait(self, deadline: float | None) -> bool:
+        """Waits for this caller's turn until ``deadline`` (loop time; None: for as long as
+        it takes); whether it came (then :meth:`next` passes it on)."""
+        if not self._busy:
+            self._busy = True
+            return True
+        loop = asyncio.get_running_loop()
+        turn: asyncio.Future[None] = loop.create_future()
+        self._waiting.append(turn)
+        timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+        try:
+            await asyncio.wait((turn,), timeout=timeout)
+        except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
+            if turn.done():
+                self.next()
+            else:
+                turn.cancel()
+                self._waiting.remove(turn)
+            raise
+        if not turn.done():  # (timed out)
+            turn.cancel()
+            self._waiting.remove(turn)
+            return False
+        return True
+
+    def next(self) -> None:
+        """The turn passes to the next caller waiting, if any."""
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._busy = False
 
 
 async def sync_from(

@@ -21,7 +21,10 @@ taken after it; (d) ``limits``: limits' moving window charging the worst case (i
 ``hit(cost=...)`` cannot be handed back), "n/a (not installed)" without the package. The
 aiolimit limiters get the provider's quotas with ``--margin`` s added to their interval. For
 each: the tokens used per window as a share of the tokens quota (mean, and the lowest
-window), the requests per window as a share of the requests quota, and the 429s.
+window), the requests per window as a share of the requests quota, the 429s, how late
+requests arrived after their grant's start (p99, the aiolimit callers that reserve; the
+margin has to cover it), and the longest any caller's event loop ran late (a busy machine:
+a stall past the margin lets a request land later than the limiter promised).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ from _harness import Table, local_redis, machine, parser, report, say
 from tools.token_trial import STRATEGIES, TokenTrial, available, run
 
 LABELS = {
-    "settle": "(a) reserve prompt + max_tokens, settle to usage",
+    "transport": "(a) RateLimitedTransport: reserve prompt + max_tokens, settle to usage",
+    "settle": "(a) the same by hand: acquire_all, then settle",
     "worst-case": "(b) reserve prompt + max_tokens, never settle",
     "after": "(c) charge usage after the call",
     "limits": "(d) limits moving window, hit(cost=prompt + max_tokens)",
@@ -51,14 +55,15 @@ def main() -> None:
     arguments.add_argument("--margin", type=float, default=0.05, help="seconds (0.05)")
     arguments.add_argument("--only", choices=STRATEGIES, action="append", help="repeatable")
     args = arguments.parse_args()
-    table = Table(["caller", "tokens per window", "lowest window", "requests per window", "429s"])
+    columns = ["caller", "tokens per window", "lowest window", "requests per window", "429s"]
+    table = Table([*columns, "late p99", "stall"])
     rows: list[dict[str, Any]] = []
     with local_redis() as url:
         heading = machine(url)
         for strategy in args.only or STRATEGIES:
             if not available(strategy):
                 say(f"{strategy}: not installed, left out (pip install -e '.[bench]')")
-                table.add(LABELS[strategy], "n/a (not installed)", "", "", "")
+                table.add(LABELS[strategy], "n/a (not installed)", "", "", "", "", "")
                 continue
             say(f"{strategy}: {(args.windows + 1) * args.window:g} s")
             spec = TokenTrial(
@@ -80,6 +85,8 @@ def main() -> None:
                 f"{result.lowest_token_share:.1%}",
                 f"{result.request_share:.1%}",
                 result.refused,
+                "n/a" if result.late_p99 is None else f"{result.late_p99 * 1000:.0f} ms",
+                f"{result.stall * 1000:.0f} ms",
             )
             rows.append({"strategy": strategy, **result.__dict__})
     table.title = (

@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tools.partner import serve
+from tools.partner import LATENESS_HEADER, serve
 
 __all__ = ["Provider", "Seen", "seen", "serve"]
 
@@ -64,6 +64,7 @@ class Provider:
         self.tpm, self.rpm, self.window, self.latency = tpm, rpm, window, latency
         self.calls: list[tuple[float, int]] = []  # (arrival, usage.total_tokens) of each served
         self.refused: list[float] = []  # the 429s' arrival times
+        self.late: list[tuple[float, float]] = []  # (arrival, s since its grant's start)
         self._log: deque[_Entry] = deque()  # the admitted requests of the last window
         self._tokens = 0  # what the log's entries count
         self._random = random.Random(seed)
@@ -141,6 +142,10 @@ class Provider:
         body = json.loads(await _body(receive) or b"{}")
         prompt, max_tokens = int(body["prompt_tokens"]), int(body["max_tokens"])
         now = time.time()
+        start = dict(scope["headers"]).get(LATENESS_HEADER.encode())
+        if start is not None:  # (a caller's grant start, limiter clock in µs: one machine)
+            with self._lock:
+                self.late.append((now, now - int(start) / 1e6))
         if prompt + max_tokens > self.tpm:
             await _answer(send, 400, [], b"prompt_tokens + max_tokens exceed the quota")
             return
@@ -165,6 +170,7 @@ class Provider:
                 "window": self.window,
                 "calls": list(self.calls),
                 "refused": list(self.refused),
+                "late": list(self.late),
             }
 
 
@@ -192,6 +198,8 @@ class Seen:
     token_share: float  # the tokens used per window (by arrival), over the tokens quota
     lowest_token_share: float  # ... in the window that had the fewest
     request_share: float  # the requests served per window, over the requests quota
+    late_p99: float | None = None  # s from a grant's start to its request's arrival (steady)
+    stall: float = 0.0  # the longest any caller's event loop ran late (a busy machine)
 
 
 def seen(stats: dict[str, Any], began: float, windows: int) -> Seen:
@@ -205,6 +213,7 @@ def seen(stats: dict[str, Any], began: float, windows: int) -> Seen:
         if 0 <= number < windows:
             tokens[number] += used
             requests[number] += 1
+    late = sorted(late for at, late in stats.get("late", ()) if at >= first)
     return Seen(
         served=len(stats["calls"]),
         refused=len(stats["refused"]),
@@ -212,4 +221,5 @@ def seen(stats: dict[str, Any], began: float, windows: int) -> Seen:
         token_share=sum(tokens) / (tpm * windows) if windows else 0.0,
         lowest_token_share=min(tokens) / tpm if windows else 0.0,
         request_share=sum(requests) / (rpm * windows) if windows else 0.0,
+        late_p99=late[min(len(late) - 1, int(len(late) * 0.99))] if late else None,
     )

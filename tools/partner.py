@@ -261,9 +261,9 @@ def _one(spec: Trial, kind: str, client: str) -> Seen:
                 pool.apply_async(_worker, (spec, kind, client, url, start_at))
                 for _ in range(spec.processes)
             ]
-            stalls = [result.get(timeout=spec.duration + 60) for result in results]
+            worst = [result.get(timeout=spec.duration + 60) for result in results]
     result = seen(partner.stats(), start_at, start_at + spec.duration, client)
-    result.stall = max(stalls, default=0.0)
+    result.stall = max(worst, default=0.0)
     return result
 
 
@@ -272,7 +272,7 @@ def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> f
     return asyncio.run(_work(spec, kind, client, url, start_at))
 
 
-async def _stalls(since: float, stop: float, worst: list[float]) -> None:
+async def stalls(since: float, stop: float, worst: list[float]) -> None:
     """Ticks every 5 ms until ``stop``, keeping in ``worst[0]`` how late a tick ran at most
     from ``since`` on (the steady part: the callers' clients are made before it): how long
     the process did not run (a busy machine), which no limiter can make up for."""
@@ -300,7 +300,7 @@ async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) 
         await asyncio.sleep(max(0.0, start_at - time.time()))
         worst = [0.0]
         callers = [_caller(client, limiter, url, stop) for _ in range(spec.tasks)]
-        await asyncio.gather(_stalls(start_at + spec.interval, stop, worst), *callers)
+        await asyncio.gather(stalls(start_at + spec.interval, stop, worst), *callers)
         return worst[0]
     finally:
         await backend.aclose()
@@ -319,7 +319,7 @@ async def _caller(client: str, limiter: RateLimiter, url: str, stop: float) -> N
 async def _httpx_caller(limiter: RateLimiter, url: str, stop: float) -> None:
     from aiolimit.httpx import RateLimitedTransport
 
-    transport = RateLimitedTransport(limiter, _Stamped(httpx.AsyncHTTPTransport()))
+    transport = RateLimitedTransport(limiter, Stamped(httpx.AsyncHTTPTransport()))
     async with httpx.AsyncClient(transport=transport, timeout=30) as client:
         while time.time() < stop:
             await client.get(f"{url}/call")
@@ -363,7 +363,7 @@ def granted_start() -> int | None:
     return max(attempt.starts_at for attempt in acquired.attempts if isinstance(attempt, Grant))
 
 
-class _Stamped(httpx.AsyncBaseTransport):
+class Stamped(httpx.AsyncBaseTransport):
     """An httpx transport whose requests carry their grant's start (:data:`LATENESS_HEADER`)."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import multiprocessing
 import random
 import time
@@ -33,9 +34,11 @@ from typing import Any, Protocol
 
 import httpx
 
+from aiolimit.backends import Grant
 from tools.llm_provider import Provider, Seen, seen, serve
+from tools.partner import LATENESS_HEADER, Stamped, stalls
 
-STRATEGIES = ("settle", "worst-case", "after", "limits")
+STRATEGIES = ("transport", "settle", "worst-case", "after", "limits")
 
 
 @dataclass
@@ -76,29 +79,43 @@ def run(spec: TokenTrial) -> Seen:
                 pool.apply_async(_worker, (spec, number, url, start_at))
                 for number in range(spec.processes)
             ]
-            for result in results:
-                result.get(timeout=(spec.windows + 1) * spec.window + 60)
-    return seen(provider.stats(), start_at, spec.windows)
+            ends = (spec.windows + 1) * spec.window + 60
+            worst = [result.get(timeout=ends) for result in results]
+    result = seen(provider.stats(), start_at, spec.windows)
+    result.stall = max(worst, default=0.0)
+    return result
 
 
-def _worker(spec: TokenTrial, number: int, url: str, start_at: float) -> None:
-    asyncio.run(_work(spec, number, url, start_at))
+def _worker(spec: TokenTrial, number: int, url: str, start_at: float) -> float:
+    """One caller process; how late its event loop ran at worst in the steady windows."""
+    return asyncio.run(_work(spec, number, url, start_at))
 
 
-async def _work(spec: TokenTrial, number: int, url: str, start_at: float) -> None:
+async def _work(spec: TokenTrial, number: int, url: str, start_at: float) -> float:
     strategy = await _open(spec)
     stop = start_at + (spec.windows + 1) * spec.window
-    limits = httpx.Limits(max_connections=spec.tasks)
+    connections = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=spec.tasks))
+    transport = strategy.transport(connections)
     try:
-        async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as client:
-            await asyncio.gather(*(client.get("/ping") for _ in range(spec.tasks)))
+        async with httpx.AsyncClient(base_url=url, timeout=30, transport=transport) as client:
+            # Every connection opened before the run, on the transport under any metering.
+            await asyncio.gather(*(_ping(connections, url) for _ in range(spec.tasks)))
             await asyncio.sleep(max(0.0, start_at - time.time()))
             seeds = (spec.seed * 1_000_003 + number * 1_009 + task for task in range(spec.tasks))
+            worst = [0.0]
             await asyncio.gather(
-                *(_caller(spec, strategy, client, random.Random(s), stop) for s in seeds)
+                stalls(start_at + spec.window, stop, worst),
+                *(_caller(spec, strategy, client, random.Random(s), stop) for s in seeds),
             )
+            return worst[0]
     finally:
         await strategy.close()
+
+
+async def _ping(connections: httpx.AsyncBaseTransport, url: str) -> None:
+    response = await connections.handle_async_request(httpx.Request("GET", f"{url}/ping"))
+    await response.aread()
+    await response.aclose()
 
 
 async def _caller(
@@ -112,7 +129,9 @@ async def _caller(
         prompt = draws.randint(*spec.prompt)
         held = await strategy.before(prompt + spec.max_tokens)
         body = {"prompt_tokens": prompt, "max_tokens": spec.max_tokens}
-        response = await client.post("/v1/chat/completions", json=body)
+        starts = [a.starts_at for a in getattr(held, "attempts", ()) if isinstance(a, Grant)]
+        headers = {LATENESS_HEADER: str(max(starts))} if starts else {}
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
         if response.status_code == 429:
             await strategy.refused(held)
             await asyncio.sleep(float(response.headers["retry-after"]))
@@ -125,6 +144,7 @@ async def _caller(
 
 
 class Strategy(Protocol):
+    def transport(self, connections: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport: ...
     async def before(self, estimate: int) -> Any: ...
     async def after(self, held: Any, used: int) -> None: ...
     async def refused(self, held: Any) -> None: ...
@@ -134,7 +154,12 @@ class Strategy(Protocol):
 async def _open(spec: TokenTrial) -> Strategy:
     if spec.strategy == "limits":
         return await LimitsWorstCase.open(spec)
-    kinds = {"settle": ReserveSettle, "worst-case": WorstCase, "after": ChargeAfter}
+    kinds: dict[str, type[ReserveSettle]] = {
+        "settle": ReserveSettle,
+        "transport": Transport,
+        "worst-case": WorstCase,
+        "after": ChargeAfter,
+    }
     return kinds[spec.strategy](spec)
 
 
@@ -161,6 +186,9 @@ class ReserveSettle:
         # only within ``horizon`` s, else asks again after at most that long.
         self.queue = asyncio.Lock()
         self.horizon = spec.horizon
+
+    def transport(self, connections: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        return connections
 
     async def before(self, estimate: int) -> Any:
         from aiolimit import acquire_all
@@ -192,6 +220,33 @@ class ReserveSettle:
 async def settle(acquired: Any, used: int, tpm: Any) -> None:
     """Settles the tokens grant of ``acquired`` (the second of ``acquire_all``) to ``used``."""
     await acquired.settle(used, limiter=tpm)
+
+
+class Transport(ReserveSettle):
+    """(a) through ``RateLimitedTransport(requests, tokens=...)``: every task asks at once,
+    reserving prompt + ``max_tokens`` (read from the body) as long ahead as it takes; the
+    transport settles to the body's ``usage`` and syncs from the provider's headers."""
+
+    def __init__(self, spec: TokenTrial) -> None:
+        super().__init__(spec)
+        self.max_tokens = spec.max_tokens
+
+    def transport(self, connections: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        from aiolimit.httpx import RateLimitedTransport
+
+        def estimate(request: httpx.Request) -> int:
+            return int(json.loads(request.content)["prompt_tokens"]) + self.max_tokens
+
+        stamped = Stamped(connections)
+        return RateLimitedTransport(
+            self.rpm, stamped, tokens=self.tpm, estimate=estimate, retry=False
+        )
+
+    async def before(self, estimate: int) -> Any:
+        return None
+
+    async def after(self, held: Any, used: int) -> None:
+        pass
 
 
 class WorstCase(ReserveSettle):
@@ -243,6 +298,9 @@ class LimitsWorstCase:
         self.requests = RateLimitItemPerSecond(spec.rpm, int(spec.window))
         self.key = f"{spec.prefix}-limits"
         return self
+
+    def transport(self, connections: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        return connections
 
     async def before(self, estimate: int) -> Any:
         await self._hit(self.tokens, estimate)

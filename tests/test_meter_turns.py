@@ -1,0 +1,107 @@
+"""A metered client's calls reserve their estimates only a short way ahead (``HORIZON``), one
+caller of a process at a time, in the order they came: an estimate is a worst case, and a
+reservation queued far ahead keeps its place after earlier calls settle for less. Under
+looptime on the memory backend (its clock is the loop's), through the httpx transport."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from aiolimit import MemoryBackend, RateLimited, RateLimiter
+from aiolimit._meter import HORIZON, _Turns
+from aiolimit.httpx import RateLimitedTransport
+
+pytestmark = pytest.mark.looptime
+
+
+def metered(
+    backend: MemoryBackend,
+    usage: dict[str, int],
+    arrivals: list[tuple[str, float]],
+    **options: object,
+) -> httpx.AsyncClient:
+    """A client of a provider that answers after 1 s with ``usage[name]`` tokens used."""
+    requests = RateLimiter("turns-requests", backend, rate="100/minute")
+    tokens = RateLimiter("turns-tokens", backend, rate="1000/minute")
+
+    async def provider(request: httpx.Request) -> httpx.Response:
+        name = json.loads(request.content)["name"]
+        arrivals.append((name, asyncio.get_running_loop().time()))
+        await asyncio.sleep(1.0)
+        return httpx.Response(200, json={"usage": {"total_tokens": usage[name]}})
+
+    def estimate(request: httpx.Request) -> int:
+        return int(json.loads(request.content)["estimate"])
+
+    transport = RateLimitedTransport(
+        requests, httpx.MockTransport(provider), tokens=tokens, estimate=estimate, **options
+    )
+    return httpx.AsyncClient(transport=transport, base_url="http://llm.test")
+
+
+async def call(client: httpx.AsyncClient, name: str, estimate: int, after: float = 0.0) -> None:
+    await asyncio.sleep(after)
+    await client.post("/v1/chat", json={"name": name, "estimate": estimate})
+
+
+async def test_a_refund_reaches_the_next_caller_at_once_not_a_window_later() -> None:
+    arrivals: list[tuple[str, float]] = []
+    async with metered(MemoryBackend(), {"first": 100, "second": 500}, arrivals) as client:
+        started = asyncio.get_running_loop().time()
+        await asyncio.gather(call(client, "first", 1000), call(client, "second", 500, 0.1))
+    when = {name: at - started for name, at in arrivals}
+    # The first call takes the whole budget and settles to 100 after 1 s: the second, which
+    # a reservation would have put 60 s on, goes within a horizon of the refund.
+    assert when["first"] == pytest.approx(0.0, abs=1e-3)
+    assert 1.0 <= when["second"] <= 1.0 + HORIZON + 1e-3, when
+
+
+async def test_a_processs_metered_calls_go_in_the_order_they_came() -> None:
+    arrivals: list[tuple[str, float]] = []
+    usage = {"first": 0, "b": 600, "c": 300, "d": 600, "e": 50}
+    async with metered(MemoryBackend(), usage, arrivals) as client:
+        await asyncio.gather(
+            call(client, "first", 1000),
+            *(call(client, name, usage[name], 0.1 * n) for n, name in enumerate("bcde", 1)),
+        )
+    # first hands all back at 1 s: b (600) and c (300) fit; d (600) does not until b's 600
+    # left the window, and e (50), which would fit, waits behind d rather than pass it.
+    order = [name for name, _ in arrivals]
+    assert order == ["first", "b", "c", "d", "e"], arrivals
+
+
+async def test_a_metered_call_that_cannot_have_its_tokens_in_time_is_refused_at_once() -> None:
+    arrivals: list[tuple[str, float]] = []
+    async with metered(MemoryBackend(), {"first": 1000}, arrivals, timeout=30) as client:
+        loop = asyncio.get_running_loop()
+        first = asyncio.ensure_future(call(client, "first", 1000))
+        await asyncio.sleep(0.1)
+        began = loop.time()
+        with pytest.raises(RateLimited) as refused:
+            await call(client, "late", 10)  # the budget is spent for 60 s: more than 30
+        assert loop.time() - began < HORIZON + 1e-3
+        assert 59 < refused.value.retry_after <= 60
+        await first
+
+
+async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes_on() -> None:
+    loop = asyncio.get_running_loop()
+    turns = _Turns()
+    assert await turns.wait(None)  # the first has its turn at once
+    began = loop.time()
+    assert not await turns.wait(began + 2.0)  # the turn did not come in 2 s
+    assert loop.time() - began == pytest.approx(2.0)
+    second = asyncio.ensure_future(turns.wait(None))
+    third = asyncio.ensure_future(turns.wait(None))
+    await asyncio.sleep(0)
+    turns.next()  # the turn passes to the second, which is cancelled as it comes
+    second.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await second
+    assert await third  # passed on to the third
+    turns.next()
+    assert await turns.wait(loop.time())  # nobody holds it: at once
