@@ -36,6 +36,7 @@ from ._quota_headers import quota
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown
+from .backends.base import Refusal
 from .errors import InvalidArgumentError, LimiterError
 
 __all__ = ["MAX_BODY", "TokenMeter", "estimate_tokens", "sync_from", "usage_tokens"]
@@ -170,7 +171,11 @@ class TokenMeter:
                 acquired = await acquire_all(wanted, timeout=ask)
                 if acquired or (left is not None and acquired.retry_after > left):
                     return acquired
-                await turns.pause(min(acquired.retry_after, HORIZON))
+                held_by = acquired.attempts[0]  # (the request's own limiter)
+                if isinstance(held_by, Refusal):  # a refund of tokens would not help
+                    await asyncio.sleep(held_by.retry_in / 1e6)
+                else:
+                    await turns.pause(min(acquired.retry_after, HORIZON))
         finally:
             turns.next()
 

@@ -6,12 +6,14 @@ looptime on the memory backend (its clock is the loop's), through the httpx tran
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 
 import httpx
 import pytest
 
-from aiolimit import MemoryBackend, RateLimited, RateLimiter
+import aiolimit
+from aiolimit import MemoryBackend, Observer, RateLimited, RateLimiter
 from aiolimit._meter import HORIZON, _Turns
 from aiolimit.httpx import RateLimitedTransport
 
@@ -105,3 +107,32 @@ async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes
     assert await third  # passed on to the third
     turns.next()
     assert await turns.wait(loop.time())  # nobody holds it: at once
+
+
+class Asks(Observer):
+    """How many times each limiter was asked and refused."""
+
+    def __init__(self) -> None:
+        self.refusals: collections.Counter[str] = collections.Counter()
+
+    def refused(self, name: str, permits: int) -> None:
+        self.refusals[name] += 1
+
+
+async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling() -> None:
+    asks = Asks()
+    previous = aiolimit.observe(asks)
+    try:
+        backend = MemoryBackend()
+        arrivals: list[tuple[str, float]] = []
+        async with metered(backend, {"first": 10, "second": 10}, arrivals) as client:
+            await call(client, "first", 10)
+            await RateLimiter("turns-requests", backend).block(5.0)  # a 429's pause
+            began = asyncio.get_running_loop().time()
+            await call(client, "second", 10)
+        # Token refunds cannot end a pause: the call sleeps it out rather than asking the
+        # store every HORIZON meanwhile.
+        assert arrivals[1][1] - began == pytest.approx(5.0, abs=HORIZON)
+        assert asks.refusals["turns-requests"] <= 2, asks.refusals
+    finally:
+        aiolimit.observe(previous)
