@@ -24,6 +24,7 @@ from ..errors import BackendError, InvalidArgumentError
 __all__ = [
     "COUNTERS_FORMAT",
     "GRANTED_FORMAT",
+    "HANDED_BACK_US",
     "HELD_BUCKETS",
     "MAX_BATCH",
     "MAX_EXACT",
@@ -117,8 +118,10 @@ def format_grant(permits: int, start: int, tag: int) -> str:
     """The member a grant is handed back by (``Grant.member``), ``"<permits>:<start>:<tag>"``:
     its permits, its start (us, on the limiter's clock) and a number that tells it from the
     other grants of its budget that start then (a sliding window's: its log entry's sequence
-    number). Unique for the limiter's life: a log's sequence starts over only once every
-    grant it held has left the window, after which grants start later."""
+    number). Unique for the limiter's life: a log's sequence starts over only once its state
+    is gone, when every grant it held has left the window and the latest start handed back
+    is ``HANDED_BACK_US`` past, after which grants start later; a token bucket's or fixed
+    windows' tag carries the hand-backs counted as long (counters.lua)."""
     return f"{permits}:{start}:{tag}"
 
 
@@ -130,6 +133,14 @@ def parse_grant(member: str) -> tuple[int, int, int]:
         raise InvalidArgumentError(f"member must be a Grant's member, not {member!r}")
     return int(parts[0]), int(parts[1]), int(parts[2])
 
+
+HANDED_BACK_US = 1_000_000
+"""How long, at least, a budget remembers a hand-back past the start of the grant handed back
+(a token bucket's or fixed windows' hand-back count, a sliding window's sequence numbers,
+its value key kept even with an empty log): a later grant at that start never gets the
+member of the one handed back, so a settle or release of either names one grant only. (Not
+one microsecond: Redis expires keys on its own clock, which a limiter's clock, held at the
+latest time it has seen, may lag.)"""
 
 RECEIPT_US = 60_000_000
 """How long a release that names no grant is remembered (its receipt, in the limiter's
