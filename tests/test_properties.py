@@ -1155,6 +1155,27 @@ async def test_a_longer_expire_keeps_the_state_as_long_as_the_config(
     )
 
 
+async def test_expire_while_the_clock_is_behind_acts_at_the_limiter_time(
+    redis_server: LocalRedis,
+) -> None:
+    # The clock goes back half an interval, then expire(1 ms): the end is one millisecond
+    # after the limiter's time (the latest it acted on, which never goes back), in both
+    # backends. The memory backend once counted it from the clock's reading, half an
+    # interval earlier: the state (the grant of a rate of 1) was gone at once, and the
+    # acquire after it granted what Redis refused.
+    await replay(
+        redis_server,
+        (RateType.OVERALL, 1, INTERVALS_US[0], None),
+        [
+            ("acquire", "a", 1),
+            ("acquire", "b", 1),
+            ("back", "half"),
+            ("expire", "1us"),
+            ("acquire", "a", 1),
+        ],
+    )
+
+
 async def test_a_refusal_leaves_the_budget_ttl_as_redis_does(redis_server: LocalRedis) -> None:
     # After a shorter interval (kept state), a refusal that reclaims nothing writes nothing:
     # the budget keeps its TTL of 25 s in both backends (the memory backend once stored it
