@@ -7,7 +7,6 @@ import bisect
 
 from ..._types import RateLimiterConfig
 from .._protocol import (
-    HANDED_BACK_US,
     HELD_BUCKETS,
     MAX_EXACT,
     RECLAIM_STEPS,
@@ -34,7 +33,7 @@ def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
     if count == RECLAIM_STEPS and grants[-1][0] <= window_start:
         if write:  # the whole log has expired
             hold(budget, budget.used, grants[-1][0], interval)
-            budget.used = 0
+            budget.used = budget.seq = 0
             budget.clear()
         return 0
     used = budget.used - sum(p for _, _, p in grants[head : head + count])
@@ -47,6 +46,8 @@ def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
         elif budget.cs is not None:
             budget.cp -= budget.used - used
         budget.used = used
+        if used == 0:
+            budget.seq = 0  # an empty log starts over, as a budget whose keys expired does
     return used
 
 
@@ -130,41 +131,30 @@ def wait_for(budget: Budget, need: int, interval: int, now: int) -> int:
 
 
 def store_log(
-    budget: Budget,
-    interval: int,
-    now: int,
-    deadline: int | None,
-    keep_alive: int,
-    handed: int | None = None,
+    budget: Budget, interval: int, now: int, deadline: int | None, keep_alive: int
 ) -> bool:
     """Gives the budget a TTL of ``HELD_BUCKETS`` intervals from its newest grant, logged or
-    held (not past ``kept_until``, nor the limiter's ``deadline``), and past the start of the
-    latest grant handed back by ``HANDED_BACK_US`` (its sequence goes on: sliding_log.lua);
-    False: nothing is left, the budget is gone."""
+    held (not past ``kept_until``, nor the limiter's ``deadline``); False: nothing is left,
+    the budget is gone."""
     newest = [budget.grants[-1][0]] if len(budget.grants) > budget.head else []
     newest += [budget.held[-1][1]] if budget.held else []
-    until = now
-    if newest:
-        last = max(newest)
-        until = kept_until(keep_alive, last + interval, last + HELD_BUCKETS * interval, now)
-    if until <= now and handed is None:
+    if not newest:
+        return False
+    last = max(newest)
+    until = kept_until(keep_alive, last + interval, last + HELD_BUCKETS * interval, now)
+    if until <= now:
         return False
     ttl = ms(until - now)
-    if handed is not None:
-        ttl = max(ttl, ms(max(handed, now) + HANDED_BACK_US - now))
     if deadline is not None:
         ttl = max(min(ttl, ms(deadline - now)), 1000)
     budget.expires_at = now + ttl
     return True
 
 
-def release_log(
-    budget: Budget, permits: int, member: str | None, now: int
-) -> tuple[int, int | None]:
+def release_log(budget: Budget, permits: int, member: str | None, now: int) -> int:
     """Removes the grant ``member`` (see ``format_grant``) from one log, if it is still there
     and started when it says (a log entry numbered as it is, from another life of the log,
-    is another grant); or ``permits`` from its newest started grants. Returns the permits
-    removed and the latest start among them (None: none)."""
+    is another grant); or ``permits`` from its newest started grants."""
     grants, released = budget.grants, 0
     if member is not None:
         permits, start, seq = parse_grant(member)
@@ -173,30 +163,28 @@ def release_log(
         if i < len(grants) and grants[i] == entry:
             del grants[i]
             budget.moved(start, -permits)
-            return permits, start
-        return 0, None
-    latest: int | None = None
+            released = permits
+        return released
     # Reservations (grants starting in the future) belong to waiting callers.
     started = budget.rank_after(now)
     for index in range(started - 1, max(started - WALK_STEPS, budget.head) - 1, -1):
         if released >= permits:
             break
         time, logged, entry_permits = grants.pop(index)
-        latest = time if latest is None else max(latest, time)
         take = min(entry_permits, permits - released)
         budget.moved(time, -take)
         released += take
         if take < entry_permits:
             rest = entry_permits - take
             budget.add((time, format_member(rest, parse_member(logged)[1]), rest))
-    return released, latest
+    return released
 
 
 class SlidingLog(Group):
     """A log per rate (``budgets``; ``stored`` says which exist): the first rate's in
     ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
 
-    __slots__ = ("budgets", "handed", "stored", "touched", "used")
+    __slots__ = ("budgets", "stored", "touched", "used")
 
     idempotent = True  # a grant handed back is no longer in the log
     logs_grants = True
@@ -212,8 +200,6 @@ class SlidingLog(Group):
             self.stored.append(budget is not None)
             self.budgets.append(Budget() if budget is None else budget)
         self.touched = [False] * len(self.budgets)
-        # per log, the start of the latest grant this call handed back (sliding_log.lua)
-        self.handed: list[int | None] = [None] * len(self.budgets)
         self.used = [budget.used for budget in self.budgets]  # as reclaim leaves them
         self.fresh = not any(self.stored)
 
@@ -286,7 +272,7 @@ class SlidingLog(Group):
             if not self.touched[i]:
                 continue
             slot: Slot = self.key if i == 0 else (self.key, i + 1)
-            if store_log(budget, rate.interval_us, now, deadline, keep_alive, self.handed[i]):
+            if store_log(budget, rate.interval_us, now, deadline, keep_alive):
                 limiter.store(slot, budget)
                 self.stored[i] = True
                 longest = max(longest, int(budget.expires_at) - now)
@@ -311,12 +297,11 @@ class SlidingLog(Group):
         for i, budget in enumerate(self.budgets):
             if not self.stored[i]:
                 continue
-            count, start = release_log(budget, wanted, member, now)
+            count = release_log(budget, wanted, member, now)
             if count:
                 budget.used -= count
                 self.used[i] = budget.used
                 self.touched[i] = True
-                self.was_handed(i, start)
             released = max(released, count)
         return released
 
@@ -340,14 +325,8 @@ class SlidingLog(Group):
             budget.used -= wanted
             self.used[i] = budget.used
             self.touched[i] = True
-            self.was_handed(i, start)
             back = wanted
         return back, format_grant(kept, start, seq) if back else member
-
-    def was_handed(self, i: int, start: int | None) -> None:
-        if start is not None:
-            handed = self.handed[i]
-            self.handed[i] = start if handed is None else max(handed, start)
 
     def charge(self, member: str, extra: int, now: int) -> str:
         # An entry of its own at `now`: the grant keeps its entry, the member its number.

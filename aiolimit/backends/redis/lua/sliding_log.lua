@@ -9,11 +9,6 @@
 --                ("<score> <prefix> <group>", or "-" for none; see `wait_for`), then
 --                held.lua's summary of grants that left the window (" ~<permits>:<at>"...).
 --   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
--- The sequence numbers of a budget's grants only grow while its value key lives: a grant
--- handed back (released, settled for fewer) leaves its slot to a later grant, which takes
--- the next number, and the value key outlives the start of the latest grant handed back
--- (budget.handed) by HANDED_BACK_US, an empty log too (counters.lua's rule for hand-backs):
--- no two grants of one start get the same member.
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
 -- "value"/"permits"; same hash tag, so the same slot). Both keys carry the same TTL, which
@@ -95,6 +90,7 @@ local function reclaim(budget, window_start, write)
       end
       budget.used, budget.cs = 0, nil
       if write then
+        budget.seq = 0
         budget.dirty = true
         redis.call('UNLINK', key)
       end
@@ -115,6 +111,9 @@ local function reclaim(budget, window_start, write)
       budget.cs = nil
     elseif budget.cs then
       budget.cp = budget.cp - sum
+    end
+    if budget.used == 0 then
+      budget.seq = 0 -- an empty log starts over, as a budget whose keys expired does
     end
   end
 end
@@ -142,14 +141,11 @@ local function save_budget(budget, config, now)
     local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
     local last = with_held(budget, newest[2] and tonumber(newest[2]))
     local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
-    if not (until_ and until_ > now) and not budget.handed then
+    if not (until_ and until_ > now) then
       redis.call('DEL', budget.value_key)
       return 0
     end
-    ttl = ms(max(until_ or now, now) - now)
-  end
-  if budget.handed then -- (see above)
-    ttl = max(ttl, ms(max(budget.handed, now) + HANDED_BACK_US - now))
+    ttl = ms(until_ - now)
   end
   if config.expires_at then
     ttl = max(min(ttl, ms(config.expires_at - now)), 1)
@@ -171,7 +167,6 @@ local function release_log(budget, wanted, member, now)
     redis.call('ZREM', key, m)
     cursor_moved(budget, score, -permits)
     count = count + permits
-    budget.handed = max(budget.handed or score, score)
   end
   if member then
     -- Its entry, if it is still logged at its start: an entry numbered as it is, from another
