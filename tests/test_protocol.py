@@ -15,7 +15,6 @@ from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiterConfig, RateType
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     GRANTED_FORMAT,
-    HANDED_BACK_US,
     HELD_BUCKETS,
     MAX_BATCH,
     MAX_EXACT,
@@ -56,7 +55,6 @@ def test_lib_lua_has_the_bounds_of_the_protocol() -> None:
     assert lua_constant("WALK_STEPS") == WALK_STEPS
     assert lua_constant("RECLAIM_STEPS") == RECLAIM_STEPS
     assert lua_constant("MAX_EXACT") == MAX_EXACT
-    assert lua_constant("HANDED_BACK_US") == HANDED_BACK_US
 
 
 def test_acquire_many_says_the_batch_bound_the_client_keeps() -> None:

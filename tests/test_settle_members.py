@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from conformance import advance
-from test_settle import ALGORITHMS, NAME, RATE_TYPES, limiter, take
+from settling import ALGORITHMS, NAME, RATE_TYPES, limiter, take
 
 from aiolimit import Algorithm, RateType
 from aiolimit.backends import Backend, Grant
@@ -39,27 +39,19 @@ async def assert_settles_on_its_own(backend: Backend, old: Grant, new: Grant) ->
     assert await backend.available_permits(NAME) == before + permits(new) - 1
 
 
-@ALGORITHMS
-@RATE_TYPES
-async def test_a_grant_in_the_slot_of_one_settled_to_zero_has_its_own_member(
-    store: Any, algorithm: Algorithm, rate_type: RateType
-) -> None:
-    _, backend = await limiter(store, algorithm, rate_type)
-    first = await take(backend, 4)
-    await settled_to_zero(backend, first)  # the budget is empty again, the clock stands
-    second = await take(backend, 4)
-    assert second.starts_at == first.starts_at
-    await assert_settles_on_its_own(backend, first, second)
+async def released(backend: Backend, grant: Grant) -> None:
+    assert await backend.release(NAME, permits(grant), grant.member) == permits(grant)
 
 
 @ALGORITHMS
 @RATE_TYPES
-async def test_a_grant_in_the_slot_of_one_released_has_its_own_member(
-    store: Any, algorithm: Algorithm, rate_type: RateType
+@pytest.mark.parametrize("hand_back", [settled_to_zero, released], ids=["settled", "released"])
+async def test_a_grant_in_the_slot_of_one_handed_back_has_its_own_member(
+    store: Any, algorithm: Algorithm, rate_type: RateType, hand_back: Any
 ) -> None:
     _, backend = await limiter(store, algorithm, rate_type)
     first = await take(backend, 4)
-    assert await backend.release(NAME, 4, first.member) == 4
+    await hand_back(backend, first)  # the budget is empty again, the clock stands
     second = await take(backend, 4)
     assert second.starts_at == first.starts_at
     await assert_settles_on_its_own(backend, first, second)

@@ -24,7 +24,6 @@ from ..errors import BackendError, InvalidArgumentError
 __all__ = [
     "COUNTERS_FORMAT",
     "GRANTED_FORMAT",
-    "HANDED_BACK_US",
     "HELD_BUCKETS",
     "MAX_BATCH",
     "MAX_EXACT",
@@ -118,10 +117,10 @@ def format_grant(permits: int, start: int, tag: int) -> str:
     """The member a grant is handed back by (``Grant.member``), ``"<permits>:<start>:<tag>"``:
     its permits, its start (us, on the limiter's clock) and a number that tells it from the
     other grants of its budget that start then (a sliding window's: its log entry's sequence
-    number). Unique for the limiter's life: a log's sequence starts over only once its state
-    is gone, when every grant it held has left the window and the latest start handed back
-    is ``HANDED_BACK_US`` past, after which grants start later; a token bucket's or fixed
-    windows' tag carries the hand-backs counted as long (counters.lua)."""
+    number). Unique for the limiter's life: a log's sequence starts over only once it is
+    empty (every grant left the window, or its state is gone) and the latest start of a
+    grant handed back has passed, after which grants start later (sliding_log.lua); a token
+    bucket's or fixed windows' tag carries the hand-backs counted (counters.lua)."""
     return f"{permits}:{start}:{tag}"
 
 
@@ -133,14 +132,6 @@ def parse_grant(member: str) -> tuple[int, int, int]:
         raise InvalidArgumentError(f"member must be a Grant's member, not {member!r}")
     return int(parts[0]), int(parts[1]), int(parts[2])
 
-
-HANDED_BACK_US = 1_000_000
-"""How long, at least, a budget remembers a hand-back past the start of the grant handed back
-(a token bucket's or fixed windows' hand-back count, a sliding window's sequence numbers,
-its value key kept even with an empty log): a later grant at that start never gets the
-member of the one handed back, so a settle or release of either names one grant only. (Not
-one microsecond: Redis expires keys on its own clock, which a limiter's clock, held at the
-latest time it has seen, may lag.)"""
 
 RECEIPT_US = 60_000_000
 """How long a release that names no grant is remembered (its receipt, in the limiter's
@@ -162,11 +153,13 @@ def parse_rates(text: str) -> tuple[Rate, ...]:
     return tuple(rates)
 
 
-VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~<permits>:<at>]..."
+VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~h<handed>][ ~<permits>:<at>]..."
 """A budget's value key: the config generation the state belongs to, the permits its log
 holds (reservations included), the number of its last grant, where the last wait
-computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), then up
-to ``HELD_BUCKETS`` entries of the grants reclaimed from the log (held.lua)."""
+computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), the
+latest start of a grant handed back while a later grant may still take it (its numbers go
+on meanwhile: sliding_log.lua), then up to ``HELD_BUCKETS`` entries of the grants
+reclaimed from the log (held.lua)."""
 
 HELD_BUCKETS = 2
 """Spans of reclaimed grants a sliding window's budget keeps (held.lua)."""

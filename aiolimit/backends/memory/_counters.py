@@ -9,7 +9,7 @@ import abc
 from dataclasses import replace
 
 from ..._types import Rate, RateLimiterConfig
-from .._protocol import HANDED_BACK_US, MAX_EXACT, format_grant, parse_grant
+from .._protocol import MAX_EXACT, format_grant, parse_grant
 from ._algorithm import Group
 from ._state import Budget, Limiter, ms
 
@@ -151,8 +151,9 @@ class Counters(Group):
             until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
         if state.handbacks:
             # (a grant at this very time, or at a handed-back grant's start, must see the count)
-            handed = now if self.handed is None else max(now, self.handed)
-            until = max(until, handed + HANDED_BACK_US)
+            until = max(until, now + 1)
+            if self.handed is not None:
+                until = max(until, self.handed + config.longest_us)
         if until <= now:
             if self.state_in_config(config):
                 stored.state = None

@@ -39,11 +39,11 @@
 -- and numbers; the budget counts its hand-backs (group.handbacks, kept as the first entry
 -- of the tail, " ~h<count>") and a grant's tag carries the count, so that no member is ever
 -- issued twice (a receipt would take the second grant's hand-back for a resend of the
--- first's). The count is kept for HANDED_BACK_US past the start of the latest grant handed back
--- (group.handed) and past every write that sees it: a grant at that start, even after the
--- state has run out, must see it. (Not less: Redis expires keys on its own clock, which a
--- limiter's clock held at the latest time it has seen may lag.) A sliding window keeps its
--- sequence numbers by the same rule (sliding_log.lua).
+-- first's). The count is kept while the latest grant handed back (group.handed: its start)
+-- could still count, one longest interval from its start, as its receipt is (release.lua):
+-- a grant at that start, even after the numbers have run out, must see it; and past every
+-- write that sees it. A sliding window keeps its sequence numbers by the same rule
+-- (sliding_log.lua).
 
 -- Removes a token bucket's or fixed windows' state.
 local function drop_counters(group)
@@ -147,7 +147,7 @@ local function save_counters(group, rule, now)
   end
   if group.handbacks then
     -- (a grant at this very time, or at a handed-back grant's start, must see the count)
-    until_ = max(until_, max(now, group.handed or now) + HANDED_BACK_US)
+    until_ = max(until_, now + 1, group.handed and group.handed + config.longest or 0)
   end
   if until_ <= now then
     drop_counters(group)

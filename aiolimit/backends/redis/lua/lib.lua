@@ -26,9 +26,6 @@
 local MAX_EXACT = 9007199254740991 -- 2^53 - 1: Lua numbers are doubles
 local WALK_STEPS = 1000 -- log entries one wait computation may read
 local RECLAIM_STEPS = 1000 -- expired log entries one call may remove from a budget
--- How long, at least, a budget remembers a hand-back after the grant's start (its count, a
--- sliding window's sequence): no later grant gets the member of one handed back (counters.lua)
-local HANDED_BACK_US = 1000000
 -- (the same bounds as the text a command takes: a number passed to redis.call is formatted
 -- again on every call)
 local WALK_LIMIT, RECLAIM_LIMIT = WALK_STEPS .. '', RECLAIM_STEPS .. ''
