@@ -39,7 +39,7 @@ from ._types import MAX_RATE, shown
 from .backends.base import Refusal
 from .errors import InvalidArgumentError, LimiterError
 
-__all__ = ["MAX_BODY", "TokenMeter", "estimate_tokens", "sync_from", "usage_tokens"]
+__all__ = ["MAX_BODY", "TokenMeter", "UsageTail", "estimate_tokens", "sync_from", "usage_tokens"]
 
 log = logging.getLogger("aiolimit")
 
@@ -93,6 +93,52 @@ def usage_tokens(body: bytes | None) -> int | None:
             if found is not None:
                 return found
     return None
+
+
+class UsageTail:
+    """The usage an event stream reports, read from its bytes as they pass (``feed``), in
+    bounded memory: the usage of the last ``data:`` line that carries one, and the line not
+    yet ended (a line longer than ``MAX_BODY`` is skipped).
+
+    >>> tail = UsageTail()
+    >>> tail.feed(b'data: {"usage": {"total_tokens": 42}}\n\ndata: [DONE]\n\n')
+    >>> tail.finish()
+    42
+    """
+
+    __slots__ = ("_line", "_skipping", "tokens")
+
+    def __init__(self) -> None:
+        self._line = bytearray()
+        self._skipping = False  # inside a line longer than MAX_BODY
+        self.tokens: int | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        *ended, rest = chunk.split(b"\n")
+        for part in ended:
+            if self._skipping:
+                self._skipping = False
+            else:
+                self._seen(bytes(self._line) + part)
+            self._line.clear()
+        if self._skipping or len(self._line) + len(rest) > MAX_BODY:
+            self._skipping = True
+            self._line.clear()
+        else:
+            self._line += rest
+
+    def finish(self) -> int | None:
+        """The usage, once the stream has ended (its last line may have no line end)."""
+        if not self._skipping and self._line:
+            self._seen(bytes(self._line))
+            self._line.clear()
+        return self.tokens
+
+    def _seen(self, line: bytes) -> None:
+        if line.startswith(b"data:") and b'"usage"' in line:
+            found = usage_tokens(line.rstrip(b"\r"))
+            if found is not None:
+                self.tokens = found
 
 
 def _usage(document: object) -> int | None:
@@ -190,27 +236,47 @@ class TokenMeter:
         await sync_from(headers, self.tokens, "tokens")
 
     async def _settle(self, acquired: Acquired, response: object) -> None:
+        async def used() -> object:
+            found = self.usage(response)
+            return await found if inspect.isawaitable(found) else found
+
+        await self._settled(acquired, used)
+
+    async def settle_used(self, acquired: Acquired, used: int) -> None:
+        """The tokens' grant settled as ``used``: an event stream's usage, read as it passed
+        (its response's rate-limit headers were taken when it came)."""
+
+        async def given() -> object:
+            return used
+
+        await self._settled(acquired, given)
+
+    async def _settled(self, acquired: Acquired, used: Callable[[], Awaitable[object]]) -> None:
         if len(acquired.limiters) < 2:
             return  # an estimate of 0: no tokens taken
         try:
-            used = self.usage(response)
-            if inspect.isawaitable(used):
-                used = await used
-            if used is None:
+            count = await used()
+            if count is None:
                 return
-            settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
-            turns = self._turns.get(asyncio.get_running_loop())
-            if settled.handed_back and turns is not None:
-                turns.wake()  # (the caller asking next may have them now)
+            settled = await acquired.settle(check_settle_permits(count), limiter=self.tokens)
+            if settled.handed_back:
+                self._wake()
         except (LimiterError, ValueError, TypeError) as exc:
             log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
+
+    def _wake(self) -> None:
+        """Tokens came back: the call of this process asking next may have them now."""
+        turns = self._turns.get(asyncio.get_running_loop())
+        if turns is not None:
+            turns.wake()
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""
         if len(acquired.limiters) == 2:
             try:
-                await acquired.settle(0, limiter=self.tokens)
+                if (await acquired.settle(0, limiter=self.tokens)).handed_back:
+                    self._wake()
             except LimiterError as exc:
                 log.warning("limiter %r: tokens not handed back: %s", self.tokens.name, exc)
         await sync_from(headers, self.tokens, "tokens")

@@ -24,12 +24,10 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
-import asyncio
-import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ._acquire import Acquired
+from ._aiohttp_stream import in_background, meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
@@ -54,7 +52,11 @@ class RateLimitedClientMiddleware:
     ``tokens``, ``estimate`` and ``usage`` as :class:`aiolimit.httpx.RateLimitedTransport`
     takes them (``usage`` may be async: ``await response.json()``). The middleware reads a
     metered response's body itself (at most ``MAX_BODY``; the caller reads the same bytes)
-    and settles at once; for an event stream (``text/event-stream``) the estimate stands.
+    and settles at once. An event stream (``text/event-stream``) is the caller's to read:
+    with the default ``usage``, the usage of its last ``data:`` event that carries one
+    settles the tokens once the stream has been read to its end or the response is
+    released (``async with`` left) or closed; a stream left before its usage event, or
+    with a ``usage`` of your own, keeps the estimate.
 
     ``concurrency``: a slot of it is held from before the permit until aiohttp lets the
     response's connection go (the whole body received, or the response released: ``async
@@ -63,7 +65,7 @@ class RateLimitedClientMiddleware:
     raised; a loss after it is logged (aiohttp reads the body outside the middleware).
     """
 
-    __slots__ = ("_guard",)
+    __slots__ = ("_guard", "_streams")
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class RateLimitedClientMiddleware:
             meter = TokenMeter(tokens, limiter, estimate or _estimate, usage or _usage)
         elif estimate is not None or usage is not None:
             raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
+        self._streams = usage is None  # (the default usage reads an event stream's too)
         self._guard = CallGuard(
             limiter,
             permits=permits,
@@ -112,11 +115,16 @@ class RateLimitedClientMiddleware:
             await guard.after_headers(response.headers)
             await guard.pause_for(response.status, response.headers.get("Retry-After"))
         meter = guard.meter
-        if meter is not None:
-            readable = _readable(response)
-            if readable:
-                await response.read()  # (kept: the caller's read() gives the same bytes)
-            await meter.settle(acquired, response if readable else None, response.headers)
+        if meter is None:
+            return response
+        if self._streams and response.content_type == "text/event-stream":
+            await meter.settle(acquired, None, response.headers)  # the provider's floors now
+            meter_stream(response, meter, acquired)  # the usage once the caller has read it
+            return response
+        readable = _readable(response)
+        if readable:
+            await response.read()  # (kept: the caller's read() gives the same bytes)
+        await meter.settle(acquired, response if readable else None, response.headers)
         return response
 
 
@@ -131,8 +139,13 @@ async def _send(
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)
     else:
-        connection.add_callback(lambda: _background(acquired.__aexit__(None, None, None)))
+        connection.add_callback(lambda: _release_slot(acquired))
     return response
+
+
+def _release_slot(acquired: InFlight) -> None:
+    """Releases a response's slot when aiohttp releases its connection (a callback)."""
+    in_background(acquired.__aexit__(None, None, None), "a response's concurrency slot")
 
 
 def _readable(response: ClientResponse) -> bool:
@@ -152,20 +165,3 @@ def _estimate(request: ClientRequest) -> int:
 
 async def _usage(response: ClientResponse) -> int | None:
     return usage_tokens(await response.read())
-
-
-log = logging.getLogger("aiolimit")
-_background_tasks: set[asyncio.Task[Any]] = set()
-
-
-def _background(releasing: Any) -> None:
-    """Releases a response's slot when aiohttp releases its connection (a callback)."""
-    task = asyncio.ensure_future(releasing)
-    _background_tasks.add(task)
-    task.add_done_callback(_released)
-
-
-def _released(task: asyncio.Task[Any]) -> None:
-    _background_tasks.discard(task)
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("a response's concurrency slot: %s", task.exception())

@@ -740,11 +740,13 @@ class Twins:
                     budget.seq,
                     [(m, t) for t, m, _ in budget.live()],
                     budget.held,
+                    budget.handed,
                 )
                 redis_gen, used, seq, _cursor = value.split(" ", 3)
                 held = [[int(p), int(at)] for p, at in re.findall(r" ~(\d+):(-?\d+)", value)]
+                handed = re.search(r" ~h(-?\d+)", value)
                 logs = [(_text(m), int(t)) for m, t in logged]
-                redis_state = (int(used), int(seq), logs, held)
+                redis_state = (int(used), int(seq), logs, held, handed and int(handed[1]))
                 assert redis_state == memory_state, (
                     f"{i}{suffix}: redis {redis_state}, {memory_state}"
                 )
@@ -1151,6 +1153,24 @@ async def test_a_longer_expire_keeps_the_state_as_long_as_the_config(
             ("expire", "interval"),  # 10 s
             ("advance", "half"),
             ("acquire", "b", 1),  # refused by both
+        ],
+    )
+
+
+async def test_expire_while_the_clock_is_behind_acts_at_the_limiter_time(
+    redis_server: LocalRedis,
+) -> None:
+    # expire(1 ms) while the clock is behind: the state's TTL counts from the limiter's time
+    # in both (the memory backend once ended it half an interval early, and then granted).
+    await replay(
+        redis_server,
+        (RateType.OVERALL, 1, INTERVALS_US[0], None),
+        [
+            ("acquire", "a", 1),
+            ("acquire", "b", 1),
+            ("back", "half"),
+            ("expire", "1us"),
+            ("acquire", "a", 1),
         ],
     )
 

@@ -6,7 +6,6 @@ backend (the limiters on a clock the test holds still)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -16,42 +15,16 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
-from conformance import ManualClock, new_client
+from metering import AIOHTTP_ESTIMATE, ESTIMATE, PROMPT, Ticking, meters
 
 from aiolimit import (
     InvalidArgumentError,
     RateLimited,
     RateLimiter,
-    RateType,
     ShardedRateLimiter,
 )
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
-
-PROMPT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
-# The default estimate: a token per 4 bytes of the body, plus its max_tokens (httpx writes
-# compact JSON; aiohttp json.dumps's).
-ESTIMATE = len(httpx.Request("POST", "http://llm.test", json=PROMPT).content) // 4 + 1 + 100
-AIOHTTP_ESTIMATE = len(json.dumps(PROMPT).encode()) // 4 + 1 + 100
-
-
-class Ticking(ManualClock):
-    """A clock one microsecond further at every reading."""
-
-    def __call__(self) -> float:
-        self.advance(1e-6)
-        return super().__call__()
-
-
-async def meters(
-    store: Any, tokens: int = 1000, clock: ManualClock | None = None
-) -> tuple[RateLimiter, RateLimiter]:
-    backend = new_client(store, clock=clock or ManualClock())
-    requests = RateLimiter("llm-requests", backend)
-    await requests.set_rate(RateType.OVERALL, 10, 60)
-    budget = RateLimiter("llm-tokens", backend)
-    await budget.set_rate(RateType.OVERALL, tokens, 60)
-    return requests, budget
 
 
 def provider(

@@ -117,8 +117,10 @@ def format_grant(permits: int, start: int, tag: int) -> str:
     """The member a grant is handed back by (``Grant.member``), ``"<permits>:<start>:<tag>"``:
     its permits, its start (us, on the limiter's clock) and a number that tells it from the
     other grants of its budget that start then (a sliding window's: its log entry's sequence
-    number). Unique for the limiter's life: a log's sequence starts over only once every
-    grant it held has left the window, after which grants start later."""
+    number). Unique for the limiter's life: a log's sequence starts over only once it is
+    empty (every grant left the window, or its state is gone) and the latest start of a
+    grant handed back has passed, after which grants start later (sliding_log.lua); a token
+    bucket's or fixed windows' tag carries the hand-backs counted (counters.lua)."""
     return f"{permits}:{start}:{tag}"
 
 
@@ -151,11 +153,13 @@ def parse_rates(text: str) -> tuple[Rate, ...]:
     return tuple(rates)
 
 
-VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~<permits>:<at>]..."
+VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~h<handed>][ ~<permits>:<at>]..."
 """A budget's value key: the config generation the state belongs to, the permits its log
 holds (reservations included), the number of its last grant, where the last wait
-computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), then up
-to ``HELD_BUCKETS`` entries of the grants reclaimed from the log (held.lua)."""
+computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), the
+latest start of a grant handed back while a later grant may still take it (its numbers go
+on meanwhile: sliding_log.lua), then up to ``HELD_BUCKETS`` entries of the grants
+reclaimed from the log (held.lua)."""
 
 HELD_BUCKETS = 2
 """Spans of reclaimed grants a sliding window's budget keeps (held.lua)."""

@@ -304,11 +304,14 @@ class MemoryBackend(MemoryLeases, Backend):
         limiter.config.expires_at = at
         limiter.config.deadline = at
         # The state's TTL as the new end gives it (refresh_group): an earlier end shortens
-        # it, a later one gives back what an earlier expire() took.
-        refresh_group(limiter, None, now)
+        # it, a later one gives back what an earlier expire() took. Its TTLs count from the
+        # limiter's time, which never goes back (a clock behind it would end the state at
+        # once, before the grants it holds, which Redis keeps for the TTL the script gives).
+        acting = max(now, limiter.config.clock or now)
+        refresh_group(limiter, None, acting)
         if limiter.registry:
             limiter.registry_expires_at = min(limiter.registry_expires_at, at)
-        refresh_clients(limiter, limiter.config, now)
+        refresh_clients(limiter, limiter.config, acting)
         return True
 
     async def clear_expire(self, name: str) -> bool:

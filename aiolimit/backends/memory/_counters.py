@@ -18,7 +18,7 @@ class Counters(Group):
     """A budget kept as numbers: ``state.n`` holds two per rate, ``state.last`` the latest
     grant's start."""
 
-    __slots__ = ("dirty", "state")
+    __slots__ = ("dirty", "handed", "state")
 
     in_hash = True  # (an OVERALL budget's numbers are a field of its config: counters.lua)
 
@@ -27,6 +27,7 @@ class Counters(Group):
     ) -> None:
         super().__init__(limiter, config, key, write)
         self.dirty = False
+        self.handed: int | None = None  # the latest start handed back by this call (counters.lua)
         assert limiter.config is not None
         state = limiter.config.state if self.state_in_config(config) else limiter.budgets.get(key)
         size = 2 * len(config.rates)
@@ -149,7 +150,10 @@ class Counters(Group):
         for i, rate in enumerate(config.rates):
             until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
         if state.handbacks:
-            until = max(until, now + 1)  # a grant at this very time must see the count
+            # (a grant at this very time, or at a handed-back grant's start, must see the count)
+            until = max(until, now + 1)
+            if self.handed is not None:
+                until = max(until, self.handed + config.longest_us)
         if until <= now:
             if self.state_in_config(config):
                 stored.state = None
@@ -215,6 +219,7 @@ class Counters(Group):
         if released:
             self.dirty = True
             self.state.handbacks += 1
+            self.was_handed(now if start is None else start)
         return released
 
     # -- settle and sync (counters.lua's) ----------------------------------------------------
@@ -238,11 +243,15 @@ class Counters(Group):
     ) -> tuple[int, int]:
         """The numbers once the rate allows at most ``remaining`` more until the reset."""
 
+    def was_handed(self, start: int) -> None:
+        self.handed = start if self.handed is None else max(self.handed, start)
+
     def settled(self, permits: int, start: int, tag: int) -> str:
         """The member of a settled grant: its tag moved past every tag the rule gives once
         more than any grant's (the hand-back count moved by two: one for it, one after)."""
         state = self.state
         state.handbacks += 1
+        self.was_handed(start)
         member = format_grant(
             permits, start, self.tagged(tag % (self.rate_span(self.config.rates[0]) + 1))
         )

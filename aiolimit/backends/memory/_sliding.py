@@ -21,6 +21,18 @@ from ._held import hold, kept_until, restore_held
 from ._state import Budget, Limiter, Slot, ms
 
 
+def may_restart(budget: Budget, now: int) -> bool:
+    """Whether the log's sequence may start over at ``now``: no grant handed back starts
+    then or later (sliding_log.lua's ``may_restart``)."""
+    return budget.handed is None or budget.handed < now
+
+
+def handed_back(budget: Budget, start: int) -> None:
+    """A grant that started at ``start`` was handed back: its slot is free, its number not
+    (sliding_log.lua)."""
+    budget.handed = start if budget.handed is None else max(budget.handed, start)
+
+
 def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
     """Permits used once grants that left the window (``interval`` up to ``now``) are
     reclaimed (at most ``RECLAIM_STEPS`` of them); with ``write`` they are removed from the
@@ -33,7 +45,9 @@ def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
     if count == RECLAIM_STEPS and grants[-1][0] <= window_start:
         if write:  # the whole log has expired
             hold(budget, budget.used, grants[-1][0], interval)
-            budget.used = budget.seq = 0
+            budget.used = 0
+            if may_restart(budget, now):
+                budget.seq = 0
             budget.clear()
         return 0
     used = budget.used - sum(p for _, _, p in grants[head : head + count])
@@ -46,7 +60,7 @@ def reclaim_log(budget: Budget, interval: int, now: int, write: bool) -> int:
         elif budget.cs is not None:
             budget.cp -= budget.used - used
         budget.used = used
-        if used == 0:
+        if used == 0 and may_restart(budget, now):
             budget.seq = 0  # an empty log starts over, as a budget whose keys expired does
     return used
 
@@ -133,11 +147,12 @@ def wait_for(budget: Budget, need: int, interval: int, now: int) -> int:
 def store_log(
     budget: Budget, interval: int, now: int, deadline: int | None, keep_alive: int
 ) -> bool:
-    """Gives the budget a TTL of ``HELD_BUCKETS`` intervals from its newest grant, logged or
-    held (not past ``kept_until``, nor the limiter's ``deadline``); False: nothing is left,
-    the budget is gone."""
+    """Gives the budget a TTL of ``HELD_BUCKETS`` intervals from its newest grant, logged,
+    held or handed back (not past ``kept_until``, nor the limiter's ``deadline``); False:
+    nothing is left, the budget is gone."""
     newest = [budget.grants[-1][0]] if len(budget.grants) > budget.head else []
     newest += [budget.held[-1][1]] if budget.held else []
+    newest += [] if budget.handed is None else [budget.handed]  # (sliding_log.lua)
     if not newest:
         return False
     last = max(newest)
@@ -163,6 +178,7 @@ def release_log(budget: Budget, permits: int, member: str | None, now: int) -> i
         if i < len(grants) and grants[i] == entry:
             del grants[i]
             budget.moved(start, -permits)
+            handed_back(budget, start)
             released = permits
         return released
     # Reservations (grants starting in the future) belong to waiting callers.
@@ -171,6 +187,7 @@ def release_log(budget: Budget, permits: int, member: str | None, now: int) -> i
         if released >= permits:
             break
         time, logged, entry_permits = grants.pop(index)
+        handed_back(budget, time)
         take = min(entry_permits, permits - released)
         budget.moved(time, -take)
         released += take
@@ -322,6 +339,7 @@ class SlidingLog(Group):
             if kept:
                 budget.add((start, format_member(kept, seq), kept))
             budget.moved(start, -wanted)
+            handed_back(budget, start)
             budget.used -= wanted
             self.used[i] = budget.used
             self.touched[i] = True

@@ -63,6 +63,9 @@ class Budget:
     head: int = 0
     # What it keeps of the grants reclaimed from the log: [permits, latest start] (held.lua).
     held: list[list[int]] = field(default_factory=list)
+    # The latest start of a grant handed back, while a later grant may take it: the log keeps
+    # its sequence numbers meanwhile (sliding_log.lua).
+    handed: int | None = None
     expires_at: float = FOREVER
     # TOKEN_BUCKET and FIXED_WINDOW: the latest grant's start, and per rate two numbers.
     last: int | None = None

@@ -39,7 +39,11 @@
 -- and numbers; the budget counts its hand-backs (group.handbacks, kept as the first entry
 -- of the tail, " ~h<count>") and a grant's tag carries the count, so that no member is ever
 -- issued twice (a receipt would take the second grant's hand-back for a resend of the
--- first's).
+-- first's). The count is kept while the latest grant handed back (group.handed: its start)
+-- could still count, one longest interval from its start, as its receipt is (release.lua):
+-- a grant at that start, even after the numbers have run out, must see it; and past every
+-- write that sees it. A sliding window keeps its sequence numbers by the same rule
+-- (sliding_log.lua).
 
 -- Removes a token bucket's or fixed windows' state.
 local function drop_counters(group)
@@ -142,8 +146,8 @@ local function save_counters(group, rule, now)
     until_ = max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
   end
   if group.handbacks then
-    -- (a grant at this very time must see the count: it may take a handed-back slot)
-    until_ = max(until_, now + 1)
+    -- (a grant at this very time, or at a handed-back grant's start, must see the count)
+    until_ = max(until_, now + 1, group.handed and group.handed + config.longest or 0)
   end
   if until_ <= now then
     drop_counters(group)
@@ -214,7 +218,7 @@ local function settling(algorithm, rule, queued_start)
   -- any grant's (the hand-back count moved by two: one for it, one for the grants after).
   local function settled(group, permits, start, tag)
     local rates = group.config.rates
-    group.handbacks = (group.handbacks or 0) + 1
+    group.handbacks, group.handed = (group.handbacks or 0) + 1, max(group.handed or start, start)
     local member = fmt(permits) .. ':' .. fmt(start) .. ':' .. fmt(tagged(group, rule, rates[1], tag % (rule.span(rates[1]) + 1)))
     group.handbacks = group.handbacks + 1
     group.dirty, group.fresh = true, false
@@ -383,6 +387,7 @@ local function counters(rule)
     end
     if released > 0 then
       group.dirty, group.handbacks = true, (group.handbacks or 0) + 1
+      group.handed = max(group.handed or now, start or now)
     end
     return released
   end

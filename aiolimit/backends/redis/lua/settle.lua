@@ -14,11 +14,13 @@
 --
 -- Fewer: what of the difference still counts against the limit goes back, by the
 -- algorithm's rule for a grant handed back (`shrink`; a token bucket with reservations
--- queued behind the grant gives back nothing). More: the difference is taken now, whatever
--- is free (`charge`): a debt, down to the config's 'max_debt' (default: the smallest rate's
--- permits) below zero of the fewest permits left, reservations included (`room`); what would go
--- further is cut. Later grants wait until the debt is paid off, in order; reservations made
--- already keep their starts.
+-- queued behind the grant gives back nothing, even for a grant that has started: their
+-- starts count its tokens, and the bucket, one number, cannot hold a hole before them, so a
+-- refund would hand a reservation's slot to a newcomer as well: docs/token-budgets.md).
+-- More: the difference is taken now, whatever is free (`charge`): a debt, down to the
+-- config's 'max_debt' (default: the smallest rate's permits) below zero of the fewest
+-- permits left, reservations included (`room`); what would go further is cut. Later grants
+-- wait until the debt is paid off, in order; reservations made already keep their starts.
 -- A settle that changes the grant remembers the old member's receipt (as release.lua does)
 -- while it could count, and at least RECEIPT_US: a resend finds it and changes nothing, and
 -- so does a release of the old member. A member the budget no longer holds (gone from a

@@ -7,7 +7,8 @@
 --                belongs to, the permits its log holds (granted in the window, reservations
 --                included), the sequence number of its last grant, and the walk cursor
 --                ("<score> <prefix> <group>", or "-" for none; see `wait_for`), then
---                held.lua's summary of grants that left the window (" ~<permits>:<at>"...).
+--                held.lua's summary of grants that left the window (" ~<permits>:<at>"...),
+--                after " ~h<start>" while a grant handed back may still be given its member.
 --   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
@@ -15,6 +16,38 @@
 -- outlives the newest grant by HELD_BUCKETS intervals (see save_budget): an idle budget
 -- simply disappears.
 -- window_start = now - interval, and a grant scored at or before window_start has expired.
+--
+-- Sequence numbers: an empty log starts over at 1, as a budget whose keys expired does. But a
+-- grant handed back (released, settled for fewer) frees its slot, and a later grant of the
+-- same start would take its number again (a settle or release of the one would act on the
+-- other: counters.lua counts hand-backs for the same reason). So the budget remembers the
+-- latest start of a grant handed back (budget.handed, " ~h<start>"), and its keys live as
+-- long as they would with that grant logged (see save_budget): until that start has passed,
+-- an empty log keeps its numbers.
+
+-- The value without its " ~h<start>" entry, and that start (nil: none).
+local function split_handed(raw)
+  local at = string.find(raw, ' ~h', 1, true)
+  if not at then
+    return raw, nil
+  end
+  local start, rest = match(raw, '^ ~h(%-?%d+)(.*)$', at)
+  return string.sub(raw, 1, at - 1) .. rest, tonumber(start)
+end
+
+-- Whether the log's sequence may start over at `now` (see above).
+local function may_restart(budget, now)
+  return not (budget.handed and budget.handed >= now)
+end
+
+-- The later of `last` and the latest start handed back (nil: neither).
+local function with_handed(budget, last)
+  local handed = budget.handed
+  if handed and not (last and last >= handed) then
+    return handed
+  end
+  return last
+end
 
 -- Reads a budget. State of another generation (or a log without its value key) belongs to
 -- no limiter: with `write` it is dropped, without it is simply not counted.
@@ -23,13 +56,15 @@ local function load_budget(value_key, permits_key, config, write)
   local raw = redis.call('GET', value_key)
   local held
   if raw then
+    local handed
+    raw, handed = split_handed(raw)
     raw, held = parse_held(raw) -- (held.lua)
     local gen, used, seq, cursor = match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
     if not gen then
       error('aiolimit: the state in ' .. value_key .. ' is not aiolimit state; delete() the limiter')
     end
     if gen == config.gen then
-      budget.used, budget.seq, budget.held = used + 0, seq + 0, held
+      budget.used, budget.seq, budget.held, budget.handed = used + 0, seq + 0, held, handed
       local cs, cp, cg
       if cursor ~= '-' then
         cs, cp, cg = match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
@@ -52,6 +87,9 @@ end
 
 local function encode_budget(budget, gen)
   local held = format_held(budget.held)
+  if budget.handed then
+    held = ' ~h' .. fmt(budget.handed) .. held
+  end
   if budget.cs then
     return format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
   end
@@ -90,7 +128,9 @@ local function reclaim(budget, window_start, write)
       end
       budget.used, budget.cs = 0, nil
       if write then
-        budget.seq = 0
+        if may_restart(budget, window_start + budget.interval) then
+          budget.seq = 0
+        end
         budget.dirty = true
         redis.call('UNLINK', key)
       end
@@ -112,7 +152,7 @@ local function reclaim(budget, window_start, write)
     elseif budget.cs then
       budget.cp = budget.cp - sum
     end
-    if budget.used == 0 then
+    if budget.used == 0 and may_restart(budget, window_start + budget.interval) then
       budget.seq = 0 -- an empty log starts over, as a budget whose keys expired does
     end
   end
@@ -135,11 +175,11 @@ local function save_budget(budget, config, now)
     kept = redis.call('PTTL', budget.value_key) -- (-2: no key, so the log is this call's)
   end
   if kept ~= -1 then
-    local last = with_held(budget, budget.latest)
+    local last = with_handed(budget, with_held(budget, budget.latest))
     ttl = max(ms(last + HELD_BUCKETS * interval - now), kept)
   else
     local newest = redis.call('ZRANGE', budget.permits_key, '-1', '-1', 'WITHSCORES')
-    local last = with_held(budget, newest[2] and tonumber(newest[2]))
+    local last = with_handed(budget, with_held(budget, newest[2] and tonumber(newest[2])))
     local until_ = last and kept_until(config, last + interval, last + HELD_BUCKETS * interval, now)
     if not (until_ and until_ > now) then
       redis.call('DEL', budget.value_key)
@@ -167,6 +207,7 @@ local function release_log(budget, wanted, member, now)
     redis.call('ZREM', key, m)
     cursor_moved(budget, score, -permits)
     count = count + permits
+    budget.handed = max(budget.handed or score, score) -- (see above)
   end
   if member then
     -- Its entry, if it is still logged at its start: an entry numbered as it is, from another

@@ -198,6 +198,7 @@ function sliding.shrink(group, member, wanted, now)
       end
       cursor_moved(budget, start, -wanted)
       budget.used, budget.dirty = budget.used - wanted, true
+      budget.handed = max(budget.handed or start, start) -- (sliding_log.lua)
       back = wanted
     end
   end
