@@ -23,15 +23,28 @@ aiolimit limiters get the provider's quotas with ``--margin`` s added to their i
 each: the tokens used per window as a share of the tokens quota (mean, and the lowest
 window), the requests per window as a share of the requests quota, the 429s, how late
 requests arrived after their grant's start (p99, the aiolimit callers that reserve; the
-margin has to cover it), and the longest any caller's event loop ran late (a busy machine:
-a stall past the margin lets a request land later than the limiter promised).
+margin has to cover it), the longest any caller's event loop ran late (a busy machine:
+a stall past the margin lets a request land later than the limiter promised), and, per call
+the provider served, Redis's CPU (INFO cpu) and the commands it ran (INFO commandstats,
+those inside scripts included) over the whole run: one Redis serves the whole fleet.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from _harness import Table, local_redis, machine, parser, report, say
+from _harness import (
+    Table,
+    command_counts,
+    local_redis,
+    machine,
+    parser,
+    per_grant,
+    reading,
+    report,
+    say,
+)
+from redis import Redis
 
 from tools.token_trial import STRATEGIES, TokenTrial, available, run
 
@@ -56,14 +69,23 @@ def main() -> None:
     arguments.add_argument("--only", choices=STRATEGIES, action="append", help="repeatable")
     args = arguments.parse_args()
     columns = ["caller", "tokens per window", "lowest window", "requests per window", "429s"]
-    table = Table([*columns, "late p99", "stall"])
+    table = Table(
+        [
+            *columns,
+            "late p99",
+            "stall",
+            "Redis CPU per call",
+            "scripts per call",
+            "commands per call",
+        ]
+    )
     rows: list[dict[str, Any]] = []
     with local_redis() as url:
         heading = machine(url)
         for strategy in args.only or STRATEGIES:
             if not available(strategy):
                 say(f"{strategy}: not installed, left out (pip install -e '.[bench]')")
-                table.add(LABELS[strategy], "n/a (not installed)", "", "", "", "", "")
+                table.add(LABELS[strategy], "n/a (not installed)", *[""] * 8)
                 continue
             say(f"{strategy}: {(args.windows + 1) * args.window:g} s")
             spec = TokenTrial(
@@ -78,7 +100,12 @@ def main() -> None:
                 margin=args.margin,
                 prefix=f"bench-tokens-{strategy}",
             )
-            result = run(spec)
+            with Redis.from_url(url) as redis:
+                before, calls_before = reading(redis), command_counts(url)
+                result = run(spec)
+                after, calls_after = reading(redis), command_counts(url)
+            cost = per_grant(before, after, result.served)
+            scripts, commands = (a - b for a, b in zip(calls_after, calls_before, strict=True))
             table.add(
                 LABELS[strategy],
                 f"{result.token_share:.1%}",
@@ -87,8 +114,12 @@ def main() -> None:
                 result.refused,
                 "n/a" if result.late_p99 is None else f"{result.late_p99 * 1000:.0f} ms",
                 f"{result.stall * 1000:.0f} ms",
+                f"{cost.redis_cpu:.0f} µs",
+                f"{scripts / max(result.served, 1):.1f}",
+                f"{commands / max(result.served, 1):.1f}",
             )
-            rows.append({"strategy": strategy, **result.__dict__})
+            figures = {"redis_cpu_us": cost.redis_cpu, "scripts": scripts, "commands": commands}
+            rows.append({"strategy": strategy, **result.__dict__, **figures})
     table.title = (
         f"{args.processes} processes x {args.tasks} tasks, {args.tpm:,} tokens and {args.rpm:,} "
         f"requests per {args.window:g} s window, {args.windows} windows per caller, "
