@@ -25,7 +25,7 @@ TINY = {
     "stress.py": ["--only", "window", "--window-grants", "2000"],
     "tokens.py": [
         *("--windows", "1", "--processes", "1", "--tasks", "2", "--window", "0.5"),
-        *("--tpm", "10000", "--rpm", "50", "--only", "settle"),
+        *("--tpm", "10000", "--rpm", "50", "--only", "transport"),
     ],
     "leases.py": ["--tasks", "4", "--limit", "2", "--seconds", "0.3"],
     "partner.py": [
