@@ -9,7 +9,7 @@ from ._types import MAX_RATE
 from ._values import MAX_DURATION_SECONDS, Duration, exceeds_max_duration, shown, to_micros
 from .errors import InvalidArgumentError
 
-__all__ = ["check_permits", "check_sync", "max_wait_of"]
+__all__ = ["check_permits", "check_sync", "check_take", "max_wait_of"]
 
 
 def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
@@ -37,6 +37,19 @@ def check_permits(permits: object) -> int:
             f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
         )
     return permits
+
+
+def check_take(permits: int, timeout: Duration | None) -> tuple[int, int | None]:
+    """``(check_permits(permits), max_wait_of(timeout))``: the permit path's, in one call
+    that decides the common case (ints in range, as the defaults are) at once."""
+    if (
+        type(permits) is int
+        and type(timeout) is int
+        and 1 <= permits <= MAX_RATE
+        and 0 <= timeout <= MAX_DURATION_SECONDS
+    ):
+        return permits, timeout * 1_000_000
+    return check_permits(permits), max_wait_of(timeout)
 
 
 def check_sync(remaining: object, reset: Duration) -> tuple[int, int]:

@@ -8,14 +8,14 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Hashable, Iterable
-from typing import overload
+from collections.abc import Awaitable, Coroutine, Hashable, Iterable
+from typing import Any, NoReturn, overload
 
 from . import _observe
 from ._acquire import Acquired, acquire, give_back, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
-from ._checks import check_permits, check_sync, max_wait_of
+from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, acquire_in_flight
 from ._setup import setup_of
@@ -95,7 +95,9 @@ class RateLimiter(_Limiter):
     def __repr__(self) -> str:
         return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
 
-    async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
+    def try_acquire(
+        self, permits: int = 1, *, timeout: Duration | None = 0
+    ) -> Coroutine[Any, Any, bool]:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
         ``timeout=0`` makes one attempt; ``None`` waits as long as it takes, and so does any
@@ -104,7 +106,17 @@ class RateLimiter(_Limiter):
         reserved and this sleeps until they are free, then returns True. A negative or NaN
         timeout raises InvalidArgumentError.
         """
-        permits, max_wait = check_permits(permits), max_wait_of(timeout)
+        # A coroutine function in all but name: the caller awaits the engine's coroutine
+        # itself, one coroutine fewer per call. A bad argument still raises in the await.
+        try:
+            permits, max_wait = check_take(permits, timeout)
+        except Exception as exc:  # (raised where the call is awaited)
+            return _raising(exc)
+        if self._setup is not None and not self._setup.done:
+            return self._set_up_then_try(permits, max_wait)
+        return try_one(self, permits, max_wait)
+
+    async def _set_up_then_try(self, permits: int, max_wait: int | None) -> bool:
         setup = self._setup
         if setup is not None and not setup.done:  # a rate given at construction: stored once
             await setup.ensure(self)
@@ -220,3 +232,9 @@ def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:
 def _slots_of(limiter: ConcurrencyLimiter) -> tuple[Hashable, str]:
     """What makes two concurrency limiter objects one: the store and the name."""
     return (limiter.backend.store_id, limiter.name)
+
+
+async def _raising(error: Exception) -> NoReturn:
+    """A coroutine that raises ``error`` when awaited: a bad argument's error, where an
+    ``async def`` would have raised it."""
+    raise error

@@ -33,6 +33,7 @@ __all__ = ["RedisBackend"]
 Clock = Literal["server", "client"] | Callable[[], float]
 
 R = TypeVar("R")
+_PER_CLIENT = RateType.PER_CLIENT  # (read off its class, a member costs a lookup a call)
 
 
 class RedisBackend(RedisLeases, Backend):
@@ -58,7 +59,7 @@ class RedisBackend(RedisLeases, Backend):
     (:class:`~aiolimit.BreakerPolicy`; after an outage, calls fail at once for a while).
     """
 
-    __slots__ = ("_clock", "_keys", "_pipe", "_prefix", "_redis", "_timeout", "_types")
+    __slots__ = ("_clock", "_deadlines", "_keys", "_pipe", "_prefix", "_redis", "_types")
 
     def __init__(
         self,
@@ -86,14 +87,14 @@ class RedisBackend(RedisLeases, Backend):
         self._pipe = coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
-        self._timeout = timeout_s
+        self._deadlines = self._pipe.deadlines(timeout_s)  # its callers' (one per timeout)
         self._keys: Recent[str, Keys] = Recent()
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
         self._types: Recent[str, RateType] = Recent()
 
     def with_client(self, client_id: str) -> RedisBackend:
         other = RedisBackend(
-            self._redis, client_id=client_id, prefix=self._prefix, timeout=self._timeout
+            self._redis, client_id=client_id, prefix=self._prefix, timeout=self.timeout
         )
         other._clock = self._clock
         self._share_breakers(other)
@@ -113,7 +114,7 @@ class RedisBackend(RedisLeases, Backend):
     @property
     def timeout(self) -> float | None:
         """How long each call waits for Redis's reply, in seconds (None: no limit of ours)."""
-        return self._timeout
+        return None if self._deadlines is None else self._deadlines.timeout
 
     @property
     def redis(self) -> Any:
@@ -148,7 +149,7 @@ class RedisBackend(RedisLeases, Backend):
         orphan: Callable[[Any], None] | None = None,
     ) -> R:
         try:
-            reply = await self._pipe.submit(script, keys, args, orphan, self._timeout)
+            reply = await self._pipe.submit(script, keys, args, orphan, self._deadlines)
         except ANY as exc:
             raise self._error(script.what, exc) from exc
         return decoded(script, reply)
@@ -210,12 +211,12 @@ class RedisBackend(RedisLeases, Backend):
         orphan: Callable[[Any], None] | None,
     ) -> asyncio.Future[Any]:
         """Makes a budget script's request now (for the round trip under way or the next)."""
-        if rate_type is RateType.PER_CLIENT and self._random_id:
+        if rate_type is _PER_CLIENT and self._random_id:
             self.per_client_used(name)
         keys = self._keys.get(name) or self.keys(name)
         budget = keys.budget(rate_type, self.client_id, registry)
         keys_sent = (*budget, *extra_keys) if extra_keys else budget
-        return self._pipe.submit(script, keys_sent, args(rate_type), orphan, self._timeout)
+        return self._pipe.submit(script, keys_sent, args(rate_type), orphan, self._deadlines)
 
     def _trouble(self, what: str, name: str, permits: int, trouble: Trouble) -> LimiterError:
         return trouble_error(what, name, permits, trouble, self._clock is None)

@@ -68,7 +68,9 @@ class Coalescer:
         # The limiters of each round trip in flight (see _take).
         self._flying: list[set[Key | None]] = []
         # The callers waiting with a deadline, by their backend's timeout (see _deadlines).
-        self._deadlines: dict[float, Deadlines] = {}
+        self._deadlines: weakref.WeakValueDictionary[float, Deadlines] = (
+            weakref.WeakValueDictionary()
+        )
         # While Redis is unreachable: when that was first seen, and the requests failed since
         # (an outage is logged once when it starts and once when it ends).
         self._down: tuple[float, int] | None = None
@@ -79,11 +81,12 @@ class Coalescer:
         keys: Sequence[Key],
         args: Sequence[Any],
         orphan: Callable[[Any], None] | None = None,
-        timeout: float | None = None,
+        deadlines: Deadlines | None = None,
     ) -> asyncio.Future[Any]:
         """Makes the request of ``operation`` on ``keys`` and ``args`` now; returns the future
         of its raw reply. ``orphan`` gets the reply instead when the caller was cancelled (or
-        gave up: cancelling the future is cancelling the caller) before it came."""
+        gave up: cancelling the future is cancelling the caller) before it came;
+        ``deadlines``: the caller's timeout (:meth:`deadlines`), None for none."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         self._queue.append(Request(operation, keys, args, future, orphan))
@@ -96,12 +99,19 @@ class Coalescer:
             len(self._pumps) < _IN_FLIGHT and len(self._queue) >= _SECOND and self._flying
         ):
             self._pumps.add(loop.create_task(self._send_queued()))
-        if timeout is not None:
-            deadlines = self._deadlines.get(timeout)
-            if deadlines is None:
-                deadlines = self._deadlines[timeout] = Deadlines(timeout, self._deadlines)
+        if deadlines is not None:
             deadlines.add(future, operation, loop)
         return future
+
+    def deadlines(self, timeout: float | None) -> Deadlines | None:
+        """The callers of ``timeout`` seconds on this client (None: no timeout), for
+        :meth:`submit`: a backend asks once, not per call."""
+        if timeout is None:
+            return None
+        deadlines = self._deadlines.get(timeout)
+        if deadlines is None:
+            deadlines = self._deadlines[timeout] = Deadlines(timeout)
+        return deadlines
 
     async def _send_queued(self) -> None:
         try:

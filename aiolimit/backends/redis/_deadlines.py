@@ -6,6 +6,10 @@ they called, so their deadlines come in that order too, and one timer at the fir
 serves all of them (a timer per call costs far more; replies mostly come in the order calls
 went out). Callers of another timeout (a middleware's short one beside an app's default) have
 a queue and a timer of their own, so a short deadline never waits behind a long one.
+
+A backend finds its timeout's queue once (``Coalescer.deadlines``) and hands it to each call:
+no lookup per call. A client's queues are held by the backends using them (and by the timer
+while callers wait): a timeout no backend uses any more leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -29,11 +33,10 @@ class Deadlines:
     future is done, so its reply, when it comes, goes where a cancelled caller's goes (a
     grant is handed back); the round trip itself runs on."""
 
-    __slots__ = ("_all", "_timer", "_waiting", "timeout")
+    __slots__ = ("__weakref__", "_timer", "_waiting", "timeout")
 
-    def __init__(self, timeout: float, every: dict[float, Deadlines]) -> None:
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self._all = every  # every timeout's: this one leaves it when none waits
         self._waiting: deque[tuple[float, asyncio.Future[Any], Operation]] = deque()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -64,7 +67,6 @@ class Deadlines:
                     BackendError(f"no reply from Redis within {self.timeout} s ({operation.what})")
                 )
             waiting.popleft()
-        del self._all[self.timeout]  # none waits: made again when a caller of it comes
 
 
 def call_timeout(timeout: Duration | None) -> float | None:

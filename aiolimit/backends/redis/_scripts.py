@@ -161,16 +161,14 @@ class AcquireCall:
     __slots__ = ("backend", "max_wait_us", "name", "permits")
 
     def __init__(self, backend: Any, name: str, permits: int, max_wait_us: int | None) -> None:
-        self.backend, self.name, self.permits, self.max_wait_us = (
-            backend,
-            name,
-            permits,
-            max_wait_us,
-        )
+        self.backend = backend
+        self.name = name
+        self.permits = permits
+        self.max_wait_us = max_wait_us
 
     def __call__(self, rate_type: RateType) -> list[Any]:
         backend = self.backend
-        now = backend._now_arg()
+        now = "" if backend._clock is None else backend._now_arg()  # ('': the server's TIME)
         return [acquire_request(self.permits, now, self.max_wait_us, rate_type, backend.client_id)]
 
     def hand_back(self, reply: Any) -> None:

@@ -1,0 +1,87 @@
+"""What a grant at once costs this process, counted in steps that do not move with the
+machine's load: the frames of aiolimit's own Python code a ``try_acquire`` runs (a call, or a
+coroutine resumed), from the call to its answer. Each bound is what the path takes now; a
+change that adds a step to it shows here before it shows in benchmarks/client_cpu.py."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolimit
+from aiolimit import Algorithm, MemoryBackend, RateLimiter, RateType, RedisBackend
+from tools import LocalRedis
+
+PACKAGE = str(Path(aiolimit.__file__).parent)
+GRANTS = 50
+
+# Frames of aiolimit's own code per grant at once, one caller at a time on a token bucket
+# (each grant a round trip of its own on Redis, whose last one ends once: hence a fraction).
+MOST_FRAMES = {"memory": 65, "redis": 54.5}
+
+
+@contextmanager
+def counting_frames() -> Iterator[Counter[str]]:
+    """Counts the frames of aiolimit's code entered in this thread, by function."""
+    entered: Counter[str] = Counter()
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        code = frame.f_code
+        if event == "call" and code.co_filename.startswith(PACKAGE):
+            entered[f"{Path(code.co_filename).name}:{code.co_name}"] += 1
+
+    sys.setprofile(profile)
+    try:
+        yield entered
+    finally:
+        sys.setprofile(None)
+
+
+async def _frames_per_grant(limiter: RateLimiter) -> tuple[float, Counter[str]]:
+    await limiter.set_rate(RateType.OVERALL, 10**9, 1, algorithm=Algorithm.TOKEN_BUCKET)
+    for _ in range(GRANTS):  # warm: the rate type learnt, the keys and requests made
+        assert await limiter.try_acquire()
+    await asyncio.sleep(0)  # (the last round trip's task ends)
+    with counting_frames() as entered:
+        for _ in range(GRANTS):
+            assert await limiter.try_acquire()
+        await asyncio.sleep(0)
+    return entered.total() / GRANTS, entered
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_a_grant_at_once_runs_few_frames_of_aiolimit_code(
+    kind: str, redis_server: LocalRedis
+) -> None:
+    redis = Redis.from_url(redis_server.url)
+    try:
+        backend = MemoryBackend() if kind == "memory" else RedisBackend(redis)
+        per_grant, entered = await _frames_per_grant(RateLimiter(f"hot-{kind}", backend))
+    finally:
+        await redis.aclose()
+    shown = ", ".join(f"{name} {count / GRANTS:g}" for name, count in entered.most_common())
+    assert per_grant <= MOST_FRAMES[kind], f"{per_grant:g} frames a grant: {shown}"
+
+
+@pytest.mark.parametrize("bad", [{"permits": 0}, {"timeout": -1}, {"timeout": "1s"}])
+async def test_a_bad_argument_to_try_acquire_raises_where_it_is_awaited(
+    bad: dict[str, Any],
+) -> None:
+    limiter = RateLimiter("hot-args", MemoryBackend(), rate="5/s")
+    call = limiter.try_acquire(**bad)  # made, as an async def's call is, without raising
+    assert asyncio.iscoroutine(call)
+    with pytest.raises(aiolimit.InvalidArgumentError):
+        await call
+    task = asyncio.ensure_future(limiter.try_acquire(**bad))
+    with pytest.raises(aiolimit.InvalidArgumentError):
+        await task
+    assert await limiter.try_acquire()  # the rate given at construction, stored at first use
