@@ -178,3 +178,31 @@ async def test_a_timeout_no_backend_uses_any_more_leaves_nothing_behind() -> Non
         return len(coalescer(silent)._deadlines)
 
     await until(queues, lambda left: left == 0, "the queues of the backends gone")
+
+
+class _Op:
+    name, what, batch, function = "acquire", "the acquire script", None, None
+
+
+def test_a_deadline_still_holds_on_the_next_event_loop() -> None:
+    """A client used by ``asyncio.run`` after ``asyncio.run`` (a CLI, a test, a worker that
+    restarts its loop): a timer left pending when a loop closed must not stand for a timer on
+    the next one, or calls there would wait for a reply without a bound."""
+    from aiolimit.backends.redis._deadlines import Deadlines
+
+    deadlines = Deadlines(0.05)
+    op: Any = _Op()
+
+    async def left_waiting() -> None:
+        deadlines.add(asyncio.get_running_loop().create_future(), op, asyncio.get_running_loop())
+
+    async def waits() -> BaseException | None:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        deadlines.add(future, op, loop)
+        done, _ = await asyncio.wait((future,), timeout=5.0)
+        return future.exception() if done else None
+
+    asyncio.run(left_waiting())  # (the loop closes with the timer pending)
+    failed = asyncio.run(waits())
+    assert isinstance(failed, BackendError), failed

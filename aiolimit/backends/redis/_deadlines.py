@@ -33,18 +33,27 @@ class Deadlines:
     future is done, so its reply, when it comes, goes where a cancelled caller's goes (a
     grant is handed back); the round trip itself runs on."""
 
-    __slots__ = ("__weakref__", "_timer", "_waiting", "timeout")
+    __slots__ = ("__weakref__", "_loop", "_timer", "_waiting", "timeout")
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self._waiting: deque[tuple[float, asyncio.Future[Any], Operation]] = deque()
         self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the timer's
 
     def add(
         self, future: asyncio.Future[Any], operation: Operation, loop: asyncio.AbstractEventLoop
     ) -> None:
         """``future`` fails ``timeout`` seconds from now unless it is done by then."""
         waiting = self._waiting
+        if self._loop is not loop:
+            # A timer left by a loop that ended (``asyncio.run`` after ``asyncio.run``) would
+            # never run on this one; that loop's callers are gone with it.
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            waiting.clear()
+            self._loop = loop
         while waiting and waiting[0][1].done():
             waiting.popleft()
         waiting.append((loop.time() + self.timeout, future, operation))
