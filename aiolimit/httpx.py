@@ -57,7 +57,8 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
     one closed), ``usage(response)`` (default: ``usage.total_tokens`` of a JSON body, or of
     an event stream's last usage) settles them; None leaves the estimate standing. A
     provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers are taken as floors
-    for both limiters (``sync``).
+    for both limiters (``sync``). A process's metered requests ask one at a time, in order,
+    and reserve at most 10 ms ahead, asking again meanwhile (docs: Token budgets, why).
 
     ``concurrency``: a slot of it is held from before the permit until the response's body
     is closed (read to the end by ``client.get``; the ``async with client.stream(...)``
