@@ -8,7 +8,7 @@ settled once the response says what it really cost (``CallGuard(..., tokens=...)
 
 The request's permit and the estimate are taken in one :func:`aiolimit.acquire_all`: a call
 that cannot have both takes neither. A process's calls ask one at a time, in order, and
-reserve no further ahead than ``HORIZON``, else ask again after at most that long: an
+reserve no further ahead than ``HORIZON``, else ask again after a short while: an
 estimate is a worst case, and reservations queued far ahead would keep the places their
 settled calls no longer need (a reservation is placed on what the store knew when it was
 made, and is not moved earlier by later refunds). After the response is read,
@@ -49,7 +49,13 @@ stands)."""
 
 HORIZON = 0.01
 """How far ahead (seconds) a metered call reserves: further, and it asks again after at most
-this long."""
+this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a call of its process
+handing tokens back wakes it at once, and starts it over)."""
+
+MAX_ASK_EVERY = 0.08
+"""The longest a metered call waits between two asks: how late, at most, it sees tokens
+handed back in another process. Every process's first waiting call asks at least this
+often while tokens bind, so a fleet of N processes asks N / MAX_ASK_EVERY times a second."""
 
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -210,6 +216,7 @@ class TokenMeter:
         wanted = [(requests, permits), (self.tokens, estimate)]
         if not await turns.wait(deadline):  # (the timeout came first: one last ask)
             return await acquire_all(wanted, timeout=0)
+        pause = HORIZON
         try:
             while True:
                 left = None if deadline is None else max(deadline - loop.time(), 0.0)
@@ -221,7 +228,8 @@ class TokenMeter:
                 if isinstance(held_by, Refusal):  # a refund of tokens would not help
                     await asyncio.sleep(held_by.retry_in / 1e6)
                 else:
-                    await turns.pause(min(acquired.retry_after, HORIZON))
+                    woken = await turns.pause(min(acquired.retry_after, pause))
+                    pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
         finally:
             turns.next()
 
@@ -292,11 +300,12 @@ class _Turns:
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._paused: asyncio.Future[None] | None = None
 
-    async def pause(self, seconds: float) -> None:
-        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake`."""
+    async def pause(self, seconds: float) -> bool:
+        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake` (True)."""
         paused = self._paused = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait((paused,), timeout=seconds)
+            return paused.done() and not paused.cancelled()
         finally:
             self._paused = None
             paused.cancel()
