@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -119,48 +120,48 @@ class Asks(Observer):
         self.refusals[name] += 1
 
 
-async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling() -> None:
-    asks = Asks()
-    previous = aiolimit.observe(asks)
-    try:
-        backend = MemoryBackend()
-        arrivals: list[tuple[str, float]] = []
-        async with metered(backend, {"first": 10, "second": 10}, arrivals) as client:
-            await call(client, "first", 10)
-            await RateLimiter("turns-requests", backend).block(5.0)  # a 429's pause
-            began = asyncio.get_running_loop().time()
-            await call(client, "second", 10)
-        # Token refunds cannot end a pause: the call sleeps it out rather than asking the
-        # store every HORIZON meanwhile.
-        assert arrivals[1][1] - began == pytest.approx(5.0, abs=HORIZON)
-        assert asks.refusals["turns-requests"] <= 2, asks.refusals
-    finally:
-        aiolimit.observe(previous)
+@pytest.fixture
+def asks() -> Iterator[Asks]:
+    observer = Asks()
+    previous = aiolimit.observe(observer)
+    yield observer
+    aiolimit.observe(previous)
 
 
-async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_less() -> None:
-    asks = Asks()
-    previous = aiolimit.observe(asks)
-    try:
-        backend = MemoryBackend()
-        arrivals: list[tuple[str, float]] = []
-        async with metered(backend, {"waiting": 10}, arrivals) as client:
-            loop = asyncio.get_running_loop()
-            # Another process's call holds the whole budget, and settles to 0 after 30 s:
-            # a refund this process's meter does not see.
-            tokens = RateLimiter("turns-tokens", backend, rate="1000/minute")
-            elsewhere = await tokens.reserve(1000)
-            assert elsewhere
-            began = loop.time()
+async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(asks: Asks) -> None:
+    backend = MemoryBackend()
+    arrivals: list[tuple[str, float]] = []
+    async with metered(backend, {"first": 10, "second": 10}, arrivals) as client:
+        await call(client, "first", 10)
+        await RateLimiter("turns-requests", backend).block(5.0)  # a 429's pause
+        began = asyncio.get_running_loop().time()
+        await call(client, "second", 10)
+    # Token refunds cannot end a pause: the call sleeps it out rather than asking the
+    # store every HORIZON meanwhile.
+    assert arrivals[1][1] - began == pytest.approx(5.0, abs=HORIZON)
+    assert asks.refusals["turns-requests"] <= 2, asks.refusals
 
-            async def settled_elsewhere() -> None:
-                await asyncio.sleep(30.0)
-                await elsewhere.settle(0)
 
-            await asyncio.gather(settled_elsewhere(), call(client, "waiting", 10))
-        waited = arrivals[0][1] - began
-        assert 30.0 <= waited <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3, waited
-        # Asking every HORIZON would be 3 000 asks; backing off to MAX_ASK_EVERY, about 380.
-        assert asks.refusals["turns-tokens"] <= 30.0 / MAX_ASK_EVERY + 10, asks.refusals
-    finally:
-        aiolimit.observe(previous)
+async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_less(
+    asks: Asks,
+) -> None:
+    backend = MemoryBackend()
+    arrivals: list[tuple[str, float]] = []
+    async with metered(backend, {"waiting": 10}, arrivals) as client:
+        loop = asyncio.get_running_loop()
+        # Another process's call holds the whole budget, and settles to 0 after 30 s:
+        # a refund this process's meter does not see.
+        tokens = RateLimiter("turns-tokens", backend, rate="1000/minute")
+        elsewhere = await tokens.reserve(1000)
+        assert elsewhere
+        began = loop.time()
+
+        async def settled_elsewhere() -> None:
+            await asyncio.sleep(30.0)
+            await elsewhere.settle(0)
+
+        await asyncio.gather(settled_elsewhere(), call(client, "waiting", 10))
+    waited = arrivals[0][1] - began
+    assert 30.0 <= waited <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3, waited
+    # Asking every HORIZON would be 3 000 asks; backing off to MAX_ASK_EVERY, about 380.
+    assert asks.refusals["turns-tokens"] <= 30.0 / MAX_ASK_EVERY + 10, asks.refusals
