@@ -232,3 +232,43 @@ async def test_a_node_that_does_not_serve_fails_only_the_limiters_whose_slots_it
         assert await healthy.try_acquire()
     finally:
         node.command("CLIENT", "UNPAUSE")
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window", "token_bucket", "fixed_window"])
+async def test_reserve_settle_and_sync_on_cluster_each_in_its_limiters_slot(
+    redis_cluster: Cluster, cluster_redis: RedisCluster, algorithm: str
+) -> None:
+    """Token budgets on a cluster: an ``acquire_all`` of limiters on different masters, each
+    settled (fewer, more), a PER_CLIENT view settled, and a sync: one script call each, in the
+    limiter's own slot (a cross-slot script would be refused by the cluster)."""
+    backend = RedisBackend(cluster_redis, client_id="worker-1")
+    names = [f"llm-{algorithm}-{n}" for n in range(6)]  # spread over the masters
+    limiters = [RateLimiter(name, backend) for name in names]
+    for limiter in limiters:
+        await limiter.set_rate(RateType.OVERALL, 1000, 60, algorithm=algorithm)
+    acquired = await aiolimit.acquire_all([(limiter, 600) for limiter in limiters])
+    assert acquired
+    where = masters_holding(redis_cluster)
+    tags = [backend.keys(name).tag + ":" for name in names]
+    masters = {port for key, port in where.items() if any(key.startswith(t) for t in tags)}
+    assert len(masters) >= 2, masters  # (the acquisition spans masters)
+    for number, limiter in enumerate(limiters):
+        used = 100 if number % 2 else 700  # fewer: 500 back; more: 100 charged
+        settled = await acquired.settle(used, limiter=limiter)
+        assert (settled.handed_back, settled.charged) == ((500, 0) if used == 100 else (0, 100))
+        assert await limiter.available_permits() == 1000 - used
+    again = await acquired.settle(1, limiter=limiters[0])  # a second settle: the first result
+    assert (again.handed_back, again.charged) == (0, 100)
+
+    per_client = RateLimiter(f"llm-{algorithm}-users", backend)
+    await per_client.set_rate(RateType.PER_CLIENT, 50, 60, algorithm=algorithm)
+    alice = per_client.for_client("alice")
+    reserved = await alice.reserve(40)
+    assert reserved and (await reserved.settle(10)).handed_back == 30
+    assert await alice.available_permits() == 40
+
+    await limiters[1].sync(remaining=300, reset=20)
+    left = await limiters[1].available_permits()
+    # (a token bucket cannot hold "300 now, no more until the reset": it refills to 300 by
+    # then from empty, which keeps the floor too)
+    assert left == 300 if algorithm != "token_bucket" else 0 <= left <= 300
