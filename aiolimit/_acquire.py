@@ -21,15 +21,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 from . import _observe
-from ._breaker import Breaker, charge, enter_all
+from ._breaker import charge, enter_all
 from ._observe import Observer
-from ._settling import NOTHING, Settled, check_settle_permits, index_of, settle_grant
+from ._settling import (
+    NOTHING,
+    Limited,
+    Settled,
+    check_settle_permits,
+    index_of,
+    settle_grant,
+)
 from ._wakeup import sleep_out
 from .backends._protocol import parse_grant
-from .backends.base import Attempt, Backend, Grant, Refusal, Started, hand_backs_failed
+from .backends.base import Attempt, Grant, Refusal, Started, hand_backs_failed
 from .errors import BackendError, LimiterError
 
 __all__ = [
@@ -41,19 +48,6 @@ __all__ = [
     "observed",
     "try_one",
 ]
-
-
-class Limited(Protocol):
-    """What the engine needs of a limiter: where its state lives and its circuit breaker."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def backend(self) -> Backend: ...
-
-    @property
-    def breaker(self) -> Breaker: ...
 
 
 class Acquired:

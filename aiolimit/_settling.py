@@ -25,7 +25,7 @@ from ._types import MAX_RATE, shown
 from .backends.base import Backend, Grant
 from .errors import InvalidArgumentError, NotConfiguredError
 
-__all__ = ["NOTHING", "Settled", "check_settle_permits", "index_of", "settle_grant"]
+__all__ = ["NOTHING", "Limited", "Settled", "check_settle_permits", "index_of", "settle_grant"]
 
 log = logging.getLogger("aiolimit")
 
@@ -48,8 +48,9 @@ class Settled(NamedTuple):
 NOTHING = Settled(0, 0, 0)
 
 
-class Settles(Protocol):
-    """What settling needs of a limiter: as the engine's ``Limited``."""
+class Limited(Protocol):
+    """What the engine (``_acquire``) and settling need of a limiter: where its state lives
+    and its circuit breaker."""
 
     @property
     def name(self) -> str: ...
@@ -72,7 +73,7 @@ def check_settle_permits(permits: object) -> int:
     return permits
 
 
-def index_of(limiters: Sequence[Settles], owners: Sequence[Settles], limiter: object | None) -> int:
+def index_of(limiters: Sequence[Limited], owners: Sequence[Limited], limiter: object | None) -> int:
     """Which of an acquisition's limiters ``limiter`` names: the only one when None; else the
     same object (or the one the caller took through, in ``owners``: a sharded limiter), or
     one with its name, store and client id (another view for the same client).
@@ -100,7 +101,7 @@ def index_of(limiters: Sequence[Settles], owners: Sequence[Settles], limiter: ob
 
 
 async def settle_grant(
-    limiter: Settles, grant: Grant, permits: int, label: str
+    limiter: Limited, grant: Grant, permits: int, label: str
 ) -> tuple[Settled, Grant]:
     """Settles ``grant`` of ``limiter`` for ``permits`` through its breaker: what was done,
     and the grant from now on (its member names what it holds now). A limiter whose state is
