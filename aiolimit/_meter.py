@@ -39,7 +39,15 @@ from ._types import MAX_RATE, shown
 from .backends.base import Refusal
 from .errors import InvalidArgumentError, LimiterError
 
-__all__ = ["MAX_BODY", "TokenMeter", "UsageTail", "estimate_tokens", "sync_from", "usage_tokens"]
+__all__ = [
+    "MAX_BODY",
+    "TokenMeter",
+    "UsageTail",
+    "estimate_tokens",
+    "meter_of",
+    "sync_from",
+    "usage_tokens",
+]
 
 log = logging.getLogger("aiolimit")
 
@@ -288,6 +296,23 @@ class TokenMeter:
             except LimiterError as exc:
                 log.warning("limiter %r: tokens not handed back: %s", self.tokens.name, exc)
         await sync_from(headers, self.tokens, "tokens")
+
+
+def meter_of(
+    tokens: object | None,
+    requests: RateLimiter | ShardedRateLimiter,
+    estimate: object | None,
+    usage: object | None,
+    defaults: tuple[Estimate, Usage],
+) -> TokenMeter | None:
+    """An HTTP client's meter for its ``tokens=`` (None without one), the client's own
+    ``defaults`` (estimate, usage) standing in for what is not given; ``estimate=`` or
+    ``usage=`` without ``tokens=``: InvalidArgumentError."""
+    if tokens is None:
+        if estimate is not None or usage is not None:
+            raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
+        return None
+    return TokenMeter(tokens, requests, estimate or defaults[0], usage or defaults[1])
 
 
 class _Turns:

@@ -32,10 +32,9 @@ from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
 from ._limiter import RateLimiter
-from ._meter import MAX_BODY, TokenMeter, estimate_tokens, usage_tokens
+from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
-from .errors import InvalidArgumentError
 
 __all__ = ["RateLimitedClientMiddleware"]
 
@@ -80,11 +79,7 @@ class RateLimitedClientMiddleware:
         usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
-        meter = None
-        if tokens is not None:
-            meter = TokenMeter(tokens, limiter, estimate or _estimate, usage or _usage)
-        elif estimate is not None or usage is not None:
-            raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
+        meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._streams = usage is None  # (the default usage reads an event stream's too)
         self._guard = CallGuard(
             limiter,
