@@ -252,33 +252,30 @@ class TokenMeter:
         await sync_from(headers, self.tokens, "tokens")
 
     async def _settle(self, acquired: Acquired, response: object) -> None:
-        async def used() -> object:
-            found = self.usage(response)
-            return await found if inspect.isawaitable(found) else found
-
-        await self._settled(acquired, used)
-
-    async def settle_used(self, acquired: Acquired, used: int) -> None:
-        """The tokens' grant settled as ``used``: an event stream's usage, read as it passed
-        (its response's rate-limit headers were taken when it came)."""
-
-        async def given() -> object:
-            return used
-
-        await self._settled(acquired, given)
-
-    async def _settled(self, acquired: Acquired, used: Callable[[], Awaitable[object]]) -> None:
         if len(acquired.limiters) < 2:
             return  # an estimate of 0: no tokens taken
         try:
-            count = await used()
-            if count is None:
-                return
-            settled = await acquired.settle(check_settle_permits(count), limiter=self.tokens)
-            if settled.handed_back:
-                self._wake()
+            used = self.usage(response)
+            if inspect.isawaitable(used):
+                used = await used
         except (LimiterError, ValueError, TypeError) as exc:
             log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
+            return
+        await self.settle_used(acquired, used)
+
+    async def settle_used(self, acquired: Acquired, used: object) -> None:
+        """The tokens' grant settled as ``used`` (None: the estimate stands): a response's
+        usage, or an event stream's, read as it passed (its response's rate-limit headers
+        were taken when it came)."""
+        if used is None or len(acquired.limiters) < 2:
+            return  # (an estimate of 0: no tokens taken)
+        try:
+            settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
+        except (LimiterError, ValueError, TypeError) as exc:
+            log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
+            return
+        if settled.handed_back:
+            self._wake()
 
     def _wake(self) -> None:
         """Tokens came back: the call of this process asking next may have them now."""
