@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from tools.partner import LATENESS_HEADER, serve
+from tools.partner import arrival_late, serve
 
 __all__ = ["Provider", "Seen", "seen", "serve"]
 
@@ -142,10 +142,10 @@ class Provider:
         body = json.loads(await _body(receive) or b"{}")
         prompt, max_tokens = int(body["prompt_tokens"]), int(body["max_tokens"])
         now = time.time()
-        start = dict(scope["headers"]).get(LATENESS_HEADER.encode())
-        if start is not None:  # (a caller's grant start, limiter clock in µs: one machine)
+        late = arrival_late(scope, now)  # (limiter clock and ours: one machine's)
+        if late is not None:
             with self._lock:
-                self.late.append((now, now - int(start) / 1e6))
+                self.late.append((now, late))
         if prompt + max_tokens > self.tpm:
             await _answer(send, 400, [], b"prompt_tokens + max_tokens exceed the quota")
             return

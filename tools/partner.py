@@ -35,7 +35,7 @@ from aiolimit.backends import Grant
 from tools.audit import busiest_window
 
 if TYPE_CHECKING:
-    from aiolimit import RateLimiter
+    from aiolimit import Acquired, RateLimiter
 
 KINDS = ("sliding", "fixed", "bucket")
 """How a partner counts: the arrivals in any span of one interval (strict), in fixed windows
@@ -101,11 +101,10 @@ class Partner:
             await _answer(send, 200, [], json.dumps(self.stats()).encode())
             return
         wait = self.admit(now)
-        headers = dict(scope["headers"])
-        start = headers.get(LATENESS_HEADER.encode())
-        if start is not None:
+        late = arrival_late(scope, now)
+        if late is not None:
             with self._lock:
-                self.late.append(now - int(start) / 1e6)
+                self.late.append(late)
                 self.late_at.append(now)
         if wait > 0:
             retry_after = str(max(1, math.ceil(wait))).encode()  # (whole seconds, as most do)
@@ -329,8 +328,8 @@ async def _acquire_caller(limiter: RateLimiter, url: str, stop: float) -> None:
     async with httpx.AsyncClient(timeout=30) as client:
         while time.time() < stop:
             acquired = await limiter.reserve(timeout=None)  # the acquire() path, and its grant
-            grant = acquired.attempts[0]
-            headers = {LATENESS_HEADER: str(grant.starts_at)} if grant.granted else {}
+            start = start_of(acquired)
+            headers = {} if start is None else {LATENESS_HEADER: str(start)}
             await client.get(f"{url}/call", headers=headers)
 
 
@@ -357,10 +356,20 @@ def granted_start() -> int | None:
     """The start (limiter clock, us) of the grant the HTTP client just took for this task."""
     from aiolimit._calls import last_grant
 
-    acquired = last_grant.get()
-    if acquired is None or not acquired.attempts:
-        return None
-    return max(attempt.starts_at for attempt in acquired.attempts if isinstance(attempt, Grant))
+    return start_of(last_grant.get())
+
+
+def start_of(acquired: Acquired | None) -> int | None:
+    """When every grant of ``acquired`` has started (limiter clock, us); None: no grant."""
+    starts = [a.starts_at for a in getattr(acquired, "attempts", ()) if isinstance(a, Grant)]
+    return max(starts, default=None)
+
+
+def arrival_late(scope: dict[str, Any], now: float) -> float | None:
+    """How long after its grant's start a request arrived at ``now`` (s), from the start it
+    carries (:data:`LATENESS_HEADER`); None when it carries none."""
+    start = dict(scope["headers"]).get(LATENESS_HEADER.encode())
+    return None if start is None else now - int(start) / 1e6
 
 
 class Stamped(httpx.AsyncBaseTransport):

@@ -34,9 +34,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from aiolimit.backends import Grant
 from tools.llm_provider import Provider, Seen, seen, serve
-from tools.partner import LATENESS_HEADER, Stamped, stalls
+from tools.partner import LATENESS_HEADER, Stamped, stalls, start_of
 
 STRATEGIES = ("transport", "settle", "worst-case", "after", "limits")
 
@@ -129,8 +128,8 @@ async def _caller(
         prompt = draws.randint(*spec.prompt)
         held = await strategy.before(prompt + spec.max_tokens)
         body = {"prompt_tokens": prompt, "max_tokens": spec.max_tokens}
-        starts = [a.starts_at for a in getattr(held, "attempts", ()) if isinstance(a, Grant)]
-        headers = {LATENESS_HEADER: str(max(starts))} if starts else {}
+        start = start_of(held)
+        headers = {} if start is None else {LATENESS_HEADER: str(start)}
         response = await client.post("/v1/chat/completions", json=body, headers=headers)
         if response.status_code == 429:
             await strategy.refused(held)
