@@ -178,6 +178,20 @@ async def test_a_sharded_limiter_s_callers_write_its_shards_once_after_a_loss(
     assert sorted(writes) == sorted(shard.name for shard in limiter.shards)
 
 
+async def test_acquire_all_writes_again_every_config_its_limiters_lost_together(
+    store: Store, name: str
+) -> None:
+    backend = store.backend()
+    everyone = RateLimiter(f"{name}-all", backend, rate="10/minute")
+    per_user = RateLimiter(f"{name}-user", backend, rate="2/minute", rate_type="per_client")
+    requests = [(everyone, 1), (per_user.for_client("alice"), 1)]
+    assert await aiolimit.acquire_all(requests)
+    await lose_every_config(store, everyone, per_user)
+    assert await aiolimit.acquire_all(requests)
+    assert await everyone.available_permits() == 9
+    assert await per_user.for_client("alice").available_permits() == 1
+
+
 @looptime
 async def test_a_loss_is_repaired_on_every_permit_path() -> None:
     backend = MemoryBackend()
