@@ -315,3 +315,24 @@ async def test_aiohttp_a_caller_cancelled_after_the_response_came_leaves_no_slot
         assert await in_flight(sem) == 1
         await cancelled(calling)
         await slot_is_free(sem)
+
+
+async def test_aiohttp_a_caller_cancelled_while_an_event_streams_tokens_sync_leaves_no_slot(
+    backend: Any, server: Server
+):
+    rpm, sem = await limiters(backend)
+    await sem.update_limit(1)
+    tokens = Stalled("partner-tpm", backend, "sync")
+    await tokens.set_rate(RateType.OVERALL, 1000, 60)
+    server.headers = {
+        "Content-Type": "text/event-stream",
+        "x-ratelimit-remaining-tokens": "500",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem, tokens=tokens)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        calling = asyncio.ensure_future(session.get(server.url + "/stream"))
+        await asyncio.wait_for(tokens.stalled.wait(), 5)
+        assert await in_flight(sem) == 1  # the stream is still coming
+        await cancelled(calling)
+        await slot_is_free(sem)
