@@ -5,7 +5,7 @@ the cap, the rate kept, the slot held until the body is closed, a lost lease rai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -274,47 +274,40 @@ STALLS = {
 }
 
 
-async def slot_is_free(sem: ConcurrencyLimiter) -> None:
+async def cancelled_while_stalled(
+    get: Callable[[str], Awaitable[Any]], url: str, stalled: Stalled, sem: ConcurrencyLimiter
+) -> None:
+    """``get(url)`` cancelled while ``stalled`` stalls its caller, the response in hand;
+    then its slot is free: none in flight, and a lease taken at once."""
+    calling = asyncio.ensure_future(get(url))
+    await asyncio.wait_for(stalled.stalled.wait(), 5)
+    assert await in_flight(sem) == 1  # the body is still coming
+    await cancelled(calling)
     await until(lambda: in_flight(sem), lambda n: n == 0, "the slot released")
     lease = await sem.try_lease(timeout=0)
     assert lease is not None
     await lease.release()
 
 
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
 @pytest.mark.parametrize("stalls", sorted(STALLS))
-async def test_httpx_a_caller_cancelled_after_the_response_came_leaves_no_slot_held(
-    backend: Any, server: Server, stalls: str
+async def test_a_caller_cancelled_after_the_response_came_leaves_no_slot_held(
+    backend: Any, server: Server, stalls: str, client: str
 ):
     rpm = Stalled("partner-rpm", backend, stalls)
     await rpm.set_rate(RateType.OVERALL, 10, 60)
     sem = ConcurrencyLimiter("partner-slots", backend)
     await sem.set_limit(1, lease=30)
     server.status, server.headers = STALLS[stalls]
-    transport = RateLimitedTransport(rpm, concurrency=sem)
-    async with httpx.AsyncClient(transport=transport) as client:
-        calling = asyncio.ensure_future(client.get(server.url + "/stream"))
-        await asyncio.wait_for(rpm.stalled.wait(), 5)
-        assert await in_flight(sem) == 1
-        await cancelled(calling)
-        await slot_is_free(sem)
-
-
-@pytest.mark.parametrize("stalls", sorted(STALLS))
-async def test_aiohttp_a_caller_cancelled_after_the_response_came_leaves_no_slot_held(
-    backend: Any, server: Server, stalls: str
-):
-    rpm = Stalled("partner-rpm", backend, stalls)
-    await rpm.set_rate(RateType.OVERALL, 10, 60)
-    sem = ConcurrencyLimiter("partner-slots", backend)
-    await sem.set_limit(1, lease=30)
-    server.status, server.headers = STALLS[stalls]
-    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem)
-    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
-        calling = asyncio.ensure_future(session.get(server.url + "/stream"))
-        await asyncio.wait_for(rpm.stalled.wait(), 5)
-        assert await in_flight(sem) == 1
-        await cancelled(calling)
-        await slot_is_free(sem)
+    url = server.url + "/stream"
+    if client == "httpx":
+        transport = RateLimitedTransport(rpm, concurrency=sem)
+        async with httpx.AsyncClient(transport=transport) as http:
+            await cancelled_while_stalled(http.get, url, rpm, sem)
+    else:
+        middleware = RateLimitedClientMiddleware(rpm, concurrency=sem)
+        async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+            await cancelled_while_stalled(session.get, url, rpm, sem)
 
 
 async def test_aiohttp_a_caller_cancelled_while_an_event_streams_tokens_sync_leaves_no_slot(
@@ -331,8 +324,4 @@ async def test_aiohttp_a_caller_cancelled_while_an_event_streams_tokens_sync_lea
     }
     middleware = RateLimitedClientMiddleware(rpm, concurrency=sem, tokens=tokens)
     async with aiohttp.ClientSession(middlewares=[middleware]) as session:
-        calling = asyncio.ensure_future(session.get(server.url + "/stream"))
-        await asyncio.wait_for(tokens.stalled.wait(), 5)
-        assert await in_flight(sem) == 1  # the stream is still coming
-        await cancelled(calling)
-        await slot_is_free(sem)
+        await cancelled_while_stalled(session.get, server.url + "/stream", tokens, sem)
