@@ -191,9 +191,11 @@ async def acquire_all(
 
     A :class:`ConcurrencyLimiter` among them (``(sem, 1)``: one slot) makes the result an
     :class:`~aiolimit.InFlight` that holds the slots: the slots are taken first (FIFO, within
-    the timeout), then the rate permits with what is left of it; ``async with acquired:``
-    holds the slots while the call runs, and :meth:`~aiolimit.InFlight.release` before the
-    call hands everything back (docs/concurrency.md).
+    the timeout), then the rate permits with what is left of it, each slot renewed from the
+    moment it is taken (one lost meanwhile: :class:`~aiolimit.LeaseLostError`, after
+    everything taken went back); ``async with acquired:`` holds the slots while the call
+    runs, and :meth:`~aiolimit.InFlight.release` before the call hands everything back
+    (docs/concurrency.md).
     """
     pairs = requests if requests.__class__ is list else list(requests)
     limiters: list[RateLimiter] = []

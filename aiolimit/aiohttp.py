@@ -25,6 +25,7 @@ except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from ._acquire import Acquired
 from ._aiohttp_stream import in_background, meter_stream
@@ -37,6 +38,8 @@ from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedClientMiddleware"]
+
+T = TypeVar("T")
 
 
 class RateLimitedClientMiddleware:
@@ -99,28 +102,38 @@ class RateLimitedClientMiddleware:
         guard = self._guard
         acquired = await guard.before_call(request)
         response = await _send(request, handler, acquired)
-        await guard.after_headers(response.headers)
-        paused = await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        paused = await _or_closed(response, self._answered(response))
         if paused and guard.retry:
             response.release()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
             response = await _send(request, handler, acquired)
-            await guard.after_headers(response.headers)
-            await guard.pause_for(response.status, response.headers.get("Retry-After"))
-        meter = guard.meter
-        if meter is None:
+            await _or_closed(response, self._answered(response))
+        if guard.meter is None:
             return response
+        await _or_closed(response, self._settle(response, acquired))
+        return response
+
+    async def _answered(self, response: ClientResponse) -> bool:
+        """The provider's count of requests left taken as a floor; whether its answer
+        paused everyone (``Retry-After``)."""
+        guard = self._guard
+        await guard.after_headers(response.headers)
+        return await guard.pause_for(response.status, response.headers.get("Retry-After"))
+
+    async def _settle(self, response: ClientResponse, acquired: Acquired) -> None:
+        """The call's tokens settled by its usage (an event stream's: once it is read)."""
+        meter = self._guard.meter
+        assert meter is not None
         if self._streams and response.content_type == "text/event-stream":
             await meter.settle(acquired, None, response.headers)  # the provider's floors now
             meter_stream(response, meter, acquired)  # the usage once the caller has read it
-            return response
+            return
         readable = _readable(response)
         if readable:
             await response.read()  # (kept: the caller's read() gives the same bytes)
         await meter.settle(acquired, response if readable else None, response.headers)
-        return response
 
 
 async def _send(
@@ -136,6 +149,17 @@ async def _send(
     else:
         connection.add_callback(lambda: _release_slot(acquired))
     return response
+
+
+async def _or_closed(response: ClientResponse, step: Awaitable[T]) -> T:
+    """``step`` (a sync, a pause, a settle: after the response came, before the caller has
+    it); if it fails or its caller is cancelled, the response is closed, since no one else
+    will: its connection goes, and with it its concurrency slot (``_release_slot``)."""
+    try:
+        return await step
+    except BaseException:
+        response.close()
+        raise
 
 
 def _release_slot(acquired: InFlight) -> None:

@@ -27,7 +27,10 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.httpx", "httpx") from exc
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
@@ -39,6 +42,8 @@ from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedTransport"]
+
+T = TypeVar("T")
 
 
 class RateLimitedTransport(httpx.AsyncBaseTransport):
@@ -102,14 +107,14 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         guard = self._guard
         acquired = await guard.before_call(request)
         response = await self._send(request, acquired)
-        paused = await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+        paused = await _or_closed(response, self._pause_for(response))
         if paused and guard.retry and isinstance(request.stream, httpx.ByteStream):
             await response.aclose()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
             response = await self._send(request, acquired)
-            await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+            await _or_closed(response, self._pause_for(response))
         if guard.meter is None:
             return response
         settle = self._settler(request, response, acquired)
@@ -131,8 +136,11 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
             )
         else:
             response = await sending
-        await self._guard.after_headers(response.headers)
+        await _or_closed(response, self._guard.after_headers(response.headers))
         return response
+
+    def _pause_for(self, response: httpx.Response) -> Awaitable[bool]:
+        return self._guard.pause_for(response.status_code, response.headers.get("retry-after"))
 
     def _settler(
         self, request: httpx.Request, response: httpx.Response, acquired: Acquired
@@ -154,6 +162,18 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+async def _or_closed(response: httpx.Response, step: Awaitable[T]) -> T:
+    """``step`` (a sync, a pause: a round trip after the response came, before the caller
+    has it); if it fails or its caller is cancelled, the response is closed first, since
+    no one else will: its connection and its concurrency slot go back."""
+    try:
+        return await step
+    except BaseException:
+        with contextlib.suppress(Exception):  # (the step's error is the one to see)
+            await asyncio.shield(response.aclose())
+        raise
 
 
 def _estimate(request: httpx.Request) -> int:
