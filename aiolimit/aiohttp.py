@@ -11,9 +11,9 @@ The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every sessio
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
 the pause (``retry=False`` returns the response instead); a request that could not connect
-(``aiohttp.ClientConnectorError``, ``ConnectionTimeoutError``) hands back what it took. ``tokens=`` meters tokens as the httpx
-transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
-client middlewares).
+(``aiohttp.ClientConnectorError``, ``ConnectionTimeoutError``) hands back what it took.
+``tokens=`` meters tokens as the httpx transport does. Needs ``pip install
+'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ async def test_aclose_of_the_parent_waits_for_a_view_s_hand_back_on_redis(
     backend = RedisBackend(redis)
     grants = backend.keys(name).client_permits("alice")  # alice's log of grants
     try:
-        view, waiter = await _a_view_s_caller_waiting(backend, name, asleep)
+        _, waiter = await _a_view_s_caller_waiting(backend, name, asleep)
         assert await admin.zcard(grants) == 2  # her grant and her reservation
         await admin.execute_command("CLIENT", "PAUSE", 30_000, "WRITE")  # holds the hand-back
         try:
