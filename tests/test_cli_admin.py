@@ -424,6 +424,11 @@ def test_without_the_readme_s_additions_list_and_memory_are_refused(capsys, name
         code, _, err = aiolimit(capsys, url, "list")
         assert code == 2
         assert "refused a command" in err and "scan" in err
+        # delete NAME looks for a sharded limiter's shards with SCAN: refused, it deletes
+        # the limiter all the same
+        assert aiolimit(capsys, url, "delete", name)[:2] == (0, f"deleted {name}\n")
+        code, _, err = aiolimit(capsys, url, "delete", name)
+        assert code == 2 and "scan" in err  # (nothing there: why no shard was looked for)
 
 
 # -- a Redis Cluster ------------------------------------------------------------------------------

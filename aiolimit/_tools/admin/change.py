@@ -16,9 +16,10 @@ import asyncio
 import sys
 from collections.abc import Callable
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
+from ..._values import check_name
 from ...backends.redis import RedisBackend
 from ...errors import LimiterError, NotConfiguredError
 from ..options import masked
@@ -176,10 +177,17 @@ async def _delete(args: argparse.Namespace, backend: RedisBackend) -> int:
 
 
 async def _delete_name(args: argparse.Namespace, backend: RedisBackend) -> int:
-    """``delete NAME``: the limiter of that name, and a sharded limiter of that name."""
-    plain = Found(args.name, (args.name,), False)
-    sharded = [found for found in await limiters(backend, redis_escape(args.name)) if found.sharded]
-    outcomes = [await _delete_one(backend, found) for found in (plain, *sharded)]
+    """``delete NAME``: the limiter of that name, and a sharded limiter of that name (its
+    shards found with SCAN; a user refused SCAN deletes the limiter alone)."""
+    name = check_name(args.name)
+    outcomes = [await _delete_one(backend, Found(name, (name,), False))]
+    try:
+        found = await limiters(backend, redis_escape(name))
+    except ResponseError:
+        if not outcomes[0]:
+            raise  # (nothing deleted: the refusal says why no sharded one was looked for)
+        found = []
+    outcomes += [await _delete_one(backend, each) for each in found if each.sharded]
     if None in outcomes:
         return 2
     if not any(outcomes):
