@@ -16,12 +16,12 @@ import asyncio
 import sys
 from collections.abc import Callable
 
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ..._values import check_name
 from ...backends.redis import RedisBackend
-from ...errors import LimiterError, NotConfiguredError
+from ...errors import BackendError, NotConfiguredError
 from ..options import masked
 from ..text import plural, seconds, shown
 from .connect import Abort, command, name_argument, no_limiter, seconds_argument
@@ -198,13 +198,14 @@ async def _delete_name(args: argparse.Namespace, backend: RedisBackend) -> int:
 async def _delete_one(backend: RedisBackend, found: Found) -> bool | None:
     """Deletes every config ``found`` is stored under (a name each: the backend's own
     delete, which takes a shard's name too), saying so; whether anything was there, None
-    when it failed (said on stderr: the other limiters of a glob are deleted all the same)."""
+    when the server refused it (said on stderr: the other limiters of a glob are deleted
+    all the same). A server that cannot be reached ends the command."""
     outcomes = await asyncio.gather(
         *(backend.delete(stored) for stored in found.stored), return_exceptions=True
     )
     for outcome in outcomes:
         if isinstance(outcome, BaseException):
-            if not isinstance(outcome, (LimiterError, RedisError)):
+            if not isinstance(outcome, BackendError) or outcome.outage:
                 raise outcome
             print(f"aiolimit delete: error: {found.label} not deleted: {outcome}", file=sys.stderr)
             return None
