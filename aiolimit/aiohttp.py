@@ -10,9 +10,10 @@
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). ``tokens=`` meters tokens as the httpx
-transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
-client middlewares).
+the pause (``retry=False`` returns the response instead); a request that could not connect
+(``aiohttp.ClientConnectorError``, ``ConnectionTimeoutError``) hands back what it took.
+``tokens=`` meters tokens as the httpx transport does. Needs ``pip install
+'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from __future__ import annotations
 from ._extras import missing_extra
 
 try:
-    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, payload
+    from aiohttp import (
+        ClientConnectorError,
+        ClientHandlerType,
+        ClientRequest,
+        ClientResponse,
+        ConnectionTimeoutError,
+        payload,
+    )
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
@@ -40,6 +48,10 @@ from ._types import Duration
 __all__ = ["RateLimitedClientMiddleware"]
 
 T = TypeVar("T")
+
+_UNSENT = (ClientConnectorError, ConnectionTimeoutError)
+"""Failures before the request left: no connection (refused, DNS, TLS, a proxy's), none in
+time. Any other (a read timeout, the server gone) may come after the partner got it."""
 
 
 class RateLimitedClientMiddleware:
@@ -101,14 +113,14 @@ class RateLimitedClientMiddleware:
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         guard = self._guard
         acquired = await guard.before_call(request)
-        response = await _send(request, handler, acquired)
+        response = await _send(guard, request, handler, acquired)
         paused = await _or_closed(response, self._answered(response))
         if paused and guard.retry:
             response.release()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
-            response = await _send(request, handler, acquired)
+            response = await _send(guard, request, handler, acquired)
             await _or_closed(response, self._answered(response))
         if guard.meter is None:
             return response
@@ -137,12 +149,17 @@ class RateLimitedClientMiddleware:
 
 
 async def _send(
-    request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
+    guard: CallGuard, request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
 ) -> ClientResponse:
-    """The request sent; with a concurrency slot, held until aiohttp lets the connection go."""
+    """The request sent; with a concurrency slot, held until aiohttp lets the connection go.
+    One that could not connect hands back what it took (the partner never saw it)."""
+    try:
+        response = await hold_while(acquired, handler(request))
+    except _UNSENT:
+        await guard.unsent(acquired)
+        raise
     if not isinstance(acquired, InFlight):
-        return await handler(request)
-    response = await hold_while(acquired, handler(request))
+        return response
     connection = response.connection
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)

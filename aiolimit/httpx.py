@@ -14,7 +14,9 @@ limiter, of tokens), each request also reserves its estimated tokens, settled by
 its response reports once the body is read or closed (docs: Token budgets). With
 ``concurrency=sem`` (a :class:`~aiolimit.ConcurrencyLimiter`) each request also holds a slot
 while it is in flight: taken before the rate permit, released when the response's body is
-closed. Needs
+closed. A request that could not connect (``httpx.ConnectError``, ``ConnectTimeout``,
+``PoolTimeout``) hands back its permit and tokens, as the partner never saw it; one that
+failed after it was sent keeps them. Needs
 ``pip install 'aiolimit-redis[httpx]'``.
 """
 
@@ -44,6 +46,10 @@ from ._types import Duration
 __all__ = ["RateLimitedTransport"]
 
 T = TypeVar("T")
+
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Failures before the request left: no connection (refused, DNS, TLS), none in time, none
+free in the pool. Any other (a read timeout, a reset) may come after the partner got it."""
 
 
 class RateLimitedTransport(httpx.AsyncBaseTransport):
@@ -126,16 +132,18 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, request: httpx.Request, acquired: Acquired) -> httpx.Response:
         sending = self._transport.handle_async_request(request)
+        try:
+            response = await hold_while(acquired, sending)  # (a slot: held, renewed)
+        except _UNSENT:
+            await self._guard.unsent(acquired)  # the partner never saw it: all goes back
+            raise
         if isinstance(acquired, InFlight):  # the slot held until the body is closed
-            response = await hold_while(acquired, sending)
             response = httpx.Response(
                 response.status_code,
                 headers=response.headers,
                 stream=_HeldStream(response.stream, acquired),
                 extensions=response.extensions,
             )
-        else:
-            response = await sending
         await _or_closed(response, self._guard.after_headers(response.headers))
         return response
 
