@@ -11,7 +11,7 @@ from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
-from ._clock import ClockMap
+from ._clock import ClockMap, ClockMaps
 from ._lease import LeaseStore
 from ._protocol import parse_grant
 
@@ -146,7 +146,7 @@ class Backend(LeaseStore, abc.ABC):
     hand-backs in progress (:meth:`aclose` of either waits for all of them).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
+    __slots__ = ("__weakref__", "_breakers", "_clock_maps", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -161,8 +161,8 @@ class Backend(LeaseStore, abc.ABC):
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
-        self.clock_map = ClockMap()
-        """The limiter's clock seen from this process's: where a reservation wakes up."""
+        # Each clock its limiters run on, seen from this process's (clock_map).
+        self._clock_maps = ClockMaps()
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -183,10 +183,24 @@ class Backend(LeaseStore, abc.ABC):
 
     def _share_with(self, view: Backend) -> None:
         """Gives a ``with_client`` view what this backend owns for the store: its breakers
-        (and so its policy) and its one set of hand-backs, so that :meth:`aclose` waits for
-        those of every view too (an ASGI middleware keeps thousands of views)."""
+        (and so its policy), its one set of hand-backs, so that :meth:`aclose` waits for
+        those of every view too (an ASGI middleware keeps thousands of views), and its
+        clock maps."""
         view._breakers = self._breakers
         view._hand_backs = self._hand_backs
+        view._clock_maps = self._clock_maps
+
+    def clock_of(self, name: str) -> Hashable:
+        """Which clock the limiter ``name``'s grants are stamped by: limiters on one clock
+        share a :class:`~aiolimit.backends._clock.ClockMap`. This default, for any store:
+        each limiter its own (a clock that one client can push ahead, as a limiter's clock
+        under ``clock='client'`` is, must not move another's waiters)."""
+        return name
+
+    def clock_map(self, name: str) -> ClockMap:
+        """The limiter ``name``'s clock seen from this process's: where a reservation of it
+        wakes up (``aiolimit._wakeup``)."""
+        return self._clock_maps.of(self.clock_of(name))
 
     @property
     def store_id(self) -> Hashable:

@@ -19,7 +19,7 @@ from .._protocol import check_settle, check_sync, format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, server_of, slot
+from ._compat import ANY, is_cluster, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -134,6 +134,13 @@ class RedisBackend(RedisLeases, Backend):
 
     def slot(self, name: str) -> int:
         return slot(self.keys(name).tag)
+
+    def clock_of(self, name: str) -> Hashable:
+        if self._clock is not None:
+            return name  # each limiter's clock: the latest time any client sent it
+        if is_cluster(self._redis):
+            return node_of(self._redis, self.keys(name).config)  # each node's TIME
+        return None  # one server, one TIME
 
     def _now_arg(self) -> str:
         # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.

@@ -17,6 +17,7 @@ __all__ = [
     "NO_SCRIPT",
     "UNREACHABLE",
     "is_cluster",
+    "node_of",
     "server_of",
     "slot",
 ]
@@ -70,6 +71,15 @@ def slot(key: str | bytes) -> int:
 def is_cluster(redis: Any) -> bool:
     """Whether ``redis`` is a cluster client (redis-py's or valkey-py's ``RedisCluster``)."""
     return hasattr(redis, "get_node_from_key")
+
+
+def node_of(redis: Any, key: str) -> Hashable:
+    """The node of a cluster client that serves ``key`` (its ``host:port``), or its hash slot
+    while the client does not know the node yet."""
+    try:
+        return str(redis.get_node_from_key(key).name)
+    except Exception:  # (no slots map yet, or a library that says it otherwise)
+        return slot(key)
 
 
 def server_of(redis: Any) -> Hashable:
