@@ -23,7 +23,7 @@ def window_of(end: int, interval: int) -> int:
 class FixedWindow(Counters):
     __slots__ = ()
 
-    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         stored = limiter.config
         assert stored is not None
         if (
@@ -32,6 +32,7 @@ class FixedWindow(Counters):
             and windows_outlived(self, old.config.rates, now)
         ):
             self.fresh, stored.state = True, None  # forgotten, as an expired key
+        return False
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool

@@ -287,4 +287,5 @@ function fixed.rates_changed(group, olds, old_epochs, now)
   if group.config.in_hash and not group.fresh and windows_outlived(group, olds, now) then
     group.fresh = true -- (the new config has no state field: nothing to remove)
   end
+  return false
 end
