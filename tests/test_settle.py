@@ -232,7 +232,9 @@ async def test_sync_tightens_until_the_reset_and_never_loosens(
     assert await backend.available_permits(NAME) == 10
 
 
-async def _granted_each_second(store: Any, clock: ManualClock, backend: Backend, seconds: int) -> int:
+async def _granted_each_second(
+    store: Any, clock: ManualClock, backend: Backend, seconds: int
+) -> int:
     """Takes every permit free, once a second for ``seconds`` seconds; how many."""
     granted = 0
     for _ in range(seconds):

@@ -146,7 +146,14 @@ class Backend(LeaseStore, abc.ABC):
     hand-backs in progress (:meth:`aclose` of either waits for all of them).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_clock_maps", "_hand_backs", "_random_id", "client_id")
+    __slots__ = (
+        "__weakref__",
+        "_breakers",
+        "_clock_maps",
+        "_hand_backs",
+        "_random_id",
+        "client_id",
+    )
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
