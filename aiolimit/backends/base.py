@@ -142,18 +142,12 @@ class Backend(LeaseStore, abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers and its
-    hand-backs in progress (:meth:`aclose` of either waits for all of them).
+    the default when None). A ``with_client`` view shares its backend's breakers, clock
+    maps and hand-backs in progress (:meth:`aclose` of either waits for all of them, those
+    of the thousands of views an ASGI middleware keeps included).
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_breakers",
-        "_clock_maps",
-        "_hand_backs",
-        "_random_id",
-        "client_id",
-    )
+    __slots__ = ("__weakref__", "_breakers", "_clocks", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -168,8 +162,7 @@ class Backend(LeaseStore, abc.ABC):
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
-        # Each clock its limiters run on, seen from this process's (clock_map).
-        self._clock_maps = ClockMaps()
+        self._clocks = ClockMaps()  # each clock its limiters run on, mapped (clock_map)
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -189,25 +182,19 @@ class Backend(LeaseStore, abc.ABC):
         return self._breakers.policy
 
     def _share_with(self, view: Backend) -> None:
-        """Gives a ``with_client`` view what this backend owns for the store: its breakers
-        (and so its policy), its one set of hand-backs, so that :meth:`aclose` waits for
-        those of every view too (an ASGI middleware keeps thousands of views), and its
-        clock maps."""
+        """Gives a ``with_client`` view what this backend owns for the store (see above)."""
         view._breakers = self._breakers
         view._hand_backs = self._hand_backs
-        view._clock_maps = self._clock_maps
+        view._clocks = self._clocks
 
     def clock_of(self, name: str) -> Hashable:
-        """Which clock the limiter ``name``'s grants are stamped by: limiters on one clock
-        share a :class:`~aiolimit.backends._clock.ClockMap`. This default, for any store:
-        each limiter its own (a clock that one client can push ahead, as a limiter's clock
-        under ``clock='client'`` is, must not move another's waiters)."""
+        """Which clock stamps the limiter ``name``'s grants (limiters on one share its map).
+        This default: each limiter its own, as a clock one client can push ahead must be."""
         return name
 
     def clock_map(self, name: str) -> ClockMap:
-        """The limiter ``name``'s clock seen from this process's: where a reservation of it
-        wakes up (``aiolimit._wakeup``)."""
-        return self._clock_maps.of(self.clock_of(name))
+        """The limiter ``name``'s clock seen from this process's (``aiolimit._wakeup``)."""
+        return self._clocks.of(self.clock_of(name))
 
     @property
     def store_id(self) -> Hashable:

@@ -198,12 +198,9 @@ def release_log(budget: Budget, permits: int, member: str | None, now: int) -> i
 
 
 def take_leaving(budget: Budget, least: int, at: int) -> tuple[int, bool]:
-    """sync: the log is to count at least ``least`` permits until ``at`` + one interval;
-    the grants scored at or before ``at`` leave before then. The oldest of them still leave
-    while the log holds ``least`` without them; the permits of the rest are taken out of
-    their entries (each split where it must be) for the caller to log at ``at`` (at most
-    ``WALK_STEPS`` entries read: sliding_log.lua's ``take_leaving``). Returns the permits
-    taken, and whether more such grants may lie beyond those read."""
+    """sync: of the grants that leave the window before ``at`` + one interval, the permits
+    the log needs to hold ``least`` until then, taken out of their entries (sliding_log.lua's
+    ``take_leaving``); and whether more such grants may lie beyond those read."""
     grants, head = budget.grants, budget.head
     count = min(budget.rank_after(at) - head, WALK_STEPS)
     free, taken = max(0, budget.used - least), 0
@@ -380,9 +377,7 @@ class SlidingLog(Group):
         return format_grant(permits + extra, start, seq)
 
     def sync(self, remaining: int, reset_us: int, now: int) -> None:
-        # Each log counts at least rate - remaining until the reset (at most one interval
-        # on), in one entry scored to leave the window then: what it lacks of that, and the
-        # grants that would leave before the reset where it would hold less without them.
+        # Each log counts at least rate - remaining until the reset (sliding_window.lua).
         if reset_us <= 0:
             return
         seq = max(b.seq for b in self.budgets) + 1

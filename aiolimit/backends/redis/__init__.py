@@ -19,7 +19,7 @@ from .._protocol import check_settle, check_sync, format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, is_cluster, node_of, server_of, slot
+from ._compat import ANY, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -136,11 +136,8 @@ class RedisBackend(RedisLeases, Backend):
         return slot(self.keys(name).tag)
 
     def clock_of(self, name: str) -> Hashable:
-        if self._clock is not None:
-            return name  # each limiter's clock: the latest time any client sent it
-        if is_cluster(self._redis):
-            return node_of(self._redis, self.keys(name).config)  # each node's TIME
-        return None  # one server, one TIME
+        # clock='client': each limiter's own (the latest time any client sent); else TIME's node
+        return name if self._clock is not None else node_of(self._redis, self.keys(name).config)
 
     def _now_arg(self) -> str:
         # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.

@@ -74,8 +74,10 @@ def is_cluster(redis: Any) -> bool:
 
 
 def node_of(redis: Any, key: str) -> Hashable:
-    """The node of a cluster client that serves ``key`` (its ``host:port``), or its hash slot
-    while the client does not know the node yet."""
+    """The node that serves ``key``: None for a single-node client (one server); a cluster
+    client's ``host:port``, or the key's hash slot while the client does not know the node."""
+    if not is_cluster(redis):
+        return None
     try:
         return str(redis.get_node_from_key(key).name)
     except Exception:  # (no slots map yet, or a library that says it otherwise)
