@@ -188,8 +188,7 @@ class Backend(LeaseStore, abc.ABC):
         view._clocks = self._clocks
 
     def clock_of(self, name: str) -> Hashable:
-        """Which clock stamps the limiter ``name``'s grants (limiters on one share its map).
-        This default: each limiter its own, as a clock one client can push ahead must be."""
+        """Which clock stamps ``name``'s grants: by default its own (one client may push it)."""
         return name
 
     def clock_map(self, name: str) -> ClockMap:
