@@ -263,6 +263,21 @@ async def test_sync_holds_until_the_reset_though_the_grants_before_it_leave_the_
     assert await _granted_each_second(store, clock, backend, 30) <= remaining
 
 
+@ALGORITHMS
+async def test_a_settle_after_a_sync_frees_nothing_the_provider_counts_until_its_reset(
+    store: Any, algorithm: Algorithm
+) -> None:
+    # 6 reserved at 0 of 10 per minute; at 54 s the provider says none are left until 84 s,
+    # then the call is settled for none: what it hands back (a sliding window: nothing, its
+    # grant is held for the provider) must not let anything through before the reset.
+    clock, backend = await limiter(store, algorithm)
+    grant = await take(backend, 6)
+    await advance(store, clock, 54)
+    await backend.sync(NAME, 0, 30_000_000)
+    await backend.settle(NAME, grant.member, 0)
+    assert await _granted_each_second(store, clock, backend, 30) == 0
+
+
 async def test_sync_on_a_sliding_window_counts_for_at_most_one_interval(store: Any) -> None:
     clock, backend = await limiter(store, SLIDING)
     await backend.sync(NAME, 0, 3_600_000_000)

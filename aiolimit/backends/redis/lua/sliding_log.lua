@@ -250,16 +250,16 @@ local function take_leaving(budget, least, at)
   local entries = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(at), 'WITHSCORES', 'LIMIT', '0', WALK_LIMIT)
   local free, taken, gone = max(0, budget.used - least), 0, {}
   for i = 1, #entries, 2 do
-    local m = entries[i]
+    local m, score = entries[i], tonumber(entries[i + 1])
     local permits = member_permits(m)
     if free >= permits then
       free = free - permits
     else
       gone[#gone + 1] = m
       if free > 0 then
-        redis.call('ZADD', key, entries[i + 1], fmt(free) .. ':' .. member_id(m))
+        redis.call('ZADD', key, fmt(score), fmt(free) .. ':' .. member_id(m))
       end
-      cursor_moved(budget, tonumber(entries[i + 1]), free - permits)
+      cursor_moved(budget, score, free - permits)
       taken, free = taken + permits - free, 0
     end
   end
