@@ -167,9 +167,10 @@ def converted(was: Rate, rate: Rate, tat: int, frac: int, at: int) -> tuple[int,
 
 def slower(old: tuple[Rate, ...], rates: tuple[Rate, ...]) -> bool:
     """Whether any rate refills more slowly than the one it replaces (token_bucket.lua's
-    ``slower``): a bucket converted to it is full later than its old TTL."""
+    ``slower``, in doubles as Lua computes it): a bucket converted to it is full later than
+    its old TTL."""
     return any(
-        was.permits * rate.interval_us > was.interval_us * rate.permits
+        float(was.permits) * rate.interval_us > float(was.interval_us) * rate.permits
         for was, rate in zip(old, rates, strict=False)
     )
 
