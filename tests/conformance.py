@@ -203,6 +203,21 @@ async def advance(store: Any, clock: ManualClock, seconds: float) -> None:
             await redis.delete(key)
 
 
+async def flush(store: Any) -> None:
+    """Empties the store, as ``FLUSHALL`` empties a Redis server (the memory backend: every
+    limiter, receipt and lease of its shared dict gone)."""
+    backend = store.backend()
+    if isinstance(backend, RedisBackend):
+        await backend.redis.flushall()
+        return
+    shared = backend._shared
+    shared.limiters.clear()
+    shared.receipts.clear()
+    shared.heap.clear()
+    shared.due.clear()
+    shared.touched_name = shared.touched = None
+
+
 def manual_clock(store: Any) -> tuple[ManualClock, Backend]:
     """A clock the test moves, and a backend of the store that reads it (another client of
     it, as ``new_client`` makes)."""
