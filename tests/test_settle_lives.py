@@ -128,7 +128,7 @@ async def test_a_grant_of_a_limiter_still_alive_settles_as_before(
     store: Any, algorithm: Algorithm
 ) -> None:
     # set_rate keeping the state (the same algorithm, other rates) keeps the life.
-    clock, backend = await limiter(store, algorithm)
+    _, backend = await limiter(store, algorithm)
     old = await take(backend, 10)
     changed = RateLimiterConfig.build(RateType.OVERALL, "20/minute", algorithm=algorithm)
     assert await backend.set_rate(NAME, changed, "update", True)
