@@ -262,8 +262,9 @@ local function load_config(config_key)
   -- (what is not a field of the hash, whatever fields a foreign hand wrote there)
   config.key, config.clock_moved = config_key, false
   -- The life of the state (a grant's member names it): the generation, without the rates
-  -- epoch a PER_CLIENT token bucket adds (token_bucket.lua), which keeps the state.
-  config.life = match(config.gen, '^[^.]*')
+  -- epoch a PER_CLIENT token bucket adds with its 'epochs' (token_bucket.lua), which keeps
+  -- the state.
+  config.life = config.epochs and match(config.gen, '^[^.]*') or config.gen
   local rates = config.rate and config.interval and config_rates(config.rates or nil, config.rate, config.interval)
   if rates then
     config.rate, config.interval, config.rates = rates.rate, rates.interval, rates
