@@ -15,7 +15,7 @@ from ..._breaker import BreakerPolicy
 from ..._types import RateLimiterConfig, RateType
 from ..._values import Duration, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
-from .._protocol import check_settle, check_sync, format_rates, parse_grant
+from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
@@ -335,7 +335,7 @@ class RedisBackend(RedisLeases, Backend):
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
         keys = self.keys(name)
-        generation = secrets.token_urlsafe(8)  # short: every budget of the config holds it
+        generation = new_life()  # (short: every budget of the config and every grant names it)
         reply = await self._run(
             scripts.SET_RATE,
             (keys.config, keys.value, keys.permits, keys.registry, keys.retired(generation)),

@@ -206,11 +206,11 @@ def _lines(reply: Any) -> list[Any]:
 def _write_out(lines: list[Any]) -> None:
     """Writes out acquire_many's "=" replies (_protocol.SAME_FORMAT) as the Grants they stand
     for: each is the grant before it with its permits fewer left and its member's tag moved
-    by the step given."""
+    by the step given (its life the same)."""
     first: Any = None
     delay = start = left = step = tag = binding = 0
     until: int | None = None
-    head = ""
+    head = life = ""
     for i, line in enumerate(lines):
         if line[:1] != b"=":
             first = None
@@ -222,11 +222,12 @@ def _write_out(lines: list[Any]) -> None:
             if first.__class__ is not Grant:
                 raise ValueError(f"a reply the same as {first!r}")
             delay, start, left, member, until, binding = first
-            head, _, tag_text = member.rpartition(":")  # "<permits>:<start>", "<tag>"
+            grant, _, life = member.rpartition(":")  # "<permits>:<start>:<tag>", "<life>"
+            head, _, tag_text = grant.rpartition(":")  # "<permits>:<start>", "<tag>"
             step, tag = int(head.partition(":")[0]), int(tag_text)
         left -= step
         tag += int(line[1:]) if len(line) > 1 else 1
-        lines[i] = _tuple(Grant, (delay, start, left, f"{head}:{tag}", until, binding))
+        lines[i] = _tuple(Grant, (delay, start, left, f"{head}:{tag}:{life}", until, binding))
 
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
