@@ -164,9 +164,7 @@ class ConcurrencyLimiter:
                     answer = await asked_again(lost, [(self._name, limit_in_code)], attempt)
                 if isinstance(answer, LeaseGrant):
                     granted = answer
-                    if (observer := _observe.current) is not None:
-                        observer.leased(self._name, permits, loop.time() - start if queued else 0.0)
-                    return Lease(self, answer, sent)
+                    return self._leased(answer, permits, loop.time() - start if queued else 0.0, sent)
                 if wait_us == 0 or waiter is None:
                     if (observer := _observe.current) is not None:
                         observer.refused(self._name, permits)
@@ -174,7 +172,13 @@ class ConcurrencyLimiter:
                 if not queued:
                     queued = True
                     _queued(self._name, 1)
-                await waiter.wait(_next_look(answer, remaining))
+                handed = await waiter.wait(_next_look(answer, remaining))
+                # Handed over: granted after the refused attempt reached the store, so it
+                # ends a lease after `sent` at the earliest. One that may have ended by now
+                # (the process stalled) is asked for instead: collected if still held.
+                if handed is not None and loop.time() < sent + handed.lease_us / 1e6:
+                    granted = handed
+                    return self._leased(handed, permits, loop.time() - start, sent)
         except BaseException:
             if queued:  # (a failed or cancelled waiter leaves no ticket)
                 self._background(self._backend.cancel_ticket(self._name, ticket))
@@ -189,6 +193,12 @@ class ConcurrencyLimiter:
                     if granted is not None:
                         self._background(self._backend.release_lease(self._name, granted.lease_id))
                     raise
+
+    def _leased(self, grant: LeaseGrant, permits: int, waited: float, sent: float) -> Lease:
+        """The lease of ``grant``, reported; ``sent``: when the request that led to it left."""
+        if (observer := _observe.current) is not None:
+            observer.leased(self._name, permits, waited)
+        return Lease(self, grant, sent)
 
     async def _attempt(
         self, permits: int, ticket: str, wait_us: int | None

@@ -236,9 +236,10 @@ async def test_httpx_a_slot_held_while_the_rate_is_slept_out_is_never_shared(
         calling = asyncio.ensure_future(client.get(server.url))
         await until(lambda: in_flight(sem), lambda n: n == 1, "the slot taken")
         rival = asyncio.ensure_future(sem.try_lease(timeout=None))
+        await server.arrived.wait()  # (the rate slept out; the body read releases the slot)
+        assert not rival.done()  # no one else held the slot while the request waited
         response = await calling
         assert response.status_code == 200
-        assert not rival.done()  # no one else held the slot while the request waited
     lease = await asyncio.wait_for(rival, 5)
     assert lease is not None
     await lease.release()

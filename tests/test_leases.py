@@ -305,3 +305,72 @@ async def test_a_lease_lost_while_renewing_cancels_the_block_with_lease_lost_err
             await asyncio.sleep(5)
             reached.append("end of block")
     assert reached == [] and lease.lost
+
+
+# -- what a hand-over costs --------------------------------------------------------------------
+
+
+@pytest.fixture
+def attempts(store, monkeypatch) -> list[str]:
+    """The tickets of every attempt the store's backend is sent (``take_lease``)."""
+    sent: list[str] = []
+    backend_type = type(store.backend())
+    take = backend_type.take_lease
+
+    async def counted(self, name, permits, ticket, max_wait_us):
+        sent.append(ticket)
+        return await take(self, name, permits, ticket, max_wait_us)
+
+    monkeypatch.setattr(backend_type, "take_lease", counted)
+    return sent
+
+
+async def test_a_waiter_is_handed_its_lease_by_the_release_without_asking_again(
+    store, name, attempts
+):
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    await held.release()
+    lease = await waiter
+    assert lease is not None and lease.fence > held.fence
+    assert attempts[1:] == [attempts[1]], "the waiter asked again after it was woken"
+    assert await lease.release()
+    assert (await sem.leases()).in_flight == 0
+
+
+async def test_a_waiter_in_another_process_is_handed_its_lease_through_its_wake_up(
+    store, name, attempts, monkeypatch
+):
+    from aiolimit.backends import _lease
+
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    monkeypatch.setattr(_lease, "_process", "another")  # the holder: another process
+    released_at = now()
+    await held.release()
+    lease = await waiter
+    assert lease is not None and lease.fence > held.fence
+    assert now() - released_at < 1.0  # woken, not timed out (lease/3 = 10 s)
+    assert attempts[1:] == [attempts[1]], "the waiter asked again after it was woken"
+    assert await lease.release()
+    assert (await sem.leases()).in_flight == 0
+
+
+async def test_a_handed_over_lease_is_renewed_and_released_as_any_other(store, name):
+    sem = await limiter(store, name, 1, lease=0.3)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.lease(timeout=LEASE).__aenter__())
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    await held.release()
+    lease = await waiter
+    await asyncio.sleep(1.0)  # three lease times, renewed in the background
+    assert await sem.try_lease() is None
+    await lease.__aexit__(None, None, None)
+    assert not lease.lost
+    snapshot = await sem.leases()
+    assert (snapshot.in_flight, snapshot.waiting) == (0, 0)
+    assert await sem.try_lease() is not None

@@ -223,3 +223,29 @@ def test_a_forked_process_draws_its_own_wake_up_id():
     for process in processes:
         process.join(20)
     assert len(ids | {new_ticket(1).split(":")[1]}) == 4
+
+
+async def test_a_contended_lease_costs_two_script_calls_and_no_wake_up_within_a_process(
+    redis, name
+):
+    # A waiter is queued by its one attempt; the release that frees its slot grants it the
+    # lease and, the waiter being in the releasing process, answers it in its own reply: no
+    # attempt to collect it, no wake-up through the list.
+    sem = ConcurrencyLimiter(name, RedisBackend(redis))
+    await sem.try_set_limit(2, lease=30)
+    tasks, rounds = 8, 5
+
+    async def worker() -> None:
+        for _ in range(rounds):
+            lease = await sem.try_lease(timeout=None)
+            assert lease is not None
+            await asyncio.sleep(0.002)
+            assert await lease.release()
+
+    await redis.config_resetstat()
+    await asyncio.gather(*(worker() for _ in range(tasks)))
+    stats = await redis.info("commandstats")
+    calls = {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+    scripts = sum(calls.get(command, 0) for command in ("fcall", "evalsha", "eval"))
+    assert scripts <= 2 * tasks * rounds, calls
+    assert calls.get("lpush", 0) == 0, calls

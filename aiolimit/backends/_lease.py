@@ -117,15 +117,20 @@ def parse_lease(lease_id: str) -> tuple[int, int]:
 
 
 def new_ticket(permits: int) -> str:
-    """A waiter's ticket: ``"<permits>:<process>:<id>"``."""
-    return f"{permits}:{process_id()}:{secrets.token_hex(6)}"
+    """A waiter's ticket: ``"<permits>:<process>:<id>:h"`` (``h``: its wake-up may hand it
+    its lease; an older client's tickets lack it, and their wake-ups name the ticket only)."""
+    return f"{permits}:{process_id()}:{secrets.token_hex(6)}:h"
 
 
 class LeaseWaiter(Protocol):
-    """Where one waiter is woken: when the store says its ticket now fits."""
+    """Where one waiter is woken: when the store has granted its ticket a lease (the script
+    that freed the slot did, in FIFO order)."""
 
-    async def wait(self, timeout: float) -> bool:
-        """Waits at most ``timeout`` seconds for a wake-up (consumed); whether one came."""
+    async def wait(self, timeout: float) -> LeaseGrant | None:
+        """Waits at most ``timeout`` seconds for a wake-up (consumed): the lease granted to
+        the ticket, which the waiter now holds; None when the time ran out, or when the
+        wake-up did not carry the lease (the waiter asks for it: ``take_lease`` collects
+        it)."""
         ...
 
     async def aclose(self) -> None:
@@ -168,7 +173,9 @@ class LeaseStore:
         raise self._no_leases()
 
     async def release_lease(self, name: str, lease_id: str) -> bool:
-        """Hands the lease back: True when it was held until now. Idempotent; frees only it."""
+        """Hands the lease back: True when it was held until now. Idempotent; frees only it.
+        The waiters that now fit are granted their leases and woken, the leases handed to
+        them (:meth:`LeaseWaiter.wait`)."""
         raise self._no_leases()
 
     async def cancel_ticket(self, name: str, ticket: str) -> bool:

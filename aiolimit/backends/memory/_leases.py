@@ -4,6 +4,7 @@ in Python (one method per script), on the memory backend's clock."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Protocol
@@ -45,7 +46,18 @@ class Semaphore:
     # ticket -> when it is dropped; in queue order (a ticket that leaves and comes back is
     # put at the end, as a new place in T:queue)
     queue: dict[str, int] = field(default_factory=dict)
-    granted: dict[str, int] = field(default_factory=dict)  # ticket -> fence, until collected
+    # ticket -> fence of a lease granted to it in the queue, while that lease is held and its
+    # waiter has not asked for it; and the same by fence (a dropped holder's, T:granted's
+    # ZREMRANGEBYSCORE)
+    granted: dict[str, int] = field(default_factory=dict)
+    granted_by_fence: dict[int, str] = field(default_factory=dict)
+
+    def collect(self, ticket: str) -> int | None:
+        """The fence granted to ``ticket``, no longer kept; None if none is."""
+        fence = self.granted.pop(ticket, None)
+        if fence is not None:
+            del self.granted_by_fence[fence]
+        return fence
 
 
 @dataclass(eq=False)
@@ -53,14 +65,20 @@ class _Waiter:
     table: LeaseTable
     ticket: str
     woken: asyncio.Event = field(default_factory=asyncio.Event)
+    grant: LeaseGrant | None = None
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, timeout: float) -> LeaseGrant | None:
         try:
             await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
         except asyncio.TimeoutError:
-            return False
+            return None
         self.woken.clear()
-        return True
+        grant, self.grant = self.grant, None
+        return grant
+
+    def hand(self, grant: LeaseGrant) -> None:
+        self.grant = grant
+        self.woken.set()
 
     async def aclose(self) -> None:
         if self.table.waiters.get(self.ticket) is self:
@@ -84,20 +102,27 @@ class LeaseTable:
         return sem
 
     def tidy(self, name: str, sem: Semaphore, now: int) -> None:
-        """Drops ended holders, tickets and uncollected grants; grants the queue's head."""
+        """Drops ended holders and tickets; grants the queue's head."""
         for lease in [lease for lease, expiry in sem.holders.items() if expiry <= now]:
             self.drop(sem, lease)
-        for ticket in [ticket for ticket, deadline in sem.queue.items() if deadline <= now]:
-            del sem.queue[ticket]
-        stale = [ticket for ticket, fence in sem.granted.items() if fence < now - sem.lease_us]
-        for ticket in stale:
-            del sem.granted[ticket]
+        self.drop_tickets(sem, now)
         self.promote(name, sem, now)
 
+    @staticmethod
+    def drop_tickets(sem: Semaphore, now: int) -> None:
+        """Drops the tickets whose waiter stopped calling."""
+        for ticket in [ticket for ticket, deadline in sem.queue.items() if deadline <= now]:
+            del sem.queue[ticket]
+
     def drop(self, sem: Semaphore, lease_id: str) -> bool:
+        """Drops a holder, and its grant in the queue if it had one."""
         if sem.holders.pop(lease_id, None) is None:
             return False
-        sem.used = max(0, sem.used - parse_lease(lease_id)[0])
+        permits, fence = parse_lease(lease_id)
+        ticket = sem.granted_by_fence.pop(fence, None)
+        if ticket is not None:
+            del sem.granted[ticket]
+        sem.used = max(0, sem.used - permits)
         return True
 
     def grant(self, name: str, sem: Semaphore, permits: int, now: int) -> int:
@@ -107,18 +132,23 @@ class LeaseTable:
         return fence
 
     def promote(self, name: str, sem: Semaphore, now: int) -> None:
-        """Grants the tickets at the head of the queue while they fit; wakes their waiters."""
+        """Grants the tickets at the head of the queue while they fit (a dead waiter's
+        dropped first); hands each waiter its lease."""
         free = sem.max - sem.used
-        for ticket in list(sem.queue)[:SCAN]:
+        if free <= 0 or not sem.queue:
+            return
+        self.drop_tickets(sem, now)
+        for ticket in list(itertools.islice(sem.queue, min(free, SCAN))):
             permits = _permits(ticket)
             if permits > free:
                 return
             free -= permits
             del sem.queue[ticket]
-            sem.granted[ticket] = self.grant(name, sem, permits, now)
+            fence = self.grant(name, sem, permits, now)
+            sem.granted[ticket], sem.granted_by_fence[fence] = fence, ticket
             waiter = self.waiters.get(ticket)
             if waiter is not None:
-                waiter.woken.set()
+                waiter.hand(LeaseGrant(f"{permits}:{fence}", sem.lease_us))
 
     def ahead(self, sem: Semaphore, ticket: str) -> int | None:
         permits = 0
@@ -182,7 +212,7 @@ class MemoryLeases(LeaseStore):
         if permits > sem.max:
             raise over_rate_error(permits, sem.max)
         table.tidy(name, sem, now)
-        fence = sem.granted.pop(ticket, None)
+        fence = sem.collect(ticket)
         if fence is not None and f"{permits}:{fence}" in sem.holders:
             sem.holders[f"{permits}:{fence}"] = now + sem.lease_us  # collected: renewed
             return LeaseGrant(f"{permits}:{fence}", sem.lease_us)
@@ -230,7 +260,7 @@ class MemoryLeases(LeaseStore):
         if sem is None:
             return False
         removed = sem.queue.pop(ticket, None) is not None
-        fence = sem.granted.pop(ticket, None)
+        fence = sem.collect(ticket)
         if fence is not None:
             table.drop(sem, f"{_permits(ticket)}:{fence}")
             removed = True

@@ -4,13 +4,13 @@ their replies mean."""
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from .._lease import ConcurrencyConfig, LeaseGrant, LeaseHolder, LeaseRefusal, LeaseSnapshot
 from .._lease import parse_lease as parse_lease
 from ._script import ReadCommand, Script
 
-__all__ = ["CONFIG", "TAKE", "OverLimit", "Unset"]
+__all__ = ["CONFIG", "TAKE", "OverLimit", "Released", "Unset", "woken"]
 
 
 def _text(value: Any) -> str:
@@ -41,6 +41,35 @@ def _taken(reply: Any) -> LeaseGrant | LeaseRefusal | Unset | OverLimit:
     raise ValueError(f"reply code {code}")
 
 
+class Released(NamedTuple):
+    held: bool
+    """Whether the lease was held until the release."""
+    handed: list[tuple[str, LeaseGrant]]
+    """The leases the release granted to waiters of the caller's process, by ticket."""
+
+
+def _released(reply: Any) -> Released:
+    if len(reply) < 2:
+        return Released(int(reply[0]) == 1, [])
+    lease_us = int(reply[1])
+    handed = [
+        (_text(reply[i]), LeaseGrant(_text(reply[i + 1]), lease_us))
+        for i in range(2, len(reply) - 1, 2)
+    ]
+    return Released(int(reply[0]) == 1, handed)
+
+
+def woken(message: Any) -> tuple[str, LeaseGrant | None]:
+    """A wake-up popped off a process's wake list: the ticket, and the lease granted to it
+    (``"<ticket> <lease id> <lease us>"``), or None (an older client's script names the
+    ticket only)."""
+    ticket, _, lease = _text(message).partition(" ")
+    if not lease:
+        return ticket, None
+    lease_id, _, lease_us = lease.partition(" ")
+    return ticket, LeaseGrant(lease_id, int(lease_us))
+
+
 def _renewed(reply: Any) -> int | None:
     return int(reply[1]) if int(reply[0]) == 0 else None
 
@@ -68,10 +97,11 @@ def _snapshot(reply: Any) -> LeaseSnapshot | None:
 _USES = ("lease_lib",)
 # Safe to resend: a resent take grants a second lease only if the first reply was lost, and
 # that lease ends within one lease time (nobody renews it); a resent renew, release, cancel,
-# set or lifetime call finds its work done.
+# set or lifetime call finds its work done (the leases a lost release reply handed over are
+# collected by their waiters' next attempts, from T:granted).
 TAKE = Script("lease_take", _taken, uses=_USES)
 RENEW = Script("lease_renew", _renewed, uses=_USES)
-RELEASE = Script("lease_release", lambda reply: int(reply) == 1, uses=_USES)
+RELEASE = Script("lease_release", _released, uses=_USES)
 CANCEL = Script("lease_cancel", lambda reply: int(reply) == 1, uses=_USES)
 SET = Script("lease_set", lambda reply: int(reply) == 1, uses=_USES)
 READ = Script("lease_read", _snapshot, uses=_USES)

@@ -1,5 +1,6 @@
 """The lease operations of :class:`~aiolimit.RedisBackend` (``_lease_scripts``), and the
-waker: how a waiter in this process learns that its ticket now fits, without polling."""
+waker: how a waiter in this process is handed the lease granted to its ticket, without
+polling (in the reply of a release made in this process, else through its wake list)."""
 
 from __future__ import annotations
 
@@ -53,18 +54,36 @@ class _Runs(Protocol):
 
 
 class _Waiter:
-    __slots__ = ("_waker", "ticket", "woken")
+    __slots__ = ("_loop", "_waker", "grant", "ticket", "woken")
 
     def __init__(self, waker: _Waker, ticket: str) -> None:
         self._waker, self.ticket, self.woken = waker, ticket, asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self.grant: LeaseGrant | None = None
 
-    async def wait(self, timeout: float) -> bool:
+    async def wait(self, timeout: float) -> LeaseGrant | None:
+        self._waker.listen()
         try:
             await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
         except asyncio.TimeoutError:
-            return False
+            return None
         self.woken.clear()
-        return True
+        grant, self.grant = self.grant, None
+        return grant
+
+    def hand(self, grant: LeaseGrant | None) -> None:
+        """Wakes the waiter, ``grant`` the lease its ticket was granted (None: it asks for
+        it). From any thread: a release in another event loop of the process hands it too."""
+        if grant is not None:
+            self.grant = grant
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            self.woken.set()
+        else:
+            self._loop.call_soon_threadsafe(self.woken.set)
 
     async def aclose(self) -> None:
         ending = self._waker.remove(self)
@@ -100,15 +119,21 @@ class _Waker:
         self._task: asyncio.Task[None] | None = None
 
     def add(self, ticket: str) -> _Waiter:
-        waiter = self.waiters[ticket] = _Waiter(self, ticket)
-        if self._task is None:
-            self._task = asyncio.create_task(self._run())
+        waiter = self.waiters[ticket] = _waiting[ticket] = _Waiter(self, ticket)
         return waiter
+
+    def listen(self) -> None:
+        """Its BLPOP runs from the first wait on (a caller granted at once sends none: a
+        wake-up pushed before waits in the list)."""
+        if self._task is None and self.waiters:
+            self._task = asyncio.create_task(self._run())
 
     def remove(self, waiter: _Waiter) -> asyncio.Task[None] | None:
         """Forgets the waiter; the task it ends when it was the last (to be awaited)."""
         if self.waiters.get(waiter.ticket) is waiter:
             del self.waiters[waiter.ticket]
+        if _waiting.get(waiter.ticket) is waiter:
+            del _waiting[waiter.ticket]
         task = self._task
         if self.waiters or task is None:
             return None
@@ -129,17 +154,26 @@ class _Waker:
                     await asyncio.sleep(0.1)
                     continue
                 if popped:
-                    ticket = popped[1]
-                    ticket = ticket.decode() if isinstance(ticket, bytes) else str(ticket)
+                    ticket, grant = scripts.woken(popped[1])
                     waiter = self.waiters.get(ticket)
                     if waiter is not None:
-                        waiter.woken.set()
+                        waiter.hand(grant)
         finally:
             if self._task is asyncio.current_task():
                 self._task = None
 
 
 _wakers: weakref.WeakKeyDictionary[Any, dict[str, _Waker]] = weakref.WeakKeyDictionary()
+_waiting: dict[str, _Waiter] = {}  # this process's waiters, by ticket: a release hands to them
+
+
+def _hand_over(handed: list[tuple[str, LeaseGrant]]) -> None:
+    """The leases a release granted to waiters of this process, handed to them. A waiter
+    gone meanwhile has handed its grant back, or will (``cancel_ticket``)."""
+    for ticket, grant in handed:
+        waiter = _waiting.get(ticket)
+        if waiter is not None:
+            waiter.hand(grant)
 
 
 class RedisLeases(LeaseStore):
@@ -173,7 +207,10 @@ class RedisLeases(LeaseStore):
         return await self._run(scripts.RENEW, lease_keys(self.keys(name)), (lease_id,))
 
     async def release_lease(self: _Runs, name: str, lease_id: str) -> bool:
-        return await self._run(scripts.RELEASE, lease_keys(self.keys(name)), (lease_id,))
+        keys = lease_keys(self.keys(name))
+        released = await self._run(scripts.RELEASE, keys, (lease_id, process_id()))
+        _hand_over(released.handed)
+        return released.held
 
     async def cancel_ticket(self: _Runs, name: str, ticket: str) -> bool:
         return await self._run(scripts.CANCEL, lease_keys(self.keys(name)), (ticket,))

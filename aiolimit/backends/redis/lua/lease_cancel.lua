@@ -17,11 +17,11 @@ end
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
   redis.call('ZREM', KEYS[5], ticket)
-  LEASE.drop_holder(state, KEYS[2], LEASE.permits(ticket) .. ':' .. string.format('%d', tonumber(fence)))
+  LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. string.format('%d', tonumber(fence)))
   removed = 1
 end
 if removed == 1 then
-  LEASE.promote(state, KEYS, now_us())
+  LEASE.promote(state, KEYS, now_us(), nil, nil)
   LEASE.save(state)
 end
 return removed

@@ -1,6 +1,6 @@
 -- The core of a concurrency limiter's scripts (lease_*.lua): its state, the reclaiming of
--- expired holders and tickets, and the waking of the waiters that now fit. Every function is
--- in the one table LEASE (a script's chunk has few locals to spare).
+-- expired holders and tickets, and the hand-over of freed slots to the waiters that now fit.
+-- Every function is in the one table LEASE (a script's chunk has few locals to spare).
 --
 -- The keys, all under the limiter's hash tag T (aiolimit/backends/redis/_keys.py), passed to
 -- every script in this order as KEYS[1..5]:
@@ -8,11 +8,12 @@
 --                    ticket's place), used (slots the holders take), expires_at (ms, when
 --                    expire() set one)
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
---   T:queue    ZSET  ticket "<permits>:<process>:<id>" -> its place in the queue (seq)
+--   T:queue    ZSET  ticket "<permits>:<process>:<id>[:h]" -> its place in the queue (seq)
 --   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
---   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, until its
---                    waiter collects it (the lease id is "<ticket's permits>:<fence>")
---   T:wake:<process>  LIST  tickets of that process just granted, for its waker's BLPOP
+--   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, as long
+--                    as that lease is held and its waiter has not asked for it (the lease id
+--                    is "<ticket's permits>:<fence>")
+--   T:wake:<process>  LIST  wake-ups for that process's waiters, for its waker's BLPOP
 -- Times are the server's TIME: no client clock is read. A fence is max(last + 1, now in us):
 -- it only grows while the server's clock does not go back past its own earlier readings, even
 -- when every key is lost (FLUSHALL, a restart without persistence), as the next fence given is
@@ -20,10 +21,15 @@
 --
 -- FIFO: whenever slots are free, the tickets at the head of the queue are granted in order
 -- (`promote`), as many as fit; a head that does not fit stops it, so a 2-permit waiter is not
--- passed by 1-permit arrivals, and a newcomer is granted at once only when nobody waits. A
--- waiter granted so is woken through its process's wake list and collects its lease (a collect
--- renews it); one that never collects (killed) holds it until its lease ends, like any holder.
--- Every loop is bounded: RECLAIM holders, tickets or grants reclaimed per call, SCAN tickets
+-- passed by 1-permit arrivals, and a newcomer is granted at once only when nobody waits.
+-- The script that frees the slot hands the lease over (`wake`): to a waiter of the calling
+-- process in its own reply, to another process through that process's wake list, the lease
+-- id in the wake-up ("<ticket> <lease id> <lease us>") for a ticket ending in ':h', the
+-- ticket alone for an older client's (which asks for its lease: a take collects it, and
+-- renews it). The grant stays in T:granted until its lease is dropped or collected, so a
+-- waiter whose wake-up was lost still finds it when it asks. One that never comes (killed)
+-- holds it until its lease ends, like any holder.
+-- Every loop is bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets
 -- promoted or read ahead of a caller.
 
 local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000 }
@@ -56,23 +62,38 @@ function LEASE.bound(state, key)
   end
 end
 
--- Drops holders whose lease has ended (at most RECLAIM); how many.
-function LEASE.reclaim_holders(state, holders_key, now)
-  local expired = redis.call('ZRANGEBYSCORE', holders_key, '-inf', string.format('%d', now),
-    'LIMIT', 0, LEASE.RECLAIM)
-  for _, id in ipairs(expired) do
-    LEASE.drop_holder(state, holders_key, id)
-  end
-  return #expired
+-- When the earliest holder's lease ends (us); nil with no holder.
+function LEASE.earliest(holders_key)
+  local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2]) or nil
 end
 
--- Removes a holder and its slots; whether it was there. `used` never goes below 0: only a
--- holder that was there gives its permits back.
-function LEASE.drop_holder(state, holders_key, id)
-  if redis.call('ZREM', holders_key, id) == 0 then
+-- Drops holders whose lease has ended (at most RECLAIM), if the earliest has; when the
+-- earliest lease left ends (nil: no holder).
+function LEASE.reclaim_holders(state, keys, now)
+  local earliest = LEASE.earliest(keys[2])
+  if not earliest or earliest > now then
+    return earliest -- (the common case: one read)
+  end
+  local expired = redis.call('ZRANGEBYSCORE', keys[2], '-inf', string.format('%d', now),
+    'LIMIT', 0, LEASE.RECLAIM)
+  for _, id in ipairs(expired) do
+    LEASE.drop_holder(state, keys, id)
+  end
+  LEASE.reclaim_granted(state, keys, now)
+  return LEASE.earliest(keys[2])
+end
+
+-- Removes a holder and its slots, and its grant in T:granted if it was granted in the queue
+-- (a fence names one lease); whether it was there. `used` never goes below 0: only a holder
+-- that was there gives its permits back.
+function LEASE.drop_holder(state, keys, id)
+  if redis.call('ZREM', keys[2], id) == 0 then
     return false
   end
-  state.used = math.max(0, state.used - LEASE.permits(id))
+  local permits, fence = string.match(id, '^(%d+):(%d+)$')
+  redis.call('ZREMRANGEBYSCORE', keys[5], fence, fence)
+  state.used = math.max(0, state.used - tonumber(permits))
   state.dirty = true
   return true
 end
@@ -86,6 +107,16 @@ function LEASE.reclaim_tickets(queue_key, tickets_key, now)
     redis.call('ZREM', queue_key, unpack(expired))
   end
   return #expired
+end
+
+-- Drops grants whose lease ended long ago without being dropped here (an older client's
+-- script dropped the holder): at most RECLAIM.
+function LEASE.reclaim_granted(state, keys, now)
+  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', string.format('(%d', now - state.lease),
+    'LIMIT', 0, LEASE.RECLAIM)
+  if #stale > 0 then
+    redis.call('ZREM', keys[5], unpack(stale))
+  end
 end
 
 -- The permits of the tickets ahead of place `seq` (all tickets: seq nil), or nil when more
@@ -107,29 +138,64 @@ function LEASE.ahead(queue_key, seq)
   return permits
 end
 
--- Grants the tickets at the head of the queue, in order, while they fit in the free slots;
--- each is woken through its process's wake list.
-function LEASE.promote(state, keys, now)
+-- The tickets at the head of the queue that may fit in `free` slots (each takes one at least).
+function LEASE.head(queue_key, free)
+  return redis.call('ZRANGE', queue_key, 0, math.min(free, LEASE.SCAN) - 1)
+end
+
+-- Grants the tickets at the head of the queue, in order, while they fit in the free slots,
+-- and hands each its lease (`wake`): those of `process` (nil: none) are added to `handed`.
+-- Returns whether the queue is empty now (false when no slot was free: not read), and how
+-- many tickets were granted.
+function LEASE.promote(state, keys, now, process, handed)
   local free = state.max - state.used
   if free <= 0 then
-    return
+    return false, 0
   end
+  local head = LEASE.head(keys[3], free)
+  if #head == 0 then
+    return true, 0
+  end
+  if LEASE.reclaim_tickets(keys[3], keys[4], now) > 0 then -- (none is granted to a dead waiter)
+    head = LEASE.head(keys[3], free)
+  end
+  local read_all = #head < math.min(free, LEASE.SCAN)
   local lease_ends = string.format('%d', now + state.lease)
-  for _, ticket in ipairs(redis.call('ZRANGE', keys[3], 0, LEASE.SCAN - 1)) do
+  local granted = 0
+  for _, ticket in ipairs(head) do
     local permits = LEASE.permits(ticket)
     if permits > free then
       break
     end
-    free = free - permits
+    free, granted = free - permits, granted + 1
     local fence = LEASE.grant(state, keys, permits, lease_ends, now)
-    redis.call('ZREM', keys[3], ticket)
-    redis.call('ZREM', keys[4], ticket)
     redis.call('ZADD', keys[5], fence, ticket)
-    LEASE.bound(state, keys[5])
-    local list = state.tag .. ':wake:' .. string.match(ticket, '^%d+:([^:]+):')
-    redis.call('LPUSH', list, ticket)
-    redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
+    LEASE.wake(state, ticket, permits .. ':' .. fence, process, handed)
   end
+  if granted > 0 then
+    redis.call('ZREM', keys[3], unpack(head, 1, granted))
+    redis.call('ZREM', keys[4], unpack(head, 1, granted))
+    LEASE.bound(state, keys[5])
+  end
+  return read_all and granted == #head, granted
+end
+
+-- Tells the waiter of `ticket` that it holds lease `id`: in the caller's reply (`handed`)
+-- when its process is `process`, else through its process's wake list.
+function LEASE.wake(state, ticket, id, process, handed)
+  local owner = string.match(ticket, '^%d+:([^:]+):')
+  if owner == process then
+    handed[#handed + 1] = ticket
+    handed[#handed + 1] = id
+    return
+  end
+  local message = ticket
+  if string.sub(ticket, -2) == ':h' then
+    message = ticket .. ' ' .. id .. ' ' .. string.format('%d', state.lease)
+  end
+  local list = state.tag .. ':wake:' .. owner
+  redis.call('LPUSH', list, message)
+  redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
 end
 
 -- A new holder of `permits`, its lease ending at `lease_ends` (text); its fence, as text.
@@ -143,22 +209,15 @@ function LEASE.grant(state, keys, permits, lease_ends, now)
   return fence
 end
 
--- Drops grants nobody collected within a lease (their leases have ended: a fence is at least
--- the time it was given at); at most RECLAIM.
-function LEASE.reclaim_granted(state, keys, now)
-  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', string.format('(%d', now - state.lease),
-    'LIMIT', 0, LEASE.RECLAIM)
-  if #stale > 0 then
-    redis.call('ZREM', keys[5], unpack(stale))
-  end
-end
-
--- Reclaims what has ended (holders, tickets, grants) and grants the head of the queue.
+-- Reclaims ended holders and grants the head of the queue; when the earliest holder's lease
+-- ends (nil: no holder) and whether the queue is empty (as promote).
 function LEASE.tidy(state, keys, now)
-  LEASE.reclaim_holders(state, keys[2], now)
-  LEASE.reclaim_tickets(keys[3], keys[4], now)
-  LEASE.reclaim_granted(state, keys, now)
-  LEASE.promote(state, keys, now)
+  local earliest = LEASE.reclaim_holders(state, keys, now)
+  local empty, granted = LEASE.promote(state, keys, now, nil, nil)
+  if granted > 0 and not earliest then
+    earliest = now + state.lease -- (the leases just granted)
+  end
+  return earliest, empty
 end
 
 function LEASE.save(state)
@@ -166,13 +225,4 @@ function LEASE.save(state)
     redis.call('HSET', state.key, 'used', string.format('%d', state.used), 'fence',
       string.format('%d', state.fence), 'seq', string.format('%d', state.seq))
   end
-end
-
--- Microseconds until the earliest holder's lease ends (-1: no holder).
-function LEASE.next_expiry(holders_key, now)
-  local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
-  if #first == 0 then
-    return -1
-  end
-  return math.max(0, tonumber(first[2]) - now)
 end

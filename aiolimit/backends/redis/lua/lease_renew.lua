@@ -17,8 +17,8 @@ if not expires then
   return { 1 }
 end
 if tonumber(expires) <= now then
-  LEASE.drop_holder(state, KEYS[2], ARGV[1])
-  LEASE.promote(state, KEYS, now)
+  LEASE.drop_holder(state, KEYS, ARGV[1])
+  LEASE.promote(state, KEYS, now, nil, nil)
   LEASE.save(state)
   return { 1 }
 end

@@ -2,13 +2,14 @@
 --
 -- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
 -- ARGV[1] permits
--- ARGV[2] the caller's ticket "<permits>:<process>:<id>"
+-- ARGV[2] the caller's ticket "<permits>:<process>:<id>[:h]"
 -- ARGV[3] how long the caller will wait (us): 0 gives up now (its ticket is dropped), -1
 --         waits without end; a ticket left in the queue lives at most one lease, and each
 --         call of its waiter stamps it again
 --
--- Granted: the lease the ticket was granted in the queue (collected, and renewed), or a new
--- one when nobody waits and the permits fit; otherwise the ticket is queued (or stays).
+-- Granted: the lease the ticket was granted in the queue, if its waiter asks before it was
+-- handed over (or its wake-up was lost): collected, and renewed; or a new one when nobody
+-- waits and the permits fit. Otherwise the ticket is queued (or stays).
 -- Returns {0, lease id, lease us} granted; {1, retry us (-1: no holder), free, permits ahead
 -- (-1: too many to count), lease us} not now; {-1} no limit set; {-2, max} over the limit.
 
@@ -21,7 +22,10 @@ if permits > state.max then
   return { -2, state.max }
 end
 local now = now_us()
-LEASE.tidy(state, KEYS, now)
+local earliest, empty = LEASE.tidy(state, KEYS, now)
+if not empty then
+  LEASE.reclaim_tickets(KEYS[3], KEYS[4], now)
+end
 local lease_ends = string.format('%d', now + state.lease)
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
@@ -32,9 +36,9 @@ if fence then
     return { 0, id, state.lease }
   end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
 end
-local seq = redis.call('ZSCORE', KEYS[3], ticket)
+local seq = not empty and redis.call('ZSCORE', KEYS[3], ticket) or nil
 local free = state.max - state.used
-if not seq and permits <= free and redis.call('ZCARD', KEYS[3]) == 0 then
+if not seq and permits <= free and empty then
   local id = permits .. ':' .. LEASE.grant(state, KEYS, permits, lease_ends, now)
   LEASE.save(state)
   return { 0, id, state.lease }
@@ -43,7 +47,10 @@ if wait == 0 then
   if seq then
     redis.call('ZREM', KEYS[3], ticket)
     redis.call('ZREM', KEYS[4], ticket)
-    LEASE.promote(state, KEYS, now) -- (it may have been a head that did not fit)
+    local _, granted = LEASE.promote(state, KEYS, now, nil, nil) -- (it may have been a head that did not fit)
+    if granted > 0 and not earliest then
+      earliest = now + state.lease
+    end
   end
 else
   if not seq then
@@ -62,4 +69,5 @@ else
 end
 LEASE.save(state)
 local ahead = wait ~= 0 and LEASE.ahead(KEYS[3], seq) or nil
-return { 1, LEASE.next_expiry(KEYS[2], now), free, ahead or -1, state.lease }
+local retry = earliest and math.max(0, earliest - now) or -1
+return { 1, retry, free, ahead or -1, state.lease }
