@@ -14,6 +14,9 @@ local state = LEASE.load(KEYS[1])
 if not state then
   return removed
 end
+if removed == 1 then
+  LEASE.count_queued(state, -LEASE.permits(ticket))
+end
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
   redis.call('ZREM', KEYS[5], ticket)

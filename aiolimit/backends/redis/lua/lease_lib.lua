@@ -5,8 +5,8 @@
 -- The keys, all under the limiter's hash tag T (aiolimit/backends/redis/_keys.py), passed to
 -- every script in this order as KEYS[1..5]:
 --   T:sem      HASH  max (slots), lease (us), fence (the last fence given), seq (the last
---                    ticket's place), used (slots the holders take), expires_at (ms, when
---                    expire() set one)
+--                    ticket's place), used (slots the holders take), queued (permits of the
+--                    tickets in T:queue), expires_at (ms, when expire() set one)
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
 --   T:queue    ZSET  ticket "<permits>:<process>:<id>[:h]" -> its place in the queue (seq)
 --   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
@@ -30,42 +30,52 @@
 -- waiter whose wake-up was lost still finds it when it asks. One that never comes (killed)
 -- holds it until its lease ends, like any holder.
 -- Every loop is bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets
--- promoted or read ahead of a caller.
+-- promoted or read ahead of a caller. A call reads no more of a ZSET than it acts on: the
+-- earliest holder, the head tickets that may fit, the permits queued from `queued`.
+-- Numbers read are made numbers with `+ 0` (one conversion; tonumber makes two).
 
 local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000 }
 
 function LEASE.load(sem_key)
-  local f = redis.call('HMGET', sem_key, 'max', 'lease', 'fence', 'seq', 'used', 'expires_at')
+  local f = redis.call('HMGET', sem_key, 'max', 'lease', 'fence', 'seq', 'used', 'queued',
+    'expires_at')
   if not f[1] then
     return nil
   end
   return {
     key = sem_key,
     tag = string.sub(sem_key, 1, -5), -- without ':sem'
-    max = tonumber(f[1]),
-    lease = tonumber(f[2]),
-    fence = tonumber(f[3] or '0'),
-    seq = tonumber(f[4] or '0'),
-    used = tonumber(f[5] or '0'),
-    expires_at = f[6] and tonumber(f[6]) or nil,
+    max = f[1] + 0,
+    lease = f[2] + 0,
+    fence = (f[3] or 0) + 0,
+    seq = (f[4] or 0) + 0,
+    used = (f[5] or 0) + 0,
+    queued = (f[6] or 0) + 0,
+    expires_at = f[7] and f[7] + 0 or nil,
   }
 end
 
 function LEASE.permits(member)
-  return tonumber(string.match(member, '^(%d+):'))
+  return match(member, '^(%d+):') + 0
+end
+
+-- `permits` more (or fewer) permits queued; never below 0.
+function LEASE.count_queued(state, permits)
+  state.queued = math.max(0, state.queued + permits)
+  state.dirty = true
 end
 
 -- A key written by this call lives no longer than the limiter (expire()).
 function LEASE.bound(state, key)
   if state.expires_at then
-    redis.call('PEXPIREAT', key, string.format('%d', state.expires_at))
+    redis.call('PEXPIREAT', key, format('%d', state.expires_at))
   end
 end
 
 -- When the earliest holder's lease ends (us); nil with no holder.
 function LEASE.earliest(holders_key)
   local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
-  return first[2] and tonumber(first[2]) or nil
+  return first[2] and first[2] + 0 or nil
 end
 
 -- Drops holders whose lease has ended (at most RECLAIM), if the earliest has; when the
@@ -75,7 +85,7 @@ function LEASE.reclaim_holders(state, keys, now)
   if not earliest or earliest > now then
     return earliest -- (the common case: one read)
   end
-  local expired = redis.call('ZRANGEBYSCORE', keys[2], '-inf', string.format('%d', now),
+  local expired = redis.call('ZRANGEBYSCORE', keys[2], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
   for _, id in ipairs(expired) do
     LEASE.drop_holder(state, keys, id)
@@ -91,20 +101,23 @@ function LEASE.drop_holder(state, keys, id)
   if redis.call('ZREM', keys[2], id) == 0 then
     return false
   end
-  local permits, fence = string.match(id, '^(%d+):(%d+)$')
+  local permits, fence = match(id, '^(%d+):(%d+)$')
   redis.call('ZREMRANGEBYSCORE', keys[5], fence, fence)
-  state.used = math.max(0, state.used - tonumber(permits))
+  state.used = math.max(0, state.used - permits)
   state.dirty = true
   return true
 end
 
 -- Drops tickets whose waiter stopped calling (at most RECLAIM); how many.
-function LEASE.reclaim_tickets(queue_key, tickets_key, now)
-  local expired = redis.call('ZRANGEBYSCORE', tickets_key, '-inf', string.format('%d', now),
+function LEASE.reclaim_tickets(state, keys, now)
+  local expired = redis.call('ZRANGEBYSCORE', keys[4], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
   if #expired > 0 then
-    redis.call('ZREM', tickets_key, unpack(expired))
-    redis.call('ZREM', queue_key, unpack(expired))
+    redis.call('ZREM', keys[4], unpack(expired))
+    redis.call('ZREM', keys[3], unpack(expired))
+    for _, ticket in ipairs(expired) do
+      LEASE.count_queued(state, -LEASE.permits(ticket))
+    end
   end
   return #expired
 end
@@ -112,7 +125,7 @@ end
 -- Drops grants whose lease ended long ago without being dropped here (an older client's
 -- script dropped the holder): at most RECLAIM.
 function LEASE.reclaim_granted(state, keys, now)
-  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', string.format('(%d', now - state.lease),
+  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', format('(%d', now - state.lease),
     'LIMIT', 0, LEASE.RECLAIM)
   if #stale > 0 then
     redis.call('ZREM', keys[5], unpack(stale))
@@ -122,18 +135,15 @@ end
 -- The permits of the tickets ahead of place `seq` (all tickets: seq nil), or nil when more
 -- than SCAN are ahead (the caller's turn is not near).
 function LEASE.ahead(queue_key, seq)
-  local tickets
-  if seq then
-    tickets = redis.call('ZRANGEBYSCORE', queue_key, '-inf', '(' .. seq, 'LIMIT', 0, LEASE.SCAN + 1)
-  else
-    tickets = redis.call('ZRANGE', queue_key, 0, LEASE.SCAN)
-  end
-  if #tickets > LEASE.SCAN then
+  local count = redis.call('ZCOUNT', queue_key, '-inf', seq and '(' .. seq or '+inf')
+  if count > LEASE.SCAN then
     return nil
   end
   local permits = 0
-  for _, ticket in ipairs(tickets) do
-    permits = permits + LEASE.permits(ticket)
+  if count > 0 then
+    for _, ticket in ipairs(redis.call('ZRANGE', queue_key, 0, count - 1)) do
+      permits = permits + LEASE.permits(ticket)
+    end
   end
   return permits
 end
@@ -154,13 +164,16 @@ function LEASE.promote(state, keys, now, process, handed)
   end
   local head = LEASE.head(keys[3], free)
   if #head == 0 then
+    if state.queued ~= 0 then -- (what was lost is counted no longer)
+      LEASE.count_queued(state, -state.queued)
+    end
     return true, 0
   end
-  if LEASE.reclaim_tickets(keys[3], keys[4], now) > 0 then -- (none is granted to a dead waiter)
+  if LEASE.reclaim_tickets(state, keys, now) > 0 then -- (none is granted to a dead waiter)
     head = LEASE.head(keys[3], free)
   end
   local read_all = #head < math.min(free, LEASE.SCAN)
-  local lease_ends = string.format('%d', now + state.lease)
+  local lease_ends = format('%d', now + state.lease)
   local granted = 0
   for _, ticket in ipairs(head) do
     local permits = LEASE.permits(ticket)
@@ -168,6 +181,7 @@ function LEASE.promote(state, keys, now, process, handed)
       break
     end
     free, granted = free - permits, granted + 1
+    LEASE.count_queued(state, -permits)
     local fence = LEASE.grant(state, keys, permits, lease_ends, now)
     redis.call('ZADD', keys[5], fence, ticket)
     LEASE.wake(state, ticket, permits .. ':' .. fence, process, handed)
@@ -183,7 +197,7 @@ end
 -- Tells the waiter of `ticket` that it holds lease `id`: in the caller's reply (`handed`)
 -- when its process is `process`, else through its process's wake list.
 function LEASE.wake(state, ticket, id, process, handed)
-  local owner = string.match(ticket, '^%d+:([^:]+):')
+  local owner = match(ticket, '^%d+:([^:]+):')
   if owner == process then
     handed[#handed + 1] = ticket
     handed[#handed + 1] = id
@@ -191,7 +205,7 @@ function LEASE.wake(state, ticket, id, process, handed)
   end
   local message = ticket
   if string.sub(ticket, -2) == ':h' then
-    message = ticket .. ' ' .. id .. ' ' .. string.format('%d', state.lease)
+    message = ticket .. ' ' .. id .. ' ' .. fmt(state.lease)
   end
   local list = state.tag .. ':wake:' .. owner
   redis.call('LPUSH', list, message)
@@ -203,7 +217,7 @@ function LEASE.grant(state, keys, permits, lease_ends, now)
   state.fence = math.max(state.fence + 1, now)
   state.used = state.used + permits
   state.dirty = true
-  local fence = string.format('%d', state.fence)
+  local fence = format('%d', state.fence)
   redis.call('ZADD', keys[2], lease_ends, permits .. ':' .. fence)
   LEASE.bound(state, keys[2])
   return fence
@@ -222,7 +236,7 @@ end
 
 function LEASE.save(state)
   if state.dirty then
-    redis.call('HSET', state.key, 'used', string.format('%d', state.used), 'fence',
-      string.format('%d', state.fence), 'seq', string.format('%d', state.seq))
+    redis.call('HSET', state.key, 'used', fmt(state.used), 'fence', format('%d', state.fence),
+      'seq', format('%d', state.seq), 'queued', fmt(state.queued))
   end
 end

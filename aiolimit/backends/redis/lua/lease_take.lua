@@ -24,13 +24,13 @@ end
 local now = now_us()
 local earliest, empty = LEASE.tidy(state, KEYS, now)
 if not empty then
-  LEASE.reclaim_tickets(KEYS[3], KEYS[4], now)
+  LEASE.reclaim_tickets(state, KEYS, now)
 end
-local lease_ends = string.format('%d', now + state.lease)
+local lease_ends = format('%d', now + state.lease)
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
   redis.call('ZREM', KEYS[5], ticket)
-  local id = permits .. ':' .. string.format('%d', tonumber(fence))
+  local id = permits .. ':' .. format('%d', fence + 0)
   if redis.call('ZADD', KEYS[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', KEYS[2], id) then
     LEASE.save(state)
     return { 0, id, state.lease }
@@ -43,31 +43,34 @@ if not seq and permits <= free and empty then
   LEASE.save(state)
   return { 0, id, state.lease }
 end
+local ahead = -1
 if wait == 0 then
   if seq then
     redis.call('ZREM', KEYS[3], ticket)
     redis.call('ZREM', KEYS[4], ticket)
+    LEASE.count_queued(state, -permits)
     local _, granted = LEASE.promote(state, KEYS, now, nil, nil) -- (it may have been a head that did not fit)
     if granted > 0 and not earliest then
       earliest = now + state.lease
     end
   end
 else
-  if not seq then
+  if seq then
+    ahead = LEASE.ahead(KEYS[3], seq) or -1
+  else -- (at the end: every ticket queued is ahead)
+    ahead = state.queued
     state.seq = state.seq + 1
-    state.dirty = true
-    seq = state.seq
-    redis.call('ZADD', KEYS[3], string.format('%d', seq), ticket)
+    LEASE.count_queued(state, permits)
+    redis.call('ZADD', KEYS[3], format('%d', state.seq), ticket)
     LEASE.bound(state, KEYS[3])
   end
   local keep = state.lease
   if wait > 0 and wait < keep then
     keep = wait
   end
-  redis.call('ZADD', KEYS[4], string.format('%d', now + keep), ticket)
+  redis.call('ZADD', KEYS[4], format('%d', now + keep), ticket)
   LEASE.bound(state, KEYS[4])
 end
 LEASE.save(state)
-local ahead = wait ~= 0 and LEASE.ahead(KEYS[3], seq) or nil
 local retry = earliest and math.max(0, earliest - now) or -1
-return { 1, retry, free, ahead or -1, state.lease }
+return { 1, retry, free, ahead, state.lease }
