@@ -20,7 +20,7 @@ end
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
   redis.call('ZREM', KEYS[5], ticket)
-  LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. string.format('%d', tonumber(fence)))
+  LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. format('%d', fence + 0))
   removed = 1
 end
 if removed == 1 then

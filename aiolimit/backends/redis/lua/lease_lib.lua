@@ -42,16 +42,20 @@ function LEASE.load(sem_key)
   if not f[1] then
     return nil
   end
-  return {
+  local seq, used, queued = (f[4] or 0) + 0, (f[5] or 0) + 0, (f[6] or 0) + 0
+  return { -- (every field in the constructor: the table is made its size once)
     key = sem_key,
-    tag = string.sub(sem_key, 1, -5), -- without ':sem'
     max = f[1] + 0,
     lease = f[2] + 0,
     fence = (f[3] or 0) + 0,
-    seq = (f[4] or 0) + 0,
-    used = (f[5] or 0) + 0,
-    queued = (f[6] or 0) + 0,
-    expires_at = f[7] and f[7] + 0 or nil,
+    fence_text = false, -- (the fence given by this call, as text)
+    seq = seq,
+    used = used,
+    queued = queued,
+    seq0 = seq, -- (as loaded: save writes what changed)
+    used0 = used,
+    queued0 = queued,
+    expires_at = f[7] and f[7] + 0 or false,
   }
 end
 
@@ -62,7 +66,6 @@ end
 -- `permits` more (or fewer) permits queued; never below 0.
 function LEASE.count_queued(state, permits)
   state.queued = math.max(0, state.queued + permits)
-  state.dirty = true
 end
 
 -- A key written by this call lives no longer than the limiter (expire()).
@@ -104,7 +107,6 @@ function LEASE.drop_holder(state, keys, id)
   local permits, fence = match(id, '^(%d+):(%d+)$')
   redis.call('ZREMRANGEBYSCORE', keys[5], fence, fence)
   state.used = math.max(0, state.used - permits)
-  state.dirty = true
   return true
 end
 
@@ -155,21 +157,21 @@ end
 
 -- Grants the tickets at the head of the queue, in order, while they fit in the free slots,
 -- and hands each its lease (`wake`): those of `process` (nil: none) are added to `handed`.
+-- With `reclaim`, tickets whose waiter stopped calling are dropped first (a release grants
+-- the head as it finds it: the attempts of the waiters that queue keep the queue clean).
 -- Returns whether the queue is empty now (false when no slot was free: not read), and how
 -- many tickets were granted.
-function LEASE.promote(state, keys, now, process, handed)
+function LEASE.promote(state, keys, now, process, handed, reclaim)
   local free = state.max - state.used
   if free <= 0 then
     return false, 0
   end
   local head = LEASE.head(keys[3], free)
   if #head == 0 then
-    if state.queued ~= 0 then -- (what was lost is counted no longer)
-      LEASE.count_queued(state, -state.queued)
-    end
+    state.queued = 0 -- (what was lost is counted no longer)
     return true, 0
   end
-  if LEASE.reclaim_tickets(state, keys, now) > 0 then -- (none is granted to a dead waiter)
+  if reclaim and LEASE.reclaim_tickets(state, keys, now) > 0 then
     head = LEASE.head(keys[3], free)
   end
   local read_all = #head < math.min(free, LEASE.SCAN)
@@ -207,7 +209,7 @@ function LEASE.wake(state, ticket, id, process, handed)
   if string.sub(ticket, -2) == ':h' then
     message = ticket .. ' ' .. id .. ' ' .. fmt(state.lease)
   end
-  local list = state.tag .. ':wake:' .. owner
+  local list = string.sub(state.key, 1, -4) .. 'wake:' .. owner -- (T:sem without 'sem')
   redis.call('LPUSH', list, message)
   redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
 end
@@ -216,27 +218,44 @@ end
 function LEASE.grant(state, keys, permits, lease_ends, now)
   state.fence = math.max(state.fence + 1, now)
   state.used = state.used + permits
-  state.dirty = true
   local fence = format('%d', state.fence)
+  state.fence_text = fence
   redis.call('ZADD', keys[2], lease_ends, permits .. ':' .. fence)
   LEASE.bound(state, keys[2])
   return fence
 end
 
--- Reclaims ended holders and grants the head of the queue; when the earliest holder's lease
--- ends (nil: no holder) and whether the queue is empty (as promote).
+-- Reclaims ended holders and tickets and grants the head of the queue; when the earliest
+-- holder's lease ends (nil: no holder) and whether the queue is empty (as promote).
 function LEASE.tidy(state, keys, now)
   local earliest = LEASE.reclaim_holders(state, keys, now)
-  local empty, granted = LEASE.promote(state, keys, now, nil, nil)
+  if state.used >= state.max then -- (no slot free: the queue is not read, only kept clean)
+    LEASE.reclaim_tickets(state, keys, now)
+    return earliest, false
+  end
+  local empty, granted = LEASE.promote(state, keys, now, nil, nil, true)
   if granted > 0 and not earliest then
     earliest = now + state.lease -- (the leases just granted)
   end
   return earliest, empty
 end
 
+-- Writes the counters this call changed.
 function LEASE.save(state)
-  if state.dirty then
-    redis.call('HSET', state.key, 'used', fmt(state.used), 'fence', format('%d', state.fence),
-      'seq', format('%d', state.seq), 'queued', fmt(state.queued))
+  local fields = {}
+  if state.used ~= state.used0 then
+    fields[#fields + 1], fields[#fields + 2] = 'used', fmt(state.used)
+  end
+  if state.queued ~= state.queued0 then
+    fields[#fields + 1], fields[#fields + 2] = 'queued', fmt(state.queued)
+  end
+  if state.fence_text then
+    fields[#fields + 1], fields[#fields + 2] = 'fence', state.fence_text
+  end
+  if state.seq ~= state.seq0 then
+    fields[#fields + 1], fields[#fields + 2] = 'seq', format('%d', state.seq)
+  end
+  if #fields > 0 then
+    redis.call('HSET', state.key, unpack(fields))
   end
 end

@@ -21,7 +21,7 @@ if not expires then
   return { 0 }
 end
 LEASE.drop_holder(state, KEYS, ARGV[1])
-local reply = { tonumber(expires) > now and 1 or 0, state.lease }
+local reply = { expires + 0 > now and 1 or 0, state.lease }
 LEASE.promote(state, KEYS, now, ARGV[2], reply)
 LEASE.save(state)
 return reply

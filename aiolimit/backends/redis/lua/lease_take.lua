@@ -23,30 +23,25 @@ if permits > state.max then
 end
 local now = now_us()
 local earliest, empty = LEASE.tidy(state, KEYS, now)
-if not empty then
-  LEASE.reclaim_tickets(state, KEYS, now)
-end
-local lease_ends = format('%d', now + state.lease)
 local fence = redis.call('ZSCORE', KEYS[5], ticket)
 if fence then
   redis.call('ZREM', KEYS[5], ticket)
   local id = permits .. ':' .. format('%d', fence + 0)
+  local lease_ends = format('%d', now + state.lease)
   if redis.call('ZADD', KEYS[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', KEYS[2], id) then
     LEASE.save(state)
     return { 0, id, state.lease }
   end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
 end
-local seq = not empty and redis.call('ZSCORE', KEYS[3], ticket) or nil
 local free = state.max - state.used
-if not seq and permits <= free and empty then
-  local id = permits .. ':' .. LEASE.grant(state, KEYS, permits, lease_ends, now)
+if empty and permits <= free then -- (nobody waits: the ticket is not queued either)
+  local id = permits .. ':' .. LEASE.grant(state, KEYS, permits, format('%d', now + state.lease), now)
   LEASE.save(state)
   return { 0, id, state.lease }
 end
 local ahead = -1
 if wait == 0 then
-  if seq then
-    redis.call('ZREM', KEYS[3], ticket)
+  if not empty and redis.call('ZREM', KEYS[3], ticket) == 1 then
     redis.call('ZREM', KEYS[4], ticket)
     LEASE.count_queued(state, -permits)
     local _, granted = LEASE.promote(state, KEYS, now, nil, nil) -- (it may have been a head that did not fit)
@@ -55,14 +50,14 @@ if wait == 0 then
     end
   end
 else
-  if seq then
-    ahead = LEASE.ahead(KEYS[3], seq) or -1
-  else -- (at the end: every ticket queued is ahead)
-    ahead = state.queued
-    state.seq = state.seq + 1
+  local seq = state.seq + 1
+  if redis.call('ZADD', KEYS[3], 'NX', format('%d', seq), ticket) == 1 then
+    ahead = state.queued -- (at the end: every ticket queued is ahead)
+    state.seq = seq
     LEASE.count_queued(state, permits)
-    redis.call('ZADD', KEYS[3], format('%d', state.seq), ticket)
     LEASE.bound(state, KEYS[3])
+  else -- (queued already: stamped again)
+    ahead = LEASE.ahead(KEYS[3], redis.call('ZSCORE', KEYS[3], ticket)) or -1
   end
   local keep = state.lease
   if wait > 0 and wait < keep then
