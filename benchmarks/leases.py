@@ -1,15 +1,19 @@
 """Leases: calls/s and Redis CPU per lease of aiolimit's ConcurrencyLimiter against two
 baselines written here from their public algorithms.
 
-    python benchmarks/leases.py                      # ~15 s
+    python benchmarks/leases.py                      # ~20 s
     python benchmarks/leases.py --tasks 64 --limit 8 --seconds 5
+    git archive main aiolimit | tar -x -C /tmp/aiolimit-main
+    python benchmarks/leases.py --checkout /tmp/aiolimit-main --checkout . --rounds 5
 
-Each contender runs ``--tasks`` tasks in one process, on its own redis-server (a free
+Each contender runs ``--tasks`` tasks in one process, on one redis-server (a free
 127.0.0.1 port, flushed before each), for ``--seconds``: take a lease of 1 slot of
 ``--limit`` (waiting as long as it takes), hold it ``--hold`` ms, release it, again. Reported:
-leases per second, Redis CPU per lease (INFO cpu, user + sys, before and after), commands per
-lease (INFO commandstats, those run inside scripts included), and the most leases held at once
-as the holders saw it.
+leases per second, Redis CPU per lease (INFO cpu, user + sys, before and after) and beside
+it the ratio to the ZSET semaphore's, script calls and commands per lease (INFO
+commandstats, those run inside scripts included), and the most leases held at once as the
+holders saw it. Every contender runs in a fresh process; with ``--rounds`` the figures are
+medians.
 
 - ``redis-semaphore``: the ZSET semaphore of swarmion/redis-semaphore: one script drops
   entries older than the lock timeout (client time) and adds the caller's if fewer than the
@@ -20,19 +24,41 @@ as the holders saw it.
   else answers the time until the earliest expiry; release removes the id, adds the permit
   back and PUBLISHes; waiters subscribe to the channel (one connection per process here) and
   all try again on each message, or at the earliest expiry.
-- ``aiolimit``: ``ConcurrencyLimiter.lease()`` (FIFO tickets, server time, the head granted
-  on release and its process woken through BLPOP; renewal in the background).
+- ``aiolimit``: ``ConcurrencyLimiter.try_lease(timeout=None)`` (FIFO tickets, server time;
+  the release grants the head of the queue and hands it its lease: in the release's reply
+  to a waiter of the same process, else through its process's wake list and BLPOP).
+
+``--checkout PATH`` (repeatable) runs aiolimit once per checkout, each in a fresh process
+importing ``aiolimit`` from PATH, alternating with the baselines round after round:
+versions side by side. ``--contender`` picks who runs (repeatable; all by default).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _harness import Table, command_counts, local_redis, machine, number, parser, per_grant, report
+from _harness import (
+    ROOT,
+    Table,
+    Variant,
+    alternate,
+    checkouts,
+    child_main,
+    command_counts,
+    flush,
+    local_redis,
+    machine,
+    medians,
+    number,
+    parser,
+    per_grant,
+    report,
+)
 from _harness import reading as server_reading
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
@@ -146,11 +172,12 @@ async def _aiolimit(redis: Redis, limit: int) -> Take:
     return take
 
 
-CONTENDERS: dict[str, Callable[[Redis, int], Awaitable[Take]]] = {
-    "redis-semaphore (ZSET, polling)": _semaphore,
-    "Redisson (permits, pub/sub)": _redisson,
-    "aiolimit ConcurrencyLimiter": _aiolimit,
+CONTENDERS: dict[str, tuple[str, Callable[[Redis, int], Awaitable[Take]]]] = {
+    "semaphore": ("redis-semaphore (ZSET, polling)", _semaphore),
+    "redisson": ("Redisson (permits, pub/sub)", _redisson),
+    "aiolimit": ("aiolimit ConcurrencyLimiter", _aiolimit),
 }
+BASELINES = ("semaphore", "redisson")
 
 
 async def _run(url: str, make: Any, args: Any) -> dict[str, float]:
@@ -171,49 +198,99 @@ async def _run(url: str, make: Any, args: Any) -> dict[str, float]:
             leases += 1
 
     with SyncRedis.from_url(url) as sync:
-        before, (_, commands_before) = server_reading(sync), command_counts(url)
+        before, (scripts_before, commands_before) = server_reading(sync), command_counts(url)
         started = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(args.tasks)))
         elapsed = time.monotonic() - started
-        after, (_, commands_after) = server_reading(sync), command_counts(url)
+        after, (scripts_after, commands_after) = server_reading(sync), command_counts(url)
     await redis.aclose()
     cost = per_grant(before, after, leases)
     return {
         "leases_per_s": leases / elapsed,
         "redis_cpu_us": cost.redis_cpu,
+        "scripts": (scripts_after - scripts_before) / max(leases, 1),
         "commands": (commands_after - commands_before) / max(leases, 1),
         "most_held": most,
     }
 
 
+def one_round(args: Any) -> dict[str, dict[str, float]]:
+    """In a child: each contender asked for, once, on the server at ``--url``."""
+    figures = {}
+    for name in args.contender:
+        label, make = CONTENDERS[name]
+        flush(args.url)
+        figures[label] = asyncio.run(_run(args.url, make, args))
+    return figures
+
+
+def variants(args: Any) -> list[Variant]:
+    """The baselines asked for (this checkout's process), then aiolimit once per checkout."""
+    out = []
+    baselines = [name for name in args.contender if name in BASELINES]
+    if baselines:
+        extra = tuple(arg for name in baselines for arg in ("--contender", name))
+        out.append(Variant("baselines", ROOT, extra))
+    if "aiolimit" in args.contender:
+        out += [Variant(v.label, v.path, ("--contender", "aiolimit")) for v in checkouts(args)]
+    return out
+
+
+def rows(args: Any, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """One row per contender: aiolimit's named by its checkout when there are several."""
+    out = {}
+    for variant, figures in results.items():
+        for label, row in figures.items():
+            named = variant != "baselines" and len(args.checkout or []) > 1
+            out[f"{label} ({variant})" if named else label] = row
+    return out
+
+
 def main() -> None:
-    cli = parser(__doc__)
+    cli = parser(__doc__, checkouts=True)
     cli.add_argument("--tasks", type=int, default=32)
     cli.add_argument("--limit", type=int, default=4)
     cli.add_argument("--hold", type=float, default=2.0, help="ms each lease is held (2)")
     cli.add_argument("--seconds", type=float, default=4.0)
+    cli.add_argument("--contender", action="append", choices=list(CONTENDERS))
+    cli.add_argument("--url", help=argparse.SUPPRESS)
     args = cli.parse_args()
-    figures: dict[str, Any] = {}
+    args.contender = args.contender or list(CONTENDERS)
+    if args.child:
+        child_main(lambda: one_round(args))
+        return
     with local_redis() as url:
         heading = machine(url)
-        for label, make in CONTENDERS.items():
-            with SyncRedis.from_url(url) as sync:
-                sync.flushall()
-            figures[label] = asyncio.run(_run(url, make, args))
-    table = Table(
-        ["contender", "leases/s", "Redis CPU µs/lease", "commands/lease", "most held"],
+        child_args = [
+            "--url", url, "--tasks", str(args.tasks), "--limit", str(args.limit),
+            "--hold", str(args.hold), "--seconds", str(args.seconds),
+        ]  # fmt: skip
+        results = alternate(__file__, variants(args), args.rounds, child_args)
+    figures = rows(args, {label: medians(rounds) for label, rounds in results.items()})
+    report(args, heading, [table(args, figures)], figures)
+
+
+def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
+    rounds = f", medians of {args.rounds} rounds" if args.rounds > 1 else ""
+    out = Table(
+        ["contender", "leases/s", "Redis CPU µs/lease", "vs semaphore", "script calls/lease",
+         "commands/lease", "most held"],
         title=f"{args.tasks} tasks, limit {args.limit}, each lease held {args.hold} ms, "
-        f"{args.seconds} s each",
-    )
+        f"{args.seconds} s each{rounds}",
+    )  # fmt: skip
+    semaphore = figures.get(CONTENDERS["semaphore"][0], {}).get("redis_cpu_us")
     for label, row in figures.items():
-        table.add(
+        cpu = row["redis_cpu_us"]
+        out.add(
             label,
             number(row["leases_per_s"]),
-            number(row["redis_cpu_us"], 1),
+            number(cpu, 1),
+            f"{cpu / semaphore:.2f}x" if semaphore else "n/a",
+            number(row["scripts"], 1),
             number(row["commands"], 1),
-            row["most_held"],
+            number(row["most_held"]),
         )
-    report(args, heading, [table], figures)
+    return out
 
 
 if __name__ == "__main__":
