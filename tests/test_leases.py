@@ -374,3 +374,23 @@ async def test_a_handed_over_lease_is_renewed_and_released_as_any_other(store, n
     snapshot = await sem.leases()
     assert (snapshot.in_flight, snapshot.waiting) == (0, 0)
     assert await sem.try_lease() is not None
+
+
+async def test_a_refusal_counts_the_permits_queued_ahead_through_grants_and_departures(store, name):
+    from aiolimit.backends._lease import new_ticket
+
+    sem = await limiter(store, name, 3)
+    backend = store.backend()
+    held = await sem.try_lease(3)
+    tickets = [new_ticket(p) for p in (1, 2, 1, 3)]
+    for i, ticket in enumerate(tickets):  # queued, waiting without end
+        refusal = await backend.take_lease(name, int(ticket[0]), ticket, None)
+        assert refusal.ahead == [0, 1, 3, 4][i]
+    assert await backend.cancel_ticket(name, tickets[1])  # 2 permits leave
+    await backend.take_lease(name, 1, tickets[2], 0)  # gives up: 1 more
+    await held.release()  # the head (1 permit) is granted; the 3-permit ticket does not fit
+    late = new_ticket(1)
+    refusal = await backend.take_lease(name, 1, late, None)
+    assert refusal.ahead == 3  # the 3-permit ticket still waits
+    again = await backend.take_lease(name, 1, late, None)  # stamped again: counted
+    assert again.ahead == 3

@@ -82,7 +82,9 @@ class LeaseRefusal(NamedTuple):
     free: int
     """Slots free now (negative after the limit was lowered below what is held)."""
     ahead: int | None
-    """Permits of the tickets ahead of the caller's (None: too many to count)."""
+    """Permits of the tickets ahead of the caller's: all the permits queued for a ticket new
+    to the queue; None for one queued already with more than 100 tickets ahead (too many to
+    count)."""
     lease_us: int
     """The limiter's lease time: a queued ticket is dropped unless its waiter calls again
     within it."""

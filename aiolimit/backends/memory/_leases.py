@@ -220,15 +220,18 @@ class MemoryLeases(LeaseStore):
         free = sem.max - sem.used
         if not queued and permits <= free and not sem.queue:
             return LeaseGrant(f"{permits}:{table.grant(name, sem, permits, now)}", sem.lease_us)
+        ahead = None
         if max_wait_us == 0:
             if sem.queue.pop(ticket, None) is not None:
                 table.promote(name, sem, now)
         else:
+            # A new ticket goes to the end: every ticket queued is ahead (lease_take.lua keeps
+            # their permits counted); one queued already is counted up to SCAN.
+            ahead = table.ahead(sem, ticket) if queued else sum(map(_permits, sem.queue))
             keep = sem.lease_us if not max_wait_us else min(max_wait_us, sem.lease_us)
-            sem.queue[ticket] = now + keep  # (a new ticket goes to the end)
+            sem.queue[ticket] = now + keep
         expiries = sem.holders.values()
         retry = max(0, min(expiries) - now) if expiries else None
-        ahead = None if max_wait_us == 0 else table.ahead(sem, ticket)
         return LeaseRefusal(retry, free, ahead, sem.lease_us)
 
     async def renew_lease(self, name: str, lease_id: str) -> int | None:
