@@ -6,14 +6,14 @@ baselines written here from their public algorithms.
     git archive main aiolimit | tar -x -C /tmp/aiolimit-main
     python benchmarks/leases.py --checkout /tmp/aiolimit-main --checkout . --rounds 5
 
-Each contender runs ``--tasks`` tasks in one process, on one redis-server (a free
-127.0.0.1 port, flushed before each), for ``--seconds``: take a lease of 1 slot of
-``--limit`` (waiting as long as it takes), hold it ``--hold`` ms, release it, again. Reported:
-leases per second, Redis CPU per lease (INFO cpu, user + sys, before and after) and beside
-it the ratio to the ZSET semaphore's, script calls and commands per lease (INFO
-commandstats, those run inside scripts included), and the most leases held at once as the
-holders saw it. Every contender runs in a fresh process; with ``--rounds`` the figures are
-medians.
+Each contender runs ``--tasks`` tasks in one process (or spread over ``--processes``), on
+one redis-server (a free 127.0.0.1 port, flushed before each), for ``--seconds``: take a
+lease of 1 slot of ``--limit`` (waiting as long as it takes), hold it ``--hold`` ms, release
+it, again. Reported: leases per second, Redis CPU per lease (INFO cpu, user + sys, before
+and after) and beside it the ratio to the ZSET semaphore's, script calls and commands per
+lease (INFO commandstats, those run inside scripts included), and the most leases held at
+once as the holders saw it. Every contender runs in a fresh process; with ``--rounds`` the
+figures are medians.
 
 - ``redis-semaphore``: the ZSET semaphore of swarmion/redis-semaphore: one script drops
   entries older than the lock timeout (client time) and adds the caller's if fewer than the
@@ -37,9 +37,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import secrets
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from _harness import (
@@ -130,7 +132,7 @@ async def _redisson(redis: Redis, limit: int) -> Take:
     acquire = redis.register_script(REDISSON_ACQUIRE)
     release = redis.register_script(REDISSON_RELEASE)
     keys = ["permits", "timeouts", "channel"]
-    await redis.set("permits", limit)
+    await redis.set("permits", limit, nx=True)  # (once, by the first of the processes)
     released = asyncio.Event()
     pubsub = redis.pubsub()
     await pubsub.subscribe("channel")
@@ -180,11 +182,26 @@ CONTENDERS: dict[str, tuple[str, Callable[[Redis, int], Awaitable[Take]]]] = {
 BASELINES = ("semaphore", "redisson")
 
 
-async def _run(url: str, make: Any, args: Any) -> dict[str, float]:
-    redis = Redis.from_url(url)
-    take = await make(redis, args.limit)
+@dataclass(frozen=True)
+class Load:
+    """What one process of a contender runs: ``tasks`` tasks taking leases of ``limit``."""
+
+    url: str
+    contender: str
+    limit: int
+    tasks: int
+    hold_s: float
+    seconds: float
+
+
+async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int, int]:
+    """The load's tasks, from when ``started`` returns, for its seconds: (leases, the most
+    held at once in this process)."""
+    redis = Redis.from_url(load.url)
+    take = await CONTENDERS[load.contender][1](redis, load.limit)
+    await started()
     leases = held = most = 0
-    end = time.monotonic() + args.seconds
+    end = time.monotonic() + load.seconds
 
     async def worker() -> None:
         nonlocal leases, held, most
@@ -192,25 +209,60 @@ async def _run(url: str, make: Any, args: Any) -> dict[str, float]:
             release = await take()
             held += 1
             most = max(most, held)
-            await asyncio.sleep(args.hold / 1000)
+            await asyncio.sleep(load.hold_s)
             held -= 1
             await release()
             leases += 1
 
-    with SyncRedis.from_url(url) as sync:
-        before, (scripts_before, commands_before) = server_reading(sync), command_counts(url)
-        started = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(args.tasks)))
-        elapsed = time.monotonic() - started
-        after, (scripts_after, commands_after) = server_reading(sync), command_counts(url)
+    await asyncio.gather(*(worker() for _ in range(load.tasks)))
     await redis.aclose()
-    cost = per_grant(before, after, leases)
+    return leases, most
+
+
+def _process(load: Load, ready: Any, go: Any, out: Any) -> None:
+    """A process of its own (``--processes``): says it is ready, starts on ``go``."""
+
+    async def started() -> None:
+        ready.put(None)
+        await asyncio.to_thread(go.wait)
+
+    out.put(asyncio.run(_work(load, started)))
+
+
+def _run(url: str, contender: str, args: Any) -> dict[str, float]:
+    """One contender over ``--processes`` processes (this one and others, spawned), the
+    server's counters read once every process is ready and again when all are done."""
+    shares = [args.tasks // args.processes + (i < args.tasks % args.processes)
+              for i in range(args.processes)]  # fmt: skip
+    loads = [Load(url, contender, args.limit, n, args.hold / 1000, args.seconds) for n in shares]
+    spawn = multiprocessing.get_context("spawn")
+    ready, go, out = spawn.Queue(), spawn.Event(), spawn.Queue()
+    others = [spawn.Process(target=_process, args=(load, ready, go, out)) for load in loads[1:]]
+    for process in others:
+        process.start()
+    with SyncRedis.from_url(url) as sync:
+        readings: list[Any] = []
+
+        async def started() -> None:
+            for _ in others:
+                await asyncio.to_thread(ready.get)
+            readings.append((server_reading(sync), command_counts(url), time.monotonic()))
+            go.set()
+
+        results = [asyncio.run(_work(loads[0], started))]
+        results += [out.get() for _ in others]
+        elapsed = time.monotonic() - readings[0][2]
+        after, (scripts_after, commands_after) = server_reading(sync), command_counts(url)
+    for process in others:
+        process.join()
+    before, (scripts_before, commands_before), _ = readings[0]
+    leases = sum(n for n, _ in results)
     return {
         "leases_per_s": leases / elapsed,
-        "redis_cpu_us": cost.redis_cpu,
+        "redis_cpu_us": per_grant(before, after, leases).redis_cpu,
         "scripts": (scripts_after - scripts_before) / max(leases, 1),
         "commands": (commands_after - commands_before) / max(leases, 1),
-        "most_held": most,
+        "most_held": max(most for _, most in results),
     }
 
 
@@ -218,9 +270,8 @@ def one_round(args: Any) -> dict[str, dict[str, float]]:
     """In a child: each contender asked for, once, on the server at ``--url``."""
     figures = {}
     for name in args.contender:
-        label, make = CONTENDERS[name]
         flush(args.url)
-        figures[label] = asyncio.run(_run(args.url, make, args))
+        figures[CONTENDERS[name][0]] = _run(args.url, name, args)
     return figures
 
 
@@ -252,6 +303,7 @@ def main() -> None:
     cli.add_argument("--limit", type=int, default=4)
     cli.add_argument("--hold", type=float, default=2.0, help="ms each lease is held (2)")
     cli.add_argument("--seconds", type=float, default=4.0)
+    cli.add_argument("--processes", type=int, default=1, help="the tasks spread over (1)")
     cli.add_argument("--contender", action="append", choices=list(CONTENDERS))
     cli.add_argument("--url", help=argparse.SUPPRESS)
     args = cli.parse_args()
@@ -264,6 +316,7 @@ def main() -> None:
         child_args = [
             "--url", url, "--tasks", str(args.tasks), "--limit", str(args.limit),
             "--hold", str(args.hold), "--seconds", str(args.seconds),
+            "--processes", str(args.processes),
         ]  # fmt: skip
         results = alternate(__file__, variants(args), args.rounds, child_args)
     figures = rows(args, {label: medians(rounds) for label, rounds in results.items()})
@@ -272,10 +325,12 @@ def main() -> None:
 
 def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
     rounds = f", medians of {args.rounds} rounds" if args.rounds > 1 else ""
+    spread = f" in {args.processes} processes" if args.processes > 1 else ""
+    most = "most held (in one process)" if args.processes > 1 else "most held"
     out = Table(
         ["contender", "leases/s", "Redis CPU µs/lease", "vs semaphore", "script calls/lease",
-         "commands/lease", "most held"],
-        title=f"{args.tasks} tasks, limit {args.limit}, each lease held {args.hold} ms, "
+         "commands/lease", most],
+        title=f"{args.tasks} tasks{spread}, limit {args.limit}, each lease held {args.hold} ms, "
         f"{args.seconds} s each{rounds}",
     )  # fmt: skip
     semaphore = figures.get(CONTENDERS["semaphore"][0], {}).get("redis_cpu_us")
