@@ -164,7 +164,9 @@ class ConcurrencyLimiter:
                     answer = await asked_again(lost, [(self._name, limit_in_code)], attempt)
                 if isinstance(answer, LeaseGrant):
                     granted = answer
-                    return self._leased(answer, permits, loop.time() - start if queued else 0.0, sent)
+                    return self._leased(
+                        answer, permits, loop.time() - start if queued else 0.0, sent
+                    )
                 if wait_us == 0 or waiter is None:
                     if (observer := _observe.current) is not None:
                         observer.refused(self._name, permits)

@@ -71,7 +71,9 @@ class Lease:
         self.fence: int = grant.fence
         self._lease_s = grant.lease_us / 1e6
         # When the lease ends at the latest, on the event loop's clock: the store started it
-        # after the request left, so this is never later than the store's own expiry.
+        # after the request that led to it left (the attempt that granted it, or the one
+        # that queued the ticket it was handed over to), so this is never later than the
+        # store's own expiry.
         self._deadline = sent_at + self._lease_s
         self._lost = False
         self._released = False
