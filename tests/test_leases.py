@@ -394,3 +394,29 @@ async def test_a_refusal_counts_the_permits_queued_ahead_through_grants_and_depa
     assert refusal.ahead == 3  # the 3-permit ticket still waits
     again = await backend.take_lease(name, 1, late, None)  # stamped again: counted
     assert again.ahead == 3
+
+
+async def test_many_tasks_at_once_never_hold_more_than_the_limit_and_each_lease_is_its_own(
+    store, name
+):
+    # Attempts and releases made at the same time share round trips (one lease_many call).
+    sem = await limiter(store, name, 2)
+    held, most, fences = 0, 0, []
+
+    async def worker() -> None:
+        nonlocal held, most
+        for _ in range(4):
+            lease = await sem.try_lease(timeout=LEASE)
+            assert lease is not None
+            held += 1
+            most = max(most, held)
+            fences.append(lease.fence)
+            await asyncio.sleep(0.002)
+            held -= 1
+            assert await lease.release()
+
+    await asyncio.gather(*(worker() for _ in range(12)))
+    assert most == 2
+    assert len(set(fences)) == len(fences) == 48
+    snapshot = await sem.leases()
+    assert (snapshot.in_flight, snapshot.waiting) == (0, 0)

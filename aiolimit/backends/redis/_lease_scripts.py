@@ -3,11 +3,14 @@ their replies mean."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
 
 from .._lease import ConcurrencyConfig, LeaseGrant, LeaseHolder, LeaseRefusal, LeaseSnapshot
 from .._lease import parse_lease as parse_lease
+from .._protocol import MAX_BATCH
+from ._request import Batch
 from ._script import ReadCommand, Script
 
 __all__ = ["CONFIG", "TAKE", "OverLimit", "Released", "Unset", "woken"]
@@ -94,14 +97,34 @@ def _snapshot(reply: Any) -> LeaseSnapshot | None:
     return LeaseSnapshot(config, in_flight, holders, int(waiting))
 
 
+def _merge(
+    requests: Sequence[tuple[tuple[bytes, ...], list[bytes]]],
+) -> tuple[list[Any], list[Any]]:
+    """lease_many's KEYS and ARGV for several attempts (three arguments each) and releases
+    (two): each limiter's keys once, and each request named after where its keys start."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    starts: dict[tuple[bytes, ...], int] = {}
+    for request_keys, request_args in requests:
+        start = starts.get(request_keys)
+        if start is None:
+            start = starts[request_keys] = len(keys) + 1
+            keys.extend(request_keys)
+        args.append(b" ".join((b"%d" % start, *request_args)))
+    return keys, args
+
+
 _USES = ("lease_lib",)
+MANY = Script("lease_many", list, uses=_USES)
+_BATCH = Batch(MANY, MAX_BATCH, _merge, list)
 # Safe to resend: a resent take grants a second lease only if the first reply was lost, and
 # that lease ends within one lease time (nobody renews it); a resent renew, release, cancel,
 # set or lifetime call finds its work done (the leases a lost release reply handed over are
-# collected by their waiters' next attempts, from T:granted).
-TAKE = Script("lease_take", _taken, uses=_USES)
+# collected by their waiters' next attempts, from T:granted). Attempts and releases made
+# together go as one lease_many call, which is as safe to resend as each of them.
+TAKE = Script("lease_take", _taken, uses=_USES, batch=_BATCH)
 RENEW = Script("lease_renew", _renewed, uses=_USES)
-RELEASE = Script("lease_release", _released, uses=_USES)
+RELEASE = Script("lease_release", _released, uses=_USES, batch=_BATCH)
 CANCEL = Script("lease_cancel", lambda reply: int(reply) == 1, uses=_USES)
 SET = Script("lease_set", lambda reply: int(reply) == 1, uses=_USES)
 READ = Script("lease_read", _snapshot, uses=_USES)

@@ -56,6 +56,8 @@ function LEASE.load(sem_key)
     used0 = used,
     queued0 = queued,
     expires_at = f[7] and f[7] + 0 or false,
+    earliest = false, -- (when the earliest holder's lease ends, -1: none, false: not read)
+    tidied = false, -- (what had ended by now reclaimed: once per call)
   }
 end
 
@@ -75,18 +77,21 @@ function LEASE.bound(state, key)
   end
 end
 
--- When the earliest holder's lease ends (us); nil with no holder.
-function LEASE.earliest(holders_key)
-  local first = redis.call('ZRANGE', holders_key, 0, 0, 'WITHSCORES')
-  return first[2] and first[2] + 0 or nil
+-- When the earliest holder's lease ends (us); nil with no holder. Read once, and again only
+-- after a holder was dropped or renewed.
+function LEASE.earliest(state, keys)
+  if not state.earliest then
+    local first = redis.call('ZRANGE', keys[2], 0, 0, 'WITHSCORES')
+    state.earliest = first[2] and first[2] + 0 or -1
+  end
+  return state.earliest >= 0 and state.earliest or nil
 end
 
--- Drops holders whose lease has ended (at most RECLAIM), if the earliest has; when the
--- earliest lease left ends (nil: no holder).
+-- Drops holders whose lease has ended (at most RECLAIM), if the earliest has.
 function LEASE.reclaim_holders(state, keys, now)
-  local earliest = LEASE.earliest(keys[2])
+  local earliest = LEASE.earliest(state, keys)
   if not earliest or earliest > now then
-    return earliest -- (the common case: one read)
+    return -- (the common case: one read)
   end
   local expired = redis.call('ZRANGEBYSCORE', keys[2], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
@@ -94,7 +99,6 @@ function LEASE.reclaim_holders(state, keys, now)
     LEASE.drop_holder(state, keys, id)
   end
   LEASE.reclaim_granted(state, keys, now)
-  return LEASE.earliest(keys[2])
 end
 
 -- Removes a holder and its slots, and its grant in T:granted if it was granted in the queue
@@ -107,6 +111,7 @@ function LEASE.drop_holder(state, keys, id)
   local permits, fence = match(id, '^(%d+):(%d+)$')
   redis.call('ZREMRANGEBYSCORE', keys[5], fence, fence)
   state.used = math.max(0, state.used - permits)
+  state.earliest = false
   return true
 end
 
@@ -218,6 +223,9 @@ end
 function LEASE.grant(state, keys, permits, lease_ends, now)
   state.fence = math.max(state.fence + 1, now)
   state.used = state.used + permits
+  if state.earliest == -1 then -- (the first holder: a later grant ends no earlier)
+    state.earliest = now + state.lease
+  end
   local fence = format('%d', state.fence)
   state.fence_text = fence
   redis.call('ZADD', keys[2], lease_ends, permits .. ':' .. fence)
@@ -225,19 +233,99 @@ function LEASE.grant(state, keys, permits, lease_ends, now)
   return fence
 end
 
--- Reclaims ended holders and tickets and grants the head of the queue; when the earliest
--- holder's lease ends (nil: no holder) and whether the queue is empty (as promote).
+-- Reclaims ended holders and tickets (once per call: what a call does itself never ends
+-- before it) and grants the head of the queue if a slot is free; whether the queue is empty
+-- (as promote).
 function LEASE.tidy(state, keys, now)
-  local earliest = LEASE.reclaim_holders(state, keys, now)
+  local reclaim = not state.tidied
+  if reclaim then
+    state.tidied = true
+    LEASE.reclaim_holders(state, keys, now)
+  end
   if state.used >= state.max then -- (no slot free: the queue is not read, only kept clean)
-    LEASE.reclaim_tickets(state, keys, now)
-    return earliest, false
+    if reclaim then
+      LEASE.reclaim_tickets(state, keys, now)
+    end
+    return false
   end
-  local empty, granted = LEASE.promote(state, keys, now, nil, nil, true)
-  if granted > 0 and not earliest then
-    earliest = now + state.lease -- (the leases just granted)
+  return (LEASE.promote(state, keys, now, nil, nil, reclaim))
+end
+
+-- One attempt of `ticket` for `permits` (lease_take.lua); its reply.
+function LEASE.take(state, keys, now, permits, ticket, wait)
+  if not state then
+    return { -1 }
+  elseif permits > state.max then
+    return { -2, state.max }
   end
-  return earliest, empty
+  local empty = LEASE.tidy(state, keys, now)
+  local fence = redis.call('ZSCORE', keys[5], ticket)
+  if fence then -- (granted in the queue: collected, and renewed)
+    redis.call('ZREM', keys[5], ticket)
+    local id = permits .. ':' .. format('%d', fence + 0)
+    local lease_ends = format('%d', now + state.lease)
+    if redis.call('ZADD', keys[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', keys[2], id) then
+      state.earliest = false
+      return { 0, id, state.lease }
+    end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
+  end
+  local free = state.max - state.used
+  if empty and permits <= free then -- (nobody waits: the ticket is not queued either)
+    local id = permits .. ':' .. LEASE.grant(state, keys, permits, format('%d', now + state.lease), now)
+    return { 0, id, state.lease }
+  end
+  local ahead = -1
+  if wait == 0 then
+    LEASE.leave(state, keys, now, permits, ticket, empty)
+  else
+    ahead = LEASE.queue(state, keys, now, permits, ticket, wait)
+  end
+  local earliest = LEASE.earliest(state, keys)
+  return { 1, earliest and math.max(0, earliest - now) or -1, free, ahead, state.lease }
+end
+
+-- A ticket that gives up leaves the queue (it may have been a head that did not fit).
+function LEASE.leave(state, keys, now, permits, ticket, empty)
+  if not empty and redis.call('ZREM', keys[3], ticket) == 1 then
+    redis.call('ZREM', keys[4], ticket)
+    LEASE.count_queued(state, -permits)
+    LEASE.promote(state, keys, now, nil, nil, false)
+  end
+end
+
+-- A waiter's ticket queued at the end, or stamped again; the permits ahead of it (-1: too
+-- many to count).
+function LEASE.queue(state, keys, now, permits, ticket, wait)
+  local ahead, seq = -1, state.seq + 1
+  if redis.call('ZADD', keys[3], 'NX', format('%d', seq), ticket) == 1 then
+    ahead = state.queued -- (at the end: every ticket queued is ahead)
+    state.seq = seq
+    LEASE.count_queued(state, permits)
+    LEASE.bound(state, keys[3])
+  else
+    ahead = LEASE.ahead(keys[3], redis.call('ZSCORE', keys[3], ticket)) or -1
+  end
+  local keep = state.lease
+  if wait > 0 and wait < keep then
+    keep = wait
+  end
+  redis.call('ZADD', keys[4], format('%d', now + keep), ticket)
+  LEASE.bound(state, keys[4])
+  return ahead
+end
+
+-- The holder of lease `id` hands it back (lease_release.lua); the waiters that now fit are
+-- granted, those of `process` handed their leases in the reply: {held (1 when it was held
+-- until now), lease us, ticket, lease id, ...}, or {0} when it had gone already.
+function LEASE.release(state, keys, now, id, process)
+  local expires = state and redis.call('ZSCORE', keys[2], id)
+  if not expires then
+    return { 0 }
+  end
+  LEASE.drop_holder(state, keys, id)
+  local reply = { expires + 0 > now and 1 or 0, state.lease }
+  LEASE.promote(state, keys, now, process, reply, false)
+  return reply
 end
 
 -- Writes the counters this call changed.

@@ -1,4 +1,5 @@
--- lease_release: the holder of a lease hands it back; idempotent.
+-- lease_release: the holder of a lease hands it back; idempotent (lease_lib.lua's
+-- LEASE.release).
 --
 -- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
 -- ARGV[1] the lease id
@@ -12,16 +13,8 @@
 -- the leases granted to the caller's process's waiters, by ticket.
 
 local state = LEASE.load(KEYS[1])
-if not state then
-  return { 0 }
+local reply = LEASE.release(state, KEYS, now_us(), ARGV[1], ARGV[2])
+if state then
+  LEASE.save(state)
 end
-local now = now_us()
-local expires = redis.call('ZSCORE', KEYS[2], ARGV[1])
-if not expires then
-  return { 0 }
-end
-LEASE.drop_holder(state, KEYS, ARGV[1])
-local reply = { expires + 0 > now and 1 or 0, state.lease }
-LEASE.promote(state, KEYS, now, ARGV[2], reply)
-LEASE.save(state)
 return reply
