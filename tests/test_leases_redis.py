@@ -225,7 +225,7 @@ def test_a_forked_process_draws_its_own_wake_up_id():
     assert len(ids | {new_ticket(1).split(":")[1]}) == 4
 
 
-async def test_a_contended_lease_costs_two_script_calls_and_no_wake_up_within_a_process(
+async def test_a_contended_lease_costs_at_most_two_script_calls_and_no_wake_up_in_one_process(
     redis, name
 ):
     # A waiter is queued by its one attempt; the release that frees its slot grants it the

@@ -29,6 +29,8 @@
 -- renews it). The grant stays in T:granted until its lease is dropped or collected, so a
 -- waiter whose wake-up was lost still finds it when it asks. One that never comes (killed)
 -- holds it until its lease ends, like any holder.
+-- An attempt is LEASE.take, a release LEASE.release: one a call (lease_take, lease_release),
+-- or several made together in one call (lease_many), which reads and writes the state once.
 -- Every loop is bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets
 -- promoted or read ahead of a caller. A call reads no more of a ZSET than it acts on: the
 -- earliest holder, the head tickets that may fit, the permits queued from `queued`.
