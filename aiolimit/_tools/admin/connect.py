@@ -8,7 +8,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import (
@@ -26,8 +26,18 @@ from ...errors import BackendError, CredentialsError, LimiterError
 from ..options import DEFAULT_URL, URL_VARIABLE, default_url, masked, server_options
 from ..text import shown
 
-__all__ = ["Abort", "Body", "Command", "command", "name_argument", "no_limiter", "seconds_argument"]
+__all__ = [
+    "Abort",
+    "Body",
+    "Command",
+    "command",
+    "name_argument",
+    "no_limiter",
+    "read_server",
+    "seconds_argument",
+]
 
+T = TypeVar("T")
 Body = Callable[[argparse.Namespace, RedisBackend], Awaitable[int]]
 
 
@@ -64,6 +74,22 @@ def command(
             return 2
 
     return Command(add, run)
+
+
+async def read_server(url: str, read: Callable[[Redis], Awaitable[T]]) -> T:
+    """What ``read`` reads with a client of the server at ``url``; a failure as an Abort."""
+    where = masked(url)
+    try:
+        redis = Redis.from_url(url, socket_connect_timeout=5)
+    except ValueError as exc:
+        raise Abort(f"bad --redis URL {where!r}: {exc}") from None
+    try:
+        return await read(redis)
+    except RedisError as exc:
+        failure = _not_there(exc, where)
+        raise (failure or Abort(f"Redis at {where} refused a command: {exc}")) from None
+    finally:
+        await redis.aclose()
 
 
 async def _with_backend(args: argparse.Namespace, body: Body) -> int:
