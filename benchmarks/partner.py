@@ -10,7 +10,9 @@ for that long. ``--processes`` x ``--tasks`` callers per partner (separate proce
 redis-server on a free 127.0.0.1 port) take permits from a limiter of the partner's quota
 with ``--margin`` seconds added to its interval, through ``RateLimitedTransport`` (httpx),
 ``RateLimitedClientMiddleware`` (aiohttp), or ``await limiter.acquire()`` before a plain
-request, and send as fast as they are let. For each partner and margin: the 429s, the share
+request, and send as fast as they are let. For each partner and margin: the 429s (and of them, those
+the limiter's schedule is to blame for: its request and the ones the partner counted with it
+arrived within the margin of one another's lateness), the share
 of the quota delivered over the steady windows (from the first arrival), and how late
 requests arrived after their grant's start (p50, p99, and the spread p99 - p1 that a margin
 has to cover).
@@ -36,6 +38,7 @@ def _row(table: Table, margin: float, result: Seen) -> dict[str, Any]:
         result.client,
         f"{margin * 1000:g}",
         result.refused,
+        result.unexcused,
         f"{result.share:.1%}",
         result.windows,
         f"{ms(result.late_p50)} / {ms(result.late_p99)}",
@@ -67,6 +70,7 @@ def main() -> None:
             "client",
             "margin ms",
             "429s",
+            "limiter's 429s",
             "quota delivered",
             "windows",
             "late p50 / p99 ms",

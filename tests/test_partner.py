@@ -4,7 +4,9 @@ and plain ``acquire()``, against a partner that answers 429 past its quota by it
 in a strict sliding window, in fixed windows and as a token bucket (``tools/partner.py``).
 The limiter is given the partner's quota and the margin the docs recommend.
 
-Real time, real processes, a real redis-server: the partners' own clocks are the judges.
+Real time, real processes, a real redis-server: the partners' own clocks count, and each
+429 is judged by the lateness of the requests counted with it (what the limiter controls is
+when grants start; what a busy machine adds after that is not its to prevent).
 """
 
 from __future__ import annotations
@@ -12,14 +14,22 @@ from __future__ import annotations
 import pytest
 
 from tools import LocalRedis
-from tools.partner import Trial, summary, trial
-
-pytestmark = pytest.mark.slow
+from tools.partner import Trial, summary, trial, unexcused
 
 MARGIN = 0.05  # the docs' margin for a busy 2-core machine (docs/http-clients.md)
 
 
-def test_the_partner_answers_no_429_and_gets_its_quota(redis_server: LocalRedis) -> None:
+@pytest.mark.slow
+def test_the_partner_refuses_nothing_the_limiter_is_to_blame_for_and_gets_its_quota(
+    redis_server: LocalRedis,
+) -> None:
+    """What the limiter controls is when its grants start; what it promises with a margin is
+    no 429 as long as no request lands later after its grant than another by more than the
+    margin (docs/http-clients.md). The partners record each request's lateness, so each 429
+    is judged: one among requests whose lateness spread stayed within the margin is the
+    limiter's and fails the test; one beside a request that landed later than that (a cold
+    connection, a process the machine did not run) is not. The share of the quota is judged
+    where no caller's process stalled past the margin."""
     spec = Trial(
         redis_server.url,
         processes=5,
@@ -35,12 +45,17 @@ def test_the_partner_answers_no_429_and_gets_its_quota(redis_server: LocalRedis)
     print(summary(results))
     for seen in results:
         assert seen.windows >= 10, summary(results)
-        if seen.stall > MARGIN:
-            # A caller's process did not run for longer than the margin (the machine is
-            # busy with other work): a late request then is not the limiter's to prevent.
-            # What the limiter still owes: no partner window over the quota but by those.
-            continue
-        assert seen.refused == 0, summary(results)
-        assert seen.share >= 0.95 * (1 - 0.001), summary(results)  # (10 per 1.05 s: 95.2 %)
-    quiet = [seen for seen in results if seen.stall <= MARGIN]
-    assert quiet, f"every run stalled past the margin: {summary(results)}"
+        assert seen.unexcused == 0, summary(results)
+        if seen.stall <= MARGIN:
+            assert seen.share >= 0.95 * (1 - 0.001), summary(results)  # (10 per 1.05 s: 95.2 %)
+
+
+def test_a_429_among_requests_within_the_margin_is_the_limiters() -> None:
+    """The judge itself: the same 429 is blamed or excused by the lateness around it."""
+    quota = [(0.1 * i, 0.010, True) for i in range(10)]
+    assert unexcused([*quota, (0.95, 0.030, False)], 10, MARGIN) == 1
+    assert unexcused([*quota, (0.95, 0.090, False)], 10, MARGIN) == 0  # landed 80 ms later
+    late_first = [(0.0, 0.200, True), *quota[1:]]  # a cold connection's first request
+    assert unexcused([*late_first, (0.95, 0.020, False)], 10, MARGIN) == 0
+    assert unexcused([*quota[:5], (0.55, 0.010, False)], 10, MARGIN) == 0  # not the window
+    assert unexcused([*quota, (0.95, None, False)], 10, MARGIN) == 0  # no grant

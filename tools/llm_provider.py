@@ -28,6 +28,7 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,7 @@ class Provider:
         self.calls: list[tuple[float, int]] = []  # (arrival, usage.total_tokens) of each served
         self.refused: list[float] = []  # the 429s' arrival times
         self.late: list[tuple[float, float]] = []  # (arrival, s since its grant's start)
+        self.requests: list[tuple[float, float | None, bool]] = []  # (arrival, late, served)
         self._log: deque[_Entry] = deque()  # the admitted requests of the last window
         self._tokens = 0  # what the log's entries count
         self._random = random.Random(seed)
@@ -150,6 +152,8 @@ class Provider:
             await _answer(send, 400, [], b"prompt_tokens + max_tokens exceed the quota")
             return
         entry, wait = self.admit(now, prompt, max_tokens)
+        with self._lock:
+            self.requests.append((now, late, entry is not None))
         if entry is None:
             retry_after = str(max(1, math.ceil(wait))).encode()  # (whole seconds, as most do)
             headers = [(b"retry-after", retry_after), *self.headers(now)]
@@ -171,6 +175,7 @@ class Provider:
                 "calls": list(self.calls),
                 "refused": list(self.refused),
                 "late": list(self.late),
+                "requests": list(self.requests),
             }
 
 
@@ -200,11 +205,13 @@ class Seen:
     request_share: float  # the requests served per window, over the requests quota
     late_p99: float | None = None  # s from a grant's start to its request's arrival (steady)
     stall: float = 0.0  # the longest any caller's event loop ran late (a busy machine)
+    unexcused: int = 0  # the 429s a limiter with the trial's margin is to blame for
 
 
-def seen(stats: dict[str, Any], began: float, windows: int) -> Seen:
+def seen(stats: dict[str, Any], began: float, windows: int, margin: float = 0.0) -> Seen:
     """What a provider's ``stats()`` say about ``windows`` windows from one window after
-    ``began`` (the callers' first burst left out)."""
+    ``began`` (the callers' first burst left out); the 429s of the whole run, and those a
+    limiter with ``margin`` is to blame for (:func:`unexcused`)."""
     window, tpm, rpm = stats["window"], stats["tpm"], stats["rpm"]
     first = began + window
     tokens, requests = [0] * windows, [0] * windows
@@ -222,4 +229,28 @@ def seen(stats: dict[str, Any], began: float, windows: int) -> Seen:
         lowest_token_share=min(tokens) / tpm if windows else 0.0,
         request_share=sum(requests) / (rpm * windows) if windows else 0.0,
         late_p99=late[min(len(late) - 1, int(len(late) * 0.99))] if late else None,
+        unexcused=unexcused(stats.get("requests", ()), window, margin),
     )
+
+
+def unexcused(
+    requests: Iterable[tuple[float, float | None, bool]], window: float, margin: float
+) -> int:
+    """The 429s a limiter with ``margin`` is to blame for: those whose request and every
+    request the provider served in the window before it arrived within ``margin`` of one
+    another's lateness after their grants' starts (the limiter promises its grants' starts;
+    a request that landed later than the margin allows, or carries no grant, is the
+    callers' spread, as in ``tools.partner.unexcused``)."""
+    blamed = 0
+    served: deque[tuple[float, float | None]] = deque()
+    for arrival, late, ok in sorted(requests, key=lambda request: request[0]):
+        while served and served[0][0] <= arrival - window:
+            served.popleft()
+        if ok:
+            served.append((arrival, late))
+            continue
+        together = [late, *(before for _, before in served)]
+        if None not in together:
+            known = [value for value in together if value is not None]
+            blamed += max(known) - min(known) <= margin
+    return blamed

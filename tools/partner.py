@@ -59,6 +59,7 @@ class Partner:
         self.refused: list[float] = []  # the 429s' arrival times
         self.late: list[float] = []  # seconds from a grant's start to its request's arrival
         self.late_at: list[float] = []  # ... and when it arrived
+        self.requests: list[tuple[float, float | None, bool]] = []  # (arrival, late, served)
         self._window: deque[float] = deque()  # sliding: the arrivals of the last interval
         self._counts: dict[int, int] = {}  # fixed: arrivals per window number
         self._tat = 0.0  # bucket: when the bucket is full again
@@ -102,8 +103,9 @@ class Partner:
             return
         wait = self.admit(now)
         late = arrival_late(scope, now)
-        if late is not None:
-            with self._lock:
+        with self._lock:
+            self.requests.append((now, late, wait <= 0))
+            if late is not None:
                 self.late.append(late)
                 self.late_at.append(now)
         if wait > 0:
@@ -122,6 +124,7 @@ class Partner:
                 "refused": list(self.refused),
                 "late": list(self.late),
                 "late_at": list(self.late_at),
+                "requests": list(self.requests),
             }
 
 
@@ -172,12 +175,15 @@ class Seen:
     spread: float | None  # p99 - p1 of that lateness: what a margin has to cover
     most_in_a_window: int = 0  # the most arrivals any span of one interval held
     stall: float = 0.0  # the longest any caller's event loop ran late meanwhile (a busy machine)
+    unexcused: int = 0  # the 429s the limiter's schedule is to blame for (see `unexcused`)
 
 
-def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") -> Seen:
+def seen(
+    stats: dict[str, Any], began: float, ended: float, client: str = "", margin: float = 0.0
+) -> Seen:
     """What a partner's ``stats()`` say about the trial's steady part, from one interval
     after ``began`` (the callers' first burst and connections left out) to ``ended``; the
-    429s of the whole run."""
+    429s of the whole run, and those of them a limiter with ``margin`` is to blame for."""
     rate, interval = stats["rate"], stats["interval"]
     arrivals = sorted(stats["arrivals"])
     first = began + interval
@@ -204,7 +210,33 @@ def seen(stats: dict[str, Any], began: float, ended: float, client: str = "") ->
         late_p99=_percentile(late, 0.99),
         spread=_spread(late),
         most_in_a_window=busiest_window(arrivals, interval).most,
+        unexcused=unexcused(stats["requests"], rate, margin),
     )
+
+
+def unexcused(requests: list[tuple[float, float | None, bool]], rate: int, margin: float) -> int:
+    """The 429s a limiter with ``margin`` is to blame for, from a partner's ``requests``
+    (arrival, lateness after the grant's start, served), in arrival order.
+
+    A limiter promises its grants' *starts*: no more than the quota in any interval plus the
+    margin. What its callers add before a request lands (the event loop, the HTTP send, a
+    process the machine did not run) shifts each arrival by its lateness; as long as the
+    lateness of the requests a partner counts together differs by no more than the margin,
+    the partner sees no more than its quota. So a 429 is the limiter's when its request and
+    the ``rate`` served requests before it (those that filled the partner's window or
+    bucket) arrived within ``margin`` of one another's lateness; a 429 beside a request that
+    came later than that (or carries no grant) is the callers' spread, not the schedule."""
+    blamed = 0
+    served: deque[float | None] = deque(maxlen=rate)
+    for _arrival, late, ok in sorted(requests, key=lambda request: request[0]):
+        if ok:
+            served.append(late)
+            continue
+        together = [*served, late]
+        if len(served) == rate and None not in together:
+            known = [value for value in together if value is not None]
+            blamed += max(known) - min(known) <= margin
+    return blamed
 
 
 def _spread(ordered: list[float]) -> float | None:
@@ -261,7 +293,7 @@ def _one(spec: Trial, kind: str, client: str) -> Seen:
                 for _ in range(spec.processes)
             ]
             worst = [result.get(timeout=spec.duration + 60) for result in results]
-    result = seen(partner.stats(), start_at, start_at + spec.duration, client)
+    result = seen(partner.stats(), start_at, start_at + spec.duration, client, spec.margin)
     result.stall = max(worst, default=0.0)
     return result
 
@@ -299,7 +331,7 @@ async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) 
         await asyncio.sleep(max(0.0, start_at - time.time()))
         worst = [0.0]
         callers = [_caller(client, limiter, url, stop) for _ in range(spec.tasks)]
-        await asyncio.gather(stalls(start_at + spec.interval, stop, worst), *callers)
+        await asyncio.gather(stalls(start_at, stop, worst), *callers)
         return worst[0]
     finally:
         await backend.aclose()
@@ -391,8 +423,9 @@ class Stamped(httpx.AsyncBaseTransport):
 def summary(results: list[Seen]) -> str:
     """One line per partner."""
     return "\n".join(
-        f"{r.kind:8} {r.client:8} 429s {r.refused:3}  share {r.share:6.1%} over {r.windows} "
-        f"windows  late p50/p99 {_ms(r.late_p50)}/{_ms(r.late_p99)} ms  spread {_ms(r.spread)} ms"
+        f"{r.kind:8} {r.client:8} 429s {r.refused:3} ({r.unexcused} unexcused)  "
+        f"share {r.share:6.1%} over {r.windows} windows  "
+        f"late p50/p99 {_ms(r.late_p50)}/{_ms(r.late_p99)} ms  spread {_ms(r.spread)} ms"
         f"  stall {_ms(r.stall)} ms"
         for r in results
     )

@@ -80,7 +80,7 @@ def run(spec: TokenTrial) -> Seen:
             ]
             ends = (spec.windows + 1) * spec.window + 60
             worst = [result.get(timeout=ends) for result in results]
-    result = seen(provider.stats(), start_at, spec.windows)
+    result = seen(provider.stats(), start_at, spec.windows, spec.margin)
     result.stall = max(worst, default=0.0)
     return result
 
@@ -103,7 +103,7 @@ async def _work(spec: TokenTrial, number: int, url: str, start_at: float) -> flo
             seeds = (spec.seed * 1_000_003 + number * 1_009 + task for task in range(spec.tasks))
             worst = [0.0]
             await asyncio.gather(
-                stalls(start_at + spec.window, stop, worst),
+                stalls(start_at, stop, worst),
                 *(_caller(spec, strategy, client, random.Random(s), stop) for s in seeds),
             )
             return worst[0]

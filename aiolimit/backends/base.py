@@ -142,7 +142,8 @@ class Backend(LeaseStore, abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers.
+    the default when None). A ``with_client`` view shares its backend's breakers and its
+    hand-backs in progress (:meth:`aclose` of either waits for all of them).
     """
 
     __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
@@ -158,7 +159,7 @@ class Backend(LeaseStore, abc.ABC):
             raise InvalidArgumentError(f"breaker must be a BreakerPolicy, not {breaker!r}")
         self._breakers = Breakers(DEFAULT_POLICY if breaker is None else breaker)
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
-        # waits for them.
+        # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
         self.clock_map = ClockMap()
         """The limiter's clock seen from this process's: where a reservation wakes up."""
@@ -180,9 +181,12 @@ class Backend(LeaseStore, abc.ABC):
         """The back-offs of its limiters' circuit breakers (the ``breaker`` option)."""
         return self._breakers.policy
 
-    def _share_breakers(self, view: Backend) -> None:
-        """Gives a ``with_client`` view this backend's breakers (and so its policy)."""
+    def _share_with(self, view: Backend) -> None:
+        """Gives a ``with_client`` view what this backend owns for the store: its breakers
+        (and so its policy) and its one set of hand-backs, so that :meth:`aclose` waits for
+        those of every view too (an ASGI middleware keeps thousands of views)."""
         view._breakers = self._breakers
+        view._hand_backs = self._hand_backs
 
     @property
     def store_id(self) -> Hashable:
@@ -310,8 +314,9 @@ class Backend(LeaseStore, abc.ABC):
             hand_backs_failed(error)
 
     async def aclose(self) -> None:
-        """Waits (at most 5 s) for the hand-backs still under way, so that a process that
-        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
+        """Waits (at most 5 s) for the hand-backs still under way (of this backend and of
+        every ``with_client`` view of it), so that a process that shuts down leaves no
+        cancelled caller's permits taken, and logs those that failed.
         The Redis client stays open: it belongs to whoever made it."""
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)

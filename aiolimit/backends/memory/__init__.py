@@ -74,7 +74,7 @@ class MemoryBackend(MemoryLeases, Backend):
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
-        self._share_breakers(other)
+        self._share_with(other)
         return other
 
     @property

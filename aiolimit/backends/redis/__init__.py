@@ -150,7 +150,7 @@ class RedisBackend(RedisLeases, Backend):
             self._redis, client_id=client_id, prefix=self._prefix, timeout=self.timeout
         )
         other._clock = self._clock
-        self._share_breakers(other)
+        self._share_with(other)
         # One store, one key layout: the view shares what this backend learnt of each limiter
         # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
         # trip, not two. An ASGI middleware makes a view per request.
