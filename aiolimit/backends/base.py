@@ -11,7 +11,7 @@ from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
-from ._clock import ClockMap
+from ._clock import ClockMap, ClockMaps
 from ._lease import LeaseStore
 from ._protocol import parse_grant
 
@@ -142,11 +142,12 @@ class Backend(LeaseStore, abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers and its
-    hand-backs in progress (:meth:`aclose` of either waits for all of them).
+    the default when None). A ``with_client`` view shares its backend's breakers, clock
+    maps and hand-backs in progress (:meth:`aclose` of either waits for all of them, those
+    of the thousands of views an ASGI middleware keeps included).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
+    __slots__ = ("__weakref__", "_breakers", "_clocks", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -161,8 +162,7 @@ class Backend(LeaseStore, abc.ABC):
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
         # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
-        self.clock_map = ClockMap()
-        """The limiter's clock seen from this process's: where a reservation wakes up."""
+        self._clocks = ClockMaps()  # each clock its limiters run on, mapped (clock_map)
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -182,11 +182,18 @@ class Backend(LeaseStore, abc.ABC):
         return self._breakers.policy
 
     def _share_with(self, view: Backend) -> None:
-        """Gives a ``with_client`` view what this backend owns for the store: its breakers
-        (and so its policy) and its one set of hand-backs, so that :meth:`aclose` waits for
-        those of every view too (an ASGI middleware keeps thousands of views)."""
+        """Gives a ``with_client`` view what this backend owns for the store (see above)."""
         view._breakers = self._breakers
         view._hand_backs = self._hand_backs
+        view._clocks = self._clocks
+
+    def clock_of(self, name: str) -> Hashable:
+        """Which clock stamps ``name``'s grants: by default its own (one client may push it)."""
+        return name
+
+    def clock_map(self, name: str) -> ClockMap:
+        """The limiter ``name``'s clock seen from this process's (``aiolimit._wakeup``)."""
+        return self._clocks.of(self.clock_of(name))
 
     @property
     def store_id(self) -> Hashable:

@@ -145,13 +145,15 @@ class MemoryBackend(MemoryLeases, Backend):
                 stored.state = old.state  # the new config carries the field over
             group = group_of(limiter, config, None, True, now)
             group.reclaim(now)
-            group.rates_changed(limiter, old, now)
+            longer = group.rates_changed(limiter, old, now)
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
-            # Clients follow the new rate at their next grant; a longer interval lengthens
-            # their TTLs now (refresh.lua, in chunks on Redis).
-            if config.longest_us > old.config.longest_us and limiter.registry:
+            # Clients follow the new rate at their next grant; a longer interval (or a
+            # bucket's slower refill) lengthens their TTLs now (refresh.lua, in chunks on
+            # Redis).
+            longer = longer or config.longest_us > old.config.longest_us
+            if longer and limiter.registry:
                 refresh_clients(limiter, stored, now)
         else:
             same_type = old is not None and old.config.rate_type is config.rate_type

@@ -19,7 +19,7 @@ from .._protocol import check_settle, check_sync, format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, check_client, server_of, slot
+from ._compat import ANY, check_client, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -192,6 +192,10 @@ class RedisBackend(RedisLeases, Backend):
 
     def slot(self, name: str) -> int:
         return slot(self.keys(name).tag)
+
+    def clock_of(self, name: str) -> Hashable:
+        # clock='client': each limiter's own (the latest time any client sent); else TIME's node
+        return name if self._clock is not None else node_of(self._redis, self.keys(name).config)
 
     def _now_arg(self) -> str:
         # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.
