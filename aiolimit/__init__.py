@@ -38,6 +38,7 @@ from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
     BackendError,
+    CredentialsError,
     InvalidArgumentError,
     LeaseLostError,
     LimiterError,
@@ -61,6 +62,7 @@ __all__ = [
     "BreakerPolicy",
     "ConcurrencyConfig",
     "ConcurrencyLimiter",
+    "CredentialsError",
     "Duration",
     "Grant",
     "InFlight",

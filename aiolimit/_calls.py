@@ -19,14 +19,17 @@ the year 9999) would otherwise stop every caller of the limiter, in every proces
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import email.utils
 import logging
+import math
 import re
 import time
 from collections.abc import Awaitable, Mapping
 from datetime import timezone
 
+from . import _observe
 from ._acquire import Acquired
 from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
@@ -41,6 +44,7 @@ __all__ = [
     "DEFAULT_MAX_PAUSE",
     "PAUSE_STATUSES",
     "CallGuard",
+    "Refusals",
     "last_grant",
     "retry_after_seconds",
 ]
@@ -103,6 +107,7 @@ class CallGuard:
         "max_pause",
         "meter",
         "permits",
+        "refusals",
         "retry",
         "timeout",
     )
@@ -137,6 +142,7 @@ class CallGuard:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = max_pause_us / 1e6
         self.meter = meter
+        self.refusals = Refusals()
 
     async def before_call(self, request: object = None) -> Acquired:
         """Waits for the permits (after any pause: a block holds every grant back), with the
@@ -183,21 +189,60 @@ class CallGuard:
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;
-        returns whether it did."""
+        returns whether it did. Every such status is reported (``Observer.partner_refused``)
+        and each episode logged once (:class:`Refusals`)."""
         if status not in PAUSE_STATUSES:
             return False
         seconds = retry_after_seconds(retry_after)
+        capped = seconds is not None and seconds > self.max_pause
+        if seconds is not None:
+            seconds = min(seconds, self.max_pause)
+        self.refusals.report(self.limiter.name, status, seconds, retry_after if capped else None)
         if seconds is None:
             return False
-        if seconds > self.max_pause:
-            log.warning(
-                "limiter %r: the server's Retry-After %.40r asks for a longer pause than "
-                "max_pause; pausing %g s",
-                self.limiter.name,
-                retry_after,
-                self.max_pause,
-            )
-            seconds = self.max_pause
         if seconds > 0:
             await self.limiter.block(seconds)
         return True
+
+
+class Refusals:
+    """What a client's guard says of the statuses that refused its calls: each to the
+    observer; one WARNING per episode, which starts with a refusal outside any other and
+    lasts as long as the pauses its refusals start (at least ``QUIET`` seconds), so the
+    requests already in flight when the first was refused log nothing more."""
+
+    __slots__ = ("_until",)
+
+    QUIET = 1.0
+
+    def __init__(self) -> None:
+        self._until = -math.inf  # the current episode's end, on the event loop's clock
+
+    def report(self, name: str, status: int, pause: float | None, capped: str | None) -> None:
+        observer = _observe.current
+        if observer is not None:
+            observer.partner_refused(name, status, pause)
+        now = asyncio.get_running_loop().time()
+        starts = now >= self._until
+        self._until = max(self._until, now + max(pause or 0.0, self.QUIET))
+        if not starts:
+            return
+        if pause is None:
+            log.warning(
+                "limiter %r: the server answered %d without a usable Retry-After; not pausing",
+                name,
+                status,
+            )
+        elif capped is None:
+            log.warning(
+                "limiter %r: the server answered %d; pausing every caller %g s", name, status, pause
+            )
+        else:
+            log.warning(
+                "limiter %r: the server answered %d; its Retry-After %.40r asks for a longer "
+                "pause than max_pause; pausing every caller %g s",
+                name,
+                status,
+                capped,
+                pause,
+            )

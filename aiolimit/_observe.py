@@ -81,6 +81,14 @@ class Observer:
         """A settle (:meth:`Acquired.settle <aiolimit.Acquired.settle>`) of limiter ``name``
         charged ``permits`` less than the call cost: the limiter was at its ``max_debt``."""
 
+    def partner_refused(self, name: str, status: int, pause: float | None) -> None:
+        """The server that limiter ``name`` guards (through :mod:`aiolimit.httpx` or
+        :mod:`aiolimit.aiohttp`) answered a call with ``status`` (429 or 503): its quota is
+        tighter than the limiter's, or others share it. ``pause``: the seconds every caller
+        of the limiter now pauses (its ``Retry-After``, at most ``max_pause``); None when the
+        response said no usable ``Retry-After``. Each such response is reported, the ones
+        within a pause too; the log has one WARNING per pause."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

@@ -19,7 +19,7 @@ from .._protocol import check_settle, check_sync, format_rates, new_life, parse_
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, node_of, server_of, slot
+from ._compat import ANY, check_client, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -57,9 +57,22 @@ class RedisBackend(RedisLeases, Backend):
 
     ``breaker``: the back-offs of its limiters' circuit breakers
     (:class:`~aiolimit.BreakerPolicy`; after an outage, calls fail at once for a while).
+
+    ``redis`` is an asyncio client (``redis.asyncio.Redis``, ``RedisCluster``, valkey-py's);
+    a URL or a synchronous client is refused with a TypeError: for a URL, use
+    :meth:`from_url`. The client stays open after :meth:`aclose`: it is yours.
     """
 
-    __slots__ = ("_clock", "_deadlines", "_keys", "_pipe", "_prefix", "_redis", "_types")
+    __slots__ = (
+        "_clock",
+        "_deadlines",
+        "_keys",
+        "_owned",
+        "_pipe",
+        "_prefix",
+        "_redis",
+        "_types",
+    )
 
     def __init__(
         self,
@@ -71,6 +84,7 @@ class RedisBackend(RedisLeases, Backend):
         timeout: Duration | None = 5.0,
         breaker: BreakerPolicy | None = None,
     ) -> None:
+        check_client(redis)
         super().__init__(client_id, breaker)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
@@ -84,6 +98,7 @@ class RedisBackend(RedisLeases, Backend):
                 f"clock must be 'server', 'client' or a callable, not {clock!r}"
             )
         self._redis = redis
+        self._owned = False  # (from_url: its client is closed with it)
         self._pipe = coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
@@ -91,6 +106,44 @@ class RedisBackend(RedisLeases, Backend):
         self._keys: Recent[str, Keys] = Recent()
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
         self._types: Recent[str, RateType] = Recent()
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        client_id: str | None = None,
+        clock: Clock = "server",
+        prefix: str = "aiolimit:",
+        timeout: Duration | None = 5.0,
+        breaker: BreakerPolicy | None = None,
+        **options: Any,
+    ) -> RedisBackend:
+        """A backend on a ``redis.asyncio.Redis`` client it makes from ``url``
+        (``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://`` for TLS,
+        ``unix://PATH``) with ``options`` (``socket_connect_timeout=2``, ``client_name=...``:
+        what ``Redis.from_url`` takes), and closes with :meth:`aclose`. The other keywords
+        are the backend's own, as in the constructor. For a cluster, make the
+        ``RedisCluster`` yourself and pass it.
+
+        >>> backend = RedisBackend.from_url("redis://:s3cret@localhost:6379/0")
+        >>> ...
+        >>> await backend.aclose()                       # closes the client too
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str such as 'redis://localhost:6379', not {url!r}")
+        from redis.asyncio import Redis
+
+        backend = cls(
+            Redis.from_url(url, **options),
+            client_id=client_id,
+            clock=clock,
+            prefix=prefix,
+            timeout=timeout,
+            breaker=breaker,
+        )
+        backend._owned = True
+        return backend
 
     def with_client(self, client_id: str) -> RedisBackend:
         other = RedisBackend(
@@ -122,8 +175,13 @@ class RedisBackend(RedisLeases, Backend):
         return self._redis
 
     async def aclose(self) -> None:
+        """Waits for the hand-backs under way (:meth:`Backend.aclose`); closes the client
+        only when :meth:`from_url` made it."""
         await super().aclose()
         await end_wakers()  # (a lease waiter's BLPOP ending: no task left pending)
+        if self._owned:
+            self._owned = False
+            await self._redis.aclose()
 
     def keys(self, name: str) -> Keys:
         """Every key of the limiter ``name`` (docs/redis-layout.md)."""
