@@ -24,6 +24,7 @@ from ._setting import _RateSetting, gather
 from ._setup import Setup
 from ._types import (
     Duration,
+    RateLimiterConfig,
     check_name,
     exceeds_max_duration,
     shown,
@@ -63,6 +64,13 @@ class _Limiter(_RateSetting):
         self.breaker = breaker_of(backend, self.name)
         self._names: list[str] = [self.name]  # where the state lives: one per shard
         self._setup: Setup | None = None  # the rate given at construction, until stored
+
+    @property
+    def given_config(self) -> RateLimiterConfig | None:
+        """The config given at construction (``rate=``), which the first permit call makes
+        the stored one; None without one. (A :class:`~aiolimit.Learner` takes it as its
+        ceiling.)"""
+        return None if self._setup is None else self._setup.config
 
     # -- permits -------------------------------------------------------------------------------
 

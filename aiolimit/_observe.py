@@ -81,6 +81,11 @@ class Observer:
         """A settle (:meth:`Acquired.settle <aiolimit.Acquired.settle>`) of limiter ``name``
         charged ``permits`` less than the call cost: the limiter was at its ``max_debt``."""
 
+    def learned(self, name: str, permits: int, ceiling: int, interval: float) -> None:
+        """Limiter ``name``'s learned rate is now ``permits`` per ``interval`` seconds (its
+        first rate), of at most ``ceiling`` (:class:`~aiolimit.Learner`; reported when this
+        process first sees a change, from any process)."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

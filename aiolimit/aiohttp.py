@@ -31,6 +31,7 @@ from ._aiohttp_stream import in_background, meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
+from ._learn import Learner
 from ._limiter import RateLimiter
 from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
@@ -78,6 +79,7 @@ class RateLimitedClientMiddleware:
         estimate: Callable[[ClientRequest], int] | None = None,
         usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._streams = usage is None  # (the default usage reads an event stream's too)
@@ -89,6 +91,7 @@ class RateLimitedClientMiddleware:
             max_pause=max_pause,
             concurrency=concurrency,
             meter=meter,
+            learn=learn,
         )
 
     @property
@@ -99,7 +102,7 @@ class RateLimitedClientMiddleware:
         guard = self._guard
         acquired = await guard.before_call(request)
         response = await _send(request, handler, acquired)
-        await guard.after_headers(response.headers)
+        await guard.after_headers(response.headers, response.status, acquired)
         paused = await guard.pause_for(response.status, response.headers.get("Retry-After"))
         if paused and guard.retry:
             response.release()
@@ -107,7 +110,7 @@ class RateLimitedClientMiddleware:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
             response = await _send(request, handler, acquired)
-            await guard.after_headers(response.headers)
+            await guard.after_headers(response.headers, response.status, acquired)
             await guard.pause_for(response.status, response.headers.get("Retry-After"))
         meter = guard.meter
         if meter is None:

@@ -38,10 +38,12 @@ __all__ = [
     "FOREVER_HOLD",
     "LEARN_TTL",
     "MILLION",
+    "Event",
     "Law",
     "LearnState",
     "Learned",
     "decide",
+    "fresh",
     "rates_of",
 ]
 
@@ -114,9 +116,7 @@ def rates_of(ceiling: tuple[Rate, ...], permits: int) -> tuple[Rate, ...]:
     """The rates in force when the first rate has ``permits``: each of the ceiling's scaled
     alike (at least 1 permit each)."""
     first = ceiling[0].permits
-    return tuple(
-        Rate(max(1, rate.permits * permits // first), rate.interval) for rate in ceiling
-    )
+    return tuple(Rate(max(1, rate.permits * permits // first), rate.interval) for rate in ceiling)
 
 
 def _share(ceiling: int, share: int) -> int:

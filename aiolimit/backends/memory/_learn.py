@@ -74,11 +74,7 @@ class MemoryLearning:
             state = None
         top = ceiling or (state.ceiling if state is not None else config.rates)
         _check_shape(top, config.rates)
-        if (
-            state is None
-            or state.ceiling != top
-            or rates_of(top, state.permits) != config.rates
-        ):
+        if state is None or state.ceiling != top or rates_of(top, state.permits) != config.rates:
             state = fresh(top, config.rates[0].permits, law, now)
         changed = decide(state, event, value, per, law, now)
         state.expires_at = now + LEARN_TTL

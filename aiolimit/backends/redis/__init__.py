@@ -369,7 +369,9 @@ class RedisBackend(RedisLeases, Backend):
         law: Law,
     ) -> Learned:
         keys = self.keys(name)
-        ceiling_text = "" if not ceiling else ",".join(f"{r.permits}:{r.interval_us}" for r in ceiling)
+        ceiling_text = (
+            "" if not ceiling else ",".join(f"{r.permits}:{r.interval_us}" for r in ceiling)
+        )
         reply = await self._run(
             scripts.LEARN,
             (keys.config, keys.value, keys.permits, keys.learned),
