@@ -69,7 +69,7 @@ class Learner:
     partner's limit stays put, and a later find when it rises.
     """
 
-    __slots__ = ("_ceiling", "_law", "_next_report", "_reported", "_seen", "limiter")
+    __slots__ = ("_begun", "_ceiling", "_law", "_next_report", "_reported", "_seen", "limiter")
 
     def __init__(
         self,
@@ -112,6 +112,32 @@ class Learner:
         self._seen: tuple[int, int] | None = None  # (permits, ceiling) last reported
         self._reported: Learned | None = None
         self._next_report = -math.inf  # (loop time) when a success is worth reporting
+        self._begun: asyncio.Future[None] | None = None
+
+    async def begin(self) -> None:
+        """Once per learner (concurrent callers wait for one): makes the code's config the
+        stored one where none is, and reads the learned rate, so that a client's first
+        calls already go at it, not at the ceiling."""
+        if self._begun is None:
+            self._begun = asyncio.ensure_future(self._begin())
+        try:
+            await asyncio.shield(self._begun)
+        except LimiterError:
+            self._begun = None  # (tried again by the next call)
+            raise
+
+    async def _begin(self) -> None:
+        given = self.limiter.given_config
+        if given is not None:
+            await self.limiter.ensure_rate(
+                given.rate_type,
+                given.rates,
+                algorithm=given.algorithm,
+                min_spacing=given.min_spacing,
+                keep_alive=given.keep_alive,
+                max_debt=given.max_debt,
+            )
+        await self.read()
 
     @property
     def learned(self) -> Learned | None:
@@ -222,7 +248,16 @@ class CallLearning:
         if lock is None:
             self._locks = {k: v for k, v in self._locks.items() if not k.is_closed()}
             lock = self._locks[loop] = asyncio.Lock()
-        return paced(take, max_wait, lock)
+        return self._begin_then(paced(take, max_wait, lock))
+
+    async def _begin_then(self, taking: Awaitable[Acquired]) -> Acquired:
+        try:
+            for learner in (self.requests, self.tokens):
+                if learner is not None:
+                    await learner.begin()
+        except LimiterError as exc:  # (the permit says what is wrong, if it is)
+            log.warning("limiter %r: not learning yet: %s", self.requests.limiter.name, exc)
+        return await taking
 
     def short_pause(self) -> float:
         """The longest ``Retry-After`` (seconds) that holds back only its own call: one

@@ -1,0 +1,85 @@
+"""``learn=True`` on the HTTP clients, against a local partner that keeps a hidden quota
+(``tools/partner.py``: a strict sliding window, ``429`` with ``Retry-After`` past it).
+
+Real time: the partner is a uvicorn server in a thread. Each run is a few seconds (marked
+slow), and its checks are loose where timing matters: the learned rate went down from the
+ceiling towards the partner's quota, never below the floor, and the partner refused few.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import httpx
+import pytest
+
+from aiolimit import InvalidArgumentError, Learner, MemoryBackend, RateLimiter
+from aiolimit.aiohttp import RateLimitedClientMiddleware
+from aiolimit.httpx import RateLimitedTransport
+from tools.partner import Partner, serve
+
+pytestmark = pytest.mark.slow
+
+
+async def _httpx_calls(limiter: RateLimiter, url: str, seconds: float, tasks: int = 4) -> None:
+    transport = RateLimitedTransport(limiter, learn=True)
+    async with httpx.AsyncClient(transport=transport) as client:
+
+        async def caller() -> None:
+            stop = time.monotonic() + seconds
+            while time.monotonic() < stop:
+                await client.get(f"{url}/call")
+
+        await asyncio.gather(*(caller() for _ in range(tasks)))
+
+
+async def _aiohttp_calls(limiter: RateLimiter, url: str, seconds: float, tasks: int = 4) -> None:
+    middleware = RateLimitedClientMiddleware(limiter, learn=True)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+
+        async def caller() -> None:
+            stop = time.monotonic() + seconds
+            while time.monotonic() < stop:
+                async with session.get(f"{url}/call") as response:
+                    await response.read()
+
+        await asyncio.gather(*(caller() for _ in range(tasks)))
+
+
+@pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])
+async def test_a_client_learns_a_hidden_quota_from_its_429s(calls) -> None:
+    partner = Partner(5, 1.0, "sliding")
+    limiter = RateLimiter("hidden", MemoryBackend(), rate=20, interval=1)
+    with serve(partner) as url:
+        await calls(limiter, url, 4.0)
+    learned = await Learner(limiter).read()
+    assert 1 <= learned.permits <= 7, learned  # from 10 (half of 20) down to the quota's
+    served, refused = len(partner.arrivals), partner.refused
+    assert len(refused) <= 0.5 * served, (len(refused), served)  # (the first cut's, mostly)
+    assert served >= 0.6 * 5 * 4, served  # it kept calling: the floor, never a stop
+    late = [at for at in refused if at > partner.arrivals[0] + 2.5]
+    assert len(late) <= 2, (late, refused)  # learned: few after the first seconds
+
+
+@pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])
+async def test_a_client_takes_a_stated_quota_at_its_first_answer(calls) -> None:
+    partner = Partner(7, 1.0, "sliding", states=True)
+    limiter = RateLimiter("stated", MemoryBackend(), rate=20, interval=1)
+    with serve(partner) as url:
+        await calls(limiter, url, 3.0)
+    learned = await Learner(limiter).read()
+    assert (learned.permits, learned.stated) == (7, 7)
+    # (the first window's requests land late, behind their connections: a few 429s then)
+    late = [at for at in partner.refused if at > partner.arrivals[0] + 1.5]
+    assert not late, (late, partner.refused)
+
+
+def test_learn_takes_true_false_or_a_learner_of_the_clients_limiter() -> None:
+    limiter = RateLimiter("learns", MemoryBackend(), rate=20, interval=1)
+    other = RateLimiter("other", MemoryBackend(), rate=20, interval=1)
+    RateLimitedTransport(limiter, learn=Learner(limiter, max_hold=2))
+    for wrong in ("yes", 1, Learner(other)):
+        with pytest.raises(InvalidArgumentError):
+            RateLimitedTransport(limiter, learn=wrong)
