@@ -147,9 +147,7 @@ async def test_a_stated_limit_is_taken_at_once_scaled_to_the_interval(store, nam
     assert await permits_in_force(limiter) == 12
 
 
-async def test_a_store_that_lost_the_learned_state_starts_again_from_half_the_ceiling(
-    store, name
-):
+async def test_a_store_that_lost_the_learned_state_starts_again_from_half_the_ceiling(store, name):
     clock = ManualClock()
     (limiter,) = await fleet(store, name, clock, 1)
     learner = Learner(limiter, ceiling=20, interval=INTERVAL)  # (as rate= gives it)

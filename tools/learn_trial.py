@@ -138,7 +138,9 @@ async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> flo
                 while time.time() < stop:
                     await client.get(f"{url}/call")
 
-            await asyncio.gather(stalls(start_at, stop, worst), *(call() for _ in range(spec.tasks)))
+            await asyncio.gather(
+                stalls(start_at, stop, worst), *(call() for _ in range(spec.tasks))
+            )
         return worst[0]
     finally:
         await backend.aclose()
