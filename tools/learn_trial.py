@@ -136,7 +136,10 @@ async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> flo
 
             async def call() -> None:
                 while time.time() < stop:
-                    await client.get(f"{url}/call")
+                    try:
+                        await client.get(f"{url}/call")
+                    except httpx.TransportError:  # (a keep-alive the server closed meanwhile)
+                        continue
 
             await asyncio.gather(
                 stalls(start_at, stop, worst), *(call() for _ in range(spec.tasks))
