@@ -39,6 +39,7 @@ def _row(table: Table, result: Result) -> dict[str, Any]:
         "caller": result.caller,
         "stall": result.stall,
         "phases": [phase.__dict__ for phase in result.phases],
+        "timeline": result.timeline,  # (seconds from the start, permits in force)
     }
 
 
@@ -48,6 +49,9 @@ def main() -> None:
     arguments.add_argument("--seconds", type=float, default=15.0, help="per phase")
     arguments.add_argument("--settle", type=float, default=5.0, help="not judged, per phase")
     arguments.add_argument("--guess", type=int, default=20, help="the fixed rate, the ceiling")
+    arguments.add_argument(
+        "--margin", type=float, default=0.05, help="seconds added to the limiter's interval"
+    )
     arguments.add_argument("--processes", type=int, default=5)
     arguments.add_argument("--tasks", type=int, default=4, help="per process")
     arguments.add_argument("--only", choices=CALLERS, action="append", help="(repeatable)")
@@ -65,7 +69,8 @@ def main() -> None:
     )
     table.title = (
         f"a hidden limit of {phases}, {args.seconds:g} s each (judged after {args.settle:g} s); "
-        f"{args.processes} processes x {args.tasks} tasks; guess and ceiling {args.guess}/s"
+        f"{args.processes} processes x {args.tasks} tasks; guess and ceiling {args.guess}/s, "
+        f"margin {args.margin * 1000:g} ms"
     )
     rows = []
     with local_redis() as url:
@@ -78,6 +83,7 @@ def main() -> None:
                 seconds=args.seconds,
                 settle=args.settle,
                 guess=args.guess,
+                margin=args.margin,
                 processes=args.processes,
                 tasks=args.tasks,
             )

@@ -231,3 +231,23 @@ async def forget_learned(limiter):
         await backend.redis.delete(backend.keys(limiter.name).learned)
     else:
         backend._shared.learning.states.clear()  # (the memory twin of that key)
+
+
+async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6, max_hold=4 * INTERVAL)
+    assert (await learner.read()).permits == 12
+
+    async def after(seconds, event="succeeded"):
+        await advance(store, clock, seconds)
+        return (await getattr(Learner(limiter, max_hold=4 * INTERVAL), event)()).permits
+
+    assert await after(1, "refused") == 6  # 12 fell: cut by half
+    assert await after(INTERVAL) == 9  # half-way back to 12
+    assert await after(1, "refused") == 6  # 9 fails: the limit is lower
+    assert await after(INTERVAL) == 7
+    assert await after(1, "refused") == 6  # 7 fails: wait twice as long before 7 again
+    assert await after(INTERVAL) == 6
+    assert await after(3 * INTERVAL) == 7  # after the hold
+    assert [await after(INTERVAL) for _ in range(4)] == [10, 11, 12, 13]  # the limit rose

@@ -3,8 +3,9 @@
 >>> pacer = AimdPacer(rate=20.0)
 >>> async with httpx.AsyncClient(transport=PacedTransport(pacer)) as client: ...
 
-Each process paces its own calls (one start every ``1 / rate`` seconds), halves its rate on a
-``429`` (at most once a second), adds ``increase`` per second while calls succeed, and sleeps
+Each process paces its own calls (one start every ``1 / rate`` seconds, from its share of the
+fleet's guess, which is also its most), halves its rate on a ``429`` (at most once a
+second), adds ``increase`` (0.1/s) per second while calls succeed, and sleeps
 the ``Retry-After`` of a refused call before sending it once more. Nothing is shared: N
 processes each back off and probe on their own. The benchmark's baseline
 (``benchmarks/learn.py``), not part of aiolimit.
@@ -24,7 +25,7 @@ class AimdPacer:
     """One process's rate: multiplicative decrease on a 429, additive increase on success."""
 
     def __init__(
-        self, rate: float, *, floor: float = 0.5, increase: float = 0.5, decrease: float = 0.5
+        self, rate: float, *, floor: float = 0.2, increase: float = 0.1, decrease: float = 0.5
     ) -> None:
         self.rate, self.ceiling, self.floor = rate, rate, floor
         self.increase, self.decrease = increase, decrease

@@ -27,7 +27,7 @@ from tools.partner import Partner, Stamped, serve, stalls
 
 CALLERS = ("fixed", "aimd", "learn", "stated")
 """The httpx transport with a limiter fixed at ``guess``; a per-process AIMD pacer starting
-at ``guess``; ``learn=True`` with ``guess`` as the ceiling; the same against a partner that
+at (and at most) the process's share of ``guess``; ``learn=True`` with ``guess`` as the ceiling; the same against a partner that
 states its limit (``RateLimit-Policy``)."""
 
 
@@ -40,6 +40,7 @@ class LearnTrial:
     guess: int = 20
     processes: int = 5
     tasks: int = 4
+    margin: float = 0.05  # seconds added to the limiter's interval (docs: HTTP clients)
     prefix: str = "learn-trial"
 
 
@@ -57,6 +58,7 @@ class Result:
     caller: str
     phases: list[Phase] = field(default_factory=list)
     stall: float = 0.0
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (s, permits in force)
 
 
 def trial(spec: LearnTrial, caller: str) -> Result:
@@ -65,6 +67,11 @@ def trial(spec: LearnTrial, caller: str) -> Result:
         start_at = time.time() + 2.0  # (the workers' imports and connections first)
         changer = threading.Thread(target=_change, args=(partner, spec, start_at), daemon=True)
         changer.start()
+        timeline: list[tuple[float, int]] = []
+        watcher = threading.Thread(
+            target=_watch, args=(spec, caller, start_at, timeline), daemon=True
+        )
+        watcher.start()
         context = multiprocessing.get_context("spawn")
         with context.Pool(spec.processes) as pool:
             runs = [
@@ -73,7 +80,8 @@ def trial(spec: LearnTrial, caller: str) -> Result:
             ]
             stall = max(run.get(timeout=spec.seconds * len(spec.phases) + 60) for run in runs)
         changer.join(5)
-    result = Result(caller, stall=stall)
+        watcher.join(5)
+    result = Result(caller, stall=stall, timeline=timeline)
     for number, limit in enumerate(spec.phases):
         result.phases.append(judged(partner, spec, start_at + number * spec.seconds, limit))
     return result
@@ -83,6 +91,24 @@ def _change(partner: Partner, spec: LearnTrial, start_at: float) -> None:
     for number, limit in enumerate(spec.phases[1:], 1):
         time.sleep(max(0.0, start_at + number * spec.seconds - time.time()))
         partner.rate = limit
+
+
+def _watch(
+    spec: LearnTrial, caller: str, start_at: float, timeline: list[tuple[float, int]]
+) -> None:
+    """Reads the limiter's rate in force every 100 ms (the learned one: its config)."""
+    from redis import Redis
+
+    from aiolimit.backends.redis._keys import Keys
+
+    config = Keys("aiolimit:", f"{spec.prefix}-{caller}").config
+    stop = start_at + spec.seconds * len(spec.phases)
+    with Redis.from_url(spec.redis_url) as redis:
+        while time.time() < stop:
+            time.sleep(0.1)
+            rate = redis.hget(config, "rate")
+            if rate is not None and time.time() >= start_at:
+                timeline.append((round(time.time() - start_at, 2), int(rate)))
 
 
 def judged(partner: Partner, spec: LearnTrial, began: float, limit: int) -> Phase:
@@ -122,10 +148,12 @@ async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> flo
     try:
         transport: httpx.AsyncBaseTransport
         if caller == "aimd":
-            transport = PacedTransport(AimdPacer(float(spec.guess)))
+            transport = PacedTransport(AimdPacer(spec.guess / spec.processes))
         else:
             name = f"{spec.prefix}-{caller}"
-            limiter = RateLimiter(name, backend, rate=spec.guess, interval=1, keep_alive=3600)
+            limiter = RateLimiter(
+                name, backend, rate=spec.guess, interval=1, margin=spec.margin, keep_alive=3600
+            )
             learn = caller in ("learn", "stated")
             transport = RateLimitedTransport(
                 limiter, Stamped(httpx.AsyncHTTPTransport()), learn=learn

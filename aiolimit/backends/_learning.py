@@ -17,7 +17,9 @@ every process of a fleet shares one decision:
 - **succeeded**: once a level has held one interval of the ceiling's first rate, it is
   *good*; the next level is probed: ``step`` more, doubling while every probe holds; or,
   below the level that last failed (*bad*), half-way to it; the bad level itself only after
-  the hold. A probe of the bad level that holds means the limit rose: the hold starts over.
+  the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
+  and the rate climbs half-way back to the level the limit last fell from (*peak*) each
+  interval, then on by ``step``.
 - **stated**: a partner that states its limit (``q`` per ``w``) is taken at its word,
   scaled to the ceiling's first interval, capped by the ceiling and the floor; growth stops
   there from then on.
@@ -104,6 +106,7 @@ class LearnState:
     permits: int
     good: int = 0
     bad: int = 0
+    peak: int = 0
     step: int = 1
     hold: int = 0
     cut_at: int = 0
@@ -158,8 +161,8 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits = state.permits, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    else:  # a level that held failed: the limit fell
-        state.bad = state.permits
+    else:  # a level that held failed: the limit fell (it may come back: climb to it fast)
+        state.bad = state.peak = state.permits
         state.permits = max(_share(top, law.floor), state.permits * law.decrease // MILLION)
         state.good, state.hold = 0, interval
     state.step = _share(top, law.step)
@@ -175,9 +178,16 @@ def _succeeded(state: LearnState, now: int) -> None:
         state.bad, state.hold = 0, interval
     top = state.ceiling[0].permits
     cap = min(top, state.stated) if state.stated else top
+    if state.peak <= state.permits:
+        state.peak = 0
     if state.bad > state.permits:
         half = (state.bad - state.permits) // 2
         target = min(state.bad, state.permits + max(state.step, half))
+    elif state.peak:  # half-way back to the level the limit fell from, never past it
+        state.bad = 0
+        target = min(
+            state.peak, state.permits + max(state.step, -(-(state.peak - state.permits) // 2))
+        )
     else:
         state.bad = 0
         target = state.permits + state.step
@@ -187,7 +197,7 @@ def _succeeded(state: LearnState, now: int) -> None:
     wait = state.hold if state.bad and target >= state.bad else interval
     if now - state.grown_at < wait:
         return
-    if not state.bad:
+    if not (state.bad or state.peak):
         state.step = min(2 * state.step, top)
     state.permits, state.grown_at = target, now
 

@@ -26,7 +26,7 @@
 
 local MILLION = 1000000
 local LEARN_TTL_MS = 86400000
-local FIELDS = { 'ceiling', 'permits', 'good', 'bad', 'step', 'hold', 'cut_at', 'grown_at', 'stated' }
+local FIELDS = { 'ceiling', 'permits', 'good', 'bad', 'peak', 'step', 'hold', 'cut_at', 'grown_at', 'stated' }
 
 local function rates_text(rates)
   local parts = {}
@@ -84,7 +84,7 @@ local top, interval = ceiling[1].rate, ceiling[1].interval
 if not (state.permits and state.ceiling == ceiling_text and rates_text(rates_of(ceiling, state.permits)) == current) then
   state = {
     permits = max(share(top, law.floor), min(config.rates[1].rate, share(top, law.start), top)),
-    good = 0, bad = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
+    good = 0, bad = 0, peak = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
   }
 end
 local before = state.permits
@@ -102,8 +102,8 @@ local function refused(decided)
   if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits = state.permits, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  else -- a level that held failed: the limit fell
-    state.bad = state.permits
+  else -- a level that held failed: the limit fell (it may come back: climb to it fast)
+    state.bad, state.peak = state.permits, state.permits
     state.permits = max(share(top, law.floor), floor(state.permits * law.decrease / MILLION))
     state.good, state.hold = 0, interval
   end
@@ -121,8 +121,14 @@ local function succeeded()
   end
   local cap = state.stated > 0 and min(top, state.stated) or top
   local target
+  if state.peak <= state.permits then
+    state.peak = 0
+  end
   if state.bad > state.permits then
     target = min(state.bad, state.permits + max(state.step, floor((state.bad - state.permits) / 2)))
+  elseif state.peak > 0 then -- half-way back to the level the limit fell from, never past it
+    state.bad = 0
+    target = min(state.peak, state.permits + max(state.step, ceil((state.peak - state.permits) / 2)))
   else
     state.bad = 0
     target = state.permits + state.step
@@ -135,7 +141,7 @@ local function succeeded()
   if now - state.grown_at < wait then
     return
   end
-  if state.bad == 0 then
+  if state.bad == 0 and state.peak == 0 then
     state.step = min(2 * state.step, top)
   end
   state.permits, state.grown_at = target, now
@@ -167,7 +173,7 @@ end
 
 local changed = state.permits ~= before and 1 or 0
 redis.call('HSET', KEYS[4], 'ceiling', ceiling_text, 'permits', fmt(state.permits), 'good', fmt(state.good),
-  'bad', fmt(state.bad), 'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
+  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
   'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated))
 redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
 
