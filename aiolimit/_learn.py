@@ -151,7 +151,8 @@ class Learner:
     async def refused(self, acquired: Acquired | None = None) -> Learned:
         """The partner refused a call (``429``, or ``503``): the fleet cuts its rate, once per
         episode. ``acquired``: the call's acquisition (a refusal of a call granted before
-        the last cut is that cut's; without it, refusals within an interval of a cut are)."""
+        the last cut is that cut's; without it, refusals within a quarter interval of a cut
+        are)."""
         return await self._learn("refused", _decided_at(acquired), None)
 
     async def succeeded(self) -> Learned | None:

@@ -48,8 +48,11 @@ async def test_learning_starts_at_half_the_ceiling_and_keeps_the_grants_made(sto
     assert await permits_in_force(limiter) == 10
     assert await limiter.available_permits() == 2  # the 8 granted still count
     await Learner(limiter).refused()
-    assert await permits_in_force(limiter) == 5
-    assert not await limiter.try_acquire(1)  # 8 granted, 5 allowed: nothing over-admitted
+    assert await permits_in_force(limiter) == 9  # a rate that held, refused once: a step less
+    await advance(store, clock, 3)
+    await Learner(limiter).refused()
+    assert await permits_in_force(limiter) == 4  # again at once: the limit fell, cut by half
+    assert not await limiter.try_acquire(1)  # 8 granted, 4 allowed: nothing over-admitted
 
 
 async def test_many_processes_refused_in_one_episode_cut_the_rate_once(store, name):
@@ -60,25 +63,28 @@ async def test_many_processes_refused_in_one_episode_cut_the_rate_once(store, na
     for limiter in limiters:  # every process hears of 429s of calls made before the cut
         for acquired in grants:
             await Learner(limiter).refused(acquired)
-    assert await permits_in_force(limiters[0]) == 5  # one cut: 10 * 0.5, not 5 of them
+    assert await permits_in_force(limiters[0]) == 9  # one cut (a step), not 10 of them
     await advance(store, clock, 0.1)
     later = await limiters[3].reserve(1)  # decided under the cut rate: a new episode
     await Learner(limiters[3]).refused(later)
-    assert await permits_in_force(limiters[0]) == 2
+    assert await permits_in_force(limiters[0]) == 4  # within an interval of the cut: halved
 
 
-async def test_a_refusal_without_its_grant_is_a_new_episode_only_an_interval_after_the_cut(
+async def test_a_refusal_without_its_grant_is_a_new_episode_a_quarter_interval_after_the_cut(
     store, name
 ):
     clock = ManualClock()
     limiters = await fleet(store, name, clock)
     await Learner(limiters[0]).refused()
-    await advance(store, clock, INTERVAL - 1)
+    await advance(store, clock, INTERVAL / 4 - 1)
     await Learner(limiters[1]).refused()
-    assert await permits_in_force(limiters[0]) == 5
+    assert await permits_in_force(limiters[0]) == 9
     await advance(store, clock, 1)
     await Learner(limiters[2]).refused()
-    assert await permits_in_force(limiters[0]) == 2
+    assert await permits_in_force(limiters[0]) == 4  # again within an interval: halved
+    await advance(store, clock, INTERVAL)
+    await Learner(limiters[3]).refused()
+    assert await permits_in_force(limiters[0]) == 3  # a while later: a step less
 
 
 async def test_successes_increase_the_rate_at_most_once_per_interval(store, name):
@@ -121,7 +127,7 @@ async def test_the_rate_stays_between_the_floor_and_the_ceiling(store, name):
     clock = ManualClock()
     (limiter,) = await fleet(store, name, clock, 1)
     for _ in range(12):  # a hostile partner: every call refused, episode after episode
-        await advance(store, clock, INTERVAL)
+        await advance(store, clock, 3)
         await Learner(limiter).refused()
     assert await permits_in_force(limiter) == 1  # the floor: 5 % of 20, at least one permit
     assert await limiter.try_acquire(1)  # slow, never stopped
@@ -168,7 +174,7 @@ async def test_ensure_rate_leaves_a_learned_rate_alone(store, name):
     await Learner(first).refused()
     other = RateLimiter(name, store.backend(clock=clock), rate=20, interval=INTERVAL)
     assert await other.try_acquire()  # a process starting: its rate= is the ceiling
-    assert await permits_in_force(other) == 5
+    assert await permits_in_force(other) == 9
 
 
 async def test_the_observer_hears_of_each_learned_rate(store, name):
@@ -188,7 +194,7 @@ async def test_the_observer_hears_of_each_learned_rate(store, name):
         await learner.refused()
     finally:
         observe(previous)
-    assert heard == [(name, 10, 20, INTERVAL), (name, 5, 20, INTERVAL)]
+    assert heard == [(name, 10, 20, INTERVAL), (name, 9, 20, INTERVAL)]
 
 
 async def test_a_ceiling_of_other_intervals_than_the_config_is_refused(store, name):
@@ -243,11 +249,12 @@ async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name
         await advance(store, clock, seconds)
         return (await getattr(Learner(limiter, max_hold=4 * INTERVAL), event)()).permits
 
-    assert await after(1, "refused") == 6  # 12 fell: cut by half
-    assert await after(INTERVAL) == 9  # half-way back to 12
-    assert await after(1, "refused") == 6  # 9 fails: the limit is lower
-    assert await after(INTERVAL) == 7
-    assert await after(1, "refused") == 6  # 7 fails: wait twice as long before 7 again
+    assert await after(1, "refused") == 11  # a step less
+    assert await after(3, "refused") == 5  # again at once: 12 fell, cut by half
+    assert await after(INTERVAL) == 8  # half-way to 11, which failed
+    assert await after(1, "refused") == 5  # 8 fails
     assert await after(INTERVAL) == 6
-    assert await after(3 * INTERVAL) == 7  # after the hold
-    assert [await after(INTERVAL) for _ in range(4)] == [10, 11, 12, 13]  # the limit rose
+    assert await after(1, "refused") == 5  # 6 fails: wait twice as long before 6 again
+    assert await after(INTERVAL) == 5
+    assert await after(3 * INTERVAL) == 6  # after the hold
+    assert [await after(INTERVAL) for _ in range(4)] == [9, 11, 12, 13]  # it rose: back to 12

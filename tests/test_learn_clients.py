@@ -83,3 +83,31 @@ def test_learn_takes_true_false_or_a_learner_of_the_clients_limiter() -> None:
     for wrong in ("yes", 1, Learner(other)):
         with pytest.raises(InvalidArgumentError):
             RateLimitedTransport(limiter, learn=wrong)
+
+
+async def _hostile(scope, receive, send) -> None:
+    """Refuses everything, stating absurd limits."""
+    if scope["type"] != "http":
+        return
+    headers = [
+        (b"x-ratelimit-limit-requests", b"0"),
+        (b"ratelimit-policy", b'"x";q=99999999999999999999999;w=0'),
+        (b"retry-after", b"0"),
+    ]
+    await send({"type": "http.response.start", "status": 429, "headers": headers})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
+async def test_a_hostile_partner_drives_the_rate_to_the_floor_never_to_a_stop() -> None:
+    limiter = RateLimiter("hostile", MemoryBackend(), rate=20, interval=0.1)
+    transport = RateLimitedTransport(limiter, learn=True, retry=False)
+    answered = 0
+    with serve(_hostile) as url:
+        async with httpx.AsyncClient(transport=transport) as client:
+            stop = time.monotonic() + 2.0
+            while time.monotonic() < stop:
+                assert (await client.get(f"{url}/call")).status_code == 429
+                answered += 1
+    learned = await Learner(limiter).read()
+    assert learned.permits == 1  # the floor: 5 % of 20, at least one permit per interval
+    assert answered >= 10  # still calling, one permit per 0.1 s

@@ -10,10 +10,13 @@ The learned state (``LearnState``) is kept beside the config (Redis: ``<tag>:lea
 every process of a fleet shares one decision:
 
 - **refused** (a ``429``/``503``): one cut per episode for the whole fleet. A refusal of a
-  call decided before the last cut belongs to that cut's episode and changes nothing. A
+  call decided before the last cut belongs to that cut's episode and changes nothing (one
+  reported without its call: within a quarter interval of the cut). A
   refused *probe* (a level above the last one that held) goes back to that level and waits
   twice as long before it probes again (at most ``max_hold``); a refused level that had held
-  (the limit fell) is cut to ``decrease`` of itself, never below the floor.
+  goes one ``step`` down (a request that arrived late, or a small fall); a second episode
+  within an interval of a cut means the limit fell: the rate is cut to ``decrease`` of
+  itself. Never below the floor.
 - **succeeded**: once a level has held one interval of the ceiling's first rate, it is
   *good*; the next level is probed: ``step`` more, doubling while every probe holds; or,
   below the level that last failed (*bad*), half-way to it; the bad level itself only after
@@ -154,18 +157,26 @@ def decide(
 
 def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None:
     interval = state.ceiling[0].interval_us
-    episode = decided <= state.cut_at if decided is not None else now < state.cut_at + interval
+    if decided is not None:
+        episode = decided <= state.cut_at
+    else:  # (no grant to tell by: refusals within a quarter interval of a cut are its)
+        episode = now < state.cut_at + interval // 4
     if state.cut_at and episode:
         return  # the cut already made answers it
     top = state.ceiling[0].permits
+    floor, step = _share(top, law.floor), _share(top, law.step)
     if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits = state.permits, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    else:  # a level that held failed: the limit fell (it may come back: climb to it fast)
-        state.bad = state.peak = state.permits
-        state.permits = max(_share(top, law.floor), state.permits * law.decrease // MILLION)
+    elif state.cut_at and now - state.cut_at < interval:  # again at once: the limit fell
+        state.bad, state.peak = state.permits, max(state.peak, state.permits)
+        state.permits = max(floor, state.permits * law.decrease // MILLION)
         state.good, state.hold = 0, interval
-    state.step = _share(top, law.step)
+    else:  # a level that held, refused once: a step less (a late arrival, or a small fall)
+        state.bad = state.peak = state.permits
+        state.permits = max(floor, state.permits - step)
+        state.good, state.hold = 0, interval
+    state.step = step
     state.cut_at = state.grown_at = now
 
 

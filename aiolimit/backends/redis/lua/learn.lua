@@ -94,20 +94,25 @@ local function refused(decided)
   if decided then
     episode = decided <= state.cut_at
   else
-    episode = now < state.cut_at + interval
+    episode = now < state.cut_at + floor(interval / 4) -- (no grant to tell by)
   end
   if state.cut_at ~= 0 and episode then
     return -- the cut already made answers it
   end
+  local least, step = share(top, law.floor), share(top, law.step)
   if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits = state.permits, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  else -- a level that held failed: the limit fell (it may come back: climb to it fast)
+  elseif state.cut_at ~= 0 and now - state.cut_at < interval then -- again at once: it fell
+    state.bad, state.peak = state.permits, max(state.peak, state.permits)
+    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
+    state.good, state.hold = 0, interval
+  else -- a level that held, refused once: a step less (a late arrival, or a small fall)
     state.bad, state.peak = state.permits, state.permits
-    state.permits = max(share(top, law.floor), floor(state.permits * law.decrease / MILLION))
+    state.permits = max(least, state.permits - step)
     state.good, state.hold = 0, interval
   end
-  state.step = share(top, law.step)
+  state.step = step
   state.cut_at, state.grown_at = now, now
 end
 
