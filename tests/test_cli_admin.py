@@ -498,14 +498,14 @@ def test_inspect_and_watch_show_a_learned_rate_against_its_ceiling(capsys, url, 
 
         limiter = RateLimiter(name, backend, rate=20, interval=1)
         assert await limiter.try_acquire()
-        await Learner(limiter).refused()  # half the ceiling, a step less
+        await Learner(limiter).refused()  # half the ceiling, cut by half again
 
     on_server(url, learn)
     code, out, err = aiolimit(capsys, url, "inspect", name)
     assert (code, err) == (0, "")
-    assert field(out, "rates") == "9/second (SLIDING_WINDOW, OVERALL)"
-    assert field(out, "learned") == "9/second in force, 45% of the ceiling 20/second"
+    assert field(out, "rates") == "5/second (SLIDING_WINDOW, OVERALL)"
+    assert field(out, "learned") == "5/second in force, 25% of the ceiling 20/second"
     code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
     assert json.loads(out)["learned"] == {"ceiling": ["20/second"]}
     code, out, _ = aiolimit(capsys, url, "watch", name, "--count", "1")
-    assert out.rstrip().endswith("learned 9/second in force, 45% of the ceiling 20/second")
+    assert out.rstrip().endswith("learned 5/second in force, 25% of the ceiling 20/second")

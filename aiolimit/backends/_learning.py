@@ -14,10 +14,11 @@ every process of a fleet shares one decision:
   reported without its call: within a quarter interval of the cut). A
   refused *probe* (a level above the last one that held) goes back to that level and waits
   twice as long before it probes again (at most ``max_hold``); a refused level that had held
-  goes one ``step`` down (a request that arrived late, or a small fall); a second episode
-  within an interval of a cut means the limit fell: the rate is cut to ``decrease`` of
-  itself. Never below the floor.
-- **succeeded**: once a level has held one interval of the ceiling's first rate, it is
+  goes one ``step`` down (a request that arrived late, or a small fall); a refused level
+  that has not held (a start, or the step down refused again: the limit fell) is cut to
+  ``decrease`` of itself. Never below the floor.
+- **succeeded**: once a level has held one interval of the ceiling's first rate, and is
+  used (an OVERALL budget with at most a quarter of it left when the success is told), it is
   *good*; the next level is probed: ``step`` more, doubling while every probe holds; or,
   below the level that last failed (*bad*), half-way to it; the bad level itself only after
   the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
@@ -140,15 +141,23 @@ def fresh(ceiling: tuple[Rate, ...], config_permits: int, law: Law, now: int) ->
 
 
 def decide(
-    state: LearnState, event: Event, value: int | None, per: int | None, law: Law, now: int
+    state: LearnState,
+    event: Event,
+    value: int | None,
+    per: int | None,
+    law: Law,
+    now: int,
+    left: int | None = None,
 ) -> bool:
     """Applies ``event`` to ``state`` at ``now``; whether the rate in force changed.
     ``value``: refused: when the refused call's grant was decided (None: unknown); stated:
-    the stated quota, per ``per`` µs."""
+    the stated quota, per ``per`` µs. ``left``: succeeded: the permits the (OVERALL) budget
+    has left now; a rate a quarter unused is not proven by the calls that succeed under it
+    (None: not known, as for PER_CLIENT)."""
     before = state.permits
     if event == "refused":
         _refused(state, value, law, now)
-    elif event == "succeeded":
+    elif event == "succeeded" and (left is None or 4 * left <= state.permits):
         _succeeded(state, now)
     elif event == "stated" and value is not None and per:
         _stated(state, value, per, law, now)
@@ -168,14 +177,14 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits = state.permits, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    elif state.cut_at and now - state.cut_at < interval:  # again at once: the limit fell
-        state.bad, state.peak = state.permits, max(state.peak, state.permits)
-        state.permits = max(floor, state.permits * law.decrease // MILLION)
-        state.good, state.hold = 0, interval
-    else:  # a level that held, refused once: a step less (a late arrival, or a small fall)
+    elif state.good:  # a level that held: a step less (a late arrival, or a small fall)
         state.bad = state.peak = state.permits
         state.permits = max(floor, state.permits - step)
         state.good, state.hold = 0, interval
+    else:  # a level that has not held (yet): the limit fell, or was never this high
+        state.bad = state.permits
+        state.permits = max(floor, state.permits * law.decrease // MILLION)
+        state.hold = interval
     state.step = step
     state.cut_at = state.grown_at = now
 

@@ -7,7 +7,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..._types import Rate, RateLimiterConfig
+from ..._types import Rate, RateLimiterConfig, RateType
 from ...errors import InvalidArgumentError, NotConfiguredError
 from .._learning import (
     LEARN_TTL,
@@ -76,7 +76,7 @@ class MemoryLearning:
         _check_shape(top, config.rates)
         if state is None or state.ceiling != top or rates_of(top, state.permits) != config.rates:
             state = fresh(top, config.rates[0].permits, law, now)
-        changed = decide(state, event, value, per, law, now)
+        changed = decide(state, event, value, per, law, now, _left(limiter, event, now))
         state.expires_at = now + LEARN_TTL
         states[name] = state
         wanted = rates_of(top, state.permits)
@@ -101,6 +101,17 @@ class MemoryLearning:
         if state is None or state.expires_at <= self._now():
             return None
         return state.ceiling
+
+
+def _left(limiter: Limiter, event: Event, now: int) -> int | None:
+    """What an OVERALL budget has left now, for a success (None: not needed, or PER_CLIENT)."""
+    stored = limiter.config
+    assert stored is not None
+    if event != "succeeded" or stored.config.rate_type is not RateType.OVERALL:
+        return None
+    group = group_of(limiter, stored.config, None, False, now)
+    group.reclaim(now)
+    return group.left(now)[0]
 
 
 def _check_shape(ceiling: tuple[Rate, ...], rates: tuple[Rate, ...]) -> None:

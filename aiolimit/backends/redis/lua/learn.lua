@@ -103,14 +103,14 @@ local function refused(decided)
   if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits = state.permits, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  elseif state.cut_at ~= 0 and now - state.cut_at < interval then -- again at once: it fell
-    state.bad, state.peak = state.permits, max(state.peak, state.permits)
-    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
-    state.good, state.hold = 0, interval
-  else -- a level that held, refused once: a step less (a late arrival, or a small fall)
+  elseif state.good > 0 then -- a level that held: a step less (a late arrival, a small fall)
     state.bad, state.peak = state.permits, state.permits
     state.permits = max(least, state.permits - step)
     state.good, state.hold = 0, interval
+  else -- a level that has not held (yet): the limit fell, or was never this high
+    state.bad = state.permits
+    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
+    state.hold = interval
   end
   state.step = step
   state.cut_at, state.grown_at = now, now
@@ -171,7 +171,15 @@ local event = ARGV[1]
 if event == 'refused' then
   refused(tonumber(ARGV[2]))
 elseif event == 'succeeded' then
-  succeeded()
+  local left -- a rate a quarter unused is not proven by the calls that succeed under it
+  if config.type == 'OVERALL' then
+    local group = load_group(config, KEYS[2], KEYS[3], false)
+    group.algorithm.reclaim(group, now, false)
+    left = group.algorithm.left(group, now)
+  end
+  if not left or 4 * left <= state.permits then
+    succeeded()
+  end
 elseif event == 'stated' and tonumber(ARGV[2]) and tonumber(ARGV[3]) and tonumber(ARGV[3]) > 0 then
   stated(tonumber(ARGV[2]), tonumber(ARGV[3]))
 end
