@@ -64,7 +64,7 @@ class Result:
 def trial(spec: LearnTrial, caller: str) -> Result:
     partner = Partner(spec.phases[0], 1.0, "sliding", states=caller == "stated")
     with serve(partner) as url:
-        start_at = time.time() + 2.0  # (the workers' imports and connections first)
+        start_at = time.time() + 5.0  # (the workers' imports and connections first)
         changer = threading.Thread(target=_change, args=(partner, spec, start_at), daemon=True)
         changer.start()
         timeline: list[tuple[float, int]] = []

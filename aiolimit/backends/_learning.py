@@ -19,7 +19,8 @@ every process of a fleet shares one decision:
   ``decrease`` of itself. Never below the floor.
 - **succeeded**: once a level has held one interval of the ceiling's first rate, and is
   used (an OVERALL budget with at most a quarter of it left when the success is told), it is
-  *good*; the next level is probed: ``step`` more, doubling while every probe holds; or,
+  *good*; the next level is probed: ``step`` more, doubling while every probe holds (up to
+  an eighth of the rate: a probe too high costs as many refusals as it overshoots); or,
   below the level that last failed (*bad*), half-way to it; the bad level itself only after
   the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
   and the rate climbs half-way back to the level the limit last fell from (*peak*) each
@@ -158,7 +159,7 @@ def decide(
     if event == "refused":
         _refused(state, value, law, now)
     elif event == "succeeded" and (left is None or 4 * left <= state.permits):
-        _succeeded(state, now)
+        _succeeded(state, law, now)
     elif event == "stated" and value is not None and per:
         _stated(state, value, per, law, now)
     return state.permits != before
@@ -189,7 +190,7 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     state.cut_at = state.grown_at = now
 
 
-def _succeeded(state: LearnState, now: int) -> None:
+def _succeeded(state: LearnState, law: Law, now: int) -> None:
     interval = state.ceiling[0].interval_us
     if now - state.grown_at < interval:
         return
@@ -217,8 +218,8 @@ def _succeeded(state: LearnState, now: int) -> None:
     wait = state.hold if state.bad and target >= state.bad else interval
     if now - state.grown_at < wait:
         return
-    if not (state.bad or state.peak):
-        state.step = min(2 * state.step, top)
+    if not (state.bad or state.peak):  # (a step overshoots by as much: an eighth at most)
+        state.step = max(_share(top, law.step), min(2 * state.step, target // 8))
     state.permits, state.grown_at = target, now
 
 

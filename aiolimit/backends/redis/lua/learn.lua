@@ -146,8 +146,8 @@ local function succeeded()
   if now - state.grown_at < wait then
     return
   end
-  if state.bad == 0 and state.peak == 0 then
-    state.step = min(2 * state.step, top)
+  if state.bad == 0 and state.peak == 0 then -- (a step overshoots by as much: an eighth at most)
+    state.step = max(share(top, law.step), min(2 * state.step, floor(target / 8)))
   end
   state.permits, state.grown_at = target, now
 end
