@@ -12,19 +12,20 @@ behind its block. Each limiter is reported to the observer. After the store fail
 fail at once for a short, growing back-off (:class:`~aiolimit.Breaker`) while one call
 probes.
 
-A leaf: it knows a limiter only as :class:`Limited` (a name, a backend, a breaker), and
-imports nothing of the limiters and surfaces above it; their arguments are checked there
-(``_checks``).
+A leaf: it knows a limiter only as :class:`Limited` (a name, a backend, a breaker, the rate
+its code gives: written again when the store lost it), and imports nothing of the limiters
+and surfaces above it; their arguments are checked there (``_checks``). It asks the store
+through ``_attempts``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine, Sequence
-from typing import Any, cast
+from typing import Any
 
 from . import _observe
-from ._breaker import charge, enter_all
+from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._observe import Observer
 from ._settling import (
     NOTHING,
@@ -35,9 +36,8 @@ from ._settling import (
     settle_grant,
 )
 from ._wakeup import sleep_out
-from .backends._protocol import parse_grant
-from .backends.base import Attempt, Grant, Refusal, Started, hand_backs_failed
-from .errors import BackendError, LimiterError
+from .backends.base import Attempt, Grant, Refusal
+from .errors import BackendError, LimiterError, NotConfiguredError
 
 __all__ = [
     "Acquired",
@@ -103,7 +103,7 @@ class Acquired:
             self._released = True
             if self._settles:  # what a settle under way leaves is what goes back
                 await asyncio.gather(*self._settles.values(), return_exceptions=True)
-            await _release(_grants(self.limiters, self.attempts))
+            await release_grants(grants_of(self.limiters, self.attempts))
 
     async def settle(self, permits: int, *, limiter: object | None = None) -> Settled:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
@@ -145,7 +145,7 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
     """Whether one limiter grants ``permits`` within ``max_wait`` µs (None: any wait): the
     path of ``RateLimiter.try_acquire``, and the fast one. Without an observer, a grant at
     once or a refusal is decided in this frame (the breaker's guard written out, as in
-    :func:`attempt_one`: one coroutine fewer per call); a reservation is slept out as
+    ``attempt_one``: one coroutine fewer per call); a reservation is slept out as
     :func:`acquire` does."""
     if _observe.current is not None:
         return (await acquire([limiter], [permits], max_wait, _observe.current)).granted
@@ -160,6 +160,10 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
     except BackendError as exc:
         breaker.failed(exc)
         raise
+    except NotConfiguredError as lost:
+        breaker.left()
+        attempts = await ask([limiter], [permits], max_wait, lost)
+        return (await _settle([limiter], [permits], attempts, max_wait, None, ())).granted
     except BaseException:
         breaker.left()
         raise
@@ -233,13 +237,16 @@ async def _acquire(
     observer: Observer | None,
     names: Sequence[str],
 ) -> Acquired:
-    if len(limiters) == 1:
-        attempt = await attempt_one(limiters[0], permits[0], max_wait)
-        if attempt.__class__ is Grant and attempt.starts_in <= 0:  # the common case
-            return Acquired(limiters, permits, (attempt,), 0.0)
-        attempts = [attempt]
-    else:
-        attempts = await _attempt_all(limiters, permits, max_wait)
+    try:
+        if len(limiters) == 1:
+            attempt = await attempt_one(limiters[0], permits[0], max_wait)
+            if attempt.__class__ is Grant and attempt.starts_in <= 0:  # the common case
+                return Acquired(limiters, permits, (attempt,), 0.0)
+            attempts = [attempt]
+        else:
+            attempts = await attempt_all(limiters, permits, max_wait)
+    except NotConfiguredError as lost:
+        attempts = await ask(limiters, permits, max_wait, lost)
     return await _settle(limiters, permits, attempts, max_wait, observer, names)
 
 
@@ -258,9 +265,9 @@ async def _settle(
     began = loop.time()
     waited = 0.0  # (granted at once: 0.0, not the round trip)
     while True:
-        grants = _grants(limiters, attempts)
+        grants = grants_of(limiters, attempts)
         if len(grants) < len(attempts):  # one refused: nothing is taken
-            await _release(grants)
+            await release_grants(grants)
             return Acquired(limiters, permits, attempts, 0.0)
         starts_in = 0
         for _, grant in grants:  # (the latest start: a loop, no generator to make)
@@ -272,113 +279,7 @@ async def _settle(
         waited = loop.time() - began
         if not blocked:
             return Acquired(limiters, permits, attempts, waited)
-        await _release(grants)  # behind the block: ask again
+        await release_grants(grants)  # behind the block: ask again
         if max_wait is not None:
             max_wait = max(max_wait - starts_in, 0)
-        if len(limiters) == 1:
-            attempts = [await attempt_one(limiters[0], permits[0], max_wait)]
-        else:
-            attempts = await _attempt_all(limiters, permits, max_wait)
-
-
-async def attempt_one(limiter: Limited, permits: int, max_wait: int | None) -> Attempt:
-    """One limiter's attempt, through its breaker (Breaker.guard written out: one coroutine
-    fewer per call)."""
-    breaker = limiter.breaker
-    try:
-        breaker.enter()
-    except BackendError:
-        # Failing fast still yields: else a caller retrying at once in a loop would hold
-        # the event loop for the whole back-off.
-        await asyncio.sleep(0)
-        raise
-    try:
-        attempt = await limiter.backend.try_acquire(limiter.name, permits, max_wait)
-    except BackendError as exc:
-        breaker.failed(exc)
-        raise
-    except BaseException:
-        breaker.left()
-        raise
-    breaker.answered()
-    return attempt
-
-
-async def _attempt_all(
-    limiters: Sequence[Limited], permits: Sequence[int], max_wait: int | None
-) -> list[Attempt]:
-    """One attempt per limiter (two or more), every request made before any answer is
-    awaited (on Redis they go in one round trip), without a task each
-    (``Backend.start_acquire``); if any fails, the others' grants go back and the first error
-    is raised. Calls fail at once while a limiter's breaker is open; each breaker is charged
-    with its own limiters' answers alone (:func:`charge`). If this task is cancelled
-    meanwhile, the attempts not yet answered are cancelled (their grants go back), and so are
-    grants made."""
-    try:
-        breakers = enter_all([limiter.breaker for limiter in limiters])
-    except BackendError:
-        await asyncio.sleep(0)  # failing fast still yields, as in attempt_one
-        raise
-    started: list[Started | Exception] = []
-    outcomes: list[Attempt | Exception] = []
-    try:
-        for limiter, count in zip(limiters, permits, strict=True):
-            try:
-                started.append(limiter.backend.start_acquire(limiter.name, count, max_wait))
-            except Exception as exc:
-                started.append(exc)
-        for attempt in started:
-            try:
-                outcomes.append(attempt if isinstance(attempt, Exception) else await attempt)
-            except Exception as exc:
-                outcomes.append(exc)
-    except BaseException:  # this task cancelled meanwhile
-        for attempt in started[len(outcomes) :]:
-            if not isinstance(attempt, Exception):
-                attempt.cancel()
-        for limiter, outcome in zip(limiters, outcomes, strict=False):
-            if isinstance(outcome, Grant):
-                limiter.backend.hand_back(limiter.name, outcome.member)
-        for breaker in breakers:
-            breaker.left()
-        raise
-    failures = [outcome for outcome in outcomes if isinstance(outcome, Exception)]
-    if failures:
-        try:
-            await _release(_grants(limiters, outcomes))
-        finally:
-            charge([limiter.breaker for limiter in limiters], outcomes)
-        raise failures[0]
-    for breaker in breakers:
-        breaker.answered()
-    return cast("list[Attempt]", outcomes)
-
-
-def _grants(limiters: Sequence[Limited], attempts: Sequence[object]) -> list[tuple[Limited, Grant]]:
-    return [
-        (limiter, attempt)
-        for limiter, attempt in zip(limiters, attempts, strict=True)
-        if isinstance(attempt, Grant)
-    ]
-
-
-async def _release(grants: Sequence[tuple[Limited, Grant]]) -> None:
-    """Hands back exactly these grants, each by its member (a refusal elsewhere, a block);
-    a grant settled for nothing holds nothing."""
-    grants = [pair for pair in grants if parse_grant(pair[1].member)[0] > 0]
-    if not grants:
-        return
-    releases = asyncio.gather(
-        *(
-            limiter.backend.release(limiter.name, parse_grant(grant.member)[0], grant.member)
-            for limiter, grant in grants
-        ),
-        return_exceptions=True,
-    )
-    outcomes = await asyncio.shield(releases)  # a caller cancelled meanwhile: they go on
-    failures = [outcome for outcome in outcomes if isinstance(outcome, BaseException)]
-    for outcome in failures:
-        if not isinstance(outcome, Exception):
-            raise outcome
-    if failures:
-        hand_backs_failed(failures[0], len(failures))  # one warning with the count, soon
+        attempts = await ask(limiters, permits, max_wait)

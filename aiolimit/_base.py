@@ -20,8 +20,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 from ._acquire import Acquired
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
+from ._code_config import CodeConfig, asked_again
 from ._setting import _RateSetting, gather
-from ._setup import Setup
 from ._types import (
     Duration,
     RateLimiterConfig,
@@ -31,7 +31,13 @@ from ._types import (
     to_micros,
 )
 from .backends.base import Backend, breaker_of
-from .errors import BackendError, InvalidArgumentError, LimiterError, RateLimited
+from .errors import (
+    BackendError,
+    InvalidArgumentError,
+    LimiterError,
+    NotConfiguredError,
+    RateLimited,
+)
 
 __all__ = ["_Limiter", "most_telling"]
 
@@ -47,7 +53,7 @@ class _Limiter(_RateSetting):
     ``acquire`` and ``async with``, on top of a subclass's sub-limiter names and
     ``try_acquire``."""
 
-    __slots__ = ("_names", "_setup", "backend", "breaker", "name")
+    __slots__ = ("_names", "backend", "breaker", "name", "rate_in_code")
 
     name: str
     """The limiter's name (read-only)."""
@@ -55,22 +61,21 @@ class _Limiter(_RateSetting):
     """Where its state lives (read-only)."""
     breaker: Breaker
     """The circuit breaker of its calls: its name's on the backend (read-only)."""
+    rate_in_code: CodeConfig[RateLimiterConfig]
+    """The rate its code gives (``rate=``, :meth:`ensure_rate`; its ``config`` is None
+    without one), written before its first call and again whenever the store has lost it
+    (read-only)."""
 
-    def __init__(self, name: str, backend: Backend) -> None:
+    def __init__(
+        self, name: str, backend: Backend, config: RateLimiterConfig | None = None
+    ) -> None:
         self.name = check_name(name)
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self.backend = backend
         self.breaker = breaker_of(backend, self.name)
         self._names: list[str] = [self.name]  # where the state lives: one per shard
-        self._setup: Setup | None = None  # the rate given at construction, until stored
-
-    @property
-    def given_config(self) -> RateLimiterConfig | None:
-        """The config given at construction (``rate=``), which the first permit call makes
-        the stored one; None without one. (A :class:`~aiolimit.Learner` takes it as its
-        ceiling.)"""
-        return None if self._setup is None else self._setup.config
+        self.rate_in_code = CodeConfig(config, self._write_config)  # (config: the code's)
 
     # -- permits -------------------------------------------------------------------------------
 
@@ -162,10 +167,24 @@ class _Limiter(_RateSetting):
     ) -> None:
         return None
 
+    async def _with_config(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """``call()`` once the rate in code is stored; when it finds the store without a
+        config, that rate is written again and ``call()`` made once more."""
+        code = self.rate_in_code
+        if not code.stored:
+            await code.store()
+        try:
+            return await call()
+        except NotConfiguredError as lost:
+            return await asked_again(lost, [(name, code) for name in self._names], call)
+
     async def wait_time(self, permits: int = 1) -> float:
         """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
         that was refused and wants to say when to come back (``Retry-After``)."""
         permits = check_permits(permits)
+        return await self._with_config(lambda: self._wait_time(permits))
+
+    async def _wait_time(self, permits: int) -> float:
         calls = (self.backend.wait_time(name, permits) for name in self._names)
         waits = await asyncio.gather(*calls, return_exceptions=True)
         served = [wait for wait in waits if isinstance(wait, int)]
@@ -180,7 +199,11 @@ class _Limiter(_RateSetting):
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
         limiter, summed over the shards, though one request is served by one shard)."""
-        return sum(await gather(self.backend.available_permits(n) for n in self._names))
+
+        def counts() -> Awaitable[list[int]]:
+            return gather(self.backend.available_permits(name) for name in self._names)
+
+        return sum(await self._with_config(counts))
 
     # -- lifetime ------------------------------------------------------------------------------
 

@@ -7,6 +7,10 @@ process obeys after the server answered ``429`` (or ``503``) with ``Retry-After`
 >>> if await guard.pause_for(response.status, response.headers.get("Retry-After")):
 ...     ...                                           # everyone pauses; retry once
 
+A call that could not even connect (``guard.unsent(acquired)``) hands back what it took;
+one that failed after it was sent (a read timeout, a reset) keeps it, since the partner may
+have counted it.
+
 The pause is the limiter's ``block()``: kept in its config, so every process that shares the
 store obeys it, and reservations made before it move behind it. It lasts at most ``max_pause``
 (15 minutes by default): one hostile or mistaken ``Retry-After`` (``999999999``, a date in
@@ -168,6 +172,16 @@ class CallGuard:
             return limiter._take(self.permits, max_wait)
         assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
         return self.meter.take(limiter, self.permits, max_wait, request)
+
+    async def unsent(self, acquired: Acquired) -> None:
+        """The call never reached the partner (no connection could be made): what it took
+        goes back, its own grants by member (its permits, its tokens when metered; its slot
+        is released already). A call that failed once sent keeps them: the partner may
+        have counted it."""
+        if self.meter is not None:
+            await self.meter.unsent(acquired)
+        else:
+            await acquired.release()
 
     async def after_headers(
         self, headers: Mapping[str, str], status: int = 200, acquired: Acquired | None = None

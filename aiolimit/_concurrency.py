@@ -4,29 +4,31 @@ as leases served in FIFO order (docs/concurrency.md)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
 from . import _observe
+from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
 from ._values import Duration, check_name, to_micros
 from .backends import Backend
 from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
-from .errors import InvalidArgumentError, RateLimited
+from .errors import InvalidArgumentError, NotConfiguredError, RateLimited
 
 __all__ = ["ConcurrencyLimiter"]
 
 MAX_IN_FLIGHT = 2**31
+DEFAULT_LEASE = timedelta(seconds=30)
 _background: set[asyncio.Future[Any]] = set()  # hand-backs of cancelled waiters, referenced
 
 
 class ConcurrencyLimiter:
     """At most ``max_in_flight`` permits in flight at once, for every process on the store.
 
-    >>> sem = ConcurrencyLimiter("model-server", backend)
-    >>> await sem.try_set_limit(8, lease=timedelta(seconds=30))
+    >>> sem = ConcurrencyLimiter("model-server", backend, limit=8)   # lease=30 s
     >>> async with sem.lease(timeout=10) as lease:   # RateLimited if no slot within 10 s
     ...     await call_model(fence=lease.fence)
 
@@ -34,15 +36,32 @@ class ConcurrencyLimiter:
     passed by later waiters for 1. A waiter wakes when a slot is freed (the store tells its
     process), or when the earliest lease ends. Every time is the store's (Redis ``TIME``):
     client clocks play no part. Its keys are under the name's hash tag (docs/redis-layout.md).
+
+    ``limit`` (with ``lease``, default 30 s) is checked here and made the stored limit by the
+    first ``try_lease`` (or ``lease``, :func:`~aiolimit.acquire_all`), once per object: the
+    code's limit replaces a stored one that differs. When a call finds the store without a
+    limit (a restart, ``FLUSHALL``, :meth:`delete`), it is written again (one write for all
+    the process's callers) and the call goes on. Without it, the limiter uses the stored limit
+    (``try_set_limit``, ``set_limit``), and ``try_lease`` raises ``NotConfiguredError``
+    while there is none.
     """
 
-    __slots__ = ("_backend", "_name")
+    __slots__ = ("_backend", "_limit_in_code", "_name")
 
-    def __init__(self, name: str, backend: Backend) -> None:
+    def __init__(
+        self,
+        name: str,
+        backend: Backend,
+        *,
+        limit: int | None = None,
+        lease: Duration | None = None,
+    ) -> None:
         self._name = check_name(name)
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
         self._backend = backend
+        given = _limit_given(limit, lease)
+        self._limit_in_code: CodeConfig[ConcurrencyConfig] = CodeConfig(given, self._write_limit)
 
     @property
     def name(self) -> str:
@@ -74,18 +93,17 @@ class ConcurrencyLimiter:
         return await self._set("update", max_in_flight, lease)
 
     async def _set(self, mode: Any, max_in_flight: int, lease: Duration) -> bool:
-        if (
-            isinstance(max_in_flight, bool)
-            or not isinstance(max_in_flight, int)
-            or not 1 <= max_in_flight <= MAX_IN_FLIGHT
-        ):
-            raise InvalidArgumentError(
-                f"max_in_flight must be an int from 1 to 2**31, not {max_in_flight!r}"
-            )
-        lease_us = to_micros(lease, "lease")
-        if lease_us < 1000:
-            raise InvalidArgumentError(f"lease must be at least 1 ms, not {lease!r}")
-        return await self._backend.set_limit(self._name, max_in_flight, lease_us, mode)
+        config = _checked(max_in_flight, lease)
+        return await self._backend.set_limit(self._name, *config, mode)
+
+    async def _write_limit(self, config: ConcurrencyConfig, replace: bool) -> None:
+        """The limit in code written (:class:`CodeConfig`'s write): at first use where none is
+        stored or the stored one differs, after a loss only where none is."""
+        limit, lease_us = config.max_in_flight, to_micros(config.lease, "lease")
+        if await self._backend.set_limit(self._name, limit, lease_us, "try") or not replace:
+            return
+        if await self.get_config() != config:
+            await self._backend.set_limit(self._name, limit, lease_us, "set")
 
     async def get_config(self) -> ConcurrencyConfig | None:
         """The limit and lease time; None when no limit is set."""
@@ -125,6 +143,9 @@ class ConcurrencyLimiter:
         (:meth:`Lease.renew`, or ``async with lease:``) and releases it."""
         _check_permits(permits)
         wait_s = _timeout_s(timeout)
+        limit_in_code = self._limit_in_code
+        if not limit_in_code.stored:
+            await limit_in_code.store()
         loop = asyncio.get_running_loop()
         start = loop.time()
         ticket = new_ticket(permits)
@@ -136,7 +157,11 @@ class ConcurrencyLimiter:
                 remaining = start + wait_s - loop.time()
                 wait_us = 0 if remaining <= 0 else None if wait_s == math.inf else _us(remaining)
                 sent = loop.time()
-                answer = await self._attempt(permits, ticket, wait_us)
+                try:
+                    answer = await self._attempt(permits, ticket, wait_us)
+                except NotConfiguredError as lost:  # the store lost the limit: the code's again
+                    attempt = functools.partial(self._attempt, permits, ticket, wait_us)
+                    answer = await asked_again(lost, [(self._name, limit_in_code)], attempt)
                 if isinstance(answer, LeaseGrant):
                     granted = answer
                     if (observer := _observe.current) is not None:
@@ -239,6 +264,33 @@ def _queued(name: str, change: int) -> None:
 
 def _us(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1e6))
+
+
+def _checked(max_in_flight: int, lease: Duration) -> tuple[int, int]:
+    """A limit and its lease time, checked: the limit, the lease in µs."""
+    if (
+        isinstance(max_in_flight, bool)
+        or not isinstance(max_in_flight, int)
+        or not 1 <= max_in_flight <= MAX_IN_FLIGHT
+    ):
+        raise InvalidArgumentError(
+            f"max_in_flight must be an int from 1 to 2**31, not {max_in_flight!r}"
+        )
+    lease_us = to_micros(lease, "lease")
+    if lease_us < 1000:
+        raise InvalidArgumentError(f"lease must be at least 1 ms, not {lease!r}")
+    return max_in_flight, lease_us
+
+
+def _limit_given(limit: int | None, lease: Duration | None) -> ConcurrencyConfig | None:
+    """The constructor's ``limit`` and ``lease``, checked, as the config they make; None
+    without a ``limit``."""
+    if limit is None:
+        if lease is not None:
+            raise InvalidArgumentError("lease goes with limit=, which is missing")
+        return None
+    limit, lease_us = _checked(limit, DEFAULT_LEASE if lease is None else lease)
+    return ConcurrencyConfig(limit, timedelta(microseconds=lease_us))
 
 
 def _check_permits(permits: int) -> None:

@@ -8,6 +8,11 @@ The slots are taken first, waiting in the concurrency limiters' FIFO order, then
 permits with what is left of the timeout: a rate permit is spent only when the call can go
 at once, so the partner sees requests at the rate the permits were given. When the rate
 limiters refuse, the slots are released; when a slot cannot be had, nothing was taken.
+A slot is renewed from the moment it is taken, while the others and the rate permits are
+waited for, so that it is still held when it is handed over; one lost meanwhile (the store
+forgot it, or did not answer for a whole lease) raises :class:`~aiolimit.LeaseLostError`
+after everything taken went back. (Taking the slots last instead would spend rate permits
+on calls that then wait for a slot, and reach the partner in a burst when slots free.)
 Several concurrency limiters are taken in one order (their store and name), so that two
 callers never each hold the slot the other waits for.
 
@@ -148,7 +153,9 @@ async def acquire_in_flight(
     max_wait: int | None,
 ) -> InFlight:
     """The slots of ``leasing`` (in that order), then ``take(the µs left of max_wait)`` for
-    the rate permits (None: none), all or nothing; see the module."""
+    the rate permits (None: none), all or nothing; see the module. Each slot is renewed
+    from the moment it is taken until it is handed over; one lost meanwhile raises
+    :class:`~aiolimit.LeaseLostError`, after everything taken went back."""
     loop = asyncio.get_running_loop()
     began = loop.time()
 
@@ -158,21 +165,31 @@ async def acquire_in_flight(
         return max(0, max_wait - int((loop.time() - began) * 1e6))
 
     leases: list[Lease] = []
+    refused_by: str | None = None
+    acquired: Acquired | None = None
     try:
-        for limiter, permits in leasing:
-            wait = left()
-            lease = await limiter.try_lease(permits, timeout=None if wait is None else wait / 1e6)
-            if lease is None:
-                await _let_go(leases)
-                return InFlight(Acquired((), (), (), 0.0), (), limiter.name)
-            leases.append(lease)
-        leased_in = loop.time() - began
-        acquired = Acquired((), (), (), 0.0) if take is None else await take(left())
-    except BaseException:
+        async with contextlib.AsyncExitStack() as renewed:
+            for limiter, permits in leasing:
+                wait = left()
+                timeout = None if wait is None else wait / 1e6
+                lease = await limiter.try_lease(permits, timeout=timeout)
+                if lease is None:
+                    refused_by = limiter.name
+                    break
+                leases.append(lease)
+                await renewed.enter_async_context(lease.renewing())
+            else:
+                leased_in = loop.time() - began
+                acquired = Acquired((), (), (), 0.0) if take is None else await take(left())
+    except BaseException:  # (a lease lost meanwhile: LeaseLostError)
         await _let_go(leases)
+        if acquired is not None and acquired.granted:
+            await acquired.release()
         raise
-    if not acquired.granted:
+    if acquired is None or not acquired.granted:
         await _let_go(leases)
+        if acquired is None:
+            return InFlight(Acquired((), (), (), 0.0), (), refused_by)
         return InFlight(acquired, (), None)
     held = InFlight(acquired, leases, None)
     held.waited += leased_in

@@ -89,7 +89,7 @@ class Learner:
                 f"share one), not {limiter!r}"
             )
         self.limiter = limiter
-        given = limiter.given_config
+        given = limiter.rate_in_code.config
         if ceiling is not None:
             self._ceiling: tuple[Rate, ...] | None = rates_of(ceiling, interval)
         elif interval is not None:
@@ -127,16 +127,7 @@ class Learner:
             raise
 
     async def _begin(self) -> None:
-        given = self.limiter.given_config
-        if given is not None:
-            await self.limiter.ensure_rate(
-                given.rate_type,
-                given.rates,
-                algorithm=given.algorithm,
-                min_spacing=given.min_spacing,
-                keep_alive=given.keep_alive,
-                max_debt=given.max_debt,
-            )
+        await self.limiter.rate_in_code.store()  # (the code's rate, where none is stored)
         await self.read()
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
@@ -128,10 +129,51 @@ class Lease:
     async def __aenter__(self) -> Lease:
         if self._keeper is not None or self._released:
             raise RuntimeError("a lease is entered once")
+        self._keep_for_this_task()
+        return self
+
+    @contextlib.asynccontextmanager
+    async def renewing(self) -> AsyncIterator[Lease]:
+        """Renewed while the block runs, as ``async with lease:`` renews it, and still held
+        after it: for a lease taken before its call can start.
+
+        >>> lease = await sem.try_lease(timeout=10)
+        >>> async with lease.renewing():     # held while the call waits for something else
+        ...     await partner_rate.acquire()
+        >>> async with lease:                # then for the call, released after
+        ...     await call_partner(fence=lease.fence)
+
+        A loss cancels the block and raises :class:`~aiolimit.LeaseLostError`, and so does a
+        lease that ended meanwhile unseen (the store did not answer): a lease comes out of
+        the block held, or not at all. ``acquire_all`` holds its slots so while it waits."""
+        if self._keeper is not None or self._released:
+            raise RuntimeError("a lease is renewed by one holder at a time")
+        self._keep_for_this_task()
+        try:
+            yield self
+        except BaseException as exc:
+            await self._stop_keeping(type(exc), exc)
+            raise
+        await self._stop_keeping(None, None)
+        if self._deadline <= asyncio.get_running_loop().time():
+            self._lose()
+        self.check()
+
+    def _keep_for_this_task(self) -> None:
         self._holder = asyncio.current_task()
         assert self._holder is not None
         self._keeper = asyncio.create_task(self._keep())
-        return self
+
+    async def _stop_keeping(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None
+    ) -> None:
+        """The end of :meth:`renewing`: the keeper stopped, the lease left as it is (held,
+        or lost: raised); a later ``async with`` keeps it again."""
+        self._stop()
+        holder, self._cancelled = self._cancelled, None
+        self._keeper = self._holder = None
+        if holder is not None:
+            await self._cancelled_by_loss(holder, exc_type, exc)
 
     def _detach(self) -> None:
         """The holder goes on without the lease's guard: the lease is still renewed until it
@@ -149,13 +191,20 @@ class Lease:
         self._stop()
         holder = self._cancelled
         if holder is None:
-            if exc_type is asyncio.CancelledError or self._lost:
-                await asyncio.shield(self.release())  # (a cancelled holder still hands back)
-            else:
-                await self.release()
+            await asyncio.shield(self.release())  # (a holder cancelled meanwhile still hands back)
             if self._lost:
                 raise LeaseLostError(self._limiter.name, self.id) from exc
             return
+        await self._cancelled_by_loss(holder, exc_type, exc)
+
+    async def _cancelled_by_loss(
+        self,
+        holder: asyncio.Task[object],
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+    ) -> None:
+        """The holder was cancelled because the lease was lost: LeaseLostError instead,
+        unless someone else cancelled it too (then the cancellation stands)."""
         if exc_type is not asyncio.CancelledError:
             # The body ended before the cancellation reached it: take it now.
             with contextlib.suppress(asyncio.CancelledError):
@@ -174,7 +223,7 @@ class Lease:
         did not answer, cancels the holder (unless detached)."""
         loop = asyncio.get_running_loop()
         every = self._lease_s / 3
-        next_at = loop.time() + every
+        next_at = self._deadline - 2 * every  # a third of the lease gone since it was renewed
         while True:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             left = self._deadline - loop.time()

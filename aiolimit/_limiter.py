@@ -16,10 +16,11 @@ from ._acquire import Acquired, acquire, give_back, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
+from ._code_config import CodeConfig
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, acquire_in_flight
-from ._setup import setup_of
-from ._types import Algorithm, Duration, Rates, RateType, shown
+from ._setting import rate_given
+from ._types import Algorithm, Duration, RateLimiterConfig, Rates, RateType, shown
 from .backends.base import Backend
 from .errors import InvalidArgumentError
 
@@ -41,10 +42,13 @@ class RateLimiter(_Limiter):
 
     ``rate`` (with ``interval`` for an int; ``rate_type``, ``algorithm``, ``min_spacing``,
     ``keep_alive``, ``margin``, ``max_debt`` as :meth:`ensure_rate` takes them) is checked
-    here and made the stored config by the first permit call (``acquire``, ``try_acquire``,
-    ``async with``, the decorator, :func:`acquire_all`), once per object: the code's rate
-    replaces a stored one. Without it, the limiter uses the stored config (``set_rate``,
-    ``try_set_rate``, ``aiolimit set-rate``).
+    here and made the stored config by the first call (``acquire``, ``try_acquire``,
+    ``async with``, the decorator, :func:`acquire_all`, ``wait_time``, ...), once per object:
+    the code's rate replaces a stored one. When a call finds the store without a config (a
+    ``keep_alive`` that ran out while the limiter idled, a restart, ``FLUSHALL``), the rate is
+    written again (one write for all the process's callers) and the call goes on. Without it,
+    the limiter uses the stored config (``set_rate``, ``try_set_rate``, ``aiolimit
+    set-rate``), and a call finds none (``NotConfiguredError``) while there is none.
     """
 
     __slots__ = ()
@@ -63,22 +67,32 @@ class RateLimiter(_Limiter):
         margin: Duration | None = None,
         max_debt: int | None = None,
     ) -> None:
-        super().__init__(name, backend)
-        self._setup = setup_of(
-            rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin, max_debt
+        super().__init__(
+            name,
+            backend,
+            rate_given(
+                rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin, max_debt
+            ),
         )
 
     @classmethod
-    def _view(cls, name: str, backend: Backend, breaker: Breaker) -> RateLimiter:
+    def _view(
+        cls,
+        name: str,
+        backend: Backend,
+        breaker: Breaker,
+        rate_in_code: CodeConfig[RateLimiterConfig],
+    ) -> RateLimiter:
         """A limiter on ``backend`` without checking the name: a shard of a
         ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
-        limiter can share its state) or a client's view of a limiter."""
+        limiter can share its state) or a client's view of a limiter; the rate its code gives
+        is its limiter's (written once for all)."""
         limiter = cls.__new__(cls)
         limiter.name = name
         limiter.backend = backend
         limiter.breaker = breaker
         limiter._names = [name]
-        limiter._setup = None
+        limiter.rate_in_code = rate_in_code
         return limiter
 
     def for_client(self, client_id: str) -> RateLimiter:
@@ -88,9 +102,8 @@ class RateLimiter(_Limiter):
         >>> per_user = RateLimiter("api-per-user", backend)
         >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
         """
-        view = RateLimiter._view(self.name, self.backend.with_client(client_id), self.breaker)
-        view._setup = self._setup  # the rate given at construction: stored once for all
-        return view
+        backend = self.backend.with_client(client_id)
+        return RateLimiter._view(self.name, backend, self.breaker, self.rate_in_code)
 
     def __repr__(self) -> str:
         return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
@@ -112,20 +125,17 @@ class RateLimiter(_Limiter):
             permits, max_wait = check_take(permits, timeout)
         except Exception as exc:  # (raised where the call is awaited)
             return _raising(exc)
-        if self._setup is not None and not self._setup.done:
-            return self._set_up_then_try(permits, max_wait)
+        if not self.rate_in_code.stored:
+            return self._stored_then_try(permits, max_wait)
         return try_one(self, permits, max_wait)
 
-    async def _set_up_then_try(self, permits: int, max_wait: int | None) -> bool:
-        setup = self._setup
-        if setup is not None and not setup.done:  # a rate given at construction: stored once
-            await setup.ensure(self)
+    async def _stored_then_try(self, permits: int, max_wait: int | None) -> bool:
+        await self.rate_in_code.store()
         return await try_one(self, permits, max_wait)
 
     async def _take(self, permits: int, max_wait: int | None) -> Acquired:
-        setup = self._setup
-        if setup is not None and not setup.done:
-            await setup.ensure(self)
+        if not self.rate_in_code.stored:
+            await self.rate_in_code.store()
         return await acquire([self], [permits], max_wait, _observe.current)
 
     async def release(self, permits: int) -> None:
@@ -141,10 +151,9 @@ class RateLimiter(_Limiter):
         >>> await tokens.sync(remaining=quota.remaining, reset=quota.reset)
         """
         remaining, reset_us = check_sync(remaining, reset)
-        setup = self._setup
-        if setup is not None and not setup.done:
-            await setup.ensure(self)
-        await self.breaker.guard(self.backend.sync(self.name, remaining, reset_us))
+        await self._with_config(
+            lambda: self.breaker.guard(self.backend.sync(self.name, remaining, reset_us))
+        )
 
 
 @overload
@@ -182,9 +191,11 @@ async def acquire_all(
 
     A :class:`ConcurrencyLimiter` among them (``(sem, 1)``: one slot) makes the result an
     :class:`~aiolimit.InFlight` that holds the slots: the slots are taken first (FIFO, within
-    the timeout), then the rate permits with what is left of it; ``async with acquired:``
-    holds the slots while the call runs, and :meth:`~aiolimit.InFlight.release` before the
-    call hands everything back (docs/concurrency.md).
+    the timeout), then the rate permits with what is left of it, each slot renewed from the
+    moment it is taken (one lost meanwhile: :class:`~aiolimit.LeaseLostError`, after
+    everything taken went back); ``async with acquired:`` holds the slots while the call
+    runs, and :meth:`~aiolimit.InFlight.release` before the call hands everything back
+    (docs/concurrency.md).
     """
     pairs = requests if requests.__class__ is list else list(requests)
     limiters: list[RateLimiter] = []
@@ -211,8 +222,8 @@ async def acquire_all(
         raise InvalidArgumentError("a concurrency limiter appears twice in one acquire_all")
     max_wait = max_wait_of(timeout)
     for limiter in limiters:  # a rate given at construction, not stored yet
-        if limiter._setup is not None and not limiter._setup.done:
-            await limiter._setup.ensure(limiter)
+        if not limiter.rate_in_code.stored:
+            await limiter.rate_in_code.store()
     if not leasing:
         return await acquire(limiters, permits, max_wait, _observe.current)
     leasing.sort(key=lambda pair: _slots_of(pair[0]))  # one order for all: no deadlock

@@ -12,10 +12,12 @@ from dataclasses import replace
 from typing import TypeVar
 
 from ._breaker import Breaker
+from ._code_config import CodeConfig
 from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
 from .backends.base import Backend, SetMode
+from .errors import InvalidArgumentError
 
-__all__ = ["_RateSetting", "gather"]
+__all__ = ["_RateSetting", "gather", "rate_given"]
 
 log = logging.getLogger("aiolimit")
 
@@ -28,14 +30,15 @@ _WARNED_MOST = 256
 
 
 class _RateSetting:
-    """The set-rate methods of a limiter with a ``name``, a ``backend``, a ``breaker`` and
-    its sub-limiter ``_names``."""
+    """The set-rate methods of a limiter with a ``name``, a ``backend``, a ``breaker``, its
+    ``rate_in_code`` and its sub-limiter ``_names``."""
 
     __slots__ = ()
 
     name: str
     backend: Backend
     breaker: Breaker
+    rate_in_code: CodeConfig[RateLimiterConfig]
     _names: list[str]
 
     # -- configuration -------------------------------------------------------------------------
@@ -151,7 +154,11 @@ class _RateSetting:
         """Makes sure the stored config is this one: writes it where there is none, and
         rewrites a stored one that differs, keeping what was granted (as :meth:`set_rate`
         does); returns whether it wrote. For code that owns its limits (the
-        ASGI middleware's rules): an unchanged config costs two reads, no write."""
+        ASGI middleware's rules): an unchanged config costs two reads, no write.
+
+        The rate is the code's from then on, as a ``rate=`` given at construction is: when
+        a call finds the store without a config (a ``keep_alive`` that ran out, a restart,
+        ``FLUSHALL``), this limiter and its views write it again first."""
         asked = RateLimiterConfig.build(
             rate_type,
             rate,
@@ -162,6 +169,11 @@ class _RateSetting:
             margin=margin,
             max_debt=max_debt,
         )
+        wrote = await self._ensure(asked)
+        self.rate_in_code.given(asked)
+        return wrote
+
+    async def _ensure(self, asked: RateLimiterConfig) -> bool:
         if all(await self._set("try", asked, True)):
             return True
         stored = await self.get_config()
@@ -183,6 +195,14 @@ class _RateSetting:
             ceiling == sub.rates
             for ceiling, sub in zip(ceilings, self._configs(asked), strict=True)
         )
+
+    async def _write_config(self, config: RateLimiterConfig, replace: bool) -> None:
+        """The rate in code written (:class:`CodeConfig`'s write): at first use as
+        :meth:`ensure_rate` writes it, after a loss only where none is stored."""
+        if replace:
+            await self._ensure(config)
+        else:
+            await self._set("try", config, True)
 
     async def update_rate(
         self,
@@ -233,3 +253,41 @@ class _RateSetting:
 async def gather(calls: Iterable[Awaitable[_T]]) -> list[_T]:
     """The calls' results, run together."""
     return list(await asyncio.gather(*calls))
+
+
+def rate_given(
+    rate: Rates | None,
+    interval: Duration | None,
+    rate_type: RateType | str | None,
+    algorithm: Algorithm | str | None,
+    min_spacing: Duration | None,
+    keep_alive: Duration | None,
+    margin: Duration | None = None,
+    max_debt: int | None = None,
+) -> RateLimiterConfig | None:
+    """A limiter constructor's rate arguments, checked, as the config they make; None without
+    a ``rate``."""
+    if rate is None:
+        given = {
+            "interval": interval,
+            "rate_type": rate_type,
+            "algorithm": algorithm,
+            "min_spacing": min_spacing,
+            "keep_alive": keep_alive,
+            "margin": margin,
+            "max_debt": max_debt,
+        }
+        named = [name for name, value in given.items() if value is not None]
+        if named:
+            raise InvalidArgumentError(f"{', '.join(named)} go with rate=, which is missing")
+        return None
+    return RateLimiterConfig.build(
+        RateType.OVERALL if rate_type is None else rate_type,
+        rate,
+        interval,
+        keep_alive,
+        algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,
+        min_spacing=min_spacing,
+        margin=margin,
+        max_debt=max_debt,
+    )

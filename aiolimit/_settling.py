@@ -21,7 +21,8 @@ from typing import NamedTuple, Protocol
 
 from . import _observe
 from ._breaker import Breaker
-from ._types import MAX_RATE, shown
+from ._code_config import CodeConfig
+from ._types import MAX_RATE, RateLimiterConfig, shown
 from .backends.base import Backend, Grant
 from .errors import InvalidArgumentError, NotConfiguredError
 
@@ -49,8 +50,8 @@ NOTHING = Settled(0, 0, 0)
 
 
 class Limited(Protocol):
-    """What the engine (``_acquire``) and settling need of a limiter: where its state lives
-    and its circuit breaker."""
+    """What the engine (``_acquire``) and settling need of a limiter: where its state lives,
+    its circuit breaker, and the rate its code gives (written again when the store lost it)."""
 
     @property
     def name(self) -> str: ...
@@ -60,6 +61,9 @@ class Limited(Protocol):
 
     @property
     def breaker(self) -> Breaker: ...
+
+    @property
+    def rate_in_code(self) -> CodeConfig[RateLimiterConfig]: ...
 
 
 def check_settle_permits(permits: object) -> int:

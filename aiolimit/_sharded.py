@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -13,15 +14,17 @@ from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter
 from ._observe import Observer
-from ._setup import setup_of
+from ._setting import rate_given
 from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
 from .backends.base import Backend, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 
-__all__ = ["ShardedRateLimiter"]
+__all__ = ["ShardedRateLimiter", "shard_of"]
 
 MAX_SHARDS = 256
 _SLOTS = 16384  # Redis Cluster's hash slots
+_MARK = "\x00shard"  # between a sharded limiter's name and a shard's number
+_SHARD_NAME = re.compile(r"([^\x00]+)\x00shard(0|[1-9][0-9]*)(?:\.[1-9][0-9]*)?")
 
 
 def _split_rate(rate: int, shards: int) -> list[int]:
@@ -50,7 +53,7 @@ def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
     layout: every process computes the same ones. No plain limiter's name may hold a NUL, so
     no plain limiter can be (or touch) a shard.
     """
-    base = [f"{name}\x00shard{i}" for i in range(shards)]
+    base = [f"{name}{_MARK}{i}" for i in range(shards)]
     if backend.slot(base[0]) is None:
         return base
     part = _SLOTS / shards
@@ -67,6 +70,15 @@ def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
             chosen = candidate
         names.append(chosen)
     return names
+
+
+def shard_of(stored: str) -> tuple[str, int] | None:
+    """The sharded limiter's name and the shard's number of a name :func:`_shard_names`
+    made (``"search\\x00shard2.17"``: ``("search", 2)``); None for any other name (a plain
+    limiter's, which holds no NUL). What ``aiolimit list``, ``inspect`` and ``delete`` read
+    the shards found on a server by."""
+    match = _SHARD_NAME.fullmatch(stored)
+    return None if match is None else (match[1], int(match[2]))
 
 
 class ShardedRateLimiter(_Limiter):
@@ -134,17 +146,18 @@ class ShardedRateLimiter(_Limiter):
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
         if shards > MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
-        super().__init__(name, backend)
+        given = rate_given(rate, interval, rate_type, algorithm, None, keep_alive, margin, max_debt)
+        super().__init__(name, backend, given)
         self._names = _shard_names(self.name, shards, backend)
-        self._shards = [RateLimiter._view(n, backend, breaker_of(backend, n)) for n in self._names]
+        self._shards = [  # a shard's lost config is this limiter's: it writes every shard
+            RateLimiter._view(n, backend, breaker_of(backend, n), self.rate_in_code)
+            for n in self._names
+        ]
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
         self._waiting = [0] * shards  # this object's tasks waiting on each shard
-        self._setup = setup_of(
-            rate, interval, rate_type, algorithm, None, keep_alive, margin, max_debt
-        )
-        if self._setup is not None:
-            self._configs(self._setup.config)  # a rate the shards cannot split fails here
+        if given is not None:
+            self._configs(given)  # a rate the shards cannot split fails here
 
     @property
     def shards(self) -> Sequence[RateLimiter]:
@@ -193,9 +206,8 @@ class ShardedRateLimiter(_Limiter):
     async def _take(self, permits: int, max_wait: int | None) -> Acquired:
         """The shard's acquisition (a refusal: the shard that could grant soonest), reported
         under this limiter's name."""
-        setup = self._setup
-        if setup is not None and not setup.done:  # a rate given at construction: stored once
-            await setup.ensure(self)
+        if not self.rate_in_code.stored:  # the rate in code, before the first call
+            await self.rate_in_code.store()
         observer = _observe.current
         choosing = self._choose(permits, max_wait, observer)
         acquired = await (
@@ -257,14 +269,13 @@ class ShardedRateLimiter(_Limiter):
         their share of the rate, as the rate is (10 over 3 shards: 4, 3, 3): the shards
         together grant at most ``remaining`` more until ``reset``."""
         remaining, reset_us = check_sync(remaining, reset)
-        setup = self._setup
-        if setup is not None and not setup.done:
-            await setup.ensure(self)
         shares = _shares(remaining, len(self._shards))
-        await asyncio.gather(
-            *(
-                shard.breaker.guard(self.backend.sync(shard.name, share, reset_us))
-                for shard, share in zip(self._shards, shares, strict=True)
+        await self._with_config(
+            lambda: asyncio.gather(
+                *(
+                    shard.breaker.guard(self.backend.sync(shard.name, share, reset_us))
+                    for shard, share in zip(self._shards, shares, strict=True)
+                )
             )
         )
 

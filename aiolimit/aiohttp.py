@@ -10,9 +10,10 @@
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). ``tokens=`` meters tokens as the httpx
-transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
-client middlewares).
+the pause (``retry=False`` returns the response instead); a request that could not connect
+(``aiohttp.ClientConnectorError``, ``ConnectionTimeoutError``) hands back what it took.
+``tokens=`` meters tokens as the httpx transport does. Needs ``pip install
+'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
 """
 
 from __future__ import annotations
@@ -20,11 +21,19 @@ from __future__ import annotations
 from ._extras import missing_extra
 
 try:
-    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, payload
+    from aiohttp import (
+        ClientConnectorError,
+        ClientHandlerType,
+        ClientRequest,
+        ClientResponse,
+        ConnectionTimeoutError,
+        payload,
+    )
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from ._acquire import Acquired
 from ._aiohttp_stream import in_background, meter_stream
@@ -38,6 +47,12 @@ from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedClientMiddleware"]
+
+T = TypeVar("T")
+
+_UNSENT = (ClientConnectorError, ConnectionTimeoutError)
+"""Failures before the request left: no connection (refused, DNS, TLS, a proxy's), none in
+time. Any other (a read timeout, the server gone) may come after the partner got it."""
 
 
 class RateLimitedClientMiddleware:
@@ -101,44 +116,70 @@ class RateLimitedClientMiddleware:
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         guard = self._guard
         acquired = await guard.before_call(request)
-        response = await _send(request, handler, acquired)
-        await guard.after_headers(response.headers, response.status, acquired)
-        paused = await guard.pause_for(response.status, response.headers.get("Retry-After"))
+        response = await _send(guard, request, handler, acquired)
+        paused = await _or_closed(response, self._answered(response, acquired))
         if paused and guard.retry:
             response.release()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
-            response = await _send(request, handler, acquired)
-            await guard.after_headers(response.headers, response.status, acquired)
-            await guard.pause_for(response.status, response.headers.get("Retry-After"))
-        meter = guard.meter
-        if meter is None:
+            response = await _send(guard, request, handler, acquired)
+            await _or_closed(response, self._answered(response, acquired))
+        if guard.meter is None:
             return response
+        await _or_closed(response, self._settle(response, acquired))
+        return response
+
+    async def _answered(self, response: ClientResponse, acquired: Acquired) -> bool:
+        """The provider's count of requests left taken as a floor (and, learning, what the
+        answer teaches); whether its answer paused everyone (``Retry-After``)."""
+        guard = self._guard
+        await guard.after_headers(response.headers, response.status, acquired)
+        return await guard.pause_for(response.status, response.headers.get("Retry-After"))
+
+    async def _settle(self, response: ClientResponse, acquired: Acquired) -> None:
+        """The call's tokens settled by its usage (an event stream's: once it is read)."""
+        meter = self._guard.meter
+        assert meter is not None
         if self._streams and response.content_type == "text/event-stream":
             await meter.settle(acquired, None, response.headers)  # the provider's floors now
             meter_stream(response, meter, acquired)  # the usage once the caller has read it
-            return response
+            return
         readable = _readable(response)
         if readable:
             await response.read()  # (kept: the caller's read() gives the same bytes)
         await meter.settle(acquired, response if readable else None, response.headers)
-        return response
 
 
 async def _send(
-    request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
+    guard: CallGuard, request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
 ) -> ClientResponse:
-    """The request sent; with a concurrency slot, held until aiohttp lets the connection go."""
+    """The request sent; with a concurrency slot, held until aiohttp lets the connection go.
+    One that could not connect hands back what it took (the partner never saw it)."""
+    try:
+        response = await hold_while(acquired, handler(request))
+    except _UNSENT:
+        await guard.unsent(acquired)
+        raise
     if not isinstance(acquired, InFlight):
-        return await handler(request)
-    response = await hold_while(acquired, handler(request))
+        return response
     connection = response.connection
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)
     else:
         connection.add_callback(lambda: _release_slot(acquired))
     return response
+
+
+async def _or_closed(response: ClientResponse, step: Awaitable[T]) -> T:
+    """``step`` (a sync, a pause, a settle: after the response came, before the caller has
+    it); if it fails or its caller is cancelled, the response is closed, since no one else
+    will: its connection goes, and with it its concurrency slot (``_release_slot``)."""
+    try:
+        return await step
+    except BaseException:
+        response.close()
+        raise
 
 
 def _release_slot(acquired: InFlight) -> None:

@@ -14,7 +14,9 @@ limiter, of tokens), each request also reserves its estimated tokens, settled by
 its response reports once the body is read or closed (docs: Token budgets). With
 ``concurrency=sem`` (a :class:`~aiolimit.ConcurrencyLimiter`) each request also holds a slot
 while it is in flight: taken before the rate permit, released when the response's body is
-closed. Needs
+closed. A request that could not connect (``httpx.ConnectError``, ``ConnectTimeout``,
+``PoolTimeout``) hands back its permit and tokens, as the partner never saw it; one that
+failed after it was sent keeps them. Needs
 ``pip install 'aiolimit-redis[httpx]'``.
 """
 
@@ -27,7 +29,10 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.httpx", "httpx") from exc
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
@@ -40,6 +45,12 @@ from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["RateLimitedTransport"]
+
+T = TypeVar("T")
+
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Failures before the request left: no connection (refused, DNS, TLS), none in time, none
+free in the pool. Any other (a read timeout, a reset) may come after the partner got it."""
 
 
 class RateLimitedTransport(httpx.AsyncBaseTransport):
@@ -105,14 +116,14 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         guard = self._guard
         acquired = await guard.before_call(request)
         response = await self._send(request, acquired)
-        paused = await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+        paused = await _or_closed(response, self._pause_for(response))
         if paused and guard.retry and isinstance(request.stream, httpx.ByteStream):
             await response.aclose()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
             response = await self._send(request, acquired)
-            await guard.pause_for(response.status_code, response.headers.get("retry-after"))
+            await _or_closed(response, self._pause_for(response))
         if guard.meter is None:
             return response
         settle = self._settler(request, response, acquired)
@@ -124,18 +135,25 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, request: httpx.Request, acquired: Acquired) -> httpx.Response:
         sending = self._transport.handle_async_request(request)
+        try:
+            response = await hold_while(acquired, sending)  # (a slot: held, renewed)
+        except _UNSENT:
+            await self._guard.unsent(acquired)  # the partner never saw it: all goes back
+            raise
         if isinstance(acquired, InFlight):  # the slot held until the body is closed
-            response = await hold_while(acquired, sending)
             response = httpx.Response(
                 response.status_code,
                 headers=response.headers,
                 stream=_HeldStream(response.stream, acquired),
                 extensions=response.extensions,
             )
-        else:
-            response = await sending
-        await self._guard.after_headers(response.headers, response.status_code, acquired)
+        await _or_closed(
+            response, self._guard.after_headers(response.headers, response.status_code, acquired)
+        )
         return response
+
+    def _pause_for(self, response: httpx.Response) -> Awaitable[bool]:
+        return self._guard.pause_for(response.status_code, response.headers.get("retry-after"))
 
     def _settler(
         self, request: httpx.Request, response: httpx.Response, acquired: Acquired
@@ -157,6 +175,18 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._transport.aclose()
+
+
+async def _or_closed(response: httpx.Response, step: Awaitable[T]) -> T:
+    """``step`` (a sync, a pause: a round trip after the response came, before the caller
+    has it); if it fails or its caller is cancelled, the response is closed first, since
+    no one else will: its connection and its concurrency slot go back."""
+    try:
+        return await step
+    except BaseException:
+        with contextlib.suppress(Exception):  # (the step's error is the one to see)
+            await asyncio.shield(response.aclose())
+        raise
 
 
 def _estimate(request: httpx.Request) -> int:

@@ -68,9 +68,9 @@ ALLOWED: dict[str, set[str]] = {
     "aiolimit/backends/redis/_scripts.py": {
         'Algorithm(fields.get("algorithm", Algorithm.SLIDING_WINDOW.value)),'
     },
-    "aiolimit/_setting.py": {_DEFAULT_PARAMETER},
-    "aiolimit/_setup.py": {
-        "algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,"
+    "aiolimit/_setting.py": {
+        _DEFAULT_PARAMETER,
+        "algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,",
     },
     "aiolimit/asgi/_rules.py": {
         "self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)"

@@ -176,3 +176,19 @@ def test_llm_client_in_memory():
 
 def test_llm_client_through_redis(redis_url: str):
     check_llm_client(run_example("llm_client.py", "--redis", redis_url))
+
+
+def check_openai_sdk(out: str) -> None:
+    lines = out.splitlines()
+    assert lines[0].startswith("12 answers, ") and lines[0].endswith("SDK errors: 0")
+    # One 429, sent again once by the transport after the pause: 13 arrivals, and each had
+    # a permit of its own; an SDK retry on top would make a 14th.
+    assert lines[1].startswith("provider: 13 arrivals, 1 refused (429); permits granted: 13 ")
+
+
+def test_openai_sdk_in_memory():
+    check_openai_sdk(run_example("openai_sdk.py"))
+
+
+def test_openai_sdk_through_redis_named_by_the_environment(redis_url: str):
+    check_openai_sdk(run_example("openai_sdk.py", env={"AIOLIMIT_REDIS_URL": redis_url}))

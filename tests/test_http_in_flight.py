@@ -5,14 +5,14 @@ the cap, the rate kept, the slot held until the body is closed, a lost lease rai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
 import httpx
 import pytest
 from aiohttp import web
-from conformance import until
+from conformance import cancelled, until
 from redis.asyncio import Redis
 
 from aiolimit import (
@@ -40,6 +40,8 @@ class Server:
         self.most = 0
         self.served = 0
         self.hold: float | None = 0.05
+        self.status = 200
+        self.headers: dict[str, str] = {}
         self.release = asyncio.Event()
         self.arrived = asyncio.Event()
         self.url = ""
@@ -54,13 +56,13 @@ class Server:
             else:
                 await asyncio.sleep(self.hold)
             self.served += 1
-            return web.Response(text="x" * 10_000)
+            return web.Response(text="x" * 10_000, status=self.status, headers=self.headers)
         finally:
             self.in_flight -= 1
 
     async def stream(self, request: web.Request) -> web.StreamResponse:
         """Headers and a first chunk at once, the rest when ``release`` is set."""
-        response = web.StreamResponse()
+        response = web.StreamResponse(status=self.status, headers=self.headers)
         await response.prepare(request)
         await response.write(b"first ")
         await self.release.wait()
@@ -216,3 +218,110 @@ async def test_no_slot_in_time_raises_rate_limited_and_spends_no_permit(
     assert await rpm.try_acquire(10)  # all ten permits still there
     for lease in held:
         assert lease is not None and await lease.release()
+
+
+# -- a slot never outlives its caller (issue 35, items 3 and 4) ------------------------------
+
+
+async def test_httpx_a_slot_held_while_the_rate_is_slept_out_is_never_shared(
+    backend: Any, server: Server
+):
+    rpm = RateLimiter("partner-rpm", backend)
+    await rpm.set_rate(RateType.OVERALL, 1, 1)
+    sem = ConcurrencyLimiter("partner-slots", backend)
+    await sem.set_limit(1, lease=0.3)
+    assert await rpm.try_acquire()  # the request's permit is 1 s away: three lease times
+    transport = RateLimitedTransport(rpm, concurrency=sem)
+    async with httpx.AsyncClient(transport=transport) as client:
+        calling = asyncio.ensure_future(client.get(server.url))
+        await until(lambda: in_flight(sem), lambda n: n == 1, "the slot taken")
+        rival = asyncio.ensure_future(sem.try_lease(timeout=None))
+        response = await calling
+        assert response.status_code == 200
+        assert not rival.done()  # no one else held the slot while the request waited
+    lease = await asyncio.wait_for(rival, 5)
+    assert lease is not None
+    await lease.release()
+
+
+class Stalled(RateLimiter):
+    """A rate limiter whose ``sync`` (or ``block``) waits until its caller is cancelled:
+    a store that answers late, caught exactly then."""
+
+    def __init__(self, name: str, backend: Any, stalls: str) -> None:
+        super().__init__(name, backend)
+        self.stalls = stalls
+        self.stalled = asyncio.Event()
+
+    async def _stall(self) -> None:
+        self.stalled.set()
+        await asyncio.Event().wait()
+
+    async def sync(self, *, remaining: int, reset: Any) -> None:
+        if self.stalls == "sync":
+            await self._stall()
+        await super().sync(remaining=remaining, reset=reset)
+
+    async def block(self, duration: Any) -> None:
+        if self.stalls == "block":
+            await self._stall()
+        await super().block(duration)
+
+
+STALLS = {
+    "sync": (200, {"x-ratelimit-remaining-requests": "5", "x-ratelimit-reset-requests": "1s"}),
+    "block": (429, {"Retry-After": "1"}),
+}
+
+
+async def cancelled_while_stalled(
+    get: Callable[[str], Awaitable[Any]], url: str, stalled: Stalled, sem: ConcurrencyLimiter
+) -> None:
+    """``get(url)`` cancelled while ``stalled`` stalls its caller, the response in hand;
+    then its slot is free: none in flight, and a lease taken at once."""
+    calling = asyncio.ensure_future(get(url))
+    await asyncio.wait_for(stalled.stalled.wait(), 5)
+    assert await in_flight(sem) == 1  # the body is still coming
+    await cancelled(calling)
+    await until(lambda: in_flight(sem), lambda n: n == 0, "the slot released")
+    lease = await sem.try_lease(timeout=0)
+    assert lease is not None
+    await lease.release()
+
+
+@pytest.mark.parametrize("client", ["httpx", "aiohttp"])
+@pytest.mark.parametrize("stalls", sorted(STALLS))
+async def test_a_caller_cancelled_after_the_response_came_leaves_no_slot_held(
+    backend: Any, server: Server, stalls: str, client: str
+):
+    rpm = Stalled("partner-rpm", backend, stalls)
+    await rpm.set_rate(RateType.OVERALL, 10, 60)
+    sem = ConcurrencyLimiter("partner-slots", backend)
+    await sem.set_limit(1, lease=30)
+    server.status, server.headers = STALLS[stalls]
+    url = server.url + "/stream"
+    if client == "httpx":
+        transport = RateLimitedTransport(rpm, concurrency=sem)
+        async with httpx.AsyncClient(transport=transport) as http:
+            await cancelled_while_stalled(http.get, url, rpm, sem)
+    else:
+        middleware = RateLimitedClientMiddleware(rpm, concurrency=sem)
+        async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+            await cancelled_while_stalled(session.get, url, rpm, sem)
+
+
+async def test_aiohttp_a_caller_cancelled_while_an_event_streams_tokens_sync_leaves_no_slot(
+    backend: Any, server: Server
+):
+    rpm, sem = await limiters(backend)
+    await sem.update_limit(1)
+    tokens = Stalled("partner-tpm", backend, "sync")
+    await tokens.set_rate(RateType.OVERALL, 1000, 60)
+    server.headers = {
+        "Content-Type": "text/event-stream",
+        "x-ratelimit-remaining-tokens": "500",
+        "x-ratelimit-reset-tokens": "1s",
+    }
+    middleware = RateLimitedClientMiddleware(rpm, concurrency=sem, tokens=tokens)
+    async with aiohttp.ClientSession(middlewares=[middleware]) as session:
+        await cancelled_while_stalled(session.get, server.url + "/stream", tokens, sem)

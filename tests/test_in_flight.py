@@ -204,3 +204,67 @@ async def test_the_observer_sees_the_grant_and_the_lease(store, name):
         observe(previous)
     assert seen == [("leased", sem.name), ("granted", rpm.name)]
     await acquired.release()
+
+
+# -- a slot held while the rate permit is slept out (issue 35, item 3) ------------------------
+
+SHORT_LEASE = 0.3  # shorter than the rate's wait: renewed, or lost, meanwhile
+
+
+async def test_a_slot_held_while_the_rate_is_slept_out_is_renewed_and_never_shared(store, name):
+    rpm, sem = await limiters(store, name, rate=1, interval=1, lease=SHORT_LEASE)
+    assert await rpm.try_acquire()  # the next permit in 1 s: three lease times away
+    first = asyncio.ensure_future(acquire_all([(rpm, 1), (sem, 1)], timeout=None))
+    await until(lambda: in_flight(sem), lambda n: n == 1, "the slot taken")
+    second = asyncio.ensure_future(sem.try_lease(timeout=None))
+    acquired = await first
+    assert acquired
+    assert not second.done()  # the slot never changed hands while the first slept
+    lease = acquired.leases[0]
+    assert lease.expires_in > 0
+    await lease.renew()  # still held in the store: not lost, not another's
+    async with acquired:
+        assert await in_flight(sem) == 1
+        assert not second.done()
+    taken = await asyncio.wait_for(second, 5)
+    assert taken is not None
+    await taken.release()
+
+
+async def test_two_slots_the_first_renewed_while_waiting_for_the_second(store, name):
+    backend = store.backend()
+    first = ConcurrencyLimiter(name + "-a", backend)
+    second = ConcurrencyLimiter(name + "-b", backend)
+    assert await first.try_set_limit(1, lease=SHORT_LEASE)
+    assert await second.try_set_limit(1, lease=LEASE)
+    holder = await second.try_lease()
+    assert holder is not None
+    asyncio.get_running_loop().call_later(1, lambda: asyncio.ensure_future(holder.release()))
+    acquiring = asyncio.ensure_future(acquire_all([(first, 1), (second, 1)], timeout=None))
+    await until(lambda: in_flight(first), lambda n: n == 1, "the first slot taken")
+    rival = asyncio.ensure_future(first.try_lease(timeout=None))
+    acquired = await acquiring
+    assert acquired
+    assert not rival.done()  # the first slot was kept while the second was awaited
+    for lease in acquired.leases:
+        await lease.renew()
+    await acquired.release()
+    taken = await asyncio.wait_for(rival, 5)
+    assert taken is not None
+    await taken.release()
+
+
+async def test_a_slot_lost_while_the_rate_is_slept_out_raises_and_hands_the_rate_back(store, name):
+    rpm, sem = await limiters(store, name, rate=1, interval=10, lease=SHORT_LEASE)
+    assert await rpm.try_acquire()  # the next permit in 10 s: a reservation
+    acquiring = asyncio.ensure_future(acquire_all([(rpm, 1), (sem, 1)], timeout=None))
+    await until(lambda: in_flight(sem), lambda n: n == 1, "the slot taken")
+    await sem.delete()  # the store forgets the lease: its next renewal finds it lost
+    assert await sem.try_set_limit(1, lease=SHORT_LEASE)
+    with pytest.raises(LeaseLostError):
+        await asyncio.wait_for(acquiring, 5)
+    assert await rpm.wait_time(1) <= 10  # the reservation went back: no later than before
+    assert await in_flight(sem) == 0
+    lease = await sem.try_lease(timeout=0)
+    assert lease is not None
+    await lease.release()

@@ -278,3 +278,30 @@ async def test_a_lost_lease_cancels_the_body_with_lease_lost_error(store, name):
             await asyncio.sleep(5)
             reached.append("end of body")
     assert reached == []
+
+
+async def test_renewing_keeps_a_lease_held_past_its_time_for_async_with_after(store, name):
+    sem = await limiter(store, name, 1, lease=0.3)
+    lease = await sem.try_lease()
+    assert lease is not None
+    async with lease.renewing():  # a wait before the call: three lease times
+        await asyncio.sleep(1.0)
+        assert await sem.try_lease() is None
+    assert not lease.lost and lease.expires_in > 0
+    async with lease:  # the call: renewed again, released after
+        await asyncio.sleep(1.0)
+        assert await sem.try_lease() is None
+    assert (await sem.leases()).in_flight == 0
+
+
+async def test_a_lease_lost_while_renewing_cancels_the_block_with_lease_lost_error(store, name):
+    sem = await limiter(store, name, 1, lease=0.3)
+    lease = await sem.try_lease()
+    assert lease is not None
+    reached = []
+    with pytest.raises(LeaseLostError):
+        async with lease.renewing():
+            await sem.delete()
+            await asyncio.sleep(5)
+            reached.append("end of block")
+    assert reached == [] and lease.lost

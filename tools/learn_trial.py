@@ -27,8 +27,8 @@ from tools.partner import Partner, Stamped, serve, stalls
 
 CALLERS = ("fixed", "aimd", "learn", "stated")
 """The httpx transport with a limiter fixed at ``guess``; a per-process AIMD pacer starting
-at (and at most) the process's share of ``guess``; ``learn=True`` with ``guess`` as the ceiling; the same against a partner that
-states its limit (``RateLimit-Policy``)."""
+at (and at most) the process's share of ``guess``; ``learn=True`` with ``guess`` as the
+ceiling; the same against a partner that states its limit (``RateLimit-Policy``)."""
 
 
 @dataclass

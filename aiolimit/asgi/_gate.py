@@ -15,7 +15,7 @@ from .._checks import max_wait_of
 from .._limiter import RateLimiter
 from .._values import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
-from ..errors import InvalidArgumentError, LimiterError, NotConfiguredError
+from ..errors import InvalidArgumentError, LimiterError
 from ._addresses import UNKNOWN_CLIENT
 from ._fields import (
     Item,
@@ -82,13 +82,12 @@ _ALLOWED = Verdict(200, 0, [], "")
 
 class Gate:
     """Checks a request against rules: what the middleware and the dependency share. The
-    permits are taken along the one permit path (:func:`aiolimit.acquire_all`'s); the configs
-    written by :meth:`RateLimiter.ensure_rate`, once per process and rule, one call for every
-    waiter."""
+    permits are taken along the one permit path (:func:`aiolimit.acquire_all`'s); each rule is
+    a limiter whose rates are its code's (``RateLimiter(rate=...)``): written at first use,
+    and again whenever the store has lost them, one write for every waiter."""
 
     __slots__ = (
         "_clients",
-        "_configuring",
         "_error_retry_after",
         "_failures",
         "_limiters",
@@ -123,12 +122,19 @@ class Gate:
                 f"error_retry_after must be > 0 seconds, not {shown(error_retry_after)}"
             )
         self.rules = tuple(rules)
-        self._limiters = {rule.name: RateLimiter(rule.name, backend) for rule in rules}
+        self._limiters = {
+            rule.name: RateLimiter(
+                rule.name,
+                backend,
+                rate=rule.rates,
+                rate_type=rule.rate_type,
+                algorithm=rule.algorithm,
+            )
+            for rule in rules
+        }
         self._max_wait = max_wait_of(wait, "wait")
         self._on_backend_error = on_backend_error
         self._error_retry_after = whole_seconds(retry_us)
-        # The configure call of each rule under way or done (a done one: configured).
-        self._configuring: dict[str, asyncio.Future[bool]] = {}
         # Per-client views of the rules' limiters, kept for the busiest (cheap, not free).
         self._clients: dict[tuple[str, str], RateLimiter] = {}
         self._failures = 0  # in the outage under way; 0: none is
@@ -136,30 +142,13 @@ class Gate:
 
     # -- configs --------------------------------------------------------------------------------
 
-    async def _configure(self, rule: Rule) -> None:
-        """Makes sure the rule's config is stored (:meth:`RateLimiter.ensure_rate`), once per
-        process: concurrent requests share one call, and its failure answers every one of
-        them (the next request asks again)."""
-        future = self._configuring.get(rule.name)
-        if future is None:
-            limiter = self._limiters[rule.name]
-            future = asyncio.ensure_future(
-                limiter.ensure_rate(rule.rate_type, rule.rates, algorithm=rule.algorithm)
-            )
-            self._configuring[rule.name] = future
-            future.add_done_callback(lambda done: self._configured(rule.name, done))
-        await asyncio.shield(future)
-
-    def _configured(self, name: str, future: asyncio.Future[bool]) -> None:
-        failed = future.cancelled() or future.exception() is not None
-        if failed and self._configuring.get(name) is future:
-            del self._configuring[name]  # the next request writes it
-
     async def configure_all(self) -> None:
         """Writes every rule's config now (at startup); a failing store is logged, and the
         configs are written at first use instead."""
         try:
-            await asyncio.gather(*(self._configure(rule) for rule in self.rules))
+            await asyncio.gather(
+                *(limiter.rate_in_code.store() for limiter in self._limiters.values())
+            )
         except LimiterError as exc:
             self._failed(exc)
         else:
@@ -198,10 +187,7 @@ class Gate:
         if not requests:
             return _ALLOWED
         try:
-            try:
-                acquired = await self._acquire(requests)
-            except NotConfiguredError as exc:  # deleted or expired since: write it again
-                acquired = await self._acquire_again(requests, exc.name)
+            acquired = await self._acquire(requests)
         except InvalidArgumentError:  # a stored config with a lower rate than the permits
             return self._over_budget(requests)
         except LimiterError as exc:
@@ -221,30 +207,20 @@ class Gate:
 
     def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
         """The permits of every request at once, through the one permit path (the permits are
-        checked already: by the rule, or by ``Rule.permits_of``); the configs are written first
-        where this process has not yet. (A coroutine function in all but name.)"""
-        configured = self._configuring
+        checked already: by the rule, or by ``Rule.permits_of``); the rules' configs are
+        written first where this process has not yet (the engine writes a lost one again).
+        (A coroutine function in all but name.)"""
         limiters = []
         permits = []
-        for rule, limiter, count in requests:  # (a loop: no generators, no comprehensions)
-            if rule.name not in configured:
-                return self._acquire_configured(requests)
+        for _, limiter, count in requests:  # (a loop: no generators, no comprehensions)
+            if not limiter.rate_in_code.stored:
+                return self._acquire_stored(requests)
             limiters.append(limiter)
             permits.append(count)
         return acquire(limiters, permits, self._max_wait, _observe.current)
 
-    async def _acquire_configured(self, requests: list[_Request]) -> Acquired:
-        await asyncio.gather(
-            *(self._configure(r.rule) for r in requests if r.rule.name not in self._configuring)
-        )
-        return await self._acquire(requests)
-
-    async def _acquire_again(self, requests: list[_Request], name: str) -> Acquired:
-        """After a config was found missing: it is written again, then the permits asked."""
-        for request in requests:
-            if request.rule.name == name:
-                self._configuring.pop(name, None)
-                await self._configure(request.rule)
+    async def _acquire_stored(self, requests: list[_Request]) -> Acquired:
+        await asyncio.gather(*(r.limiter.rate_in_code.store() for r in requests))
         return await self._acquire(requests)
 
     def _refused(self, pairs: list[tuple[_Request, Grant | Refusal]]) -> Verdict:

@@ -167,10 +167,9 @@ def decide(
 
 def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None:
     interval = state.ceiling[0].interval_us
-    if decided is not None:
-        episode = decided <= state.cut_at
-    else:  # (no grant to tell by: refusals within a quarter interval of a cut are its)
-        episode = now < state.cut_at + interval // 4
+    # (no grant to tell by: the refusals within a quarter interval of a cut are its)
+    quarter = now < state.cut_at + interval // 4
+    episode = decided <= state.cut_at if decided is not None else quarter
     if state.cut_at and episode:
         return  # the cut already made answers it
     top = state.ceiling[0].permits

@@ -11,7 +11,7 @@ from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
 from .._types import Rate, RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
-from ._clock import ClockMap
+from ._clock import ClockMap, ClockMaps
 from ._learning import Event, Law, Learned
 from ._lease import LeaseStore
 from ._protocol import parse_grant
@@ -143,10 +143,12 @@ class Backend(LeaseStore, abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers.
+    the default when None). A ``with_client`` view shares its backend's breakers, clock
+    maps and hand-backs in progress (:meth:`aclose` of either waits for all of them, those
+    of the thousands of views an ASGI middleware keeps included).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
+    __slots__ = ("__weakref__", "_breakers", "_clocks", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -159,10 +161,9 @@ class Backend(LeaseStore, abc.ABC):
             raise InvalidArgumentError(f"breaker must be a BreakerPolicy, not {breaker!r}")
         self._breakers = Breakers(DEFAULT_POLICY if breaker is None else breaker)
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
-        # waits for them.
+        # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
-        self.clock_map = ClockMap()
-        """The limiter's clock seen from this process's: where a reservation wakes up."""
+        self._clocks = ClockMaps()  # each clock its limiters run on, mapped (clock_map)
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -181,9 +182,19 @@ class Backend(LeaseStore, abc.ABC):
         """The back-offs of its limiters' circuit breakers (the ``breaker`` option)."""
         return self._breakers.policy
 
-    def _share_breakers(self, view: Backend) -> None:
-        """Gives a ``with_client`` view this backend's breakers (and so its policy)."""
+    def _share_with(self, view: Backend) -> None:
+        """Gives a ``with_client`` view what this backend owns for the store (see above)."""
         view._breakers = self._breakers
+        view._hand_backs = self._hand_backs
+        view._clocks = self._clocks
+
+    def clock_of(self, name: str) -> Hashable:
+        """Which clock stamps ``name``'s grants: by default its own (one client may push it)."""
+        return name
+
+    def clock_map(self, name: str) -> ClockMap:
+        """The limiter ``name``'s clock seen from this process's (``aiolimit._wakeup``)."""
+        return self._clocks.of(self.clock_of(name))
 
     @property
     def store_id(self) -> Hashable:
@@ -331,8 +342,9 @@ class Backend(LeaseStore, abc.ABC):
             hand_backs_failed(error)
 
     async def aclose(self) -> None:
-        """Waits (at most 5 s) for the hand-backs still under way, so that a process that
-        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
+        """Waits (at most 5 s) for the hand-backs still under way (of this backend and of
+        every ``with_client`` view of it), so that a process that shuts down leaves no
+        cancelled caller's permits taken, and logs those that failed.
         The Redis client stays open: it belongs to whoever made it."""
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)

@@ -35,7 +35,10 @@ __all__ = [
     "Client",
     "Reservations",
     "Snapshot",
+    "add_reservations",
+    "budget_json",
     "budget_state",
+    "config_json",
     "inspect_limiter",
 ]
 
@@ -145,17 +148,9 @@ class Snapshot:
 
     def as_json(self) -> dict[str, Any]:
         """What ``inspect --json`` prints: only the fields that exist for the algorithm."""
-        config = self.config
         shown: dict[str, Any] = {
             "name": self.name,
-            "config": {
-                "rates": [str(rate) for rate in config.rates],
-                "algorithm": config.algorithm.value,
-                "type": config.rate_type.value,
-                "keep_alive_s": config.keep_alive and config.keep_alive.total_seconds(),
-                "min_spacing_s": config.min_spacing and config.min_spacing.total_seconds(),
-                "expires_in_s": self.ttl_s,
-            },
+            "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
             "learned": None
@@ -163,13 +158,7 @@ class Snapshot:
             else {"ceiling": [str(rate) for rate in self.ceiling]},
         }
         if self.keeps_a_log:
-            ahead = self.budget.reservations
-            shown["grants"] = self.budget.grants
-            shown["reservations"] = {
-                "count": ahead.count,
-                "permits": ahead.permits,
-                "furthest_s": ahead.furthest_s,
-            }
+            shown.update(budget_json(self.budget))
         shown["clients"] = None if not self.per_client else self._clients_json()
         shown["memory"] = {"bytes": self.memory_bytes, "keys": self.memory_keys}
         shown["slot"], shown["node"] = self.slot, self.node
@@ -185,6 +174,30 @@ class Snapshot:
             "with_state": self.clients_with_state,
             "busiest": busiest,
         }
+
+
+def config_json(config: RateLimiterConfig) -> dict[str, Any]:
+    """A config as ``inspect --json`` prints it."""
+    return {
+        "rates": [str(rate) for rate in config.rates],
+        "algorithm": config.algorithm.value,
+        "type": config.rate_type.value,
+        "keep_alive_s": config.keep_alive and config.keep_alive.total_seconds(),
+        "min_spacing_s": config.min_spacing and config.min_spacing.total_seconds(),
+    }
+
+
+def budget_json(budget: Budget) -> dict[str, Any]:
+    """A log's grants and reservations as ``inspect --json`` prints them."""
+    ahead = budget.reservations
+    return {
+        "grants": budget.grants,
+        "reservations": {
+            "count": ahead.count,
+            "permits": ahead.permits,
+            "furthest_s": ahead.furthest_s,
+        },
+    }
 
 
 async def inspect_limiter(
@@ -249,7 +262,7 @@ async def budget_state(
     for budget in budgets:
         total.grants += budget.grants
         total.state = total.state or budget.state
-        _add(total.reservations, budget.reservations)
+        add_reservations(total.reservations, budget.reservations)
     if since_us is not None:
         longest = max(range(len(config.rates)), key=lambda i: config.rates[i].interval_us) + 1
         started = await asyncio.gather(
@@ -269,7 +282,8 @@ async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
     return int(seconds) * 1_000_000 + int(micros), _text(gen) if gen is not None else "-"
 
 
-def _add(total: Reservations, more: Reservations) -> None:
+def add_reservations(total: Reservations, more: Reservations) -> None:
+    """Adds ``more`` to ``total``: reservations of several budgets (clients, shards)."""
     total.count += more.count
     total.permits += more.permits
     total.furthest_s = max(total.furthest_s, more.furthest_s)
@@ -345,7 +359,7 @@ async def _clients(
     rows = []
     for (client, last_us), budget, left in zip(recent, budgets, available, strict=True):
         snapshot.budget.grants += budget.grants
-        _add(snapshot.budget.reservations, budget.reservations)
+        add_reservations(snapshot.budget.reservations, budget.reservations)
         if budget.state:
             snapshot.clients_with_state += 1
             rows.append(

@@ -75,7 +75,7 @@ class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
-        self._share_breakers(other)
+        self._share_with(other)
         return other
 
     @property
@@ -146,13 +146,15 @@ class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
                 stored.state = old.state  # the new config carries the field over
             group = group_of(limiter, config, None, True, now)
             group.reclaim(now)
-            group.rates_changed(limiter, old, now)
+            longer = group.rates_changed(limiter, old, now)
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
-            # Clients follow the new rate at their next grant; a longer interval lengthens
-            # their TTLs now (refresh.lua, in chunks on Redis).
-            if config.longest_us > old.config.longest_us and limiter.registry:
+            # Clients follow the new rate at their next grant; a longer interval (or a
+            # bucket's slower refill) lengthens their TTLs now (refresh.lua, in chunks on
+            # Redis).
+            longer = longer or config.longest_us > old.config.longest_us
+            if longer and limiter.registry:
                 refresh_clients(limiter, stored, now)
         else:
             same_type = old is not None and old.config.rate_type is config.rate_type

@@ -59,13 +59,16 @@ class TokenBucket(Counters):
         if not self.fresh and not self.state_in_config(config) and self.state.epoch < stored.epoch:
             adopted(self, stored, self.state.epoch)  # a client's state of earlier rates
 
-    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         stored = limiter.config
         assert stored is not None
         if not self.state_in_config(self.config):
             next_epoch(stored, old, now)  # each client's bucket is converted at its next call
-        elif not self.fresh:
+            # A slower refill: what a client owes takes longer to pay than its TTL says.
+            return slower(old.config.rates, self.config.rates)
+        if not self.fresh:
             convert_buckets(self, old.config.rates, now)
+        return False
 
     def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
         if b >= rate.permits:  # a remainder of another rate: a whole us, rounded up
@@ -160,6 +163,16 @@ def converted(was: Rate, rate: Rate, tat: int, frac: int, at: int) -> tuple[int,
         ratio = float(due) * was.permits * rate.interval_us
         return at + math.ceil(ratio / (float(was.interval_us) * rate.permits)), 0
     return tat, frac
+
+
+def slower(old: tuple[Rate, ...], rates: tuple[Rate, ...]) -> bool:
+    """Whether any rate refills more slowly than the one it replaces (token_bucket.lua's
+    ``slower``, in doubles as Lua computes it): a bucket converted to it is full later than
+    its old TTL."""
+    return any(
+        float(was.permits) * rate.interval_us > float(was.interval_us) * rate.permits
+        for was, rate in zip(old, rates, strict=False)
+    )
 
 
 def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> None:

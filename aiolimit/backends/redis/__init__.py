@@ -20,7 +20,7 @@ from .._protocol import check_settle, check_sync, format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, server_of, slot
+from ._compat import ANY, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -98,7 +98,7 @@ class RedisBackend(RedisLeases, Backend):
             self._redis, client_id=client_id, prefix=self._prefix, timeout=self.timeout
         )
         other._clock = self._clock
-        self._share_breakers(other)
+        self._share_with(other)
         # One store, one key layout: the view shares what this backend learnt of each limiter
         # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
         # trip, not two. An ASGI middleware makes a view per request.
@@ -135,6 +135,10 @@ class RedisBackend(RedisLeases, Backend):
 
     def slot(self, name: str) -> int:
         return slot(self.keys(name).tag)
+
+    def clock_of(self, name: str) -> Hashable:
+        # clock='client': each limiter's own (the latest time any client sent); else TIME's node
+        return name if self._clock is not None else node_of(self._redis, self.keys(name).config)
 
     def _now_arg(self) -> str:
         # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.

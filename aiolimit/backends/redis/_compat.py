@@ -17,6 +17,7 @@ __all__ = [
     "NO_SCRIPT",
     "UNREACHABLE",
     "is_cluster",
+    "node_of",
     "server_of",
     "slot",
 ]
@@ -70,6 +71,17 @@ def slot(key: str | bytes) -> int:
 def is_cluster(redis: Any) -> bool:
     """Whether ``redis`` is a cluster client (redis-py's or valkey-py's ``RedisCluster``)."""
     return hasattr(redis, "get_node_from_key")
+
+
+def node_of(redis: Any, key: str) -> Hashable:
+    """The node that serves ``key``: None for a single-node client (one server); a cluster
+    client's ``host:port``, or the key's hash slot while the client does not know the node."""
+    if not is_cluster(redis):
+        return None
+    try:
+        return str(redis.get_node_from_key(key).name)
+    except Exception:  # (no slots map yet, or a library that says it otherwise)
+        return slot(key)
 
 
 def server_of(redis: Any) -> Hashable:

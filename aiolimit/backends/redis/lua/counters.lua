@@ -338,6 +338,7 @@ local function counters(rule)
   end
   function algorithm.rates_changed()
     -- each rate reads its numbers as `loaded` says, whatever rate wrote them
+    return false
   end
   function algorithm.save(group, now)
     return save_counters(group, rule, now)

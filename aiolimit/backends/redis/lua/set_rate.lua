@@ -21,7 +21,9 @@
 -- generation: every client's state of the old one is dead at once, and the registry is
 -- renamed to KEYS[5] for the caller to remove their keys in chunks (retire.lua). Keeping it,
 -- each client's state follows the new rate at its next grant (`used` does not depend on the
--- rate); only a longer interval needs their TTLs lengthened, in chunks (refresh.lua).
+-- rate); only a longer interval (or what the algorithm's `rates_changed` says: a token
+-- bucket's slower refill) needs their TTLs lengthened, in chunks (refresh.lua), the clients
+-- whose latest grant is oldest first.
 -- An OVERALL budget's state may be a field of the config hash (`in_hash`): the new config
 -- carries it over when the state is kept, and simply lacks it when it is cleared. What new
 -- rates do to the state kept is the algorithm's (`rates_changed`).
@@ -113,17 +115,19 @@ if keep then
   clock = config.clock and fmt(config.clock)
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
-  group.algorithm.rates_changed(group, old_rates(old), old[9], now)
+  local longer = group.algorithm.rates_changed(group, old_rates(old), old[9], now)
   group.algorithm.keep(group)
   if not group.fresh then
     group.algorithm.save(group, now)
   end
-  -- A longer interval: the clients' state must live longer.
+  -- A longer interval (or what the algorithm says: a bucket's slower refill): the clients'
+  -- state must live longer.
   local old_longest = tonumber(old[3] or '0')
   for _, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
     old_longest = max(old_longest, tonumber(i))
   end
-  if old[3] and config.longest > old_longest and redis.call('EXISTS', KEYS[4]) == 1 then
+  longer = longer or (old[3] and config.longest > old_longest)
+  if longer and redis.call('EXISTS', KEYS[4]) == 1 then
     follow = 1
   end
 else

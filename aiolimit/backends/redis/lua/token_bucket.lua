@@ -257,10 +257,25 @@ local function next_epoch(config, olds, old_epochs, now)
   redis.call('HSET', config.key, 'gen', config.gen, 'epochs', config.epochs)
 end
 
+-- Whether any rate refills more slowly than the one it replaces: a bucket converted to it
+-- is full later than its old TTL.
+local function slower(olds, rates)
+  for i = 1, min(#olds, #rates) do
+    if olds[i].rate * rates[i].interval > olds[i].interval * rates[i].rate then
+      return true
+    end
+  end
+  return false
+end
+
 function bucket.rates_changed(group, olds, old_epochs, now)
   if not group.config.in_hash then
     next_epoch(group.config, olds, old_epochs, now)
-  elseif not group.fresh then
+    -- (what a client owes takes longer to pay than its TTL says: set_rate.lua refreshes them)
+    return slower(olds, group.config.rates)
+  end
+  if not group.fresh then
     convert_buckets(group, olds, now)
   end
+  return false
 end
