@@ -278,3 +278,51 @@ async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name
     assert await after(INTERVAL) == 5
     assert await after(3 * INTERVAL) == 6  # after the hold
     assert [await after(INTERVAL) for _ in range(4)] == [9, 11, 12, 13]  # it rose: back to 12
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed):
+    """Random reports (refusals with and without their grants, successes, stated limits,
+    at random times, the budget used or not) on a real redis-server and on the memory
+    backend, each with its own clock moved alike: every answer and rate the same."""
+    import random
+
+    from redis.asyncio import Redis
+
+    from tests.conformance import ManualClock
+
+    chance = random.Random(seed)
+    redis = Redis.from_url(redis_server.url)
+    clocks = [ManualClock(), ManualClock()]
+    backends = [MemoryBackend(clock=clocks[0]), RedisBackend(redis, clock=clocks[1])]
+    limiters = [RateLimiter(name, backend) for backend in backends]
+    seen = set()
+    try:
+        for limiter in limiters:
+            await limiter.set_rate(RateType.OVERALL, 40, INTERVAL)
+        for _ in range(60):
+            step = chance.choice((0.5, 1, 3, INTERVAL, 2 * INTERVAL))
+            event = chance.choice(("refused", "refused", "succeeded", "succeeded", "stated"))
+            take = chance.randrange(0, 12)
+            quota = chance.randrange(0, 60)
+            with_grant = chance.random() < 0.7
+            answers = []
+            for limiter, clock in zip(limiters, clocks, strict=True):
+                clock.advance(step)
+                take = min(take, (await limiter.get_config()).rate)
+                acquired = await limiter.reserve(take) if take else None
+                learner = Learner(limiter, max_hold=5 * INTERVAL)
+                if event == "refused":
+                    learned = await learner.refused(acquired if with_grant else None)
+                elif event == "succeeded":
+                    learned = await learner.succeeded()
+                else:
+                    learned = await learner.stated(quota, INTERVAL)
+                answers.append((learned, await limiter.get_config()))
+            assert answers[0] == answers[1], (event, step, take)
+            seen.add(answers[0][0].permits)
+        assert len(seen) >= 4, seen  # (the rate moved about)
+    finally:
+        await limiters[1].delete()
+        await redis.delete(backends[1].keys(name).learned)
+        await redis.aclose()
