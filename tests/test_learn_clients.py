@@ -113,3 +113,20 @@ async def test_a_hostile_partner_drives_the_rate_to_the_floor_never_to_a_stop() 
     learned = await Learner(limiter).read()
     assert learned.permits == 1  # the floor: 5 % of 20, at least one permit per interval
     assert answered >= 10  # still calling, one permit per 0.1 s
+
+
+async def test_a_tokens_limiter_learns_its_budget_from_the_stated_tokens_limit() -> None:
+    from tools.llm_provider import Provider
+
+    provider = Provider(tpm=6000, rpm=120, window=60.0)
+    backend = MemoryBackend()
+    requests = RateLimiter("llm-rpm", backend, rate=600, interval=60)
+    tokens = RateLimiter("llm-tpm", backend, rate=60000, interval=60)
+    transport = RateLimitedTransport(requests, tokens=tokens, learn=True)
+    with serve(provider) as url:
+        async with httpx.AsyncClient(transport=transport) as client:
+            body = {"prompt_tokens": 100, "max_tokens": 50}
+            response = await client.post(f"{url}/v1/chat/completions", json=body)
+            assert response.status_code == 200
+    assert (await Learner(requests).read()).permits == 120  # x-ratelimit-limit-requests
+    assert (await Learner(tokens).read()).permits == 6000  # x-ratelimit-limit-tokens
