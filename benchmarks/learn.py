@@ -2,6 +2,7 @@
 
     python benchmarks/learn.py                                  # ~3 min: every caller
     python benchmarks/learn.py --only learn --seconds 10        # one caller, shorter phases
+    python benchmarks/learn.py --only learn --max-hold 4        # probe a failed rate sooner
 
 A partner keeps a strict 1 s sliding window whose limit is hidden and changes (``--phases``,
 12/s then 6/s then 12/s by default, ``--seconds`` each); ``--processes`` x ``--tasks``
@@ -52,6 +53,9 @@ def main() -> None:
     arguments.add_argument(
         "--margin", type=float, default=0.05, help="seconds added to the limiter's interval"
     )
+    arguments.add_argument(
+        "--max-hold", type=float, help="the learner's max_hold, seconds (default: its own)"
+    )
     arguments.add_argument("--processes", type=int, default=5)
     arguments.add_argument("--tasks", type=int, default=4, help="per process")
     arguments.add_argument("--only", choices=CALLERS, action="append", help="(repeatable)")
@@ -71,6 +75,7 @@ def main() -> None:
         f"a hidden limit of {phases}, {args.seconds:g} s each (judged after {args.settle:g} s); "
         f"{args.processes} processes x {args.tasks} tasks; guess and ceiling {args.guess}/s, "
         f"margin {args.margin * 1000:g} ms"
+        + ("" if args.max_hold is None else f", max_hold {args.max_hold:g} s")
     )
     rows = []
     with local_redis() as url:
@@ -84,6 +89,7 @@ def main() -> None:
                 settle=args.settle,
                 guess=args.guess,
                 margin=args.margin,
+                max_hold=args.max_hold,
                 processes=args.processes,
                 tasks=args.tasks,
             )

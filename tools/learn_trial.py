@@ -41,6 +41,7 @@ class LearnTrial:
     processes: int = 5
     tasks: int = 4
     margin: float = 0.05  # seconds added to the limiter's interval (docs: HTTP clients)
+    max_hold: float | None = None  # the Learner's (seconds; None: its default)
     prefix: str = "learn-trial"
 
 
@@ -139,7 +140,7 @@ def _worker(spec: LearnTrial, caller: str, url: str, start_at: float) -> float:
 async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> float:
     from redis.asyncio import Redis
 
-    from aiolimit import RateLimiter, RedisBackend
+    from aiolimit import Learner, RateLimiter, RedisBackend
     from aiolimit.httpx import RateLimitedTransport
 
     redis = Redis.from_url(spec.redis_url)
@@ -154,7 +155,9 @@ async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> flo
             limiter = RateLimiter(
                 name, backend, rate=spec.guess, interval=1, margin=spec.margin, keep_alive=3600
             )
-            learn = caller in ("learn", "stated")
+            learn: bool | Learner = caller in ("learn", "stated")
+            if learn and spec.max_hold is not None:
+                learn = Learner(limiter, max_hold=spec.max_hold)
             transport = RateLimitedTransport(
                 limiter, Stamped(httpx.AsyncHTTPTransport()), learn=learn
             )
