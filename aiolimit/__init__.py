@@ -18,6 +18,7 @@ from ._acquire import Acquired
 from ._breaker import Breaker, BreakerPolicy
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight
+from ._learn import Learned, Learner
 from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
@@ -67,6 +68,8 @@ __all__ = [
     "Grant",
     "InFlight",
     "InvalidArgumentError",
+    "Learned",
+    "Learner",
     "Lease",
     "LeaseLostError",
     "LimiterError",

@@ -34,6 +34,7 @@ from ._acquire import Acquired
 from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, acquire_in_flight
+from ._learn import Learner, call_learning
 from ._limiter import RateLimiter
 from ._meter import TokenMeter, sync_from
 from ._sharded import ShardedRateLimiter
@@ -103,6 +104,7 @@ class CallGuard:
     __slots__ = (
         "_max_wait",
         "concurrency",
+        "learning",
         "limiter",
         "max_pause",
         "meter",
@@ -122,6 +124,7 @@ class CallGuard:
         max_pause: Duration = DEFAULT_MAX_PAUSE,
         concurrency: ConcurrencyLimiter | None = None,
         meter: TokenMeter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
             raise InvalidArgumentError(
@@ -143,6 +146,7 @@ class CallGuard:
         self.max_pause = max_pause_us / 1e6
         self.meter = meter
         self.refusals = Refusals()
+        self.learning = call_learning(learn, limiter, None if meter is None else meter.tokens)
 
     async def before_call(self, request: object = None) -> Acquired:
         """Waits for the permits (after any pause: a block holds every grant back), with the
@@ -168,6 +172,8 @@ class CallGuard:
         """The call's permits, and its estimated tokens when metered."""
         limiter = self.limiter
         if self.meter is None:
+            if self.learning is not None:  # (reserving only a little ahead: see _learn)
+                return self.learning.take(lambda wait: limiter._take(self.permits, wait), max_wait)
             return limiter._take(self.permits, max_wait)
         assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
         return self.meter.take(limiter, self.permits, max_wait, request)
@@ -182,10 +188,15 @@ class CallGuard:
         else:
             await acquired.release()
 
-    async def after_headers(self, headers: Mapping[str, str]) -> None:
+    async def after_headers(
+        self, headers: Mapping[str, str], status: int = 200, acquired: Acquired | None = None
+    ) -> None:
         """A provider's count of requests left, when its headers say, taken as a floor
-        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``)."""
+        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``); with
+        ``learn``, what the answer teaches the learners."""
         await sync_from(headers, self.limiter, "requests")
+        if self.learning is not None and acquired is not None:
+            await self.learning.after(status, headers, acquired)
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;
@@ -200,6 +211,10 @@ class CallGuard:
         self.refusals.report(self.limiter.name, status, seconds, retry_after if capped else None)
         if seconds is None:
             return False
+        if self.learning is not None and seconds <= self.learning.short_pause():
+            if self.retry:  # the learner's cut answers it; this call alone waits
+                await asyncio.sleep(seconds)
+            return True
         if seconds > 0:
             await self.limiter.block(seconds)
         return True

@@ -89,6 +89,11 @@ class Observer:
         response said no usable ``Retry-After``. Each such response is reported, the ones
         within a pause too; the log has one WARNING per pause."""
 
+    def learned(self, name: str, permits: int, ceiling: int, interval: float) -> None:
+        """Limiter ``name``'s learned rate is now ``permits`` per ``interval`` seconds (its
+        first rate), of at most ``ceiling`` (:class:`~aiolimit.Learner`; reported when this
+        process first sees a change, from any process)."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

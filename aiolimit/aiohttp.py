@@ -40,6 +40,7 @@ from ._aiohttp_stream import in_background, meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
+from ._learn import Learner
 from ._limiter import RateLimiter
 from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
@@ -93,6 +94,7 @@ class RateLimitedClientMiddleware:
         estimate: Callable[[ClientRequest], int] | None = None,
         usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._streams = usage is None  # (the default usage reads an event stream's too)
@@ -104,6 +106,7 @@ class RateLimitedClientMiddleware:
             max_pause=max_pause,
             concurrency=concurrency,
             meter=meter,
+            learn=learn,
         )
 
     @property
@@ -114,24 +117,24 @@ class RateLimitedClientMiddleware:
         guard = self._guard
         acquired = await guard.before_call(request)
         response = await _send(guard, request, handler, acquired)
-        paused = await _or_closed(response, self._answered(response))
+        paused = await _or_closed(response, self._answered(response, acquired))
         if paused and guard.retry:
             response.release()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
             response = await _send(guard, request, handler, acquired)
-            await _or_closed(response, self._answered(response))
+            await _or_closed(response, self._answered(response, acquired))
         if guard.meter is None:
             return response
         await _or_closed(response, self._settle(response, acquired))
         return response
 
-    async def _answered(self, response: ClientResponse) -> bool:
-        """The provider's count of requests left taken as a floor; whether its answer
-        paused everyone (``Retry-After``)."""
+    async def _answered(self, response: ClientResponse, acquired: Acquired) -> bool:
+        """The provider's count of requests left taken as a floor (and, learning, what the
+        answer teaches); whether its answer paused everyone (``Retry-After``)."""
         guard = self._guard
-        await guard.after_headers(response.headers)
+        await guard.after_headers(response.headers, response.status, acquired)
         return await guard.pause_for(response.status, response.headers.get("Retry-After"))
 
     async def _settle(self, response: ClientResponse, acquired: Acquired) -> None:

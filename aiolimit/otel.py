@@ -27,6 +27,9 @@ name                            kind                  unit             attribute
                                                                        (429 or 503: the HTTP
                                                                        clients' partner refused a
                                                                        call)
+``aiolimit.learned.rate``       gauge                 ``{permit}/s``   (a learned rate in force:
+                                                                       :class:`~aiolimit.Learner`)
+``aiolimit.learned.ceiling``    gauge                 ``{permit}/s``   (its ceiling)
 ``aiolimit.redis.round_trips``  counter               ``{round_trip}`` none: shared by limiters
 ``aiolimit.redis.requests``     counter               ``{request}``    none: requests the round
                                                                        trips carried (divided by
@@ -87,6 +90,7 @@ class OpenTelemetryObserver(Observer):
         "_batch",
         "_errors",
         "_granted",
+        "_learned",
         "_queued",
         "_refusals",
         "_refused",
@@ -109,6 +113,7 @@ class OpenTelemetryObserver(Observer):
         self._trips = 0
         self._sent = 0
         self._attributes: dict[str, dict[str, Any]] = {}  # name -> {LIMITER: name}
+        self._learned: dict[str, tuple[float, float]] = {}  # name -> (rate, ceiling) per s
         meter.create_observable_counter(
             "aiolimit.requests",
             callbacks=[self._observe_requests],
@@ -144,6 +149,18 @@ class OpenTelemetryObserver(Observer):
             callbacks=[self._observe_sent],
             unit="{request}",
             description="Requests carried by round trips to Redis.",
+        )
+        meter.create_observable_gauge(
+            "aiolimit.learned.rate",
+            callbacks=[self._observe_learned],
+            unit="{permit}/s",
+            description="The learned rate in force (its first rate), as this process last saw it.",
+        )
+        meter.create_observable_gauge(
+            "aiolimit.learned.ceiling",
+            callbacks=[self._observe_ceiling],
+            unit="{permit}/s",
+            description="The most a learned rate may be: the limiter's rate from code.",
         )
         self._wait = meter.create_histogram(
             "aiolimit.wait.duration",
@@ -191,6 +208,9 @@ class OpenTelemetryObserver(Observer):
         if self._batch is not None:
             self._batch.record(requests)
 
+    def learned(self, name: str, permits: int, ceiling: int, interval: float) -> None:
+        self._learned[name] = (permits / interval, ceiling / interval)
+
     # -- what the SDK reads when it collects -------------------------------------------------
 
     def _limiter(self, name: str) -> dict[str, Any]:
@@ -218,6 +238,14 @@ class OpenTelemetryObserver(Observer):
     def _observe_refusals(self, options: CallbackOptions) -> Iterable[Observation]:
         for (name, status), count in self._refusals.copy().items():
             yield Observation(count, {LIMITER: name, STATUS: status})
+
+    def _observe_learned(self, options: CallbackOptions) -> Iterable[Observation]:
+        for name, (rate, _) in self._learned.copy().items():
+            yield Observation(rate, self._limiter(name))
+
+    def _observe_ceiling(self, options: CallbackOptions) -> Iterable[Observation]:
+        for name, (_, ceiling) in self._learned.copy().items():
+            yield Observation(ceiling, self._limiter(name))
 
     def _observe_trips(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._trips)

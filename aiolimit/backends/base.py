@@ -8,10 +8,11 @@ from collections.abc import Generator, Hashable
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
-from .._types import RateLimiterConfig
+from .._types import Rate, RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
 from ._clock import ClockMap, ClockMaps
+from ._learning import Event, Law, Learned
 from ._lease import LeaseStore
 from ._protocol import parse_grant
 
@@ -269,6 +270,26 @@ class Backend(LeaseStore, abc.ABC):
         most ``remaining`` more permits are granted (for ``PER_CLIENT``: this client's).
         Only ever tightens the limiter; never lowers anything."""
         raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
+
+    async def learn(
+        self,
+        name: str,
+        event: Event,
+        value: int | None,
+        per: int | None,
+        ceiling: tuple[Rate, ...] | None,
+        law: Law,
+    ) -> Learned:
+        """Learns the limiter's rate from a partner's answer (``backends._learning``: the
+        law, and what ``value`` and ``per`` are for each ``event``), rewriting the config's
+        rates (grants made stay counted) when the rate in force changes; ``ceiling`` None:
+        the one stored (else the config's rates). One atomic step for the whole fleet."""
+        raise BackendError(f"{type(self).__name__} cannot learn a rate", outage=False)
+
+    async def learned(self, name: str) -> tuple[Rate, ...] | None:
+        """The ceiling of the limiter's learned state; None when it has none (this default:
+        a store that cannot learn)."""
+        return None
 
     @abc.abstractmethod
     async def block(self, name: str, duration_us: int | None) -> int:

@@ -34,6 +34,7 @@ from ._budgets import (
     reservations,
     state_in_config,
 )
+from ._learn import MemoryLearning
 from ._leases import MemoryLeases
 from ._settle import receipt_until, settle_group
 from ._state import FOREVER, Config, Limiter, ms
@@ -46,7 +47,7 @@ def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
 
 
-class MemoryBackend(MemoryLeases, Backend):
+class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
     """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
 
     >>> backend = MemoryBackend()

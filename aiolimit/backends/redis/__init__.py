@@ -12,9 +12,10 @@ from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
-from ..._types import RateLimiterConfig, RateType
+from ..._types import Rate, RateLimiterConfig, RateType
 from ..._values import Duration, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .._learning import Event, Law, Learned
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
@@ -419,6 +420,43 @@ class RedisBackend(RedisLeases, Backend):
         elif reply.follow is Follow.RETIRE:
             await retire_clients(self, keys, keys.retired(generation))
         return reply.written
+
+    async def learn(
+        self,
+        name: str,
+        event: Event,
+        value: int | None,
+        per: int | None,
+        ceiling: tuple[Rate, ...] | None,
+        law: Law,
+    ) -> Learned:
+        keys = self.keys(name)
+        ceiling_text = (
+            "" if not ceiling else ",".join(f"{r.permits}:{r.interval_us}" for r in ceiling)
+        )
+        reply = await self._run(
+            scripts.LEARN,
+            (keys.config, keys.value, keys.permits, keys.learned),
+            (
+                event,
+                "" if value is None else value,
+                "" if per is None else per,
+                self._now_arg(),
+                ceiling_text,
+                *law,
+            ),
+        )
+        if isinstance(reply, scripts.NotConfigured):
+            raise NotConfiguredError(name)
+        if isinstance(reply, scripts.OtherShape):
+            raise InvalidArgumentError(
+                f"the ceiling's intervals are not the stored config's ({reply.detail}): set "
+                "the rate to the ceiling first"
+            )
+        return reply
+
+    async def learned(self, name: str) -> tuple[Rate, ...] | None:
+        return await self._run(scripts.LEARNED, (self.keys(name).learned,), ("ceiling",))
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
         config = await self._run(scripts.CONFIG, (self.keys(name).config,), ())

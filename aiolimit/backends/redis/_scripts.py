@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
 from ...errors import BackendError
+from .._learning import Learned
 from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal, Settlement
 from ._request import Batch
@@ -352,3 +353,35 @@ CONFIG = ReadCommand("HGETALL", _config)
 """The config hash, as a config (None: there is none)."""
 CLIENTS = ReadCommand("ZRANGE", _clients)
 """A range of the clients registry."""
+
+# -- learning a rate (learn.lua) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OtherShape:
+    """The ceiling's intervals are not the stored config's (learn.lua's -5)."""
+
+    detail: str
+
+
+def _learned(reply: Any) -> Learned | NotConfigured | OtherShape:
+    code = int(reply[0])
+    if code == -1:
+        return NotConfigured()
+    if code == -5:
+        return OtherShape(_text(reply[1]))
+    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated = map(int, reply[1:10])
+    return Learned(permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated)
+
+
+# A resent learn decides nothing more: a refusal of the episode already cut, a success
+# within an interval of the last change, the same stated limit.
+LEARN = Script("learn", _learned)
+
+
+def _ceiling(reply: Any) -> tuple[Rate, ...] | None:
+    return None if reply is None else parse_rates(_text(reply))
+
+
+LEARNED = ReadCommand("HGET", _ceiling)
+"""A learned state's ``ceiling`` field (None: no learned state)."""
