@@ -29,8 +29,7 @@ from aiolimit import (
     RedisBackend,
 )
 from aiolimit.aiohttp import RateLimitedClientMiddleware
-from aiolimit.backends._lease import LeaseStore
-from aiolimit.backends import Settlement
+from aiolimit.backends import LeaseStore, Settlement
 
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
 USED = 42
