@@ -7,49 +7,31 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Callable, Coroutine, Hashable, Sequence
-from typing import Any, Literal, NamedTuple, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
 from ..._types import RateLimiterConfig, RateType
-from ..._values import Duration, check_text, clock_micros
-from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from ..._values import Duration, clock_micros
+from ...errors import BackendError, LimiterError, NotConfiguredError
 from .._context import StoreContext
 from .._protocol import check_settle, check_sync, format_rates, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
-from ._coalescer import Coalescer, Key, coalescer
+from ._coalescer import Key
 from ._compat import ANY, node_of, server_of, slot
-from ._deadlines import Deadlines, call_timeout
 from ._errors import call_error, trouble_error
-from ._keys import Keys, Recent
+from ._keys import Keys
 from ._leases import RedisLeases
 from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
+from ._server import Clock, Server
 
 __all__ = ["RedisBackend"]
 
-Clock = Literal["server", "client"] | Callable[[], float]
-
 R = TypeVar("R")
 _PER_CLIENT = RateType.PER_CLIENT  # (read off its class, a member costs a lookup a call)
-
-
-class _Server(NamedTuple):
-    """What a RedisBackend and its ``with_client`` views share besides the store's context:
-    one store, one key layout. What was learnt of each limiter (its keys, its rate type) is
-    shared too, so a view's first call on a ``PER_CLIENT`` limiter is one round trip, not
-    two (an ASGI middleware makes a view per request)."""
-
-    redis: Any
-    pipe: Coalescer
-    clock: Callable[[], float] | None  # None: the server's TIME
-    prefix: str
-    deadlines: Deadlines | None
-    keys: Recent[str, Keys]
-    types: Recent[str, RateType]
 
 
 class RedisBackend(RedisLeases, Backend):
@@ -98,37 +80,17 @@ class RedisBackend(RedisLeases, Backend):
         breaker: BreakerPolicy | None = None,
     ) -> None:
         context = StoreContext(breaker)
-        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
-            raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
-        if prefix:
-            check_text(prefix, "prefix")
-        timeout_s = call_timeout(timeout)
-        if clock == "client":
-            clock = time.time
-        elif clock != "server" and not callable(clock):
-            raise InvalidArgumentError(
-                f"clock must be 'server', 'client' or a callable, not {clock!r}"
-            )
-        pipe = coalescer(redis)
-        server = _Server(
-            redis,
-            pipe,
-            None if clock == "server" else clock,
-            prefix,
-            pipe.deadlines(timeout_s),  # its callers' (one per timeout)
-            Recent(),
-            Recent(),
-        )
-        self._open(client_id, context, server)
+        self._open(client_id, context, Server.of(redis, clock, prefix, timeout))
 
-    def _open(self, client_id: str | None, context: StoreContext, server: _Server) -> None:
+    def _open(self, client_id: str | None, context: StoreContext, server: Server) -> None:
         """Sets up a backend on ``server`` with the store's ``context``: a new store's first,
         or a view of it (which shares both)."""
         super().__init__(client_id, context=context)
         self._server = server
         # (each also an attribute of its own: the hot path reads them)
-        self._redis, self._pipe, self._clock, self._prefix = server[:4]
-        self._deadlines, self._keys, self._types = server[4:]
+        self._redis, self._pipe, self._clock = server.redis, server.pipe, server.clock
+        self._prefix, self._deadlines = server.prefix, server.deadlines
+        self._keys, self._types = server.keys, server.types
         self._now: Callable[[], str] | None = None if self._clock is None else self._now_arg
 
     def with_client(self, client_id: str) -> RedisBackend:
