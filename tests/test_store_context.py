@@ -7,9 +7,11 @@ contract split: a concurrency limiter refuses a store without leases when it is 
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,6 +20,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from redis.asyncio import Redis
 
+import aiolimit.backends
 from aiolimit import (
     Backend,
     BreakerPolicy,
@@ -283,3 +286,44 @@ def test_a_backend_s_breaker_policy_is_named_so_and_the_old_name_warns() -> None
     assert backend.with_client("alice").breaker_policy == policy
     with pytest.warns(DeprecationWarning, match="breaker_policy"):
         assert backend.breaker == policy
+
+
+# -- a store's helpers get values, not the store ------------------------------------------------
+
+BACKENDS = Path(aiolimit.backends.__file__).parent
+REDIS_PY_PRIVATE = {("redis/_wire.py", "_writer"), ("redis/_wire.py", "_parser")}
+"""redis-py's own private state, read by the wire layer's fast path (kept or not by
+measurement: issue 36, step 5)."""
+
+
+def _private_reads(path: Path) -> set[tuple[str, str]]:
+    """``x._name`` in ``path`` where ``x`` is not ``self``, ``cls`` or ``super()`` and no
+    class of the module defines ``_name`` (a class may use its own on another instance)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    own = {node.name for node in ast.walk(tree) if isinstance(node, functions)}
+    own |= {
+        target.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign | ast.AnnAssign)
+        for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        if isinstance(target, ast.Attribute)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        value = node.value
+        if node.attr.startswith("__") or node.attr in own or node.attr == "_replace":
+            continue
+        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
+            continue
+        if isinstance(value, ast.Call) and ast.unparse(value.func) == "super":
+            continue
+        found.add((str(path.relative_to(BACKENDS)), node.attr))
+    return found
+
+
+def test_no_store_module_reads_another_object_s_private_attributes() -> None:
+    found = set().union(*(_private_reads(path) for path in BACKENDS.rglob("*.py")))
+    assert found <= REDIS_PY_PRIVATE
