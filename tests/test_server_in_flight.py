@@ -207,3 +207,20 @@ def test_concurrency_must_be_a_concurrency_limiter(surface: str) -> None:
             AiohttpMiddleware(backend=MemoryBackend(), rules=[], concurrency=object())  # type: ignore[arg-type]
         else:
             RateLimit("r", "1/second", backend=MemoryBackend(), concurrency=object())  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+async def test_a_lost_slot_cancels_the_handler_and_answers_500(surface: str) -> None:
+    backend = MemoryBackend()
+    handler = Handler("hold")
+    options = one_at_a_time(backend, lease=0.3)
+    async with (
+        serving(surface, handler, rule=rule(), **options) as url,
+        httpx.AsyncClient(base_url=url) as http,
+    ):
+        held = asyncio.ensure_future(http.get("/work"))
+        await until(handler.count_in_flight, bool, "the request served")
+        await ConcurrencyLimiter(SLOTS, backend).delete()  # its renewal finds it lost
+        answer = await held
+    assert answer.status_code == 500
+    assert handler.in_flight == 0 and not handler.release.is_set()
