@@ -109,10 +109,22 @@ async def test_a_request_over_the_limit_waits_for_the_slot_up_to_wait(surface: s
 
 
 @pytest.mark.parametrize("surface", SURFACES)
-async def test_the_slot_is_held_while_the_body_streams_and_renewed(surface: str) -> None:
+async def test_the_slot_is_held_until_the_streamed_body_is_sent(surface: str) -> None:
+    await hold_while_streaming(surface, lease=30, hold=0.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("surface", SURFACES)
+async def test_the_slot_is_renewed_while_the_handler_runs(surface: str) -> None:
+    await hold_while_streaming(surface, lease=0.5, hold=1.2)  # held only if renewed
+
+
+async def hold_while_streaming(surface: str, lease: float, hold: float) -> None:
+    """A request whose body streams for ``hold`` s (and more) holds its slot all along: a
+    second one meanwhile is refused; the slot is free once the body is sent."""
     backend = MemoryBackend()
     handler = Handler("stream")
-    options = one_at_a_time(backend, lease=0.3)
+    options = one_at_a_time(backend, lease=lease)
     async with (
         serving(surface, handler, rule=rule(), **options) as url,
         httpx.AsyncClient(base_url=url) as http,
@@ -120,7 +132,7 @@ async def test_the_slot_is_held_while_the_body_streams_and_renewed(surface: str)
     ):
         chunks = streaming.aiter_raw()
         assert await anext(chunks) == CHUNK  # (the server sends what it has at once)
-        await asyncio.sleep(0.6)  # two lease times: held only if renewed
+        await asyncio.sleep(hold)
         during = await http.get("/work")
         handler.release.set()
         async for _ in chunks:
