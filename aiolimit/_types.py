@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from ._values import (
     MAX_DURATION,
@@ -138,8 +139,7 @@ class Rate:
             count, rest = divmod(us, seconds * 1_000_000)
             if rest == 0:
                 return f"{self.permits}/{unit}" if count == 1 else f"{self.permits}/{count} {unit}s"
-        whole, fraction = divmod(us, 1_000_000)  # exact decimal seconds, never an exponent
-        return f"{self.permits}/{whole}.{fraction:06d}".rstrip("0") + " seconds"
+        return f"{self.permits}/{seconds_text(us)} seconds"
 
     @classmethod
     def parse(cls, text: str) -> tuple[Rate, ...]:
@@ -148,26 +148,39 @@ class Rate:
         or ``|``. InvalidArgumentError names the part it could not read."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"rates must be a str such as '3/second', not {shown(text)}")
-        rates = []
-        for part in re.split(r"[;,|]", text):
-            if not part.strip():
-                continue
-            match = _RATE_TEXT.match(part)
-            unit = match and unit_seconds(match["unit"].lower())
-            if match is None or unit is None:
-                raise InvalidArgumentError(
-                    f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
-                    "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
-                )
-            try:
-                rates.append(cls(int(match["permits"]), interval_of(match["count"], unit)))
-            except InvalidArgumentError as exc:
-                raise InvalidArgumentError(
-                    f"the rate {part.strip()!r} in {text!r}: {exc}"
-                ) from None
-        if not rates:
-            raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
-        return tuple(rates)
+        return _rates_in([part for part in _PARTS.split(text) if part.strip()], text)
+
+
+_PARTS = re.compile(r"[;,|]")
+"""What separates the parts of a rate's (or a config's) text."""
+
+
+def _rates_in(parts: list[str], text: str) -> tuple[Rate, ...]:
+    """The rates ``parts`` of ``text`` write; InvalidArgumentError names the part it could not
+    read, or says there is none."""
+    rates = []
+    for part in parts:
+        match = _RATE_TEXT.match(part)
+        unit = match and unit_seconds(match["unit"].lower())
+        if match is None or unit is None:
+            raise InvalidArgumentError(
+                f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
+                "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
+            )
+        try:
+            rates.append(Rate(int(match["permits"]), interval_of(match["count"], unit)))
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"the rate {part.strip()!r} in {text!r}: {exc}") from None
+    if not rates:
+        raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
+    return tuple(rates)
+
+
+def seconds_text(us: int) -> str:
+    """``us`` microseconds as exact decimal seconds, never an exponent: ``"3600"``,
+    ``"0.05"``, ``"0.000001"``."""
+    whole, fraction = divmod(us, 1_000_000)
+    return str(whole) if not fraction else f"{whole}.{fraction:06d}".rstrip("0")
 
 
 Rates = int | str | Rate | Sequence[Rate]
@@ -226,9 +239,16 @@ def widened(rates: tuple[Rate, ...], margin: Duration) -> tuple[Rate, ...]:
 
 @dataclass(frozen=True, init=False, repr=False)
 class RateLimiterConfig:
-    """A limiter's rates, algorithm and spacing. ``rates`` holds them all; ``rate`` and
-    ``interval`` are those of the first (the only one, for a limiter set with an int rate):
-    ``RateLimiterConfig(RateType.OVERALL, rates=Rate.parse("5/second; 100/minute"))``."""
+    """A limiter's rates, rate type, algorithm and spacing: what the set-rate methods and
+    ``RateLimiter(rate=...)`` take, as the value or its text.
+
+    >>> RateLimiterConfig.parse("10/second; 100/minute; algorithm=token_bucket")
+    >>> RateLimiterConfig.build(RateType.PER_CLIENT, "10/second", keep_alive=3600)
+    >>> str(config)                  # '10/second; 100/minute; algorithm=token_bucket'
+
+    :meth:`parse` and :meth:`build` check what they are given; ``str(config)`` is the text
+    :meth:`parse` reads back as the same config. ``rates`` holds every rate; ``rate`` and
+    ``interval`` are those of the first."""
 
     rate_type: RateType
     keep_alive: timedelta | None
@@ -284,6 +304,60 @@ class RateLimiterConfig:
             + ("" if self.max_debt is None else f", max_debt={self.max_debt!r}")
             + ")"
         )
+
+    def __str__(self) -> str:
+        """The rates, then each setting that is not the default, as :meth:`parse` reads them
+        back: ``'5/second; rate_type=per_client; keep_alive=3600'``."""
+        parts = [str(rate) for rate in self.rates]
+        if self.rate_type is not RateType.OVERALL:
+            parts.append(f"rate_type={self.rate_type.value.lower()}")
+        if self.algorithm is not Algorithm.SLIDING_WINDOW:
+            parts.append(f"algorithm={self.algorithm.value.lower()}")
+        if self.min_spacing is not None:
+            parts.append(f"min_spacing={seconds_text(self.min_spacing_us)}")
+        if self.keep_alive is not None:
+            parts.append(f"keep_alive={seconds_text(self.keep_alive_us)}")
+        if self.max_debt is not None:
+            parts.append(f"max_debt={self.max_debt}")
+        return "; ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimiterConfig:
+        """Reads a config from text: rates as :meth:`Rate.parse` reads them, and among them
+        any of :meth:`build`'s settings as ``name=value``, separated by ``;``.
+
+        >>> RateLimiterConfig.parse("10/second; 100/minute")      # OVERALL, sliding window
+        >>> RateLimiterConfig.parse("5/second; rate_type=per_client; algorithm=token_bucket")
+        >>> RateLimiterConfig.parse("60/minute; keep_alive=1 hour; margin=0.05; max_debt=30")
+
+        ``rate_type`` and ``algorithm`` are named as the enums' members are, in any case;
+        ``min_spacing``, ``margin`` and ``keep_alive`` are seconds (``0.5``) or a count and a
+        unit as in a rate (``1 hour``). InvalidArgumentError names the part it could not
+        read."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(
+                f"a config's text must be a str such as '10/second; algorithm=token_bucket', "
+                f"not {shown(text)}"
+            )
+        settings: dict[str, Any] = {}
+        rates = []
+        for part in _PARTS.split(text):
+            name, equals, value = part.partition("=")
+            if not equals:
+                if part.strip():
+                    rates.append(part)
+                continue
+            name = name.strip()
+            if name not in _SETTINGS:
+                raise InvalidArgumentError(
+                    f"no setting {name!r} in {text!r}: the settings are {', '.join(_SETTINGS)}"
+                )
+            if name in settings:
+                raise InvalidArgumentError(f"{name} is given twice in {text!r}")
+            read = _SETTINGS[name]
+            settings[name] = value.strip() if read is None else read(value.strip(), name, text)
+        rate_type = settings.pop("rate_type", RateType.OVERALL)
+        return cls.build(rate_type, _rates_in(rates, text), **settings)
 
     @classmethod
     def build(
@@ -377,6 +451,38 @@ class RateLimiterConfig:
     def longest_us(self) -> int:
         """The longest interval, in microseconds: how long a grant counts."""
         return max(r.interval_us for r in self.rates)
+
+
+_DURATION_TEXT = re.compile(r"^(?P<count>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]+)?$", re.IGNORECASE)
+
+
+def _duration(value: str, name: str, text: str) -> Duration:
+    """A setting's seconds (``0.5``), or a count and a unit (``1 hour``), read exactly."""
+    match = _DURATION_TEXT.match(value)
+    unit = match and (1 if match["unit"] is None else unit_seconds(match["unit"].lower()))
+    if match is None or unit is None:
+        raise InvalidArgumentError(
+            f"cannot read {name}={value!r} in {text!r}: write seconds (0.5) or a count and a "
+            "unit (1 hour)"
+        )
+    return interval_of(match["count"], unit)
+
+
+def _whole(value: str, name: str, text: str) -> int:
+    if not value.isdecimal():
+        raise InvalidArgumentError(f"cannot read {name}={value!r} in {text!r}: write an int")
+    return int(value)
+
+
+_SETTINGS: dict[str, Callable[[str, str, str], object] | None] = {
+    "rate_type": None,  # a word, as written: build reads (and checks) the enums' members
+    "algorithm": None,
+    "min_spacing": _duration,
+    "margin": _duration,
+    "keep_alive": _duration,
+    "max_debt": _whole,
+}
+"""How :meth:`RateLimiterConfig.parse` reads each setting's value (None: as written)."""
 
 
 def check_max_debt(max_debt: object) -> int | None:
