@@ -6,6 +6,7 @@ change that adds a step to it shows here before it shows in benchmarks/client_cp
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit import Algorithm, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    Algorithm,
+    MemoryBackend,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 from tools import LocalRedis
 
 PACKAGE = str(Path(aiolimit.__file__).parent)
@@ -47,7 +55,9 @@ def counting_frames() -> Iterator[Counter[str]]:
 
 
 async def _frames_per_grant(limiter: RateLimiter) -> tuple[float, Counter[str]]:
-    await limiter.set_rate(RateType.OVERALL, 10**9, 1, algorithm=Algorithm.TOKEN_BUCKET)
+    await limiter.set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 10**9, 1, algorithm=Algorithm.TOKEN_BUCKET)
+    )
     for _ in range(GRANTS):  # warm: the rate type learnt, the keys and requests made
         assert await limiter.try_acquire()
     await asyncio.sleep(0)  # (the last round trip's task ends)
@@ -85,3 +95,19 @@ async def test_a_bad_argument_to_try_acquire_raises_where_it_is_awaited(
     with pytest.raises(aiolimit.InvalidArgumentError):
         await task
     assert await limiter.try_acquire()  # the rate given at construction, stored at first use
+
+
+def test_try_acquire_is_a_coroutine_function_on_every_limiter() -> None:
+    # RateLimiter.try_acquire returns the engine's coroutine (one coroutine fewer per call);
+    # to inspect it is what ShardedRateLimiter's async def is.
+    backend = MemoryBackend()
+    for limiter in (
+        RateLimiter("hot", backend),
+        aiolimit.ShardedRateLimiter("hot", backend, shards=2),
+    ):
+        assert inspect.iscoroutinefunction(limiter.try_acquire), limiter
+        assert inspect.iscoroutinefunction(type(limiter).try_acquire), limiter
+        assert asyncio.iscoroutinefunction(limiter.try_acquire), limiter
+    signature = inspect.signature(RateLimiter("hot", backend).try_acquire)
+    assert str(signature).startswith("(permits: 'int' = 1, *, timeout:"), signature
+    assert "Takes ``permits``" in (RateLimiter.try_acquire.__doc__ or "")
