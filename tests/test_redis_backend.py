@@ -16,7 +16,7 @@ from importlib import resources
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -847,4 +847,5 @@ async def test_requests_that_share_one_call_are_decided_as_the_memory_twin_decid
         clock = ManualClock()
         backend = RedisBackend(redis, prefix=f"{prefix}{next(_prefixes)}:", clock=clock)
         assert await run(backend, clock, together) == twin
-    assert any(isinstance(result, Grant) for result in twin) or blocked
+    # A case where every request is refused compared refusals only: not counted as one.
+    assume(any(isinstance(result, Grant) for result in twin) or blocked)
