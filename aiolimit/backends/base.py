@@ -82,8 +82,7 @@ Attempt = Grant | Refusal
 
 
 class Settlement(NamedTuple):
-    """What a settle did to a grant: :meth:`Acquired.settle <aiolimit.Acquired.settle>`'s
-    result, as :meth:`Backend.settle` returns it."""
+    """What a settle did to a grant (``Acquired.settle``'s result; ``Backend.settle``'s)."""
 
     handed_back: int
     """Permits given back (settled for fewer than reserved): only what still counted."""
