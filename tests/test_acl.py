@@ -297,7 +297,9 @@ async def rates_and_permits(
     """Sets rates, takes permits at once and after waits, hands them back."""
     config: dict[str, Any] = {"algorithm": algorithm, "keep_alive": 60}
     await limiter.set_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
-    assert await other.try_set_rate(rate_type, 1, INTERVAL, algorithm=algorithm)
+    assert await other.try_set_rate(
+        RateLimiterConfig.build(rate_type, 1, INTERVAL, algorithm=algorithm)
+    )
     assert await limiter.try_acquire()
     assert await limiter.wait_time() >= 0 and await limiter.available_permits() >= 0
     # Each sleeps out a reservation, then reads whether a block came meanwhile.

@@ -341,7 +341,7 @@ async def test_set_rate_with_keep_state_false_restarts_every_budget_full(store, 
     assert await b.available_permits() == 3
     await a.set_rate(RateLimiterConfig.build(OVERALL, 3, 10))
     assert await a.try_acquire(3)
-    await b.set_rate(OVERALL, 4, 10, keep_state=False)
+    await b.set_rate(RateLimiterConfig.build(OVERALL, 4, 10), keep_state=False)
     assert await a.available_permits() == 4
 
 
@@ -412,7 +412,7 @@ async def test_a_rate_type_change_by_one_client_is_seen_by_every_client(store, n
     assert await b.available_permits() == 2
     assert await b.try_acquire(2)
     assert await a.try_acquire(2)
-    assert await b.update_rate(OVERALL, 2, 10)
+    assert await b.update_rate(RateLimiterConfig.build(OVERALL, 2, 10))
     assert await a.available_permits() == 2
     assert await a.try_acquire(2)
     assert not await b.try_acquire()
@@ -692,6 +692,7 @@ def assert_invalid(caught: pytest.ExceptionInfo) -> None:
     assert type(caught.value).__module__.startswith("aiolimit")
 
 
+@pytest.mark.filterwarnings("ignore:.*rate_type, rate:DeprecationWarning")  # still checked
 async def test_invalid_rate_arguments_raise_value_errors_and_write_nothing(store, name):
     limiter = RateLimiter(name, store.backend())
     setters = (limiter.try_set_rate, limiter.set_rate, limiter.update_rate)

@@ -121,6 +121,7 @@ def test_the_bounds_are_what_lua_holds_exactly() -> None:
 @pytest.mark.parametrize(
     "rate", TOO_BIG_RATES, ids=["2**50+1", "2**53+1", "1e30", "2**63", "1e5000"]
 )
+@pytest.mark.filterwarnings("ignore:.*rate_type, rate:DeprecationWarning")  # still checked
 async def test_rates_above_max_rate_are_refused_naming_the_bound(rate: int) -> None:
     limiter = RateLimiter("big", _Untouchable())
     sharded = ShardedRateLimiter("big", _Untouchable(), shards=2)

@@ -49,5 +49,5 @@ async def test_ensure_rate_keeps_what_was_granted(store, name):
 @pytest.mark.parametrize("method", ["set_rate", "update_rate"])
 async def test_keep_state_false_restarts_every_budget_full(store, name, method):
     limiter = await _used(store, name)
-    await getattr(limiter, method)(OVERALL, 3, 100, keep_state=False)
+    await getattr(limiter, method)(RateLimiterConfig.build(OVERALL, 3, 100), keep_state=False)
     assert await limiter.available_permits() == 3

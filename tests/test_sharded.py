@@ -100,7 +100,7 @@ async def test_min_spacing_is_refused_at_every_set_rate_entry_and_nothing_is_wri
     ]
     for entry in entries:
         with pytest.raises(InvalidArgumentError, match=r"min_spacing.*ShardedRateLimiter"):
-            await entry(RateType.OVERALL, 30, 1, min_spacing=0.1)
+            await entry(RateLimiterConfig.build(RateType.OVERALL, 30, 1, min_spacing=0.1))
     assert await limiter.get_config() is None
     await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 30, 1))
     stored = await limiter.get_config()
