@@ -210,6 +210,7 @@ def test_no_page_shows_a_deprecated_call(page: Path) -> None:
         r"\blimiter\.release\(\d",  # a hand-back of anyone's newest grants
         r"aiolimit (block|unblock) ",  # a renamed command
         r"(set_rate|ensure_rate|update_rate)\(RateType\.",  # the loose arguments
+        r"\brate=[^,)]+,\s*(interval|rate_type|algorithm|min_spacing|keep_alive|margin|max_debt)=",
         r"\bSettled\(",
     ]
     shown = [m[0] for pattern in deprecated for m in re.finditer(pattern, text)]
