@@ -9,7 +9,7 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 from __future__ import annotations
 
 from collections.abc import Awaitable, Hashable, Iterable
-from typing import NoReturn, overload
+from typing import Any, NoReturn, overload
 
 from . import _observe
 from ._acquire import Acquired, acquire, give_back, try_one

@@ -511,7 +511,7 @@ def test_inspect_and_watch_show_a_learned_rate_against_its_ceiling(capsys, url, 
     async def learn(backend: RedisBackend) -> None:
         from aiolimit import Learner
 
-        limiter = RateLimiter(name, backend, rate=20, interval=1)
+        limiter = RateLimiter(name, backend, rate="20/second")
         assert await limiter.try_acquire()
         await Learner(limiter).refused()  # half the ceiling, cut by half again
 

@@ -97,17 +97,22 @@ async def test_a_bad_argument_to_try_acquire_raises_where_it_is_awaited(
     assert await limiter.try_acquire()  # the rate given at construction, stored at first use
 
 
-def test_try_acquire_is_a_coroutine_function_on_every_limiter() -> None:
-    # RateLimiter.try_acquire returns the engine's coroutine (one coroutine fewer per call);
-    # to inspect it is what ShardedRateLimiter's async def is.
+def test_every_permit_call_is_a_coroutine_function_on_every_limiter() -> None:
+    # RateLimiter.try_acquire returns the engine's coroutine itself, and the other permit calls
+    # an Awaiting of theirs (loud when not awaited): to inspect, each is an async def.
     backend = MemoryBackend()
-    for limiter in (
+    calls = ["try_acquire", "reserve", "acquire", "wait_time", "available_permits"]
+    limiters: list[Any] = [
         RateLimiter("hot", backend),
         aiolimit.ShardedRateLimiter("hot", backend, shards=2),
-    ):
-        assert inspect.iscoroutinefunction(limiter.try_acquire), limiter
-        assert inspect.iscoroutinefunction(type(limiter).try_acquire), limiter
-        assert asyncio.iscoroutinefunction(limiter.try_acquire), limiter
+    ]
+    for limiter in limiters:
+        for name in calls:
+            call = getattr(limiter, name)
+            assert inspect.iscoroutinefunction(call), (limiter, name)
+            assert inspect.iscoroutinefunction(getattr(type(limiter), name)), (limiter, name)
+            assert asyncio.iscoroutinefunction(call), (limiter, name)
+    assert inspect.iscoroutinefunction(aiolimit.ConcurrencyLimiter("hot", backend).try_lease)
     signature = inspect.signature(RateLimiter("hot", backend).try_acquire)
     assert str(signature).startswith("(permits: 'int' = 1, *, timeout:"), signature
     assert "Takes ``permits``" in (RateLimiter.try_acquire.__doc__ or "")

@@ -341,7 +341,9 @@ async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
 
 @looptime
 async def test_otel_reports_a_learned_rate_and_its_ceiling(otel):
-    limiter = RateLimiter("learned-api", MemoryBackend(), rate=20, interval=2)
+    limiter = RateLimiter(
+        "learned-api", MemoryBackend(), rate=RateLimiterConfig.build(RateType.OVERALL, 20, 2)
+    )
     assert await limiter.try_acquire()
     await aiolimit.Learner(limiter).refused()  # 10 (half the ceiling), cut to 5
     points = otel.points()

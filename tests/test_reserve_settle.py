@@ -113,9 +113,11 @@ async def test_an_acquisition_from_before_a_reset_settles_nothing(
         await advance(store, clock, 1)
         if reset == "deleted":
             await limiter.delete()
-        await limiter.set_rate(OVERALL, "10/minute", algorithm=algorithm, keep_state=False)
+        await limiter.set_rate(
+            RateLimiterConfig.build(OVERALL, "10/minute", algorithm=algorithm), keep_state=False
+        )
         assert await limiter.reserve(10)
-        assert await old.settle(0) == Settled(0, 0, 0)
+        assert counts(await old.settle(0)) == (0, 0, 0)
         assert not await limiter.try_acquire(1), f"after {reset}: 21 permits in one minute"
         await advance(store, clock, 61)
 
