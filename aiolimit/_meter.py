@@ -14,9 +14,9 @@ settled calls no longer need (a reservation is placed on what the store knew whe
 made, and is not moved earlier by later refunds). After the response is read,
 ``usage(response)`` (an int, None, or an awaitable of either) settles the tokens' grant;
 None leaves the estimate standing.
-A provider's rate-limit headers (``_quota_headers``) are taken as floors for both limiters
-(:meth:`RateLimiter.sync`). Nothing here raises once the call is made: a failure to settle or
-sync is logged (logger ``aiolimit``), and the response is the caller's.
+A provider's rate-limit headers (``_quota_headers``) cap what both limiters have left
+(:meth:`RateLimiter.cap_remaining`). Nothing here raises once the call is made: a failure to
+settle or cap is logged (logger ``aiolimit``), and the response is the caller's.
 """
 
 from __future__ import annotations
@@ -389,6 +389,6 @@ async def sync_from(
     if left is None:
         return
     try:
-        await limiter.sync(remaining=left.remaining, reset=left.reset)
+        await limiter.cap_remaining(left.remaining, reset=left.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)

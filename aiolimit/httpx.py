@@ -2,7 +2,7 @@
 
 >>> from aiolimit.httpx import RateLimitedTransport
 >>> limiter = RateLimiter("partner-api", RedisBackend(redis))
->>> await limiter.try_set_rate(RateType.OVERALL, 100, 60)
+>>> await limiter.try_set_rate("100/minute")
 >>> async with httpx.AsyncClient(transport=RateLimitedTransport(limiter)) as client:
 ...     await client.get("https://partner.example/orders")
 
@@ -68,7 +68,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
     one closed), ``usage(response)`` (default: ``usage.total_tokens`` of a JSON body, or of
     an event stream's last usage) settles them; None leaves the estimate standing. A
     provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers are taken as floors
-    for both limiters (``sync``). A process's metered requests ask one at a time, in order,
+    for both limiters (``cap_remaining``). A process's metered requests ask one at a time, in order,
     and reserve at most 10 ms ahead, asking again meanwhile (docs: Token budgets, why).
 
     ``concurrency``: a slot of it is held from before the permit until the response's body
