@@ -149,6 +149,7 @@ class Counters(Group):
         until = state.last + config.min_spacing_us if state.last is not None else 0
         for i, rate in enumerate(config.rates):
             until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
+        until = max(until, self.tail_until())
         if state.handbacks:
             # (a grant at this very time, or at a handed-back grant's start, must see the count)
             until = max(until, now + 1)
@@ -171,6 +172,10 @@ class Counters(Group):
             state.expires_at, state.epoch = now + ttl, stored.epoch
             limiter.store(self.key, state)
         return ttl
+
+    def tail_until(self) -> int:
+        """Until when what the algorithm keeps besides its numbers counts (0: nothing)."""
+        return 0
 
     def rate_ahead(self, rate: Rate, a: int, b: int, now: int) -> tuple[int, int]:
         """``(permits, start)``: at least the permits reserved to start after ``now``, and the
@@ -237,11 +242,12 @@ class Counters(Group):
     def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
         """The numbers once ``extra`` permits are taken at ``now``, whatever is free."""
 
-    @abc.abstractmethod
     def rate_sync(
         self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
     ) -> tuple[int, int]:
-        """The numbers once the rate allows at most ``remaining`` more until the reset."""
+        """The numbers once the rate allows at most ``remaining`` more until the reset (for
+        ``sync``; fixed windows keep a floor beside their numbers: _carries.py)."""
+        raise NotImplementedError(f"{type(self).__name__} syncs otherwise")
 
     def was_handed(self, start: int) -> None:
         self.handed = start if self.handed is None else max(self.handed, start)

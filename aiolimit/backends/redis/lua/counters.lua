@@ -140,7 +140,7 @@ local function save_counters(group, rule, now)
   end
   local config, n = group.config, group.n
   -- The state matters until every rate allows its full count again, and the spacing has passed.
-  local until_ = group.last and (group.last + config.spacing) or 0
+  local until_ = max(group.last and (group.last + config.spacing) or 0, group.tail_until or 0)
   local rates = config.rates
   for i = 1, #rates do
     until_ = max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
