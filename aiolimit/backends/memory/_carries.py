@@ -13,6 +13,8 @@ rate, until, since and count:
 * a grant (or a charge) in a window before the carry's window, before ``until``, adds its
   permits to ``count``; a grant that started after ``since`` takes them back from it when it
   is handed back (release, settle), so a hand-back frees in both windows what it took there.
+  A grant from before the sync in a window that ends before ``until`` frees nothing then (the
+  window counts at least ``count``), as a sliding window keeps such grants until the reset.
 
 A reset within the current window is carried into it: what its own count lacks of ``rate -
 remaining``, until the reset."""
@@ -20,12 +22,9 @@ remaining``, until the reset."""
 from __future__ import annotations
 
 from ..._types import MAX_RATES, Rate
-from .._protocol import parse_grant
+from .._protocol import CARRIES, parse_grant
 from ._counters import Counters
 from ._state import Limiter
-
-CARRIES = 2
-"""The carries one rate keeps at most: into the current window, and into the next."""
 
 Carry = list[int]
 """``[rate (from 1), count, until, since]``."""
@@ -121,7 +120,7 @@ def carry_back(
     rate: Rate, i: int, carries: list[Carry], permits: int, start: int, now: int
 ) -> int:
     """``permits`` of the grant that started at ``start`` handed back at ``now``: what it took
-    from a carry after its sync goes back to it. The most any carry got back."""
+    from a carry after its sync goes back to it. The most any carry gave back."""
     window, back = start // rate.interval_us, 0
     for carry in carries:
         if (
@@ -283,10 +282,8 @@ class Carried(Counters):
     def save(self, limiter: Limiter, now: int) -> int:
         if self.dirty and self.state.carried:
             self.state.carried = [carry for carry in self.state.carried if carry[2] > now]
+            self.tail_until = max((carry[2] for carry in self.state.carried), default=0)
         return super().save(limiter, now)
-
-    def tail_until(self) -> int:
-        return max((carry[2] for carry in self.state.carried), default=0)
 
     def carrying(self, now: int) -> bool:
         """A carry still counts at ``now``."""
