@@ -1,23 +1,24 @@
-"""A provider's floor across a fixed window's end (carries.lua, step for step).
+"""A provider's floor on fixed windows (carries.lua, step for step).
 
-``sync(remaining, reset)`` at ``since`` whose reset (at most one interval on) ends at
-``until``, past the current window's end: the current window keeps counting its own grants
-and allows no more than ``remaining`` of them; the next window starts charged with ``rate -
-remaining`` and with every permit the current one grants after the sync, until ``until``
-(from then on its own count alone applies). Each such floor is a carry, per rate at most
-``CARRIES``, kept in ``Budget.carried`` as ``[rate (from 1), count, until, since]``, ordered by
-rate, until, since and count:
+``sync(remaining, reset)`` at ``since``, whose reset (at most one interval on) ends at
+``until``, is carried into the window ``until`` falls in (the carry's window): that window
+counts ``count`` more until ``until``, and a window before it at least ``count``. A reset
+past the current window's end is carried into the next window as ``rate - remaining``: the
+current window keeps counting its own grants and allows no more than ``remaining`` of them,
+and every permit it grants from the sync on (a grant, or a charge) is added to ``count``, so
+that the next window starts from what the provider has counted. A reset within the current
+window is carried into it: what its own count lacks of ``rate - remaining``. From ``until``
+on, a window's own count alone applies.
 
-* the window ``until`` falls in (the carry's window) counts ``count`` more until ``until``;
-* a window before it counts at least ``count`` until then;
-* a grant (or a charge) in a window before the carry's window, before ``until``, adds its
-  permits to ``count``; a grant that started after ``since`` takes them back from it when it
-  is handed back (release, settle), so a hand-back frees in both windows what it took there.
-  A grant from before the sync in a window that ends before ``until`` frees nothing then (the
-  window counts at least ``count``), as a sliding window keeps such grants until the reset.
+A grant that started after ``since`` in a window before the carry's window takes its permits
+back from ``count`` when it is handed back (release, settle): a hand-back frees in both
+windows what it took there, never more. One from before the sync, in a window that ends
+before ``until``, frees nothing until then (its window counts at least ``count``), as a
+sliding window keeps such grants until the reset.
 
-A reset within the current window is carried into it: what its own count lacks of ``rate -
-remaining``, until the reset."""
+Per rate at most ``CARRIES`` carries (into the current window, and into the next), kept in
+``Budget.carried`` as ``[rate (from 1), count, until, since]``, ordered by rate, until, since
+and count. A budget without one takes the counters' own ways (``Counters``)."""
 
 from __future__ import annotations
 
@@ -116,9 +117,7 @@ def carry_grant(rate: Rate, i: int, carries: list[Carry], permits: int, start: i
             carry[1] += permits
 
 
-def carry_back(
-    rate: Rate, i: int, carries: list[Carry], permits: int, start: int, now: int
-) -> int:
+def carry_back(rate: Rate, i: int, carries: list[Carry], permits: int, start: int, now: int) -> int:
     """``permits`` of the grant that started at ``start`` handed back at ``now``: what it took
     from a carry after its sync goes back to it. The most any carry gave back."""
     window, back = start // rate.interval_us, 0
