@@ -1,20 +1,24 @@
 -- A provider's floor on fixed windows (sync.lua; the Python twin is
 -- backends/memory/_carries.py). sync(remaining, reset) at `since`, whose reset (at most one
 -- interval on) ends at `until`, is carried into the window `until` falls in (the carry's
--- window): that window counts `count` more until then, and a window before it at least `count`.
--- A reset past the current window's end is carried into the next window as rate - remaining:
--- the current window keeps counting its own grants and allows no more than `remaining` of them,
--- and every permit it grants from the sync on (a grant, or a charge) is added to `count`, so
--- that the next window starts from what the provider has counted. A reset within the current
--- window is carried into it: what its own count lacks of rate - remaining. From `until` on, a
--- window's own count alone applies. A grant that started after `since` in a window before the
--- carry's window takes its permits back from `count` when it is handed back (release,
--- settle): a hand-back frees in both windows what it took there, never more.
+-- window): that window counts `count` more until then, and a window before it at least
+-- `count`. A reset past the current window's end is carried into the next window as rate -
+-- remaining: the current window keeps counting its own grants and allows no more than
+-- `remaining` of them, and every permit it grants from the sync on (a grant, or a charge) is
+-- added to `count`, so that the next window starts from what the provider has counted. A
+-- reset within the current window is carried into it: what its own count lacks of rate -
+-- remaining. From `until` on, a window's own count alone applies.
+--
+-- A grant that started after `since` in a window before the carry's window takes its permits
+-- back from `count` when it is handed back (release, settle): a hand-back frees in both
+-- windows what it took there, never more. One from before the sync, in a window that ends
+-- before `until`, frees nothing until then (its window counts at least `count`), as a sliding
+-- window keeps such grants until the reset.
 --
 -- Per rate at most CARRIES carries (into the current window, and into the next), group.carries
 -- {rate, count, until, since} ordered by rate, until, since and count, kept as the state's
 -- last entries " ~c<rate>:<count>:<until>:<since>" (fixed_window.lua). A budget without one
--- takes the counters' own ways (counters.lua).
+-- takes the counters' own ways (counters.lua). Every loop runs over the rates or the carries.
 
 local CARRIES = 2
 
@@ -191,7 +195,8 @@ local function take_carries(group)
     return
   end
   local rates, carries, read = group.config.rates, {}, 0
-  for i, count, until_, since in string.gmatch(string.sub(tail, at), ' ~c(%d+):(%d+):(%d+):(%d+)') do
+  local entries = string.gmatch(string.sub(tail, at), ' ~c(%d+):(%d+):(%d+):(%d+)')
+  for i, count, until_, since in entries do
     read = read + 1
     if read > CARRIES * MAX_RATES then
       break
@@ -199,7 +204,8 @@ local function take_carries(group)
     local r = rates[tonumber(i)]
     if r then
       since = tonumber(since)
-      carries[#carries + 1] = { tonumber(i), tonumber(count), min(tonumber(until_), since + r.interval), since }
+      until_ = min(tonumber(until_), since + r.interval)
+      carries[#carries + 1] = { tonumber(i), tonumber(count), until_, since }
     end
   end
   group.tail = at > 1 and string.sub(tail, 1, at - 1) or nil
@@ -218,7 +224,8 @@ local function carries_text(group, now)
     local carry = carries[j]
     if carry[3] > now then
       kept[#kept + 1] = carry
-      parts[#parts + 1] = ' ~c' .. fmt(carry[1]) .. ':' .. fmt(carry[2]) .. ':' .. fmt(carry[3]) .. ':' .. fmt(carry[4])
+      parts[#parts + 1] = ' ~c' .. fmt(carry[1]) .. ':' .. fmt(carry[2]) .. ':' .. fmt(carry[3])
+        .. ':' .. fmt(carry[4])
       until_ = max(until_, carry[3])
     end
   end
@@ -272,8 +279,9 @@ end
 -- one, what left, start and room say, and what a grant, charge or hand-back does, besides
 -- the counters' own; and sync. grant_now leaves a group with carries to the whole way.
 local function carry_floors(algorithm)
-  local left, start, room, commit, charge = algorithm.left, algorithm.start, algorithm.room, algorithm.commit, algorithm.charge
-  local release, shrink, grant_now = algorithm.release, algorithm.shrink, algorithm.grant_now
+  local left, start, room = algorithm.left, algorithm.start, algorithm.room
+  local grant_now, commit, charge = algorithm.grant_now, algorithm.commit, algorithm.charge
+  local release, shrink = algorithm.release, algorithm.shrink
   function algorithm.left(group, now)
     local carries, rates, n = group.carries, group.config.rates, group.n
     if not carries then
@@ -357,7 +365,8 @@ local function carry_floors(algorithm)
       local r = rates[i]
       local least, until_ = r.rate - remaining, now + min(reset_us, r.interval)
       if reset_us > 0 and least > 0 then
-        local carries = carry_sync(r, i, group.carries or {}, n[2 * i - 1], n[2 * i], least, until_, now)
+        local carries = group.carries or {}
+        carries = carry_sync(r, i, carries, n[2 * i - 1], n[2 * i], least, until_, now)
         if carries then
           group.carries, group.dirty, group.fresh = carries, true, false
         end

@@ -260,11 +260,12 @@ function fixed.save(group, now)
     end
     group.tail = #parts > 0 and table.concat(parts) or nil
   end
-  local tail, carried = group.tail, nil
-  carried, group.tail_until = carries_text(group, now)
+  local tail = group.tail
+  local carried, until_ = carries_text(group, now) -- (written after the earlier windows)
   if carried ~= '' then
     group.tail = (tail or '') .. carried
   end
+  group.tail_until = until_
   local ttl = save(group, now)
   group.tail = tail
   return ttl
@@ -284,7 +285,9 @@ local function windows_outlived(group, olds, now)
 end
 
 function fixed.rates_changed(group, olds, old_epochs, now)
-  if group.config.in_hash and not group.fresh and windows_outlived(group, olds, now) and not carrying(group, now) then
+  local config = group.config
+  if config.in_hash and not group.fresh and windows_outlived(group, olds, now)
+    and not carrying(group, now) then
     group.fresh = true -- (the new config has no state field: nothing to remove)
   end
   return false
