@@ -96,6 +96,31 @@ async def test_a_reset_past_the_next_window_counts_for_one_interval(
     assert await granted(backend) == 8
 
 
+@RATE_TYPES
+async def test_a_reset_within_the_window_holds_until_the_reset_not_the_windows_end(
+    store: Any, rate_type: RateType
+) -> None:
+    clock, backend, _ = await synced(store, rate_type, reset=0.25)  # 4 left until 0.75
+    times = Times(store, clock)
+    assert await times.granted(backend, 0.5, 0.749_999) == 4
+    await times.to(0.75)  # the window's own count again: 3 + 4 of 10
+    assert await backend.available_permits(NAME) == 3
+    assert await granted(backend) == 3
+
+
+@pytest.mark.parametrize(("reset", "waits"), [(0.25, 0.25), (1.0, 1.0)], ids=["within", "past"])
+async def test_a_request_the_floor_alone_holds_back_waits_until_the_reset(
+    store: Any, reset: float, waits: float
+) -> None:
+    # 4 left until 0.5 + reset, all taken at 0.5: the window's own budget (3 + 4 of 10) would
+    # allow more now, and the next window's too, but not before the provider's reset.
+    clock, backend, _ = await synced(store, reset=reset)
+    assert await granted(backend) == 4
+    assert await backend.wait_time(NAME, 1) == round(waits * 1e6)
+    reserved = await take(backend, 2, wait=True)
+    assert reserved.starts_in == round(waits * 1e6)
+
+
 @EDGE_SIDES
 @pytest.mark.parametrize("how", ["release", "settle"])
 async def test_a_grant_after_the_sync_hands_back_exactly_what_it_took(
