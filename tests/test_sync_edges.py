@@ -114,7 +114,7 @@ async def test_a_request_the_floor_alone_holds_back_waits_until_the_reset(
 ) -> None:
     # 4 left until 0.5 + reset, all taken at 0.5: the window's own budget (3 + 4 of 10) would
     # allow more now, and the next window's too, but not before the provider's reset.
-    clock, backend, _ = await synced(store, reset=reset)
+    _, backend, _ = await synced(store, reset=reset)
     assert await granted(backend) == 4
     assert await backend.wait_time(NAME, 1) == round(waits * 1e6)
     reserved = await take(backend, 2, wait=True)
