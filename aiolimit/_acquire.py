@@ -176,6 +176,11 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
     return acquired.granted
 
 
+# Its coroutine is what RateLimiter.try_acquire returns: a caller that forgets to await it
+# is warned of the method it called (set once here, not on each call: the hot path).
+try_one.__qualname__ = "RateLimiter.try_acquire"
+
+
 def acquire(
     limiters: Sequence[Limited],
     permits: Sequence[int],

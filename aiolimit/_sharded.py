@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from . import _observe
 from ._acquire import Acquired, acquire, acquire_unreported, give_back, observed
+from ._awaiting import awaited
 from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter
@@ -192,6 +193,7 @@ class ShardedRateLimiter(_Limiter):
             configs.append(replace(config, rates=rates, max_debt=debt))
         return configs
 
+    @awaited
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` from one shard if some shard can give them within ``timeout``.
 

@@ -38,6 +38,7 @@ from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
+from ._learn import Learner
 from ._limiter import RateLimiter
 from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
@@ -92,6 +93,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         estimate: Callable[[httpx.Request], int] | None = None,
         usage: Callable[[httpx.Response], int | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._guard = CallGuard(
@@ -102,6 +104,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
             max_pause=max_pause,
             concurrency=concurrency,
             meter=meter,
+            learn=learn,
         )
         self._transport = transport or httpx.AsyncHTTPTransport()
 
@@ -144,7 +147,9 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
                 stream=_HeldStream(response.stream, acquired),
                 extensions=response.extensions,
             )
-        await _or_closed(response, self._guard.after_headers(response.headers))
+        await _or_closed(
+            response, self._guard.after_headers(response.headers, response.status_code, acquired)
+        )
         return response
 
     def _pause_for(self, response: httpx.Response) -> Awaitable[bool]:

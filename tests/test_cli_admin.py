@@ -494,3 +494,22 @@ def test_a_cluster_node_without_cluster_says_to_pass_it(capsys, redis_cluster: C
     assert code == 2
     assert err.strip().endswith("is a node of a Redis Cluster: pass --cluster"), err
     assert "Traceback" not in err
+
+
+def test_inspect_and_watch_show_a_learned_rate_against_its_ceiling(capsys, url, name):
+    async def learn(backend: RedisBackend) -> None:
+        from aiolimit import Learner
+
+        limiter = RateLimiter(name, backend, rate=20, interval=1)
+        assert await limiter.try_acquire()
+        await Learner(limiter).refused()  # half the ceiling, cut by half again
+
+    on_server(url, learn)
+    code, out, err = aiolimit(capsys, url, "inspect", name)
+    assert (code, err) == (0, "")
+    assert field(out, "rates") == "5/second (SLIDING_WINDOW, OVERALL)"
+    assert field(out, "learned") == "5/second in force, 25% of the ceiling 20/second"
+    code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
+    assert json.loads(out)["learned"] == {"ceiling": ["20/second"]}
+    code, out, _ = aiolimit(capsys, url, "watch", name, "--count", "1")
+    assert out.rstrip().endswith("learned 5/second in force, 25% of the ceiling 20/second")

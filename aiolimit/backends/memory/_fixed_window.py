@@ -112,7 +112,7 @@ class FixedWindow(Carried):
         )
 
     def rate_release(
-        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int, held: int
     ) -> tuple[int, int, int]:
         # Only the latest window's count is kept: a grant there (or, without a member, in the
         # current window when nothing is reserved ahead) can go back.

@@ -10,8 +10,8 @@
 -- ARGV[3] rate, ARGV[4] interval (us), ARGV[5] keep_alive (us, '0' for none)
 -- ARGV[6] keep_state: '1' keeps grants inside the new window, '0' clears every budget
 -- ARGV[7] now in microseconds, or '' to read the server's TIME
--- ARGV[8] a fresh generation, unique to this call (used when the state is cleared; not
---         written where the budget's state is in the hash: `in_hash` in lib.lua)
+-- ARGV[8] a fresh generation, unique to this call (used when the state is cleared): the
+--         life of the new state, which every grant's member names (lib.lua)
 -- ARGV[9] algorithm: a name in ALGORITHMS (lib.lua)
 -- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
 -- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
@@ -84,10 +84,8 @@ local gen = keep and old[2] or ARGV[8]
 local promised = not keep and old_type == 'OVERALL' and rate_type == 'OVERALL'
   and reservations_of(KEYS[1], KEYS[2], KEYS[3], ARGV[7])
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
-if not state_in_hash(rate_type, algorithm) then
-  redis.call('HSET', KEYS[1], 'gen', gen) -- the state in value keys belongs to it
-end
+-- (the state in value keys belongs to the generation; every grant's member names it: lib.lua)
+redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type, 'gen', gen)
 if algorithm ~= DEFAULT_ALGORITHM then
   redis.call('HSET', KEYS[1], 'algorithm', algorithm)
 end
