@@ -22,6 +22,7 @@ from aiolimit import (
 )
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
+    CARRIES,
     GRANTED_FORMAT,
     HELD_BUCKETS,
     MAX_BATCH,
@@ -35,10 +36,12 @@ from aiolimit.backends._protocol import (
     format_grant,
     format_member,
     new_life,
+    parse_carries,
     parse_counters,
     parse_grant,
     parse_member,
     parse_value,
+    parse_windows,
     split_life,
     with_life,
 )
@@ -240,6 +243,17 @@ def test_held_lua_keeps_as_many_spans_as_the_protocol_says() -> None:
     found = re.search(r"^local HELD_BUCKETS = (\d+)", lua("held"), re.MULTILINE)
     assert found, "held.lua no longer states how many spans it keeps"
     assert int(found[1]) == HELD_BUCKETS
+
+
+def test_carries_lua_keeps_as_many_floors_per_rate_as_the_protocol_says() -> None:
+    found = re.search(r"^local CARRIES = (\d+)", lua("carries"), re.MULTILINE)
+    assert found, "carries.lua no longer states how many floors a rate keeps"
+    assert int(found[1]) == CARRIES
+    # Its entries follow the earlier windows, and each reader finds its own.
+    state = "- 120 4 ~h2 ~1:3:60 ~c1:6:150:45 ~c1:2:90:30"
+    assert parse_counters(state) == (None, [120, 4])
+    assert parse_windows(state) == [[1, 3, 60]]
+    assert parse_carries(state) == [[1, 6, 150, 45], [1, 2, 90, 30]]
 
 
 def test_lib_lua_says_the_time_refusal_the_client_recognises() -> None:
