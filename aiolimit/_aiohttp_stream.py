@@ -42,7 +42,7 @@ def in_background(work: Awaitable[Any], what: str) -> None:
 def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired) -> None:
     """Settles ``acquired``'s tokens by the usage the caller reads in ``response``'s body,
     once it has read it to the end or lets the response go; nothing else changes for it."""
-    tail = UsageTail()
+    tail = meter.tail()
     ended = False
 
     def end() -> None:

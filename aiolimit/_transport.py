@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
@@ -25,7 +25,15 @@ from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
 from ._learn import Learner
 from ._limiter import RateLimiter
-from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
+from ._meter import (
+    MAX_BODY,
+    Used,
+    estimate_by_kind,
+    estimate_tokens,
+    meter_of,
+    usage_by_kind,
+    usage_tokens,
+)
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
@@ -123,13 +131,14 @@ class LimitedTransport:
         timeout: Duration | None = None,
         retry: bool = True,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
-        tokens: RateLimiter | None = None,
-        estimate: Callable[[Any], int] | None = None,
-        usage: Callable[[Any], int | None] | None = None,
+        tokens: RateLimiter | Mapping[str, RateLimiter] | None = None,
+        estimate: Callable[[Any], int | Mapping[str, int]] | None = None,
+        usage: Callable[[Any], Used] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
         learn: bool | Learner = False,
     ) -> None:
-        meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
+        defaults = (_estimate, _usage), (_estimate_by_kind, _usage_by_kind)
+        meter = meter_of(tokens, limiter, estimate, usage, *defaults)
         self._guard = CallGuard(
             limiter,
             permits=permits,
@@ -228,16 +237,28 @@ async def _or_closed(response: Any, step: Awaitable[T]) -> T:
         raise
 
 
-def _estimate(request: Any) -> int:
+def _body(request: Any) -> bytes:
     try:
-        body = request.content
+        body: bytes = request.content
     except flavour_of(request).RequestNotRead:  # a streamed body: its max_tokens unread
-        body = b""
-    return estimate_tokens(body)
+        return b""
+    return body
+
+
+def _estimate(request: Any) -> int:
+    return estimate_tokens(_body(request))
 
 
 def _usage(response: Any) -> int | None:
     return usage_tokens(response.content)
+
+
+def _estimate_by_kind(request: Any) -> dict[str, int]:
+    return estimate_by_kind(_body(request))
+
+
+def _usage_by_kind(response: Any) -> dict[str, int | None] | None:
+    return usage_by_kind(response.content)
 
 
 class _Metered:
