@@ -47,6 +47,7 @@ __all__ = [
     "KindsMeter",
     "TokenMeter",
     "UsageTail",
+    "Used",
     "estimate_by_kind",
     "estimate_tokens",
     "meter_of",

@@ -37,8 +37,8 @@ __all__ = ["RateLimitedTransport"]
 
 
 class RateLimitedTransport(LimitedTransport, httpx.AsyncBaseTransport):
-    """Wraps ``transport`` (default: ``httpx.AsyncHTTPTransport()``, made at the first
-    request, of its flavour); see the module.
+    """Wraps ``transport`` (default: the ``AsyncHTTPTransport()`` of the first request's
+    module, ``httpx`` or ``httpx2``, made then); see the module.
 
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with
@@ -54,6 +54,11 @@ class RateLimitedTransport(LimitedTransport, httpx.AsyncBaseTransport):
     provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers are taken as floors
     for both limiters (``sync``). A process's metered requests ask one at a time, in order,
     and reserve at most 10 ms ahead, asking again meanwhile (docs: Token budgets, why).
+    ``tokens={"input": itpm, "output": otpm}`` (Anthropic's separate limits; either alone
+    too): the body's tokens and its ``max_tokens`` reserved each on its limiter, settled by
+    ``usage.input_tokens`` (with ``cache_creation_input_tokens``) and ``output_tokens``,
+    synced by ``anthropic-ratelimit-input-tokens-*`` and ``-output-tokens-*``; ``estimate``
+    and ``usage`` of your own then give a mapping of those kinds to counts.
 
     ``concurrency``: a slot of it is held from before the permit until the response's body
     is closed (read to the end by ``client.get``; the ``async with client.stream(...)``
