@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
+from collections.abc import Awaitable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -15,7 +17,7 @@ from ._awaiting import awaited
 from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
 from ._values import Duration, check_name, to_micros
-from .backends import Backend
+from .backends import LeaseStore
 from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
 from .errors import InvalidArgumentError, NotConfiguredError, RateLimited
 
@@ -23,7 +25,7 @@ __all__ = ["ConcurrencyLimiter"]
 
 MAX_IN_FLIGHT = 2**31
 DEFAULT_LEASE = timedelta(seconds=30)
-_background: set[asyncio.Future[Any]] = set()  # hand-backs of cancelled waiters, referenced
+log = logging.getLogger("aiolimit")
 
 
 class ConcurrencyLimiter:
@@ -52,14 +54,18 @@ class ConcurrencyLimiter:
     def __init__(
         self,
         name: str,
-        backend: Backend,
+        backend: LeaseStore,
         *,
         limit: int | None = None,
         lease: Duration | None = None,
     ) -> None:
         self._name = check_name(name)
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
+        if not isinstance(backend, LeaseStore):
+            raise InvalidArgumentError(
+                f"a ConcurrencyLimiter needs a store that keeps leases: {type(backend).__name__}"
+                " keeps no leases (it is no aiolimit.backends.LeaseStore; MemoryBackend and "
+                "RedisBackend are)"
+            )
         self._backend = backend
         given = _limit_given(limit, lease)
         self._limit_in_code: CodeConfig[ConcurrencyConfig] = CodeConfig(given, self._write_limit)
@@ -69,7 +75,7 @@ class ConcurrencyLimiter:
         return self._name
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> LeaseStore:
         return self._backend
 
     # -- the limit --------------------------------------------------------------------------
@@ -179,7 +185,9 @@ class ConcurrencyLimiter:
                 await waiter.wait(_next_look(answer, remaining))
         except BaseException:
             if queued:  # (a failed or cancelled waiter leaves no ticket)
-                self._background(self._backend.cancel_ticket(self._name, ticket))
+                self._background(
+                    self._backend.cancel_ticket(self._name, ticket), "a cancelled waiter's ticket"
+                )
             raise
         finally:
             if queued:
@@ -189,7 +197,8 @@ class ConcurrencyLimiter:
                     await waiter.aclose()
                 except BaseException:  # cancelled after the grant: it goes back
                     if granted is not None:
-                        self._background(self._backend.release_lease(self._name, granted.lease_id))
+                        released = self._backend.release_lease(self._name, granted.lease_id)
+                        self._background(released, "a cancelled caller's lease")
                     raise
 
     async def _attempt(
@@ -202,24 +211,28 @@ class ConcurrencyLimiter:
         try:
             return await asyncio.shield(attempt)
         except asyncio.CancelledError:
-            attempt.add_done_callback(lambda done: self._orphaned(done, ticket))
+            self._background(
+                self._orphaned(attempt, ticket), "a cancelled caller's lease or ticket"
+            )
             raise
 
-    def _orphaned(self, attempt: asyncio.Future[LeaseGrant | LeaseRefusal], ticket: str) -> None:
-        if attempt.cancelled() or attempt.exception() is not None:
-            return
-        answer = attempt.result()
+    async def _orphaned(
+        self, attempt: asyncio.Future[LeaseGrant | LeaseRefusal], ticket: str
+    ) -> None:
+        """What the attempt of a caller that has gone got goes back: its lease, or its ticket."""
+        answer = await attempt
         if isinstance(answer, LeaseGrant):
-            self._background(self._backend.release_lease(self._name, answer.lease_id))
+            await self._backend.release_lease(self._name, answer.lease_id)
         else:
-            self._background(self._backend.cancel_ticket(self._name, ticket))
+            await self._backend.cancel_ticket(self._name, ticket)
 
-    @staticmethod
-    def _background(call: Any) -> None:
-        task = asyncio.ensure_future(call)
-        _background.add(task)
-        task.add_done_callback(_background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    def _background(self, work: Awaitable[object], what: str) -> None:
+        """``work`` in the store's background (its ``aclose()`` waits for it)."""
+
+        def failed(error: BaseException) -> None:  # (a lease ends by itself in time)
+            log.debug("limiter %r: %s not handed back: %s", self._name, what, error)
+
+        self._backend.context.tasks.spawn(work, what, failed)
 
 
 class _Leasing:

@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from ._acquire import Acquired
-from ._aiohttp_stream import in_background, meter_stream
+from ._aiohttp_stream import meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
@@ -53,6 +53,7 @@ from ._meter import (
 )
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
+from .backends import LeaseStore
 
 __all__ = ["RateLimitedClientMiddleware"]
 
@@ -170,13 +171,15 @@ async def _send(
     except _UNSENT:
         await guard.unsent(acquired)
         raise
-    if not isinstance(acquired, InFlight):
+    concurrency = guard.concurrency
+    if not isinstance(acquired, InFlight) or concurrency is None:
         return response
     connection = response.connection
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)
     else:
-        connection.add_callback(lambda: _release_slot(acquired))
+        store = concurrency.backend
+        connection.add_callback(lambda: _release_slot(store, acquired))
     return response
 
 
@@ -191,9 +194,11 @@ async def _or_closed(response: ClientResponse, step: Awaitable[T]) -> T:
         raise
 
 
-def _release_slot(acquired: InFlight) -> None:
-    """Releases a response's slot when aiohttp releases its connection (a callback)."""
-    in_background(acquired.__aexit__(None, None, None), "a response's concurrency slot")
+def _release_slot(store: LeaseStore, acquired: InFlight) -> None:
+    """Releases a response's slot when aiohttp releases its connection (a callback), in
+    the lease store's background (its ``aclose()`` waits for it)."""
+    exited = acquired.__aexit__(None, None, None)
+    store.context.tasks.spawn(exited, "a response's concurrency slot")
 
 
 def _readable(response: ClientResponse) -> bool:

@@ -227,7 +227,7 @@ def test_a_backend_keeps_no_breaker_of_an_idle_name() -> None:
     for i in range(10_000):
         RateLimiter(f"passing-{i}", backend)
     gc.collect()
-    remembered = backend._breakers._named
+    remembered = backend.context.breakers._named
     assert len(remembered) <= 3, len(remembered)
     assert RateLimiter("kept", backend).breaker is kept.breaker
 
@@ -248,11 +248,11 @@ async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_ke
 
     for name in ("old-1", "old-2"):
         await fail(name)
-    await asyncio.sleep(backend.breaker.max_backoff + 1)  # long past their back-off
+    await asyncio.sleep(backend.breaker_policy.max_backoff + 1)  # long past their back-off
     for name in ("new-1", "new-2"):
         await fail(name)
     gc.collect()
-    kept = backend._breakers._named
+    kept = backend.context.breakers._named
     assert sorted(kept) == ["new-1", "new-2"]  # the old ones' next call probes anyway
     assert not aiolimit.breaker_of(backend, "old-1").is_open
     assert aiolimit.breaker_of(backend, "new-1").is_open
@@ -264,7 +264,7 @@ async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_ke
 @looptime
 async def test_a_backends_breaker_option_sets_the_back_offs_of_its_limiters_and_views() -> None:
     backend = Flaky(breaker=BreakerPolicy(first_backoff=2, max_backoff=3))
-    assert backend.breaker == BreakerPolicy(2, 3)
+    assert backend.breaker_policy == BreakerPolicy(2, 3)
     limiter = RateLimiter("slow-to-retry", backend)
     view = limiter.for_client("client-1")
     await limiter.set_rate(OVERALL, 1000, 1)
@@ -300,7 +300,7 @@ async def test_a_redis_backends_breaker_option_of_zero_lets_every_call_meet_the_
             with pytest.raises(BackendError, match="unreachable"):  # never at once
                 await caller.try_acquire()
         assert not is_open(limiter)
-        assert backend.with_client("client-2").breaker == BreakerPolicy(0, 10)
+        assert backend.with_client("client-2").breaker_policy == BreakerPolicy(0, 10)
     finally:
         await redis.aclose()
 
