@@ -563,7 +563,14 @@ class KindsMeter(TokenMeter):
 
     async def settle_used(self, acquired: Acquired, used: object) -> None:
         if not isinstance(used, Mapping):
-            return  # (None: every estimate stands)
+            if used is not None:  # (None: every estimate stands)
+                log.warning(
+                    "the call's usage was not settled: usage() must give a count per kind "
+                    "(%s), not %s",
+                    ", ".join(self.kinds),
+                    shown(used),
+                )
+            return
         handed_back = False
         for kind, limiter in self.kinds.items():
             count = used.get(kind)

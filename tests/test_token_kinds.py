@@ -303,3 +303,18 @@ async def test_aiohttp_meters_the_two_kinds_too(anthropic_server: TestServer) ->
     await asyncio.sleep(0.05)  # (the stream's settle runs as a task of its own)
     assert await input_tokens.available_permits() == 500 - 30
     assert await output_tokens.available_permits() == 600 - 60
+
+
+async def test_a_usage_that_is_not_a_count_per_kind_is_logged_and_the_estimates_stand(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    requests, input_tokens, output_tokens = await kinds(memory())
+    handle = answering(Flavour.of("httpx2"), {"input_tokens": 40, "output_tokens": 75})
+    split = {"input": input_tokens, "output": output_tokens}
+    async with client(
+        requests, handle, Flavour.of("httpx2"), tokens=split, usage=lambda response: 115
+    ) as http:
+        await http.post("/v1/messages", json=MESSAGE)
+    assert await input_tokens.available_permits() == 1000 - INPUT_ESTIMATE
+    assert await output_tokens.available_permits() == 1000 - 200
+    assert "usage() must give a count per kind (input, output), not 115" in caplog.text
