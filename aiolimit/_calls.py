@@ -11,7 +11,7 @@ A call that could not even connect (``guard.unsent(acquired)``) hands back what 
 one that failed after it was sent (a read timeout, a reset) keeps it, since the partner may
 have counted it.
 
-The pause is the limiter's ``block()``: kept in its config, so every process that shares the
+The pause is the limiter's ``pause()``: kept in its config, so every process that shares the
 store obeys it, and reservations made before it move behind it. It lasts at most ``max_pause``
 (15 minutes by default): one hostile or mistaken ``Retry-After`` (``999999999``, a date in
 the year 9999) would otherwise stop every caller of the limiter, in every process, for years.
@@ -192,7 +192,7 @@ class CallGuard:
         self, headers: Mapping[str, str], status: int = 200, acquired: Acquired | None = None
     ) -> None:
         """A provider's count of requests left, when its headers say, taken as a floor
-        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``); with
+        (``cap_remaining``; its tokens left: after the settle, ``TokenMeter.settle``); with
         ``learn``, what the answer teaches the learners."""
         await sync_from(headers, self.limiter, "requests")
         if self.learning is not None and acquired is not None:
@@ -216,7 +216,7 @@ class CallGuard:
                 await asyncio.sleep(seconds)
             return True
         if seconds > 0:
-            await self.limiter.block(seconds)
+            await self.limiter.pause(seconds)
         return True
 
 

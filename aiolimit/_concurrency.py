@@ -45,7 +45,8 @@ class ConcurrencyLimiter:
     code's limit replaces a stored one that differs. When a call finds the store without a
     limit (a restart, ``FLUSHALL``, :meth:`delete`), it is written again (one write for all
     the process's callers) and the call goes on. Without it, the limiter uses the stored limit
-    (``try_set_limit``, ``set_limit``), and ``try_lease`` raises ``NotConfiguredError``
+    (``try_set_limit``, ``set_limit``; :meth:`ensure_limit` makes a limit the code's as
+    ``limit=`` does), and ``try_lease`` raises ``NotConfiguredError``
     while there is none.
     """
 
@@ -99,18 +100,41 @@ class ConcurrencyLimiter:
         """Sets the limit where one is set already; returns whether it did."""
         return await self._set("update", max_in_flight, lease)
 
+    async def ensure_limit(
+        self, max_in_flight: int, *, lease: Duration = timedelta(seconds=30)
+    ) -> bool:
+        """Makes sure the stored limit is this one: sets it where none is set, and sets it
+        again where the stored one differs (leases held stay, as :meth:`set_limit` says);
+        returns whether it wrote. For code that owns its limit: an unchanged one costs two
+        reads, no write. The limit is the code's from then on, as a ``limit=`` given at
+        construction is: when a call finds the store without a limit, it is written again."""
+        limit, lease_us = _checked(max_in_flight, lease)
+        given = ConcurrencyConfig(limit, timedelta(microseconds=lease_us))
+        wrote = await self._ensure(given)
+        self._limit_in_code.given(given)
+        return wrote
+
     async def _set(self, mode: Any, max_in_flight: int, lease: Duration) -> bool:
         config = _checked(max_in_flight, lease)
         return await self._backend.set_limit(self._name, *config, mode)
 
-    async def _write_limit(self, config: ConcurrencyConfig, replace: bool) -> None:
-        """The limit in code written (:class:`CodeConfig`'s write): at first use where none is
-        stored or the stored one differs, after a loss only where none is."""
+    async def _ensure(self, config: ConcurrencyConfig) -> bool:
         limit, lease_us = config.max_in_flight, to_micros(config.lease, "lease")
-        if await self._backend.set_limit(self._name, limit, lease_us, "try") or not replace:
-            return
-        if await self.get_config() != config:
-            await self._backend.set_limit(self._name, limit, lease_us, "set")
+        if await self._backend.set_limit(self._name, limit, lease_us, "try"):
+            return True
+        if await self.get_config() == config:
+            return False
+        await self._backend.set_limit(self._name, limit, lease_us, "set")
+        return True
+
+    async def _write_limit(self, config: ConcurrencyConfig, replace: bool) -> None:
+        """The limit in code written (:class:`CodeConfig`'s write): at first use as
+        :meth:`ensure_limit` writes it, after a loss only where none is."""
+        if replace:
+            await self._ensure(config)
+        else:
+            limit, lease_us = config.max_in_flight, to_micros(config.lease, "lease")
+            await self._backend.set_limit(self._name, limit, lease_us, "try")
 
     async def get_config(self) -> ConcurrencyConfig | None:
         """The limit and lease time; None when no limit is set."""

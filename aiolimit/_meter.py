@@ -14,9 +14,9 @@ settled calls no longer need (a reservation is placed on what the store knew whe
 made, and is not moved earlier by later refunds). After the response is read,
 ``usage(response)`` (an int, None, or an awaitable of either) settles the tokens' grant;
 None leaves the estimate standing.
-A provider's rate-limit headers (``_quota_headers``) are taken as floors for both limiters
-(:meth:`RateLimiter.sync`). Nothing here raises once the call is made: a failure to settle or
-sync is logged (logger ``aiolimit``), and the response is the caller's.
+A provider's rate-limit headers (``_quota_headers``) cap what both limiters have left
+(:meth:`RateLimiter.cap_remaining`). Nothing here raises once the call is made: a failure to
+settle or cap is logged (logger ``aiolimit``), and the response is the caller's.
 ``tokens={"input": itpm, "output": otpm}`` (Anthropic's separate limits) makes a
 :class:`KindsMeter`: a call's input and its output tokens, each on a limiter of its own.
 """
@@ -258,8 +258,8 @@ class TokenMeter:
         """What reads the usage of an event stream as it passes."""
         return UsageTail()
 
-    async def sync(self, headers: Mapping[str, str]) -> None:
-        """The provider's count of tokens left, when its headers say, taken as a floor."""
+    async def cap(self, headers: Mapping[str, str]) -> None:
+        """What the limiter has left capped by the provider's count, when its headers say."""
         await sync_from(headers, self.tokens, "tokens")
 
     async def settle(
@@ -270,7 +270,7 @@ class TokenMeter:
         this call already, so it is synced after the settle, lest a refund loosen it."""
         if response is not None:  # (None: a body not read, the estimate stands)
             await self._settle(acquired, response)
-        await self.sync(headers)
+        await self.cap(headers)
 
     async def _settle(self, acquired: Acquired, response: object) -> None:
         if len(acquired.limiters) < 2:
@@ -429,7 +429,7 @@ async def sync_from(
     if left is None:
         return
     try:
-        await limiter.sync(remaining=left.remaining, reset=left.reset)
+        await limiter.cap_remaining(left.remaining, reset=left.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
 
@@ -514,7 +514,7 @@ class KindsMeter(TokenMeter):
     """A call's tokens by kind, each on a limiter of its own: ``{"input": itpm, "output":
     otpm}`` (either alone too). ``estimate(request)`` and ``usage(response)`` give a count per
     kind (a mapping; a kind the usage leaves out, or None: that kind's estimate stands); each
-    limiter is synced by its own headers (``anthropic-ratelimit-input-tokens-*``,
+    limiter is capped by its own headers (``anthropic-ratelimit-input-tokens-*``,
     ``-output-tokens-*``). ``learn=True`` learns the request limiter's rate only."""
 
     __slots__ = ("kinds",)
@@ -557,7 +557,7 @@ class KindsMeter(TokenMeter):
     def tail(self) -> UsageTail:
         return UsageTail(usage_by_kind)
 
-    async def sync(self, headers: Mapping[str, str]) -> None:
+    async def cap(self, headers: Mapping[str, str]) -> None:
         for kind, limiter in self.kinds.items():
             await sync_from(headers, limiter, f"{kind}-tokens")
 
@@ -587,4 +587,4 @@ class KindsMeter(TokenMeter):
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         await self.settle_used(acquired, dict.fromkeys(self.kinds, 0))
-        await self.sync(headers)
+        await self.cap(headers)

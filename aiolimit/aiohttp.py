@@ -3,7 +3,7 @@
 
 >>> from aiolimit.aiohttp import RateLimitedClientMiddleware
 >>> limiter = RateLimiter("partner-api", RedisBackend(redis))
->>> await limiter.try_set_rate(RateType.OVERALL, 100, 60)
+>>> await limiter.try_set_rate("100/minute")
 >>> async with aiohttp.ClientSession(middlewares=[RateLimitedClientMiddleware(limiter)]) as session:
 ...     async with session.get("https://partner.example/orders") as response: ...
 

@@ -2,7 +2,7 @@
 
 >>> from aiolimit.httpx import RateLimitedTransport
 >>> limiter = RateLimiter("partner-api", RedisBackend(redis))
->>> await limiter.try_set_rate(RateType.OVERALL, 100, 60)
+>>> await limiter.try_set_rate("100/minute")
 >>> async with httpx.AsyncClient(transport=RateLimitedTransport(limiter)) as client:
 ...     await client.get("https://partner.example/orders")
 
@@ -51,13 +51,13 @@ class RateLimitedTransport(LimitedTransport, httpx.AsyncBaseTransport):
     request's permits, all or nothing; when the response body has been read (or a streamed
     one closed), ``usage(response)`` (default: ``usage.total_tokens`` of a JSON body, or of
     an event stream's last usage) settles them; None leaves the estimate standing. A
-    provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers are taken as floors
-    for both limiters (``sync``). A process's metered requests ask one at a time, in order,
+    provider's ``x-ratelimit-*`` / ``anthropic-ratelimit-*`` headers cap what both limiters
+    have left (``cap_remaining``). A process's metered requests ask one at a time, in order,
     and reserve at most 10 ms ahead, asking again meanwhile (docs: Token budgets, why).
     ``tokens={"input": itpm, "output": otpm}`` (Anthropic's separate limits; either alone
     too): the body's tokens and its ``max_tokens`` reserved each on its limiter, settled by
     ``usage.input_tokens`` (with ``cache_creation_input_tokens``) and ``output_tokens``,
-    synced by ``anthropic-ratelimit-input-tokens-*`` and ``-output-tokens-*``; ``estimate``
+    capped by ``anthropic-ratelimit-input-tokens-*`` and ``-output-tokens-*``; ``estimate``
     and ``usage`` of your own then give a mapping of those kinds to counts.
 
     ``concurrency``: a slot of it is held from before the permit until the response's body

@@ -80,13 +80,13 @@ class Grants(Observer):
 async def main(backend: Backend) -> None:
     provider, grants = Provider(), Grants()
     observe(grants)
-    requests = RateLimiter("example-anthropic-requests", backend, rate="6/second", keep_alive=120)
+    requests = RateLimiter("example-anthropic-requests", backend, rate="6/second; keep_alive=120")
     tokens = {
         "input": RateLimiter(
-            "example-anthropic-input", backend, rate="4000/minute", keep_alive=120
+            "example-anthropic-input", backend, rate="4000/minute; keep_alive=120"
         ),
         "output": RateLimiter(
-            "example-anthropic-output", backend, rate="2000/minute", keep_alive=120
+            "example-anthropic-output", backend, rate="2000/minute; keep_alive=120"
         ),
     }
     transport = RateLimitedTransport(requests, httpx2.MockTransport(provider.handle), tokens=tokens)

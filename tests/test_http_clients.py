@@ -28,6 +28,7 @@ from aiolimit import (
     MemoryBackend,
     RateLimited,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -76,7 +77,7 @@ async def partner() -> AsyncIterator[Partner]:
 
 async def limiter_of(backend: Any, rate: int = 100, name: str = "partner") -> RateLimiter:
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 60))
     return limiter
 
 
@@ -195,7 +196,7 @@ async def test_httpx_does_not_resend_a_streamed_body(partner: Partner, flavour: 
 
 async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Partner) -> None:
     limiter = await limiter_of(MemoryBackend())
-    await limiter.block(30)
+    await limiter.pause(30)
     async with httpx_client(limiter, timeout=1) as client:
         with pytest.raises(RateLimited) as refused:
             await client.get(partner.url)

@@ -170,7 +170,9 @@ async def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does
     limiter = RateLimiter("protocol-member", RedisBackend(redis, clock=ManualClock()))
     try:
         for algorithm in Algorithm:
-            await limiter.set_rate(RateType.OVERALL, 5, 1, algorithm=algorithm)
+            await limiter.set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, 5, 1, algorithm=algorithm)
+            )
             grant = await limiter.backend.try_acquire("protocol-member", 3, 0)
             assert isinstance(grant, Grant), algorithm
             permits, start, tag = parse_grant(grant.member)
@@ -214,7 +216,7 @@ async def test_the_value_key_is_written_as_the_protocol_says(redis_server) -> No
     clock = ManualClock()
     limiter = RateLimiter("protocol-value", RedisBackend(redis, clock=clock))
     try:
-        await limiter.set_rate(RateType.OVERALL, 2, 1)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
         assert await limiter.try_acquire() and await limiter.try_acquire()
         (value_key,) = [k for k in await redis.keys("*protocol-value*") if b":value" in k]
         config_key = value_key.replace(b":value", b":config")

@@ -1,7 +1,7 @@
 """Anthropic's separate input and output token limits (``tokens={"input": itpm, "output":
 otpm}``): a request's input tokens (estimated from its body) and its ``max_tokens`` (of the
 output limiter) taken with its permit, all or nothing; each limiter settled by its own usage
-field (``input_tokens``, ``output_tokens``) and synced by its own headers
+field (``input_tokens``, ``output_tokens``) and capped by its own headers
 (``anthropic-ratelimit-input-tokens-*``, ``-output-tokens-*``)."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ async def test_the_estimates_stand_until_the_body_is_read_then_each_settles(
     assert await output_tokens.available_permits() == 1000 - 60
 
 
-async def test_each_limiter_is_synced_by_its_own_headers(store: Any) -> None:
+async def test_each_limiter_is_capped_by_its_own_headers(store: Any) -> None:
     requests, input_tokens, output_tokens = await kinds(on(store))
     reset = (datetime.now(timezone.utc) + timedelta(seconds=30)).isoformat()
     headers = {
@@ -295,7 +295,7 @@ async def test_aiohttp_meters_the_two_kinds_too(anthropic_server: TestServer) ->
     async with aiohttp.ClientSession(middlewares=[middleware]) as session:
         async with session.post(anthropic_server.make_url("/v1/messages"), json=MESSAGE) as got:
             assert (await got.json())["usage"]["output_tokens"] == 20
-        assert await input_tokens.available_permits() == 500  # synced after the settle
+        assert await input_tokens.available_permits() == 500  # capped after the settle
         assert await output_tokens.available_permits() == 600
         url = anthropic_server.make_url("/v1/messages?stream=1")
         async with session.post(url, json=MESSAGE) as got:

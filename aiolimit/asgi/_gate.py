@@ -135,14 +135,7 @@ class Gate:
         self._concurrency = concurrency
         self.rules = tuple(rules)
         self._limiters = {
-            rule.name: RateLimiter(
-                rule.name,
-                backend,
-                rate=rule.rates,
-                rate_type=rule.rate_type,
-                algorithm=rule.algorithm,
-            )
-            for rule in rules
+            rule.name: RateLimiter(rule.name, backend, rate=rule.config) for rule in rules
         }
         self._max_wait = max_wait_of(wait, "wait")
         self._on_backend_error = on_backend_error

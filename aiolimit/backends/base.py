@@ -82,7 +82,7 @@ Attempt = Grant | Refusal
 
 
 class Settlement(NamedTuple):
-    """What :meth:`Backend.settle` did to a grant."""
+    """What a settle did to a grant (``Acquired.settle``'s result; ``Backend.settle``'s)."""
 
     handed_back: int
     """Permits given back (settled for fewer than reserved): only what still counted."""
@@ -90,7 +90,7 @@ class Settlement(NamedTuple):
     """Permits charged beyond the reservation (settled for more), at the settle's time."""
     member: str
     """The grant's member from now on, what a later ``release`` or ``settle`` names (the
-    one given when nothing changed)."""
+    one given when nothing changed; ``""`` for an acquisition that holds no grant)."""
     cut: int = 0
     """Permits asked for but not charged, because the limiter reached ``max_debt``."""
 
