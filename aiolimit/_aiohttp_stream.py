@@ -24,7 +24,7 @@ T = TypeVar("T")
 def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired) -> None:
     """Settles ``acquired``'s tokens by the usage the caller reads in ``response``'s body,
     once it has read it to the end or lets the response go; nothing else changes for it."""
-    tail = UsageTail()
+    tail = meter.tail()
     ended = False
 
     def end() -> None:

@@ -146,7 +146,7 @@ class CallGuard:
         self.max_pause = max_pause_us / 1e6
         self.meter = meter
         self.refusals = Refusals()
-        self.learning = call_learning(learn, limiter, None if meter is None else meter.tokens)
+        self.learning = call_learning(learn, limiter, None if meter is None else meter.learns)
 
     async def before_call(self, request: object = None) -> Acquired:
         """Waits for the permits (after any pause: a block holds every grant back), with the

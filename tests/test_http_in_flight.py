@@ -13,6 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 from conformance import cancelled, until
+from flavours import Flavour
 from redis.asyncio import Redis
 
 from aiolimit import (
@@ -114,15 +115,18 @@ async def in_flight(sem: ConcurrencyLimiter) -> int:
     return snapshot.in_flight
 
 
-async def test_httpx_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, server: Server):
+async def test_httpx_never_exceeds_the_cap_and_keeps_the_rate(
+    backend: Any, server: Server, flavour: Flavour
+):
     rpm, sem = await limiters(backend, rate=10)
-    transport = RateLimitedTransport(rpm, concurrency=sem, timeout=5)
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = flavour.transport(rpm, concurrency=sem, timeout=5)  # (the default inner one)
+    async with flavour.client(transport) as client:
         answers = await asyncio.gather(
             *(client.get(server.url) for _ in range(12)), return_exceptions=True
         )
     refused = [a for a in answers if isinstance(a, RateLimited)]
-    assert [a.status_code for a in answers if isinstance(a, httpx.Response)] == [200] * 10
+    statuses = [a.status_code for a in answers if isinstance(a, flavour.httpx.Response)]
+    assert statuses == [200] * 10
     assert len(refused) == 2 and {r.name for r in refused} == {"partner-rpm"}
     assert server.served == 10
     assert server.most == CAP  # the cap reached, never passed
@@ -148,10 +152,12 @@ async def test_aiohttp_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, se
     await until(lambda: in_flight(sem), lambda n: n == 0, "every slot back")
 
 
-async def test_httpx_holds_the_slot_until_a_streamed_body_is_closed(backend: Any, server: Server):
+async def test_httpx_holds_the_slot_until_a_streamed_body_is_closed(
+    backend: Any, server: Server, flavour: Flavour
+):
     rpm, sem = await limiters(backend)
-    transport = RateLimitedTransport(rpm, concurrency=sem)
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = flavour.transport(rpm, concurrency=sem)
+    async with flavour.client(transport) as client:
         async with client.stream("GET", server.url) as response:
             assert response.status_code == 200
             assert await in_flight(sem) == 1  # the body is not read yet
