@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import Redis
 from valkey.asyncio import Valkey
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from tools import LocalRedis
 
 PREFIX = "compat:"
@@ -38,7 +38,9 @@ async def test_round_trips_read_grants_refusals_and_error_replies(
 ) -> None:
     setup = Redis.from_url(redis_server.url)
     name = "compat-{}-{}".format(*case)
-    await RateLimiter(name, RedisBackend(setup, prefix=PREFIX)).set_rate(RateType.OVERALL, 60, 60)
+    await RateLimiter(name, RedisBackend(setup, prefix=PREFIX)).set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 60, 60)
+    )
     await setup.execute_command("FUNCTION", "FLUSH")  # the first calls get error replies
     await setup.script_flush()
     redis = client(redis_server.url, case)
@@ -76,7 +78,7 @@ async def test_round_trips_are_sent_again_after_their_connections_are_killed(
         return taken
 
     try:
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         callers = asyncio.gather(*(caller() for _ in range(64)))
         for _ in range(5):
             await asyncio.sleep(0.02)
@@ -124,7 +126,7 @@ async def test_push_messages_in_the_middle_of_round_trips_leave_every_reply_whol
     limiters = [RateLimiter(f"compat-push-{library}-{i}", backend) for i in range(4)]
     try:
         for limiter in limiters:
-            await limiter.set_rate(RateType.OVERALL, 80, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 80, 60))
         taken = await asyncio.gather(*(caller(first) for first in range(8)))
         assert sum(map(sum, taken)) == 4 * 80
         assert [await limiter.available_permits() for limiter in limiters] == [0] * 4
