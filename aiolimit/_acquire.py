@@ -30,13 +30,12 @@ from ._observe import Observer
 from ._settling import (
     NOTHING,
     Limited,
-    Settled,
     check_settle_permits,
     index_of,
     settle_grant,
 )
 from ._wakeup import sleep_out
-from .backends.base import Attempt, Grant, Refusal
+from .backends.base import Attempt, Grant, Refusal, Settlement
 from .errors import BackendError, LimiterError, NotConfiguredError
 
 __all__ = [
@@ -76,7 +75,7 @@ class Acquired:
         self.waited = waited
         self.owners: tuple[Limited, ...] = self.limiters
         self._released = False
-        self._settles: dict[int, asyncio.Future[Settled]] | None = None
+        self._settles: dict[int, asyncio.Future[Settlement]] | None = None
 
     @property
     def granted(self) -> bool:
@@ -105,13 +104,13 @@ class Acquired:
                 await asyncio.gather(*self._settles.values(), return_exceptions=True)
             await release_grants(grants_of(self.limiters, self.attempts))
 
-    async def settle(self, permits: int, *, limiter: object | None = None) -> Settled:
+    async def settle(self, permits: int, *, limiter: object | None = None) -> Settlement:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
         as ``permits`` from now on instead of what was reserved: fewer hand the difference
         back, more charge it now, into debt down to the limiter's ``max_debt`` (past it, the
         charge is ``cut``: logged and observed, not raised). Once per limiter: settling again
         returns the first result; a refused or released acquisition settles nothing
-        (``Settled(0, 0, 0)``), and so does a limiter whose state is gone. A later
+        (``Settlement(0, 0, "")``), and so does a limiter whose state is gone. A later
         :meth:`release` hands back what the grant holds now. A caller cancelled meanwhile
         does not stop it: the settle goes on, and settling again returns its result."""
         permits = check_settle_permits(permits)
@@ -126,7 +125,7 @@ class Acquired:
             settling = settles[i] = asyncio.ensure_future(self._settle(i, permits))
         return await asyncio.shield(settling)
 
-    async def _settle(self, i: int, permits: int) -> Settled:
+    async def _settle(self, i: int, permits: int) -> Settlement:
         grant = self.attempts[i]
         assert isinstance(grant, Grant)
         try:
@@ -174,6 +173,11 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
         return True
     acquired = await _settle([limiter], [permits], [attempt], max_wait, None, ())
     return acquired.granted
+
+
+# Its coroutine is what RateLimiter.try_acquire returns: a caller that forgets to await it
+# is warned of the method it called (set once here, not on each call: the hot path).
+try_one.__qualname__ = "RateLimiter.try_acquire"
 
 
 def acquire(

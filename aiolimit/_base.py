@@ -18,9 +18,11 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ._acquire import Acquired
+from ._awaiting import awaited
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
 from ._code_config import CodeConfig, asked_again
+from ._deprecated import deprecated
 from ._setting import _RateSetting, gather
 from ._types import (
     Duration,
@@ -79,9 +81,11 @@ class _Limiter(_RateSetting):
 
     # -- permits -------------------------------------------------------------------------------
 
+    @awaited
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
 
+    @awaited
     async def reserve(self, permits: int = 1, *, timeout: Duration | None = 0) -> Acquired:
         """Takes ``permits`` as :meth:`try_acquire` does, and returns the acquisition: true
         when granted (``retry_after`` when not). Its ``release()`` hands everything back;
@@ -100,6 +104,7 @@ class _Limiter(_RateSetting):
         HTTP clients' path)."""
         raise NotImplementedError
 
+    @awaited
     async def acquire(self, permits: int = 1) -> None:
         """Waits until ``permits`` are granted."""
         await self.try_acquire(permits, timeout=None)
@@ -178,6 +183,7 @@ class _Limiter(_RateSetting):
         except NotConfiguredError as lost:
             return await asked_again(lost, [(name, code) for name in self._names], call)
 
+    @awaited
     async def wait_time(self, permits: int = 1) -> float:
         """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
         that was refused and wants to say when to come back (``Retry-After``)."""
@@ -196,6 +202,7 @@ class _Limiter(_RateSetting):
         errors = [wait for wait in waits if isinstance(wait, LimiterError)]
         raise most_telling(errors, permits, len(waits))
 
+    @awaited
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
         limiter, summed over the shards, though one request is served by one shard)."""
@@ -207,13 +214,14 @@ class _Limiter(_RateSetting):
 
     # -- lifetime ------------------------------------------------------------------------------
 
-    async def block(self, duration: Duration) -> None:
+    async def pause(self, duration: Duration) -> None:
         """No grant to anyone (every process, every client) starts before ``duration``
         seconds from now: for a partner API that answered 429 with a ``Retry-After``.
         Reservations already made move behind it (their callers queue again when they wake).
-        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it.
+        A later pause never shortens an earlier one; :meth:`resume`, ``delete`` and
+        ``set_rate`` end it.
 
-        Every caller that slept out a reservation checks for a block when it wakes (one
+        Every caller that slept out a reservation checks for a pause when it wakes (one
         read), in every process."""
         if exceeds_max_duration(duration):
             raise InvalidArgumentError(
@@ -222,12 +230,47 @@ class _Limiter(_RateSetting):
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        await gather(self.backend.block(name, duration_us) for name in self._names)
+        await self._with_config(
+            lambda: gather(self.backend.block(name, duration_us) for name in self._names)
+        )
+
+    async def resume(self) -> bool:
+        """Ends a :meth:`pause` at once, in every process; returns whether one was in force.
+        Reservations it already moved behind its end stay there."""
+        names = self._names
+        return any(await self._with_config(lambda: gather(self.backend.unblock(n) for n in names)))
+
+    async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
+        """Caps the permits left at a provider's own count (a subclass's)."""
+        raise NotImplementedError
+
+    async def _hand_back_latest(self, permits: int) -> None:
+        """Hands back ``permits`` (checked) of the most recent grants (a subclass's)."""
+        raise NotImplementedError
+
+    # -- deprecated: each warns, then does what its replacement does -------------------------
+
+    async def block(self, duration: Duration) -> None:
+        """Deprecated: :meth:`pause`."""
+        deprecated("RateLimiter.block()", "RateLimiter.pause()")
+        await self.pause(duration)
 
     async def unblock(self) -> bool:
-        """Ends a :meth:`block` at once, in every process; returns whether one was in force.
-        Reservations it already moved behind its end stay there."""
-        return any(await gather(self.backend.unblock(name) for name in self._names))
+        """Deprecated: :meth:`resume`."""
+        deprecated("RateLimiter.unblock()", "RateLimiter.resume()")
+        return await self.resume()
+
+    async def sync(self, *, remaining: int, reset: Duration) -> None:
+        """Deprecated: :meth:`cap_remaining`."""
+        deprecated("RateLimiter.sync()", "RateLimiter.cap_remaining()")
+        await self.cap_remaining(remaining, reset=reset)
+
+    async def release(self, permits: int) -> None:
+        """Deprecated: hands back ``permits`` of the most recent grants of anyone (any task,
+        any process), not the caller's own. Use :meth:`Acquired.release` (of :meth:`reserve`),
+        which hands back exactly its grants."""
+        deprecated("RateLimiter.release(n)", "Acquired.release() (of reserve())")
+        await self._hand_back_latest(check_permits(permits))
 
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""

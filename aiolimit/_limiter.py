@@ -8,23 +8,27 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Coroutine, Hashable, Iterable
+from collections.abc import Awaitable, Hashable, Iterable
 from typing import Any, NoReturn, overload
 
 from . import _observe
 from ._acquire import Acquired, acquire, give_back, try_one
+from ._awaiting import Awaiting, awaiting
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
 from ._concurrency import ConcurrencyLimiter
+from ._coroutine import returns_coroutine
 from ._inflight import InFlight, acquire_in_flight
-from ._setting import rate_given
-from ._types import Algorithm, Duration, RateLimiterConfig, Rates, RateType, shown
+from ._setting import rate_in_code
+from ._types import Duration, RateLimiterConfig, shown
 from .backends.base import Backend
 from .errors import InvalidArgumentError
 
 __all__ = ["RateLimiter", "acquire_all"]
+
+_new = object.__new__  # (an Awaiting made without a Python frame: try_acquire's hot path)
 
 
 class RateLimiter(_Limiter):
@@ -40,15 +44,18 @@ class RateLimiter(_Limiter):
     in which enough permits are free, after every request that asked before it, in any
     process, and sleeps until then. Objects are cheap; create one wherever convenient.
 
-    ``rate`` (with ``interval`` for an int; ``rate_type``, ``algorithm``, ``min_spacing``,
-    ``keep_alive``, ``margin``, ``max_debt`` as :meth:`ensure_rate` takes them) is checked
-    here and made the stored config by the first call (``acquire``, ``try_acquire``,
+    ``rate`` (a :class:`RateLimiterConfig` or its text, as :meth:`ensure_rate` takes it:
+    ``rate="10/second; keep_alive=3600"``) is checked here and made the stored config by
+    the first call (``acquire``, ``try_acquire``,
     ``async with``, the decorator, :func:`acquire_all`, ``wait_time``, ...), once per object:
     the code's rate replaces a stored one. When a call finds the store without a config (a
     ``keep_alive`` that ran out while the limiter idled, a restart, ``FLUSHALL``), the rate is
     written again (one write for all the process's callers) and the call goes on. Without it,
     the limiter uses the stored config (``set_rate``, ``try_set_rate``, ``aiolimit
-    set-rate``), and a call finds none (``NotConfiguredError``) while there is none.
+    set-rate``), and a call finds none (``NotConfiguredError``) while there is none. (The
+    loose rate arguments of earlier releases, ``interval=``, ``rate_type=``, ``algorithm=``,
+    ``min_spacing=``, ``keep_alive=``, ``margin=``, ``max_debt=`` or an int ``rate``, still
+    work, with a DeprecationWarning.)
     """
 
     __slots__ = ()
@@ -58,22 +65,10 @@ class RateLimiter(_Limiter):
         name: str,
         backend: Backend,
         *,
-        rate: Rates | None = None,
-        interval: Duration | None = None,
-        rate_type: RateType | str | None = None,
-        algorithm: Algorithm | str | None = None,
-        min_spacing: Duration | None = None,
-        keep_alive: Duration | None = None,
-        margin: Duration | None = None,
-        max_debt: int | None = None,
+        rate: RateLimiterConfig | str | None = None,
+        **legacy_options: Any,
     ) -> None:
-        super().__init__(
-            name,
-            backend,
-            rate_given(
-                rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin, max_debt
-            ),
-        )
+        super().__init__(name, backend, rate_in_code(rate, legacy_options, "RateLimiter"))
 
     @classmethod
     def _view(
@@ -108,9 +103,8 @@ class RateLimiter(_Limiter):
     def __repr__(self) -> str:
         return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
 
-    def try_acquire(
-        self, permits: int = 1, *, timeout: Duration | None = 0
-    ) -> Coroutine[Any, Any, bool]:
+    @returns_coroutine
+    def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> Awaiting[bool]:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
         ``timeout=0`` makes one attempt; ``None`` waits as long as it takes, and so does any
@@ -119,36 +113,41 @@ class RateLimiter(_Limiter):
         reserved and this sleeps until they are free, then returns True. A negative or NaN
         timeout raises InvalidArgumentError.
         """
-        # A coroutine function in all but name: the caller awaits the engine's coroutine
-        # itself, one coroutine fewer per call. A bad argument still raises in the await.
+        # A coroutine function to inspect (returns_coroutine): the caller awaits the engine's
+        # coroutine itself, one coroutine fewer per call. A bad argument raises in the await.
+        # (The Awaiting is made here, not by awaiting(): no frame more per call.)
         try:
             permits, max_wait = check_take(permits, timeout)
         except Exception as exc:  # (raised where the call is awaited)
-            return _raising(exc)
+            return awaiting(_raising(exc), "RateLimiter.try_acquire")
+        made: Awaiting[bool] = _new(Awaiting)  # (both named RateLimiter.try_acquire, below)
         if not self.rate_in_code.stored:
-            return self._stored_then_try(permits, max_wait)
-        return try_one(self, permits, max_wait)
+            made.coroutine = self._stored_then_try(permits, max_wait)
+        else:
+            made.coroutine = try_one(self, permits, max_wait)
+        return made
 
     async def _stored_then_try(self, permits: int, max_wait: int | None) -> bool:
         await self.rate_in_code.store()
         return await try_one(self, permits, max_wait)
+
+    _stored_then_try.__qualname__ = "RateLimiter.try_acquire"  # (its never-awaited warning)
 
     async def _take(self, permits: int, max_wait: int | None) -> Acquired:
         if not self.rate_in_code.stored:
             await self.rate_in_code.store()
         return await acquire([self], [permits], max_wait, _observe.current)
 
-    async def release(self, permits: int) -> None:
-        """Hands back ``permits`` from the most recent grants, as if they had not happened."""
-        await give_back(self, check_permits(permits))
+    async def _hand_back_latest(self, permits: int) -> None:
+        await give_back(self, permits)
 
-    async def sync(self, *, remaining: int, reset: Duration) -> None:
-        """Takes a provider's own count as a floor: until ``reset`` seconds from now, at most
-        ``remaining`` more permits are granted (for a ``for_client`` view: that client's).
+    async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
+        """Caps the permits left at a provider's own count: until ``reset`` seconds from now,
+        at most ``remaining`` more are granted (for a ``for_client`` view: that client's).
         Only ever tightens; a count looser than the limiter's changes nothing.
 
         >>> quota = aiolimit_quota(response.headers)       # x-ratelimit-remaining-tokens, ...
-        >>> await tokens.sync(remaining=quota.remaining, reset=quota.reset)
+        >>> await tokens.cap_remaining(quota.remaining, reset=quota.reset)
         """
         remaining, reset_us = check_sync(remaining, reset)
         await self._with_config(
@@ -157,24 +156,24 @@ class RateLimiter(_Limiter):
 
 
 @overload
-async def acquire_all(  # type: ignore[overload-overlap]  # (an InFlight is an Acquired)
+def acquire_all(  # type: ignore[overload-overlap]  # (an InFlight is an Acquired)
     requests: Iterable[tuple[RateLimiter, int]], *, timeout: Duration | None = 0
-) -> Acquired: ...
+) -> Awaiting[Acquired]: ...
 
 
 @overload
-async def acquire_all(
+def acquire_all(
     requests: Iterable[tuple[RateLimiter | ConcurrencyLimiter, int]],
     *,
     timeout: Duration | None = 0,
-) -> InFlight: ...
+) -> Awaiting[InFlight]: ...
 
 
-async def acquire_all(
+def acquire_all(
     requests: Iterable[tuple[RateLimiter | ConcurrencyLimiter, int]],
     *,
     timeout: Duration | None = 0,
-) -> Acquired:
+) -> Awaiting[Acquired]:
     """Takes permits from several limiters at once, all or nothing.
 
     >>> if not await aiolimit.acquire_all([(everyone, 1), (per_user, 1)], timeout=0.5):
@@ -197,6 +196,12 @@ async def acquire_all(
     runs, and :meth:`~aiolimit.InFlight.release` before the call hands everything back
     (docs/concurrency.md).
     """
+    return awaiting(_acquire_all(requests, timeout), "acquire_all")
+
+
+async def _acquire_all(
+    requests: Iterable[tuple[RateLimiter | ConcurrencyLimiter, int]], timeout: Duration | None
+) -> Acquired:
     pairs = requests if requests.__class__ is list else list(requests)
     limiters: list[RateLimiter] = []
     permits: list[int] = []

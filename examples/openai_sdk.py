@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import random
+import sys
 
 import httpx
 import openai
@@ -82,8 +84,8 @@ class Grants(Observer):
 async def main(backend: Backend) -> None:
     provider, grants = Provider(), Grants()
     observe(grants)
-    requests = RateLimiter("example-openai-requests", backend, rate="6/second", keep_alive=120)
-    tokens = RateLimiter("example-openai-tokens", backend, rate="4000/minute", keep_alive=120)
+    requests = RateLimiter("example-openai-requests", backend, rate="6/second; keep_alive=120")
+    tokens = RateLimiter("example-openai-tokens", backend, rate="4000/minute; keep_alive=120")
     transport = RateLimitedTransport(requests, httpx.MockTransport(provider.handle), tokens=tokens)
     client = openai.AsyncOpenAI(
         api_key="sk-example",
@@ -101,6 +103,7 @@ async def main(backend: Backend) -> None:
         return completion.usage.total_tokens
 
     used = await asyncio.gather(*(ask(i) for i in range(CALLS)))
+    sys.stdout.flush()
     await client.close()
     print(f"{len(used)} answers, {sum(used)} tokens used, SDK errors: 0")
     print(
@@ -116,5 +119,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis", help="a Redis URL (default: AIOLIMIT_REDIS_URL, else memory)")
     url = parser.parse_args().redis or os.environ.get("AIOLIMIT_REDIS_URL")
+    # The pause a 429 starts is logged once (logger "aiolimit"): shown here with the rest.
+    logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
     store: Backend = RedisBackend(Redis.from_url(url)) if url else MemoryBackend()
     asyncio.run(main(store))

@@ -6,9 +6,10 @@ limiter of 20 per 1.2 seconds through httpx's RateLimitedTransport, so the partn
 refuses them: the longer window absorbs the calls that reach it later than others (the first
 ones of a connection). Once, the partner answers 429 with Retry-After: 1 anyway
 (maintenance): every worker in both processes pauses for that second, and the refused call is
-sent again after it.
+sent again after it; the process that received it logs the pause (a WARNING of ``aiolimit``).
 
     python examples/partner_api.py --redis redis://localhost:6379   # two processes
+    AIOLIMIT_REDIS_URL=redis://localhost:6379 python examples/partner_api.py
     python examples/partner_api.py                  # no Redis: two worker groups in memory
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import socket
 import sys
 import time
@@ -25,7 +28,7 @@ import httpx
 from aiohttp import web
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.httpx import RateLimitedTransport
 
 QUOTA = 20  # the partner's: calls per second
@@ -108,7 +111,9 @@ async def run_workers(partner_url: str, backend: Backend, group: str) -> int:
     """Runs WORKERS workers sharing one limiter; returns the calls answered 200."""
     limiter = RateLimiter("example-partner-api", backend)
     # keep_alive: Redis forgets the limiter a minute after its last grant
-    await limiter.try_set_rate(RateType.OVERALL, QUOTA, OUR_INTERVAL, keep_alive=60)
+    await limiter.try_set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, QUOTA, OUR_INTERVAL, keep_alive=60)
+    )
     lateness = Lateness()
     ticker = asyncio.create_task(lateness.tick())
     transport = RateLimitedTransport(limiter, SentAt(lateness))
@@ -193,9 +198,17 @@ def worker_process(url: str, redis_url: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--redis", help="Redis URL: two processes share the limiter through it")
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("AIOLIMIT_REDIS_URL") or None,
+        help="Redis URL: two processes share the limiter through it (default: "
+        "$AIOLIMIT_REDIS_URL, else one process, in memory)",
+    )
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # The partner's 429s, as aiolimit logs them: one line when a pause starts.
+    logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
     if args.worker:
         worker_process(args.worker, args.redis)
     else:

@@ -21,7 +21,7 @@ from redis.exceptions import NoPermissionError
 from servers import valkey_server_binary
 
 import aiolimit
-from aiolimit import Algorithm, BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
 from aiolimit._tools.admin.glob import limiter_names
 from aiolimit._tools.admin.reading import budget_state, inspect_limiter
@@ -34,7 +34,7 @@ from aiolimit.backends.redis._acl import (
     acl_rules,
     acl_setuser,
 )
-from tools import LocalRedis
+from tools import LocalRedis, free_port
 
 PASSWORD = "s3cret"
 USERS = ("functions", "evalsha")
@@ -142,8 +142,48 @@ def test_aiolimit_acl_takes_a_prefix_a_user_and_an_older_server(
     with pytest.raises(SystemExit, match="2"):
         cli.main(["acl", "--server-version", "seven"])
     assert "expected a version such as 7.0, got 'seven'" in capsys.readouterr().err
-    assert cli.main(["--redis", "redis://x", "acl"]) == 2  # it connects to nothing
-    assert capsys.readouterr().err == "aiolimit acl: error: acl takes no --redis\n"
+    assert cli.main(["acl", "--redis", "redis://x", "--server-version", "7.0"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_aiolimit_acl_says_which_servers_its_line_is_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["acl"]) == 0
+    out, err = capsys.readouterr()
+    assert out == acl_setuser() + "\n"  # (stdout: the line alone, for a pipe)
+    assert "Redis 7.2" in err and "Valkey" in err, err
+    assert "--server-version 7.0" in err and "--redis" in err, err
+
+
+@pytest.mark.parametrize("kind", ["redis-server", "valkey"])
+async def test_aiolimit_acl_with_redis_prints_the_line_that_server_accepts(
+    capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    binary = valkey_server_binary() if kind == "valkey" else None
+    with LocalRedis(binary=binary) as server:
+        code = await asyncio.to_thread(cli.main, ["acl", "--redis", server.url])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        admin = Redis(port=server.port, decode_responses=True)
+        try:
+            version = (await admin.info("server"))["redis_version"]
+            assert version in err, err
+            [line] = out.splitlines()
+            assert await admin.execute_command(*line.split()) in ("OK", True)  # accepted
+        finally:
+            await admin.aclose()
+    major, minor = (int(part) for part in version.split(".")[:2])
+    assert line == acl_setuser(server=(major, minor))
+
+
+def test_aiolimit_acl_with_an_unreachable_redis_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["acl", "--redis", f"redis://:pw@127.0.0.1:{free_port()}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("aiolimit acl: error: cannot reach Redis at"), err
+    assert "pw" not in err and len(err.strip().splitlines()) == 1
 
 
 # -- every operation as that user ----------------------------------------------------------
@@ -256,8 +296,10 @@ async def rates_and_permits(
 ) -> None:
     """Sets rates, takes permits at once and after waits, hands them back."""
     config: dict[str, Any] = {"algorithm": algorithm, "keep_alive": 60}
-    await limiter.set_rate(rate_type, 1, INTERVAL, **config)
-    assert await other.try_set_rate(rate_type, 1, INTERVAL, algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
+    assert await other.try_set_rate(
+        RateLimiterConfig.build(rate_type, 1, INTERVAL, algorithm=algorithm)
+    )
     assert await limiter.try_acquire()
     assert await limiter.wait_time() >= 0 and await limiter.available_permits() >= 0
     # Each sleeps out a reservation, then reads whether a block came meanwhile.
@@ -271,9 +313,9 @@ async def rates_and_permits(
     await waits.cancel_a_waiter(limiter)
     stored = await limiter.get_config()
     assert stored is not None and stored.algorithm is algorithm
-    assert not await limiter.ensure_rate(rate_type, 1, INTERVAL, **config)
-    assert await limiter.ensure_rate(rate_type, 2, INTERVAL, **config)
-    assert await limiter.update_rate(rate_type, 1, INTERVAL, **config)
+    assert not await limiter.ensure_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
+    assert await limiter.ensure_rate(RateLimiterConfig.build(rate_type, 2, INTERVAL, **config))
+    assert await limiter.update_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
 
 
 async def the_rest(
@@ -281,9 +323,9 @@ async def the_rest(
 ) -> None:
     """Blocks, TTLs, the admin commands' reads, a lost script cache, a change of rate type
     and deletes."""
-    await limiter.block(60)
+    await limiter.pause(60)
     assert not await limiter.try_acquire()
-    assert await limiter.unblock()
+    assert await limiter.resume()
     assert await limiter.expire(30) and await limiter.clear_expire()
     backend = limiter.backend
     assert isinstance(backend, RedisBackend)
@@ -295,7 +337,9 @@ async def the_rest(
     await admin.function_flush()
     assert await limiter.try_acquire(timeout=1)
     other_type = RateType.OVERALL if rate_type is RateType.PER_CLIENT else RateType.PER_CLIENT
-    await limiter.set_rate(other_type, 1, INTERVAL)  # the old budgets retired
+    await limiter.set_rate(
+        RateLimiterConfig.build(other_type, 1, INTERVAL)
+    )  # the old budgets retired
     assert await limiter.delete() and await other.delete()
 
 
@@ -357,6 +401,6 @@ async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: AclS
         # and a script cannot reach other keys either
         other = RedisBackend(client, prefix="other:")
         with pytest.raises(BackendError, match=r"(?i)NOPERM|no permissions"):
-            await RateLimiter("x", other).set_rate(RateType.OVERALL, 1, 1)
+            await RateLimiter("x", other).set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 1))
     finally:
         await client.aclose()

@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..._types import RateLimiterConfig, RateType
+from ..._types import Rate, RateLimiterConfig, RateType
 from ...backends._protocol import parse_member, parse_value
 from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
@@ -121,6 +121,9 @@ class Snapshot:
     memory_keys: int = 0
     blocked_s: float | None = None
     """Seconds until the limiter's block ends (``block()``); None: it is not blocked."""
+    ceiling: tuple[Rate, ...] | None = None
+    """The ceiling of a rate learned from a partner (``Learner``): the config's rates are
+    the learned ones; None: not learned."""
     slot: int = 0
     node: str = ""
 
@@ -150,6 +153,9 @@ class Snapshot:
             "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
+            "learned": None
+            if self.ceiling is None
+            else {"ceiling": [str(rate) for rate in self.ceiling]},
         }
         if self.keeps_a_log:
             shown.update(budget_json(self.budget))
@@ -216,6 +222,7 @@ async def inspect_limiter(
     )
     blocked_us = await backend.block(name, None)
     snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    snapshot.ceiling = await backend.learned(name)
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)

@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..._types import RateLimiterConfig
+from ..._types import Rate, RateLimiterConfig
 from ...backends._lease import LeaseSnapshot
 from ...backends.redis import RedisBackend
 from ..text import plural, seconds, shown, size
@@ -21,11 +21,18 @@ from .leases import leases_json, render_leases
 from .reading import Client, Snapshot, inspect_limiter
 from .sharded import ShardedSnapshot, inspect_sharded, summed
 
-__all__ = ["INSPECT", "LIST", "blocked", "rates", "render"]
+__all__ = ["INSPECT", "LIST", "blocked", "learned", "rates", "render"]
 
 
 def rates(config: RateLimiterConfig) -> str:
     return "; ".join(str(rate) for rate in config.rates)
+
+
+def learned(rates_now: tuple[Rate, ...], ceiling: tuple[Rate, ...]) -> str:
+    """A learned rate against its ceiling, as ``inspect`` and ``watch`` show it."""
+    share = rates_now[0].permits / ceiling[0].permits
+    most = "; ".join(str(rate) for rate in ceiling)
+    return f"{'; '.join(str(r) for r in rates_now)} in force, {share:.0%} of the ceiling {most}"
 
 
 def blocked(left_s: float | None) -> str:
@@ -160,6 +167,8 @@ def render(snapshot: Snapshot) -> list[str]:
     if config.min_spacing is not None:
         lines.append(f"min spacing   {seconds(config.min_spacing.total_seconds())}")
     lines.append(f"blocked       {blocked(snapshot.blocked_s)}")
+    if snapshot.ceiling is not None:
+        lines.append(f"learned       {learned(config.rates, snapshot.ceiling)}")
     most = config.max_permits
     if snapshot.available is not None:
         lines.append(f"available     {snapshot.available} of {plural(most, 'permit')} now")

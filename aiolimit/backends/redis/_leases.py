@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from ...errors import NotConfiguredError
+from .._context import Background, StoreContext
 from .._lease import (
     ConcurrencyConfig,
     LeaseGrant,
@@ -26,7 +27,7 @@ from ._compat import ANY
 from ._keys import Keys
 from ._script import ReadCommand, Script
 
-__all__ = ["RedisLeases", "end_wakers", "lease_keys"]
+__all__ = ["RedisLeases", "lease_keys"]
 
 log = logging.getLogger("aiolimit")
 R = TypeVar("R")
@@ -46,6 +47,9 @@ class _Runs(Protocol):
     @property
     def redis(self) -> Any: ...
 
+    @property
+    def context(self) -> StoreContext: ...
+
     def keys(self, name: str) -> Keys: ...
 
     async def _run(
@@ -54,10 +58,11 @@ class _Runs(Protocol):
 
 
 class _Waiter:
-    __slots__ = ("_loop", "_waker", "grant", "ticket", "woken")
+    __slots__ = ("_loop", "_tasks", "_waker", "grant", "ticket", "woken")
 
-    def __init__(self, waker: _Waker, ticket: str) -> None:
+    def __init__(self, waker: _Waker, ticket: str, tasks: Background) -> None:
         self._waker, self.ticket, self.woken = waker, ticket, asyncio.Event()
+        self._tasks = tasks  # (its store's: aclose() waits for the BLPOP's end)
         self._loop = asyncio.get_running_loop()
         self.grant: LeaseGrant | None = None
 
@@ -91,19 +96,7 @@ class _Waiter:
             # Its BLPOP ends in the background: the client library lets go of a BLPOP
             # cancelled while it connects only when its block is up (a second), which a
             # caller granted at once must not wait for.
-            _ending.add(ending)
-            ending.add_done_callback(_ending.discard)
-
-
-_ending: set[asyncio.Task[None]] = set()  # wakers' tasks ending (referenced until they end)
-
-
-async def end_wakers() -> None:
-    """Waits (at most one BLPOP block) for this loop's wakers still ending (``aclose``)."""
-    loop = asyncio.get_running_loop()
-    ending = {task for task in _ending if task.get_loop() is loop}
-    if ending:
-        await asyncio.wait(ending, timeout=WAKE_BLOCK_S + 1)
+            self._tasks.spawn(ending, "a lease waker's end")
 
 
 class _Waker:
@@ -118,8 +111,8 @@ class _Waker:
         self.waiters: dict[str, _Waiter] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, ticket: str) -> _Waiter:
-        waiter = self.waiters[ticket] = _waiting[ticket] = _Waiter(self, ticket)
+    def add(self, ticket: str, tasks: Background) -> _Waiter:
+        waiter = self.waiters[ticket] = _waiting[ticket] = _Waiter(self, ticket, tasks)
         return waiter
 
     def listen(self) -> None:
@@ -221,7 +214,7 @@ class RedisLeases(LeaseStore):
         waker = by_key.get(key)
         if waker is None:
             waker = by_key[key] = _Waker(self.redis, key)
-        return waker.add(ticket)
+        return waker.add(ticket, self.context.tasks)
 
     async def leases(self: _Runs, name: str, most: int = 100) -> LeaseSnapshot | None:
         return await self._run(scripts.READ, lease_keys(self.keys(name)), (most,))
