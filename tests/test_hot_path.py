@@ -1,7 +1,8 @@
 """What a grant at once costs this process, counted in steps that do not move with the
 machine's load: the frames of aiolimit's own Python code a ``try_acquire`` runs (a call, or a
-coroutine, once however often it is resumed), from the call to its answer. Each bound is what the path takes now; a
-change that adds a step to it shows here before it shows in benchmarks/client_cpu.py."""
+coroutine, once however often it is resumed), from the call to its answer. Each bound is
+what the path takes now; a change that adds a step to it shows here before it shows in
+benchmarks/client_cpu.py."""
 
 from __future__ import annotations
 
