@@ -2,13 +2,13 @@
 settled once the response says what it really cost (``CallGuard(..., tokens=...)``).
 
 >>> meter = TokenMeter(tokens, estimate=estimate_tokens, usage=usage_tokens)
->>> acquired = await meter.take(requests, 1, max_wait, body)   # both, all or nothing
+>>> acquired = await meter.take(requests, 1, deadline, body)   # both, all or nothing
 >>> ...                                                          # the call
 >>> await meter.settle(acquired, response)                      # usage: fewer or more
 
-The request's permit and the estimate are taken in one :func:`aiolimit.acquire_all`: a call
-that cannot have both takes neither. A process's calls ask one at a time, in order, and
-reserve no further ahead than ``HORIZON``, else ask again after a short while: an
+The request's permit and the estimate are taken in one request to the engine, all or
+nothing: a call that cannot have both takes neither. A process's calls ask one at a time, in
+order, and reserve no further ahead than ``HORIZON``, else ask again after a short while: an
 estimate is a worst case, and reservations queued far ahead would keep the places their
 settled calls no longer need (a reservation is placed on what the store knew when it was
 made, and is not moved earlier by later refunds). After the response is read,
@@ -30,9 +30,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ._acquire import Acquired
-from ._limiter import RateLimiter, acquire_all
+from ._acquire import Acquired, Outcome, Request, outcome_of, take
+from ._limiter import RateLimiter
 from ._quota_headers import quota
+from ._request import Leasing, deadline_in, left_of, micros, seconds
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown
@@ -207,36 +208,47 @@ class TokenMeter:
         )
 
     async def take(
-        self, requests: RateLimiter, permits: int, max_wait: int | None, request: object
+        self,
+        requests: RateLimiter,
+        permits: int,
+        deadline: int | None,
+        request: object,
+        slots: tuple[tuple[Leasing, int], ...] = (),
     ) -> Acquired:
-        """The request's permits and its estimated tokens, all or nothing (an estimate of 0:
-        the request's permits only, nothing to settle)."""
+        """The request's permits and its estimated tokens, all or nothing, within
+        ``deadline`` (µs on the loop's clock), after ``slots`` (an estimate of 0: the
+        request's permits only, nothing to settle)."""
         estimate = self.estimate(request)
         if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
             raise InvalidArgumentError(f"estimate() must give an int >= 0, not {shown(estimate)}")
         if estimate == 0:
-            return await requests._take(permits, max_wait)
+            return await take(Request((requests,), (permits,), deadline, slots))
+        both = Request((requests, self.tokens), (permits, estimate), deadline, slots)
+        return await take(both, lambda asked: self._paced(asked, requests))
+
+    async def _paced(self, request: Request, requests: RateLimiter) -> Outcome:
+        """``request`` asked in this process's turn, reserving no further ahead than
+        ``HORIZON``: asked again until granted, or until what it waits for would pass its
+        deadline."""
         loop = asyncio.get_running_loop()
-        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
         turns = self._turns.get(loop)
         if turns is None:
             turns = self._turns[loop] = _Turns()
-        wanted = [(requests, permits), (self.tokens, estimate)]
-        if not await turns.wait(deadline):  # (the timeout came first: one last ask)
-            return await acquire_all(wanted, timeout=0)
+        if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
+            return await outcome_of(request.until(deadline_in(0)))
         pause = HORIZON
         try:
             while True:
-                left = None if deadline is None else max(deadline - loop.time(), 0.0)
-                ask = HORIZON if left is None else min(HORIZON, left)
-                acquired = await acquire_all(wanted, timeout=ask)
-                if acquired or (left is not None and acquired.retry_after > left):
-                    return acquired
-                held_by = acquired.attempts[0]  # (the request's own limiter)
+                left = left_of(request.deadline)
+                ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+                outcome = await outcome_of(request.until(deadline_in(ahead)))
+                if outcome.granted or (left is not None and outcome.retry_in > left):
+                    return outcome
+                held_by = outcome.answer_of(requests)
                 if isinstance(held_by, Refusal):  # a refund of tokens would not help
-                    await asyncio.sleep(held_by.retry_in / 1e6)
+                    await asyncio.sleep(seconds(held_by.retry_in))
                 else:
-                    woken = await turns.pause(min(acquired.retry_after, pause))
+                    woken = await turns.pause(min(seconds(outcome.retry_in), pause))
                     pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
         finally:
             turns.next()
@@ -252,7 +264,7 @@ class TokenMeter:
         await sync_from(headers, self.tokens, "tokens")
 
     async def _settle(self, acquired: Acquired, response: object) -> None:
-        if len(acquired.limiters) < 2:
+        if self.tokens not in acquired.owners:
             return  # an estimate of 0: no tokens taken
         try:
             used = self.usage(response)
@@ -267,7 +279,7 @@ class TokenMeter:
         """The tokens' grant settled as ``used`` (None: the estimate stands): a response's
         usage, or an event stream's, read as it passed (its response's rate-limit headers
         were taken when it came)."""
-        if used is None or len(acquired.limiters) < 2:
+        if used is None or self.tokens not in acquired.owners:
             return  # (an estimate of 0: no tokens taken)
         try:
             settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
@@ -286,7 +298,7 @@ class TokenMeter:
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""
-        if len(acquired.limiters) == 2:
+        if self.tokens in acquired.owners:
             try:
                 if (await acquired.settle(0, limiter=self.tokens)).handed_back:
                     self._wake()
@@ -337,16 +349,17 @@ class _Turns:
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
-    async def wait(self, deadline: float | None) -> bool:
-        """Waits for this caller's turn until ``deadline`` (loop time; None: for as long as
-        it takes); whether it came (then :meth:`next` passes it on)."""
+    async def wait(self, deadline: int | None) -> bool:
+        """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
+        as long as it takes); whether it came (then :meth:`next` passes it on)."""
         if not self._busy:
             self._busy = True
             return True
         loop = asyncio.get_running_loop()
         turn: asyncio.Future[None] = loop.create_future()
         self._waiting.append(turn)
-        timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+        left = left_of(deadline)
+        timeout = None if left is None else seconds(left)
         try:
             await asyncio.wait((turn,), timeout=timeout)
         except BaseException:  # (cancelled: a turn that came meanwhile is passed on)

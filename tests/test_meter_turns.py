@@ -16,6 +16,7 @@ import pytest
 import aiolimit
 from aiolimit import MemoryBackend, Observer, RateLimited, RateLimiter
 from aiolimit._meter import HORIZON, MAX_ASK_EVERY, _Turns
+from aiolimit._request import deadline_in
 from aiolimit.httpx import RateLimitedTransport
 
 pytestmark = pytest.mark.looptime
@@ -96,7 +97,7 @@ async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes
     turns = _Turns()
     assert await turns.wait(None)  # the first has its turn at once
     began = loop.time()
-    assert not await turns.wait(began + 2.0)  # the turn did not come in 2 s
+    assert not await turns.wait(deadline_in(2_000_000))  # the turn did not come in 2 s
     assert loop.time() - began == pytest.approx(2.0)
     second = asyncio.ensure_future(turns.wait(None))
     third = asyncio.ensure_future(turns.wait(None))
@@ -107,7 +108,7 @@ async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes
         await second
     assert await third  # passed on to the third
     turns.next()
-    assert await turns.wait(loop.time())  # nobody holds it: at once
+    assert await turns.wait(deadline_in(0))  # nobody holds it: at once
 
 
 class Asks(Observer):

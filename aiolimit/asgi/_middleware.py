@@ -108,7 +108,7 @@ class RateLimitMiddleware:
         try:
             lease = await concurrency.try_lease(timeout=self._wait)
         except LimiterError as exc:
-            verdict = self._gate._failed(exc)
+            verdict = self._gate.failed(exc)
             if verdict.status != 200:  # "deny"
                 await self._refuse(verdict, scope, send)
                 return
