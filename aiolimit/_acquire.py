@@ -45,8 +45,6 @@ __all__ = [
     "Limited",
     "Outcome",
     "Rates",
-    "Request",
-    "deadline_in",
     "give_back",
     "outcome_of",
     "take",

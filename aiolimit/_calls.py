@@ -23,12 +23,12 @@ import time
 from collections.abc import Mapping
 from datetime import timezone
 
-from ._acquire import Acquired, InFlight, Request, deadline_in, take
+from ._acquire import Acquired, InFlight, take
 from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._limiter import RateLimiter
 from ._meter import TokenMeter, sync_from
-from ._request import seconds
+from ._request import Request, deadline_in, seconds
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited

@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Coroutine, Hashable, Iterable
 from typing import Any, NoReturn, overload
 
-from ._acquire import Acquired, Request, deadline_in, give_back, take, try_one
+from ._acquire import Acquired, give_back, take, try_one
 from ._base import _Limiter
 from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight
+from ._request import Request, deadline_in
 from ._setting import rate_given
 from ._types import Algorithm, Duration, RateLimiterConfig, Rates, RateType, shown
 from .backends.base import Backend

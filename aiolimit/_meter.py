@@ -30,10 +30,10 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from ._acquire import Acquired, Outcome, Request, outcome_of, take
+from ._acquire import Acquired, Outcome, outcome_of, take
 from ._limiter import RateLimiter
 from ._quota_headers import quota
-from ._request import Leasing, deadline_in, left_of, micros, seconds
+from ._request import Leasing, Request, deadline_in, left_of, micros, seconds
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown

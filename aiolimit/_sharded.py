@@ -8,11 +8,11 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ._acquire import Acquired, Outcome, Request, deadline_in, give_back, outcome_of, take
+from ._acquire import Acquired, Outcome, give_back, outcome_of, take
 from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter, view_of
-from ._request import left_of
+from ._request import Request, deadline_in, left_of
 from ._setting import rate_given
 from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
 from .backends.base import Backend, breaker_of

@@ -9,9 +9,10 @@ from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from .._acquire import Acquired, Request, deadline_in, take
+from .._acquire import Acquired, take
 from .._checks import max_wait_of
 from .._limiter import RateLimiter
+from .._request import Request, deadline_in
 from .._values import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError
