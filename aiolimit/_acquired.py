@@ -37,15 +37,12 @@ class Outcome:
     @property
     def granted(self) -> bool:
         """Whether every limiter granted."""
-        for attempt in self.attempts:  # noqa: SIM110 (a loop: no generator to make)
-            if not isinstance(attempt, Grant):
-                return False
-        return True
+        return _all_granted(self.attempts)
 
     @property
     def retry_in(self) -> int:
         """µs until every refusing limiter could grant (0 when granted)."""
-        return max((a.retry_in for a in self.attempts if isinstance(a, Refusal)), default=0)
+        return _retry_in(self.attempts)
 
     def answer_of(self, limiter: Limited) -> Attempt | None:
         """``limiter``'s answer (None: it was not asked)."""
@@ -86,19 +83,14 @@ class Acquired:
 
     @property
     def granted(self) -> bool:
-        for attempt in self.attempts:  # noqa: SIM110 (a loop: no generator to make)
-            if not isinstance(attempt, Grant):
-                return False
-        return True
+        return _all_granted(self.attempts)
 
     def __bool__(self) -> bool:
         return self.granted
 
     @property
     def retry_after(self) -> float:
-        return seconds(
-            max((a.retry_in for a in self.attempts if isinstance(a, Refusal)), default=0)
-        )
+        return seconds(_retry_in(self.attempts))
 
     def __repr__(self) -> str:
         names = ", ".join(limiter.name for limiter in self.limiters)
@@ -147,3 +139,15 @@ class Acquired:
             raise
         self.attempts = (*self.attempts[:i], grant, *self.attempts[i + 1 :])
         return settled
+
+
+def _all_granted(attempts: Sequence[Attempt]) -> bool:
+    for attempt in attempts:  # noqa: SIM110 (a loop: no generator to make)
+        if not isinstance(attempt, Grant):
+            return False
+    return True
+
+
+def _retry_in(attempts: Sequence[Attempt]) -> int:
+    """µs until every refusing limiter could grant (0 when all granted)."""
+    return max((a.retry_in for a in attempts if isinstance(a, Refusal)), default=0)
