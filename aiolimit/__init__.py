@@ -18,6 +18,7 @@ from ._acquire import Acquired
 from ._breaker import Breaker, BreakerPolicy
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight
+from ._learn import Learned, Learner
 from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
@@ -38,6 +39,7 @@ from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
     BackendError,
+    CredentialsError,
     InvalidArgumentError,
     LeaseLostError,
     LimiterError,
@@ -61,10 +63,13 @@ __all__ = [
     "BreakerPolicy",
     "ConcurrencyConfig",
     "ConcurrencyLimiter",
+    "CredentialsError",
     "Duration",
     "Grant",
     "InFlight",
     "InvalidArgumentError",
+    "Learned",
+    "Learner",
     "Lease",
     "LeaseLostError",
     "LimiterError",

@@ -100,6 +100,11 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
     return (await _slept_out(request, [attempt])).granted
 
 
+# Its coroutine is what RateLimiter.try_acquire returns: a caller that forgets to await it
+# is warned of the method it called (set once here, not on each call: the hot path).
+try_one.__qualname__ = "RateLimiter.try_acquire"
+
+
 async def outcome_of(request: Request) -> Outcome:
     """What the limiters of ``request`` answer, all or nothing, its reservations slept out
     (and asked again behind a block that came meanwhile), within what is left of its

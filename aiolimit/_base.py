@@ -18,6 +18,7 @@ from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
 
 from ._acquire import Acquired
+from ._awaiting import awaited
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
 from ._code_config import CodeConfig, asked_again
@@ -79,9 +80,11 @@ class _Limiter(_RateSetting):
 
     # -- permits -------------------------------------------------------------------------------
 
+    @awaited
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
 
+    @awaited
     async def reserve(self, permits: int = 1, *, timeout: Duration | None = 0) -> Acquired:
         """Takes ``permits`` as :meth:`try_acquire` does, and returns the acquisition: true
         when granted (``retry_after`` when not). Its ``release()`` hands everything back;
@@ -100,6 +103,7 @@ class _Limiter(_RateSetting):
         HTTP clients' path)."""
         raise NotImplementedError
 
+    @awaited
     async def acquire(self, permits: int = 1) -> None:
         """Waits until ``permits`` are granted."""
         await self.try_acquire(permits, timeout=None)
@@ -178,6 +182,7 @@ class _Limiter(_RateSetting):
         except NotConfiguredError as lost:
             return await asked_again(lost, [(name, code) for name in self._names], call)
 
+    @awaited
     async def wait_time(self, permits: int = 1) -> float:
         """Seconds until ``permits`` could be granted (0: now); takes nothing. For a caller
         that was refused and wants to say when to come back (``Retry-After``)."""
@@ -196,6 +201,7 @@ class _Limiter(_RateSetting):
         errors = [wait for wait in waits if isinstance(wait, LimiterError)]
         raise most_telling(errors, permits, len(waits))
 
+    @awaited
     async def available_permits(self) -> int:
         """Permits a request could take now (for ``PER_CLIENT``: this client's; for a sharded
         limiter, summed over the shards, though one request is served by one shard)."""

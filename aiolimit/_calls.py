@@ -7,6 +7,10 @@ process obeys after the server answered ``429`` (or ``503``) with ``Retry-After`
 >>> if await guard.pause_for(response.status, response.headers.get("Retry-After")):
 ...     ...                                           # everyone pauses; retry once
 
+A call that could not even connect (``guard.unsent(acquired)``) hands back what it took;
+one that failed after it was sent (a read timeout, a reset) keeps it, since the partner may
+have counted it.
+
 The pause is the limiter's ``block()``: kept in its config, so every process that shares the
 store obeys it, and reservations made before it move behind it. It lasts at most ``max_pause``
 (15 minutes by default): one hostile or mistaken ``Retry-After`` (``999999999``, a date in
@@ -15,17 +19,21 @@ the year 9999) would otherwise stop every caller of the limiter, in every proces
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import email.utils
 import logging
+import math
 import re
 import time
 from collections.abc import Mapping
 from datetime import timezone
 
+from . import _observe
 from ._acquire import Acquired, InFlight, take
 from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
+from ._learn import Learner, call_learning
 from ._limiter import RateLimiter
 from ._meter import TokenMeter, sync_from
 from ._request import Request, deadline_in, seconds
@@ -37,6 +45,7 @@ __all__ = [
     "DEFAULT_MAX_PAUSE",
     "PAUSE_STATUSES",
     "CallGuard",
+    "Refusals",
     "last_grant",
     "retry_after_seconds",
 ]
@@ -95,10 +104,12 @@ class CallGuard:
     __slots__ = (
         "_max_wait",
         "concurrency",
+        "learning",
         "limiter",
         "max_pause",
         "meter",
         "permits",
+        "refusals",
         "retry",
         "timeout",
     )
@@ -113,6 +124,7 @@ class CallGuard:
         max_pause: Duration = DEFAULT_MAX_PAUSE,
         concurrency: ConcurrencyLimiter | None = None,
         meter: TokenMeter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
             raise InvalidArgumentError(
@@ -133,6 +145,8 @@ class CallGuard:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = seconds(max_pause_us)
         self.meter = meter
+        self.refusals = Refusals()
+        self.learning = call_learning(learn, limiter, None if meter is None else meter.tokens)
 
     async def before_call(self, request: object = None) -> Acquired:
         """Waits for the permits (after any pause: a block holds every grant back), with the
@@ -143,7 +157,9 @@ class CallGuard:
         slots = () if self.concurrency is None else ((self.concurrency, 1),)
         limiter = self.limiter
         if self.meter is None:
-            acquired = await take(Request((limiter,), (self.permits,), deadline, slots))
+            wanted = Request((limiter,), (self.permits,), deadline, slots)
+            learning = self.learning  # (reserving only a little ahead: see _learn)
+            acquired = await take(wanted, None if learning is None else learning.paced)
         else:
             assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
             acquired = await self.meter.take(limiter, self.permits, deadline, request, slots)
@@ -154,28 +170,86 @@ class CallGuard:
         last_grant.set(acquired)
         return acquired
 
-    async def after_headers(self, headers: Mapping[str, str]) -> None:
+    async def unsent(self, acquired: Acquired) -> None:
+        """The call never reached the partner (no connection could be made): what it took
+        goes back, its own grants by member (its permits, its tokens when metered; its slot
+        is released already). A call that failed once sent keeps them: the partner may
+        have counted it."""
+        if self.meter is not None:
+            await self.meter.unsent(acquired)
+        else:
+            await acquired.release()
+
+    async def after_headers(
+        self, headers: Mapping[str, str], status: int = 200, acquired: Acquired | None = None
+    ) -> None:
         """A provider's count of requests left, when its headers say, taken as a floor
-        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``)."""
+        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``); with
+        ``learn``, what the answer teaches the learners."""
         await sync_from(headers, self.limiter, "requests")
+        if self.learning is not None and acquired is not None:
+            await self.learning.after(status, headers, acquired)
 
     async def pause_for(self, status: int, retry_after: str | None) -> bool:
         """After a response: pauses everyone as a ``429``/``503`` with ``Retry-After`` asks;
-        returns whether it did."""
+        returns whether it did. Every such status is reported (``Observer.partner_refused``)
+        and each episode logged once (:class:`Refusals`)."""
         if status not in PAUSE_STATUSES:
             return False
         seconds = retry_after_seconds(retry_after)
+        capped = seconds is not None and seconds > self.max_pause
+        if seconds is not None:
+            seconds = min(seconds, self.max_pause)
+        self.refusals.report(self.limiter.name, status, seconds, retry_after if capped else None)
         if seconds is None:
             return False
-        if seconds > self.max_pause:
-            log.warning(
-                "limiter %r: the server's Retry-After %.40r asks for a longer pause than "
-                "max_pause; pausing %g s",
-                self.limiter.name,
-                retry_after,
-                self.max_pause,
-            )
-            seconds = self.max_pause
+        if self.learning is not None and seconds <= self.learning.short_pause():
+            if self.retry:  # the learner's cut answers it; this call alone waits
+                await asyncio.sleep(seconds)
+            return True
         if seconds > 0:
             await self.limiter.block(seconds)
         return True
+
+
+class Refusals:
+    """What a client's guard says of the statuses that refused its calls: each to the
+    observer; one WARNING per episode, which starts with a refusal outside any other and
+    lasts as long as the pauses its refusals start (at least ``QUIET`` seconds), so the
+    requests already in flight when the first was refused log nothing more."""
+
+    __slots__ = ("_until",)
+
+    QUIET = 1.0
+
+    def __init__(self) -> None:
+        self._until = -math.inf  # the current episode's end, on the event loop's clock
+
+    def report(self, name: str, status: int, pause: float | None, capped: str | None) -> None:
+        observer = _observe.current
+        if observer is not None:
+            observer.partner_refused(name, status, pause)
+        now = asyncio.get_running_loop().time()
+        starts = now >= self._until
+        self._until = max(self._until, now + max(pause or 0.0, self.QUIET))
+        if not starts:
+            return
+        if pause is None:
+            log.warning(
+                "limiter %r: the server answered %d without a usable Retry-After; not pausing",
+                name,
+                status,
+            )
+        elif capped is None:
+            log.warning(
+                "limiter %r: the server answered %d; pausing every caller %g s", name, status, pause
+            )
+        else:
+            log.warning(
+                "limiter %r: the server answered %d; its Retry-After %.40r asks for a longer "
+                "pause than max_pause; pausing every caller %g s",
+                name,
+                status,
+                capped,
+                pause,
+            )

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any
 
 from . import _observe
+from ._awaiting import awaited
 from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
 from ._values import Duration, check_name, to_micros
@@ -137,6 +138,7 @@ class ConcurrencyLimiter:
         :class:`~aiolimit.LeaseLostError` when the lease is lost (the body is cancelled)."""
         return _Leasing(self, permits, timeout)
 
+    @awaited
     async def try_lease(self, permits: int = 1, *, timeout: Duration | None = 0) -> Lease | None:
         """A lease of ``permits`` slots, waiting for them at most ``timeout`` (None: as long as
         it takes) in FIFO order; None when none was free in time. The holder renews it

@@ -295,6 +295,14 @@ class TokenMeter:
         if turns is not None:
             turns.wake()
 
+    async def unsent(self, acquired: Acquired) -> None:
+        """The call never reached the provider (no connection was made): its permit and
+        its tokens go back, exactly this call's grants; the call of this process asking
+        next asks again at once."""
+        await acquired.release()
+        if self.tokens in acquired.owners:
+            self._wake()
+
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""

@@ -81,6 +81,19 @@ class Observer:
         """A settle (:meth:`Acquired.settle <aiolimit.Acquired.settle>`) of limiter ``name``
         charged ``permits`` less than the call cost: the limiter was at its ``max_debt``."""
 
+    def partner_refused(self, name: str, status: int, pause: float | None) -> None:
+        """The server that limiter ``name`` guards (through :mod:`aiolimit.httpx` or
+        :mod:`aiolimit.aiohttp`) answered a call with ``status`` (429 or 503): its quota is
+        tighter than the limiter's, or others share it. ``pause``: the seconds every caller
+        of the limiter now pauses (its ``Retry-After``, at most ``max_pause``); None when the
+        response said no usable ``Retry-After``. Each such response is reported, the ones
+        within a pause too; the log has one WARNING per pause."""
+
+    def learned(self, name: str, permits: int, ceiling: int, interval: float) -> None:
+        """Limiter ``name``'s learned rate is now ``permits`` per ``interval`` seconds (its
+        first rate), of at most ``ceiling`` (:class:`~aiolimit.Learner`; reported when this
+        process first sees a change, from any process)."""
+
 
 current: Observer | None = None
 """The attached observer (read on the hot path; set it with :func:`observe`)."""

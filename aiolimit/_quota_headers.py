@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from ._types import MAX_RATE
 
-__all__ = ["KINDS", "Quota", "duration_seconds", "quota"]
+__all__ = ["KINDS", "Quota", "duration_seconds", "quota", "stated_limit"]
 
 KINDS = ("requests", "tokens")
 """What a provider meters: requests, and tokens."""
@@ -111,3 +111,74 @@ def quota(
             return None
         return Quota(min(int(remaining), MAX_RATE), min(seconds, max_reset))
     return None
+
+
+# -- the limit a partner states ---------------------------------------------------------------
+
+_MINUTE = 60.0
+# The header that states each kind's limit per minute (OpenAI, Anthropic); the first found.
+_LIMIT_NAMES = {
+    "requests": ("x-ratelimit-limit-requests", "anthropic-ratelimit-requests-limit"),
+    "tokens": ("x-ratelimit-limit-tokens", "anthropic-ratelimit-tokens-limit"),
+}
+_SPLIT_TOKENS = (
+    "anthropic-ratelimit-input-tokens-limit",
+    "anthropic-ratelimit-output-tokens-limit",
+)
+_LONGEST_WINDOW = 86400 * 366  # seconds: a policy's window longer than a year is not believed
+_POLICY_ITEMS = 16  # items of a RateLimit-Policy read, at most
+_PARAM = re.compile(r'\s*([a-z][a-z0-9_.*-]*)\s*=\s*("[^"]*"|[^;,\s]*)\s*')
+
+
+def stated_limit(
+    headers: Mapping[str, str] | Callable[[str], str | None], kind: str
+) -> tuple[int, float] | None:
+    """The limit a partner states for ``kind`` (``"requests"`` or ``"tokens"``): ``(quota,
+    window seconds)``; None when its headers do not say, or say it unreadably. Read from
+    ``x-ratelimit-limit-*`` (OpenAI) and ``anthropic-ratelimit-*-limit`` (Anthropic; for
+    tokens, its input and output limits summed when it states no total), both per minute,
+    and for requests from the IETF ``RateLimit-Policy`` field (``"name";q=100;w=60``; of its
+    policies counted in requests, the one with the shortest window). Counts are at most
+    ``MAX_RATE``.
+
+    >>> stated_limit({"ratelimit-policy": '"burst";q=12;w=1'}, "requests")
+    (12, 1.0)
+    """
+    get = headers if callable(headers) else headers.get
+    for name in _LIMIT_NAMES[kind]:
+        count = _count_of(get(name))
+        if count is not None:
+            return count, _MINUTE
+    if kind == "tokens":
+        parts = [_count_of(get(name)) for name in _SPLIT_TOKENS]
+        if None not in parts:
+            return min(sum(p for p in parts if p is not None), MAX_RATE), _MINUTE
+        return None
+    return _policy(get("ratelimit-policy"))
+
+
+def _count_of(value: str | None) -> int | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return min(int(value), MAX_RATE) if _COUNT.fullmatch(value) else None
+
+
+def _policy(value: str | None) -> tuple[int, float] | None:
+    """The request quota of a ``RateLimit-Policy`` field with the shortest window (the one a
+    limiter's interval is most like; the smallest of those), None: none readable."""
+    if value is None or len(value) > 4096:
+        return None
+    tightest: tuple[int, float] | None = None
+    for item in value.split(",")[:_POLICY_ITEMS]:
+        head, _, rest = item.partition(";")
+        params = {m.group(1): m.group(2).strip('"') for m in _PARAM.finditer(rest)}
+        if params.get("qu", "requests") != "requests":
+            continue
+        quota = _count_of(params.get("q") or head)  # (early drafts: the item is the quota)
+        window = _count_of(params.get("w"))
+        if quota is None or not window or window > _LONGEST_WINDOW:
+            continue
+        if tightest is None or (window, quota) < (tightest[1], tightest[0]):
+            tightest = (quota, float(window))
+    return tightest

@@ -176,11 +176,25 @@ class _RateSetting:
     async def _ensure(self, asked: RateLimiterConfig) -> bool:
         if all(await self._set("try", asked, True)):
             return True
-        if await self.get_config() == asked:
+        stored = await self.get_config()
+        if stored == asked or await self._learned_from(asked, stored):
             return False
         log.info("rate limiter %r: writing the config the code gives: %s", self.name, asked)
         await self._set("set", asked, True)
         return True
+
+    async def _learned_from(
+        self, asked: RateLimiterConfig, stored: RateLimiterConfig | None
+    ) -> bool:
+        """Whether ``stored`` is a rate learned under the ceiling ``asked`` (a Learner's):
+        then it is the rate in force, which ``ensure_rate`` leaves alone."""
+        if stored is None or replace(stored, rates=asked.rates) != asked:
+            return False
+        ceilings = await gather(self.backend.learned(name) for name in self._names)
+        return all(
+            ceiling == sub.rates
+            for ceiling, sub in zip(ceilings, self._configs(asked), strict=True)
+        )
 
     async def _write_config(self, config: RateLimiterConfig, replace: bool) -> None:
         """The rate in code written (:class:`CodeConfig`'s write): at first use as

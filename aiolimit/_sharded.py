@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ._acquire import Acquired, Outcome, give_back, outcome_of, take
+from ._awaiting import awaited
 from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter, view_of
@@ -18,10 +20,12 @@ from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateTyp
 from .backends.base import Backend, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 
-__all__ = ["ShardedRateLimiter"]
+__all__ = ["ShardedRateLimiter", "shard_of"]
 
 MAX_SHARDS = 256
 _SLOTS = 16384  # Redis Cluster's hash slots
+_MARK = "\x00shard"  # between a sharded limiter's name and a shard's number
+_SHARD_NAME = re.compile(r"([^\x00]+)\x00shard(0|[1-9][0-9]*)(?:\.[1-9][0-9]*)?")
 
 
 def _split_rate(rate: int, shards: int) -> list[int]:
@@ -50,7 +54,7 @@ def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
     layout: every process computes the same ones. No plain limiter's name may hold a NUL, so
     no plain limiter can be (or touch) a shard.
     """
-    base = [f"{name}\x00shard{i}" for i in range(shards)]
+    base = [f"{name}{_MARK}{i}" for i in range(shards)]
     if backend.slot(base[0]) is None:
         return base
     part = _SLOTS / shards
@@ -67,6 +71,15 @@ def _shard_names(name: str, shards: int, backend: Backend) -> list[str]:
             chosen = candidate
         names.append(chosen)
     return names
+
+
+def shard_of(stored: str) -> tuple[str, int] | None:
+    """The sharded limiter's name and the shard's number of a name :func:`_shard_names`
+    made (``"search\\x00shard2.17"``: ``("search", 2)``); None for any other name (a plain
+    limiter's, which holds no NUL). What ``aiolimit list``, ``inspect`` and ``delete`` read
+    the shards found on a server by."""
+    match = _SHARD_NAME.fullmatch(stored)
+    return None if match is None else (match[1], int(match[2]))
 
 
 class ShardedRateLimiter(_Limiter):
@@ -179,6 +192,7 @@ class ShardedRateLimiter(_Limiter):
             configs.append(replace(config, rates=rates, max_debt=debt))
         return configs
 
+    @awaited
     async def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> bool:
         """Takes ``permits`` from one shard if some shard can give them within ``timeout``.
 

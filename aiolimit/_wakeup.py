@@ -1,10 +1,11 @@
 """How a caller sleeps out its reservation: to the grant's start on the limiter's clock,
-mapped to the loop's through its backend's ``clock_map`` (``backends/_clock.py``: never
-early), rather than ``starts_in`` from the moment it read the reply, which wakes it late by
-however long the reply took to reach it, and by a different amount for each caller: a
-partner that counts arrivals in its own window then sees late ones bunch with on-time ones.
-On the way it asks whether a ``block()`` came meanwhile, a little before the start
-(``BLOCK_LEAD``), so that the read's round trip does not make it late either.
+mapped to the loop's through its backend's map of that limiter's clock (``clock_map``,
+``backends/_clock.py``: never early), rather than ``starts_in`` from the moment it read the
+reply, which wakes it late by however long the reply took to reach it, and by a different
+amount for each caller: a partner that counts arrivals in its own window then sees late
+ones bunch with on-time ones. On the way it asks whether a ``block()`` came meanwhile, a
+little before the start (``BLOCK_LEAD``), so that the read's round trip does not make it
+late either.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ async def sleep_out(
     mapped = -math.inf
     for limiter, grant in grants:
         if grant.starts_in > 0:
-            clock_map = limiter.backend.clock_map
+            clock_map = limiter.backend.clock_map(limiter.name)
             clock_map.observe(grant.starts_at - grant.starts_in, now)
             local = clock_map.local(grant.starts_at)
             mapped = max(mapped, wake if local is None else local)

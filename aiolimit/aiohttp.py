@@ -10,9 +10,10 @@
 The same behaviour as :class:`aiolimit.httpx.RateLimitedTransport`: every session and process
 that uses the limiter shares the partner's quota; a ``429`` (or ``503``) with ``Retry-After``
 pauses every caller of the limiter in every process, and the request is sent once more after
-the pause (``retry=False`` returns the response instead). ``tokens=`` meters tokens as the httpx
-transport does. Needs ``pip install 'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has
-client middlewares).
+the pause (``retry=False`` returns the response instead); a request that could not connect
+(``aiohttp.ClientConnectorError``, ``ConnectionTimeoutError``) hands back what it took.
+``tokens=`` meters tokens as the httpx transport does. Needs ``pip install
+'aiolimit-redis[aiohttp]'`` (aiohttp >= 3.12, which has client middlewares).
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from __future__ import annotations
 from ._extras import missing_extra
 
 try:
-    from aiohttp import ClientHandlerType, ClientRequest, ClientResponse, payload
+    from aiohttp import (
+        ClientConnectorError,
+        ClientHandlerType,
+        ClientRequest,
+        ClientResponse,
+        ConnectionTimeoutError,
+        payload,
+    )
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
@@ -32,6 +40,7 @@ from ._aiohttp_stream import in_background, meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
+from ._learn import Learner
 from ._limiter import RateLimiter
 from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
@@ -40,6 +49,10 @@ from ._types import Duration
 __all__ = ["RateLimitedClientMiddleware"]
 
 T = TypeVar("T")
+
+_UNSENT = (ClientConnectorError, ConnectionTimeoutError)
+"""Failures before the request left: no connection (refused, DNS, TLS, a proxy's), none in
+time. Any other (a read timeout, the server gone) may come after the partner got it."""
 
 
 class RateLimitedClientMiddleware:
@@ -81,6 +94,7 @@ class RateLimitedClientMiddleware:
         estimate: Callable[[ClientRequest], int] | None = None,
         usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._streams = usage is None  # (the default usage reads an event stream's too)
@@ -92,6 +106,7 @@ class RateLimitedClientMiddleware:
             max_pause=max_pause,
             concurrency=concurrency,
             meter=meter,
+            learn=learn,
         )
 
     @property
@@ -101,25 +116,25 @@ class RateLimitedClientMiddleware:
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
         guard = self._guard
         acquired = await guard.before_call(request)
-        response = await _send(request, handler, acquired)
-        paused = await _or_closed(response, self._answered(response))
+        response = await _send(guard, request, handler, acquired)
+        paused = await _or_closed(response, self._answered(response, acquired))
         if paused and guard.retry:
             response.release()
             if guard.meter is not None:
                 await guard.meter.unused(acquired, response.headers)  # it used no tokens
             acquired = await guard.before_call(request)  # after the pause, a permit of its own
-            response = await _send(request, handler, acquired)
-            await _or_closed(response, self._answered(response))
+            response = await _send(guard, request, handler, acquired)
+            await _or_closed(response, self._answered(response, acquired))
         if guard.meter is None:
             return response
         await _or_closed(response, self._settle(response, acquired))
         return response
 
-    async def _answered(self, response: ClientResponse) -> bool:
-        """The provider's count of requests left taken as a floor; whether its answer
-        paused everyone (``Retry-After``)."""
+    async def _answered(self, response: ClientResponse, acquired: Acquired) -> bool:
+        """The provider's count of requests left taken as a floor (and, learning, what the
+        answer teaches); whether its answer paused everyone (``Retry-After``)."""
         guard = self._guard
-        await guard.after_headers(response.headers)
+        await guard.after_headers(response.headers, response.status, acquired)
         return await guard.pause_for(response.status, response.headers.get("Retry-After"))
 
     async def _settle(self, response: ClientResponse, acquired: Acquired) -> None:
@@ -137,12 +152,17 @@ class RateLimitedClientMiddleware:
 
 
 async def _send(
-    request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
+    guard: CallGuard, request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
 ) -> ClientResponse:
-    """The request sent; with a concurrency slot, held until aiohttp lets the connection go."""
+    """The request sent; with a concurrency slot, held until aiohttp lets the connection go.
+    One that could not connect hands back what it took (the partner never saw it)."""
+    try:
+        response = await hold_while(acquired, handler(request))
+    except _UNSENT:
+        await guard.unsent(acquired)
+        raise
     if not isinstance(acquired, InFlight):
-        return await handler(request)
-    response = await hold_while(acquired, handler(request))
+        return response
     connection = response.connection
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)

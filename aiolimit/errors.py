@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BackendError",
+    "CredentialsError",
     "InvalidArgumentError",
     "LeaseLostError",
     "LimiterError",
@@ -44,6 +45,16 @@ class BackendError(LimiterError):
         super().__init__(*args)
         self.outage = outage
         """Whether the store did not serve (true) or answered with an error (false)."""
+
+
+class CredentialsError(BackendError):
+    """The server needs credentials and was given none, or refused the ones given (redis-py's
+    ``AuthenticationError``: ``NOAUTH``, ``WRONGPASS``). Not an outage: the server answered.
+    Give them in the URL (``redis://USER:PASSWORD@HOST:6379``; ``redis://:PASSWORD@HOST:6379``
+    for a server's ``requirepass``) or as ``Redis(username=..., password=...)``."""
+
+    def __init__(self, *args: object, outage: bool = False) -> None:
+        super().__init__(*args, outage=outage)
 
 
 class RateLimited(LimiterError):

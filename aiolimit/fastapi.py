@@ -19,7 +19,7 @@ from ._extras import missing_extra
 
 try:
     from starlette.exceptions import HTTPException
-    from starlette.requests import HTTPConnection, Request
+    from starlette.requests import Request
     from starlette.responses import Response
 except ImportError as exc:
     raise missing_extra("aiolimit.fastapi", "fastapi") from exc
@@ -28,7 +28,7 @@ from ._types import Algorithm, Duration, Rate
 from .asgi._fields import header_fields, items_of
 from .asgi._gate import Gate, RateLimitStats, record, refusal_headers
 from .asgi._rules import Rule
-from .asgi._types import KeyFunc, OnBackendError, PermitsFunc, Scope
+from .asgi._types import KeyFunc, OnBackendError, PermitsFunc
 from .backends.base import Backend
 
 __all__ = ["RateLimit"]
@@ -56,9 +56,9 @@ class RateLimit:
 
     ``key`` is a key of the ASGI scope (``client_ip``) or, when its first parameter is
     annotated ``Request``, of the Starlette request: ``def api_key(request: Request) ->
-    str | None``. ``detail`` makes the body's ``detail`` of a refusal:
-    ``detail(status, retry_after)`` (FastAPI writes ``{"detail": ...}``; an exception handler
-    for ``HTTPException`` may write any other body).
+    str | None``, as a middleware :class:`~aiolimit.asgi.Rule` takes it. ``detail`` makes the
+    body's ``detail`` of a refusal: ``detail(status, retry_after)`` (FastAPI writes
+    ``{"detail": ...}``; an exception handler for ``HTTPException`` may write any other body).
     """
 
     __slots__ = ("__signature__", "_detail", "_gate", "_headers", "_legacy")
@@ -79,7 +79,6 @@ class RateLimit:
         legacy_headers: bool = False,
         detail: DetailFunc | None = None,
     ) -> None:
-        key = _scope_key(key)
         rule = Rule(name, rates, key=key, permits=permits, algorithm=algorithm)
         self._detail = detail
         self._gate = Gate(backend, [rule], wait, on_backend_error, error_retry_after)
@@ -120,23 +119,3 @@ class RateLimit:
         if self._headers:
             for name, value in header_fields(items_of(scope), self._legacy):
                 response.headers[name.decode()] = value.decode()
-
-
-def _scope_key(key: KeyFunc | RequestKeyFunc | None) -> KeyFunc | None:
-    """``key`` as a key of the scope: one whose first parameter is annotated ``Request`` (or
-    another Starlette ``HTTPConnection``) is given the request made of the scope."""
-    if key is None:
-        return None
-    try:
-        parameters = list(inspect.signature(key, eval_str=True).parameters.values())
-    except (TypeError, ValueError, NameError):  # no signature to read: a key of the scope
-        return key  # type: ignore[return-value]
-    wanted = parameters[0].annotation if parameters else None
-    if not (isinstance(wanted, type) and issubclass(wanted, HTTPConnection)):
-        return key  # type: ignore[return-value]
-    of_request: RequestKeyFunc = key  # type: ignore[assignment]
-
-    def key_of_scope(scope: Scope) -> str | None:
-        return of_request(Request(scope))
-
-    return key_of_scope

@@ -14,7 +14,9 @@ limiter, of tokens), each request also reserves its estimated tokens, settled by
 its response reports once the body is read or closed (docs: Token budgets). With
 ``concurrency=sem`` (a :class:`~aiolimit.ConcurrencyLimiter`) each request also holds a slot
 while it is in flight: taken before the rate permit, released when the response's body is
-closed. Needs
+closed. A request that could not connect (``httpx.ConnectError``, ``ConnectTimeout``,
+``PoolTimeout``) hands back its permit and tokens, as the partner never saw it; one that
+failed after it was sent keeps them. Needs
 ``pip install 'aiolimit-redis[httpx]'``.
 """
 
@@ -36,6 +38,7 @@ from ._acquire import Acquired
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
+from ._learn import Learner
 from ._limiter import RateLimiter
 from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
 from ._sharded import ShardedRateLimiter
@@ -44,6 +47,10 @@ from ._types import Duration
 __all__ = ["RateLimitedTransport"]
 
 T = TypeVar("T")
+
+_UNSENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+"""Failures before the request left: no connection (refused, DNS, TLS), none in time, none
+free in the pool. Any other (a read timeout, a reset) may come after the partner got it."""
 
 
 class RateLimitedTransport(httpx.AsyncBaseTransport):
@@ -86,6 +93,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
         estimate: Callable[[httpx.Request], int] | None = None,
         usage: Callable[[httpx.Response], int | None] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
+        learn: bool | Learner = False,
     ) -> None:
         meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
         self._guard = CallGuard(
@@ -96,6 +104,7 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
             max_pause=max_pause,
             concurrency=concurrency,
             meter=meter,
+            learn=learn,
         )
         self._transport = transport or httpx.AsyncHTTPTransport()
 
@@ -126,17 +135,21 @@ class RateLimitedTransport(httpx.AsyncBaseTransport):
 
     async def _send(self, request: httpx.Request, acquired: Acquired) -> httpx.Response:
         sending = self._transport.handle_async_request(request)
+        try:
+            response = await hold_while(acquired, sending)  # (a slot: held, renewed)
+        except _UNSENT:
+            await self._guard.unsent(acquired)  # the partner never saw it: all goes back
+            raise
         if isinstance(acquired, InFlight):  # the slot held until the body is closed
-            response = await hold_while(acquired, sending)
             response = httpx.Response(
                 response.status_code,
                 headers=response.headers,
                 stream=_HeldStream(response.stream, acquired),
                 extensions=response.extensions,
             )
-        else:
-            response = await sending
-        await _or_closed(response, self._guard.after_headers(response.headers))
+        await _or_closed(
+            response, self._guard.after_headers(response.headers, response.status_code, acquired)
+        )
         return response
 
     def _pause_for(self, response: httpx.Response) -> Awaitable[bool]:

@@ -23,6 +23,13 @@ name                            kind                  unit             attribute
 ``aiolimit.queued``             up-down counter       ``{request}``    (callers of this process
                                                                        waiting for a reservation
                                                                        now)
+``aiolimit.partner.refusals``   counter               ``{response}``   ``http.response.status_code``
+                                                                       (429 or 503: the HTTP
+                                                                       clients' partner refused a
+                                                                       call)
+``aiolimit.learned.rate``       gauge                 ``{permit}/s``   (a learned rate in force:
+                                                                       :class:`~aiolimit.Learner`)
+``aiolimit.learned.ceiling``    gauge                 ``{permit}/s``   (its ceiling)
 ``aiolimit.redis.round_trips``  counter               ``{round_trip}`` none: shared by limiters
 ``aiolimit.redis.requests``     counter               ``{request}``    none: requests the round
                                                                        trips carried (divided by
@@ -66,6 +73,7 @@ __all__ = ["OpenTelemetryObserver"]
 LIMITER = "aiolimit.limiter"
 RESULT = "aiolimit.result"
 ERROR_TYPE = "error.type"
+STATUS = "http.response.status_code"
 
 # Waits from a millisecond (a reservation a few grants ahead) to minutes (a deep queue).
 _WAIT_BOUNDARIES = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -82,7 +90,9 @@ class OpenTelemetryObserver(Observer):
         "_batch",
         "_errors",
         "_granted",
+        "_learned",
         "_queued",
+        "_refusals",
         "_refused",
         "_sent",
         "_trips",
@@ -99,9 +109,11 @@ class OpenTelemetryObserver(Observer):
         self._refused: dict[str, int] = {}
         self._errors: dict[tuple[str, str], int] = {}  # (name, error type)
         self._queued: dict[str, int] = {}
+        self._refusals: dict[tuple[str, int], int] = {}  # (name, status)
         self._trips = 0
         self._sent = 0
         self._attributes: dict[str, dict[str, Any]] = {}  # name -> {LIMITER: name}
+        self._learned: dict[str, tuple[float, float]] = {}  # name -> (rate, ceiling) per s
         meter.create_observable_counter(
             "aiolimit.requests",
             callbacks=[self._observe_requests],
@@ -121,6 +133,12 @@ class OpenTelemetryObserver(Observer):
             description="Callers in this process waiting for a reserved slot.",
         )
         meter.create_observable_counter(
+            "aiolimit.partner.refusals",
+            callbacks=[self._observe_refusals],
+            unit="{response}",
+            description="Responses of 429 or 503 from the server an HTTP client's limiter guards.",
+        )
+        meter.create_observable_counter(
             "aiolimit.redis.round_trips",
             callbacks=[self._observe_trips],
             unit="{round_trip}",
@@ -131,6 +149,18 @@ class OpenTelemetryObserver(Observer):
             callbacks=[self._observe_sent],
             unit="{request}",
             description="Requests carried by round trips to Redis.",
+        )
+        meter.create_observable_gauge(
+            "aiolimit.learned.rate",
+            callbacks=[self._observe_learned],
+            unit="{permit}/s",
+            description="The learned rate in force (its first rate), as this process last saw it.",
+        )
+        meter.create_observable_gauge(
+            "aiolimit.learned.ceiling",
+            callbacks=[self._observe_ceiling],
+            unit="{permit}/s",
+            description="The most a learned rate may be: the limiter's rate from code.",
         )
         self._wait = meter.create_histogram(
             "aiolimit.wait.duration",
@@ -168,11 +198,18 @@ class OpenTelemetryObserver(Observer):
     def queued(self, name: str, change: int) -> None:
         self._queued[name] = self._queued.get(name, 0) + change
 
+    def partner_refused(self, name: str, status: int, pause: float | None) -> None:
+        key = (name, status)
+        self._refusals[key] = self._refusals.get(key, 0) + 1
+
     def round_trip(self, requests: int) -> None:
         self._trips += 1
         self._sent += requests
         if self._batch is not None:
             self._batch.record(requests)
+
+    def learned(self, name: str, permits: int, ceiling: int, interval: float) -> None:
+        self._learned[name] = (permits / interval, ceiling / interval)
 
     # -- what the SDK reads when it collects -------------------------------------------------
 
@@ -197,6 +234,18 @@ class OpenTelemetryObserver(Observer):
     def _observe_queued(self, options: CallbackOptions) -> Iterable[Observation]:
         for name, count in self._queued.copy().items():
             yield Observation(count, self._limiter(name))
+
+    def _observe_refusals(self, options: CallbackOptions) -> Iterable[Observation]:
+        for (name, status), count in self._refusals.copy().items():
+            yield Observation(count, {LIMITER: name, STATUS: status})
+
+    def _observe_learned(self, options: CallbackOptions) -> Iterable[Observation]:
+        for name, (rate, _) in self._learned.copy().items():
+            yield Observation(rate, self._limiter(name))
+
+    def _observe_ceiling(self, options: CallbackOptions) -> Iterable[Observation]:
+        for name, (_, ceiling) in self._learned.copy().items():
+            yield Observation(ceiling, self._limiter(name))
 
     def _observe_trips(self, options: CallbackOptions) -> Iterable[Observation]:
         yield Observation(self._trips)

@@ -8,6 +8,7 @@ per minute, answers 429 beyond that, and uses a random part of each ``max_tokens
 
     python examples/llm_client.py                                  # in-memory backend
     python examples/llm_client.py --redis redis://localhost:6379   # shared through Redis
+    AIOLIMIT_REDIS_URL=redis://localhost:6379 python examples/llm_client.py
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 
@@ -89,7 +91,12 @@ async def main(backend: Backend) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--redis", help="a Redis URL (default: the in-memory backend)")
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("AIOLIMIT_REDIS_URL") or None,
+        help="a Redis URL (default: $AIOLIMIT_REDIS_URL, else the in-memory backend)",
+    )
     args = parser.parse_args()
     store: Backend = RedisBackend(Redis.from_url(args.redis)) if args.redis else MemoryBackend()
     asyncio.run(main(store))

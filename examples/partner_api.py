@@ -6,9 +6,10 @@ limiter of 20 per 1.2 seconds through httpx's RateLimitedTransport, so the partn
 refuses them: the longer window absorbs the calls that reach it later than others (the first
 ones of a connection). Once, the partner answers 429 with Retry-After: 1 anyway
 (maintenance): every worker in both processes pauses for that second, and the refused call is
-sent again after it.
+sent again after it; the process that received it logs the pause (a WARNING of ``aiolimit``).
 
     python examples/partner_api.py --redis redis://localhost:6379   # two processes
+    AIOLIMIT_REDIS_URL=redis://localhost:6379 python examples/partner_api.py
     python examples/partner_api.py                  # no Redis: two worker groups in memory
 """
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
+import os
 import socket
 import sys
 import time
@@ -193,9 +196,17 @@ def worker_process(url: str, redis_url: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--redis", help="Redis URL: two processes share the limiter through it")
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=os.environ.get("AIOLIMIT_REDIS_URL") or None,
+        help="Redis URL: two processes share the limiter through it (default: "
+        "$AIOLIMIT_REDIS_URL, else one process, in memory)",
+    )
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    # The partner's 429s, as aiolimit logs them: one line when a pause starts.
+    logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(name)s: %(message)s")
     if args.worker:
         worker_process(args.worker, args.redis)
     else:

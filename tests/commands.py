@@ -21,9 +21,17 @@ from redis.asyncio import Redis
 
 from aiolimit import RateLimiter, RateType, RedisBackend
 from aiolimit._tools import cli
+from aiolimit._tools.admin.glob import limiter_names
 from aiolimit.backends.base import Grant
 
-__all__ = ["aiolimit", "field", "full_with_a_reservation", "on_server", "run_command"]
+__all__ = [
+    "aiolimit",
+    "field",
+    "full_with_a_reservation",
+    "limiters_on",
+    "on_server",
+    "run_command",
+]
 
 T = TypeVar("T")
 
@@ -41,6 +49,15 @@ def on_server(
             await redis.aclose()
 
     return asyncio.run(run())
+
+
+def limiters_on(url: str, prefix: str) -> list[str]:
+    """The names of every limiter config on the server under ``prefix`` (a shard's too)."""
+
+    async def read(backend: RedisBackend) -> list[str]:
+        return sorted({each async for each in limiter_names(backend)})
+
+    return on_server(url, read, prefix)
 
 
 def aiolimit(capsys: pytest.CaptureFixture[str], url: str, *args: str) -> tuple[int, str, str]:

@@ -18,6 +18,7 @@ import pytest
 
 from aiolimit import Backend, Observer, RateLimiter, RedisBackend
 from aiolimit.backends import Grant
+from aiolimit.backends._protocol import split_life
 from tools import busiest_window
 
 T = TypeVar("T")
@@ -201,6 +202,29 @@ async def advance(store: Any, clock: ManualClock, seconds: float) -> None:
             await redis.pexpire(key, ttl - elapsed)
         elif ttl >= 0:
             await redis.delete(key)
+
+
+def lifeless(attempt: T) -> T:
+    """A grant with its member's life left out (other attempts as they are): what two
+    limiters of their own, each of its own life, compare equal by."""
+    if isinstance(attempt, Grant):
+        return attempt._replace(member=split_life(attempt.member)[0])  # type: ignore[return-value]
+    return attempt
+
+
+async def flush(store: Any) -> None:
+    """Empties the store, as ``FLUSHALL`` empties a Redis server (the memory backend: every
+    limiter, receipt and lease of its shared dict gone)."""
+    backend = store.backend()
+    if isinstance(backend, RedisBackend):
+        await backend.redis.flushall()
+        return
+    shared = backend._shared
+    shared.limiters.clear()
+    shared.receipts.clear()
+    shared.heap.clear()
+    shared.due.clear()
+    shared.touched_name = shared.touched = None
 
 
 def manual_clock(store: Any) -> tuple[ManualClock, Backend]:

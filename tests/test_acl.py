@@ -34,7 +34,7 @@ from aiolimit.backends.redis._acl import (
     acl_rules,
     acl_setuser,
 )
-from tools import LocalRedis
+from tools import LocalRedis, free_port
 
 PASSWORD = "s3cret"
 USERS = ("functions", "evalsha")
@@ -142,8 +142,48 @@ def test_aiolimit_acl_takes_a_prefix_a_user_and_an_older_server(
     with pytest.raises(SystemExit, match="2"):
         cli.main(["acl", "--server-version", "seven"])
     assert "expected a version such as 7.0, got 'seven'" in capsys.readouterr().err
-    assert cli.main(["--redis", "redis://x", "acl"]) == 2  # it connects to nothing
-    assert capsys.readouterr().err == "aiolimit acl: error: acl takes no --redis\n"
+    assert cli.main(["acl", "--redis", "redis://x", "--server-version", "7.0"]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_aiolimit_acl_says_which_servers_its_line_is_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["acl"]) == 0
+    out, err = capsys.readouterr()
+    assert out == acl_setuser() + "\n"  # (stdout: the line alone, for a pipe)
+    assert "Redis 7.2" in err and "Valkey" in err, err
+    assert "--server-version 7.0" in err and "--redis" in err, err
+
+
+@pytest.mark.parametrize("kind", ["redis-server", "valkey"])
+async def test_aiolimit_acl_with_redis_prints_the_line_that_server_accepts(
+    capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    binary = valkey_server_binary() if kind == "valkey" else None
+    with LocalRedis(binary=binary) as server:
+        code = await asyncio.to_thread(cli.main, ["acl", "--redis", server.url])
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        admin = Redis(port=server.port, decode_responses=True)
+        try:
+            version = (await admin.info("server"))["redis_version"]
+            assert version in err, err
+            [line] = out.splitlines()
+            assert await admin.execute_command(*line.split()) in ("OK", True)  # accepted
+        finally:
+            await admin.aclose()
+    major, minor = (int(part) for part in version.split(".")[:2])
+    assert line == acl_setuser(server=(major, minor))
+
+
+def test_aiolimit_acl_with_an_unreachable_redis_says_so_in_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["acl", "--redis", f"redis://:pw@127.0.0.1:{free_port()}"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("aiolimit acl: error: cannot reach Redis at"), err
+    assert "pw" not in err and len(err.strip().splitlines()) == 1
 
 
 # -- every operation as that user ----------------------------------------------------------

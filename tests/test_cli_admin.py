@@ -21,12 +21,18 @@ from pathlib import Path
 import pytest
 import redis as sync_redis
 from cluster_keys import masters_holding
-from commands import aiolimit, field, full_with_a_reservation, on_server, run_command
+from commands import (
+    aiolimit,
+    field,
+    full_with_a_reservation,
+    limiters_on,
+    on_server,
+    run_command,
+)
 from redis.asyncio import RedisCluster
 
 from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
-from aiolimit._tools.admin.glob import limiter_names
 from aiolimit.backends.redis._acl import NEWER
 from aiolimit.backends.redis._compat import slot
 from tools import LocalRedis, free_port
@@ -216,13 +222,6 @@ def make_limiters(url: str, prefix: str, names: list[str]) -> None:
             await RateLimiter(each, backend).set_rate(RateType.OVERALL, 1, 1)
 
     on_server(url, make, prefix)
-
-
-def limiters_on(url: str, prefix: str) -> list[str]:
-    async def read(backend: RedisBackend) -> list[str]:
-        return sorted({each async for each in limiter_names(backend)})
-
-    return on_server(url, read, prefix)
 
 
 class Terminal(io.StringIO):
@@ -425,6 +424,11 @@ def test_without_the_readme_s_additions_list_and_memory_are_refused(capsys, name
         code, _, err = aiolimit(capsys, url, "list")
         assert code == 2
         assert "refused a command" in err and "scan" in err
+        # delete NAME looks for a sharded limiter's shards with SCAN: refused, it deletes
+        # the limiter all the same
+        assert aiolimit(capsys, url, "delete", name)[:2] == (0, f"deleted {name}\n")
+        code, _, err = aiolimit(capsys, url, "delete", name)
+        assert code == 2 and "scan" in err  # (nothing there: why no shard was looked for)
 
 
 # -- a Redis Cluster ------------------------------------------------------------------------------
@@ -490,3 +494,22 @@ def test_a_cluster_node_without_cluster_says_to_pass_it(capsys, redis_cluster: C
     assert code == 2
     assert err.strip().endswith("is a node of a Redis Cluster: pass --cluster"), err
     assert "Traceback" not in err
+
+
+def test_inspect_and_watch_show_a_learned_rate_against_its_ceiling(capsys, url, name):
+    async def learn(backend: RedisBackend) -> None:
+        from aiolimit import Learner
+
+        limiter = RateLimiter(name, backend, rate=20, interval=1)
+        assert await limiter.try_acquire()
+        await Learner(limiter).refused()  # half the ceiling, cut by half again
+
+    on_server(url, learn)
+    code, out, err = aiolimit(capsys, url, "inspect", name)
+    assert (code, err) == (0, "")
+    assert field(out, "rates") == "5/second (SLIDING_WINDOW, OVERALL)"
+    assert field(out, "learned") == "5/second in force, 25% of the ceiling 20/second"
+    code, out, _ = aiolimit(capsys, url, "inspect", name, "--json")
+    assert json.loads(out)["learned"] == {"ceiling": ["20/second"]}
+    code, out, _ = aiolimit(capsys, url, "watch", name, "--count", "1")
+    assert out.rstrip().endswith("learned 5/second in force, 25% of the ceiling 20/second")

@@ -60,6 +60,7 @@ def test_redis_backend_is_imported_when_first_named() -> None:
         ("aiolimit.aiohttp_web", "aiohttp", "aiohttp"),
         ("aiolimit.otel", "opentelemetry", "otel"),
         ("aiolimit.fastapi", "starlette", "fastapi"),
+        ("aiolimit.langchain", "langchain_core", "langchain"),
     ],
 )
 def test_a_missing_extra_names_what_to_install(
@@ -149,6 +150,13 @@ def test_the_engine_is_a_leaf_below_every_limiter_and_surface() -> None:
         for module in below
         if module in ABOVE_THE_ENGINE
         or module.startswith(("aiolimit.asgi", "aiolimit._tools"))
-        or module in ("aiolimit.httpx", "aiolimit.aiohttp", "aiolimit.fastapi", "aiolimit.otel")
+        or module
+        in (
+            "aiolimit.httpx",
+            "aiolimit.aiohttp",
+            "aiolimit.fastapi",
+            "aiolimit.otel",
+            "aiolimit.langchain",
+        )
     ]
     assert above == [], f"the engine imports {sorted(above)}"

@@ -190,6 +190,30 @@ async def test_a_bucket_converts_its_missing_tokens_through_successive_changes(
 
 
 @RATE_TYPES
+async def test_a_bucket_switched_to_a_slower_rate_keeps_what_it_owes_until_it_is_paid(
+    store, name, rate_type
+):
+    # 10 per 100 s, emptied at 0, switched at once to 2 per 100 s keeping the state: the 10
+    # missing tokens come back at the new rate, one per 50 s, so the bucket is full at 500 s
+    # and has a token again at 450 s. A PER_CLIENT client's state kept the old rate's TTL
+    # (its bucket full at 100 s) and was gone at 150 s: a full bucket of 2. (150 other
+    # clients: their TTLs are given in chunks after the change, on Redis.)
+    clock, backend = manual_clock(store)
+    limiter = RateLimiter(name, backend)
+    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    if rate_type is PER_CLIENT:
+        for i in range(150):
+            assert await limiter.for_client(f"other-{i}").try_acquire()
+    assert await _granted(limiter, 10) == 10
+    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=BUCKET, keep_state=True)
+    seen = []
+    for at in (50, 150, 300, 449.999, 450, 500):
+        await advance(store, clock, at - (seen[-1][0] if seen else 0))
+        seen.append((at, await limiter.available_permits()))
+    assert seen == [(50, 0), (150, 0), (300, 0), (449.999, 0), (450, 1), (500, 2)]
+
+
+@RATE_TYPES
 async def test_fixed_windows_keep_a_bounded_summary_of_their_earlier_windows(
     store, name, rate_type
 ):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import sys
@@ -15,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conformance import until
 from redis.asyncio import Redis
 
 from aiolimit import ConcurrencyLimiter, LeaseLostError, RedisBackend
+from aiolimit.backends._lease import new_ticket
 from tools import LocalRedis
 from tools.leases import HolderStamp, most_in_flight, out_of_order
 
@@ -156,3 +159,67 @@ async def test_a_free_slot_is_leased_at_once_with_a_timeout(redis, name):
     assert lease is not None
     await lease.release()
     assert took < 0.5, f"a free slot took {took:.3f} s"
+
+
+def _wait_for_a_slot(url: str, name: str, granted_at: Any) -> None:
+    """A forked worker: waits for one slot of ``name`` and says when it got it (monotonic)."""
+
+    async def wait() -> None:
+        redis = Redis.from_url(url)
+        lease = await ConcurrencyLimiter(name, RedisBackend(redis)).try_lease(timeout=30)
+        granted_at.put(time.monotonic())
+        assert lease is not None
+        await lease.release()
+        await redis.aclose()
+
+    asyncio.run(wait())
+
+
+async def test_workers_forked_after_the_import_are_each_woken_when_their_slot_frees(
+    redis_server, redis, name
+):
+    # gunicorn --preload, a multiprocessing fork pool: workers forked after aiolimit was
+    # imported shared the id their wake-ups are addressed by, so each popped the others'
+    # off one list (a list served last in, first out: all 4 here) and a worker whose slot
+    # came woke only at its own next look, up to a third of the lease later.
+    fork = multiprocessing.get_context("fork")
+    granted_at = fork.Queue()
+    workers = 4
+    sem = ConcurrencyLimiter(name, RedisBackend(redis))
+    await sem.try_set_limit(workers, lease=6)
+    processes = []
+
+    async def waiting() -> int:
+        snapshot = await sem.leases()
+        return 0 if snapshot is None else snapshot.waiting
+
+    async with sem.lease(workers):
+        for count in range(1, workers + 1):  # (queued in this order)
+            process = fork.Process(
+                target=_wait_for_a_slot, args=(redis_server.url, name, granted_at)
+            )
+            process.start()
+            processes.append(process)
+            await until(waiting, lambda n, count=count: n >= count, f"{count} queued", 20)
+        freed_at = time.monotonic()
+    took = [await asyncio.to_thread(granted_at.get, True, 20) - freed_at for _ in processes]
+    for process in processes:
+        await asyncio.to_thread(process.join, 20)
+        assert process.exitcode == 0
+    assert max(took) < 0.4, [f"{t:.3f} s" for t in took]
+
+
+def _say_wake_id(said: Any) -> None:
+    said.put(new_ticket(1).split(":")[1])
+
+
+def test_a_forked_process_draws_its_own_wake_up_id():
+    fork = multiprocessing.get_context("fork")
+    said = fork.Queue()
+    processes = [fork.Process(target=_say_wake_id, args=(said,)) for _ in range(3)]
+    for process in processes:
+        process.start()
+    ids = {said.get(timeout=20) for _ in processes}
+    for process in processes:
+        process.join(20)
+    assert len(ids | {new_ticket(1).split(":")[1]}) == 4

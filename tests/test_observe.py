@@ -334,3 +334,14 @@ async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
             assert caplog.records == []
         finally:
             await redis.aclose()
+
+
+@looptime
+async def test_otel_reports_a_learned_rate_and_its_ceiling(otel):
+    limiter = RateLimiter("learned-api", MemoryBackend(), rate=20, interval=2)
+    assert await limiter.try_acquire()
+    await aiolimit.Learner(limiter).refused()  # 10 (half the ceiling), cut to 5
+    points = otel.points()
+    assert by_attributes(points["aiolimit.learned.rate"])[limiter_is("learned-api")].value == 2.5
+    ceiling = by_attributes(points["aiolimit.learned.ceiling"])[limiter_is("learned-api")]
+    assert ceiling.value == 10

@@ -33,9 +33,11 @@ import hashlib
 import itertools
 import math
 import re
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -54,12 +56,14 @@ from aiolimit import (
     RateType,
     RedisBackend,
 )
-from aiolimit.backends import Backend, Grant, Refusal
+from aiolimit.backends import Backend, Grant, Refusal, Settlement
 from aiolimit.backends._protocol import (
     format_grant,
     parse_counters,
     parse_handbacks,
     parse_windows,
+    split_life,
+    with_life,
 )
 from aiolimit.backends.memory import state_in_config
 from tools import LocalRedis
@@ -71,6 +75,17 @@ START_US = 1_000_000_000
 FOREVER = math.inf
 MARK_MS = 10**10  # the TTL that parks a Redis key between operations (~115 days)
 _names = itertools.count()
+_steps = itertools.count()
+
+
+def same_lives(life: str) -> ExitStack:
+    """While it is entered, a config made anew on either backend starts the life ``life``:
+    the grants the two make then have the same members."""
+    stack = ExitStack()
+    for backend in ("redis", "memory"):
+        stack.enter_context(mock.patch(f"aiolimit.backends.{backend}.new_life", lambda: life))
+    return stack
+
 
 # (type, rate, interval_us, keep_alive x[, algorithm, more rates, min_spacing_us]): the first
 # rate, then any further ones as (permits, interval_us); keep_alive is in times the longest
@@ -204,7 +219,7 @@ class Logged:
     @property
     def order(self) -> tuple[int, str]:
         """Where a ZSET puts its log entry ("<permits>:<seq>"): by time, then by entry."""
-        return self.time, f"{self.permits}:{self.member.rpartition(':')[2]}"
+        return self.time, f"{self.permits}:{split_life(self.member)[0].rpartition(':')[2]}"
 
 
 @dataclass
@@ -634,13 +649,14 @@ class Twins:
         config = self.audit.config
         assert config is not None and limiter.config is not None
         key = who if config.rate_type is RateType.PER_CLIENT else None
+        life = limiter.config.life
         if self.audit.sliding:
-            return format_grant(permits, now, limiter.budgets[key].seq)
+            return with_life(format_grant(permits, now, limiter.budgets[key].seq), life)
         state = limiter.config.state if state_in_config(limiter.config.config) else None
         state = state or limiter.budgets[key]
         a, b = state.n[0], state.n[1]  # the first rate's, after the grant
         tag = b - permits if config.algorithm is Algorithm.FIXED_WINDOW else a - now
-        return format_grant(permits, now, tag)
+        return with_life(format_grant(permits, now, tag), life)
 
     def ms_left(self, expires_at: float, now: int | None = None) -> int:
         """Time left until ``expires_at``, rounded up to whole ms as Redis keeps TTLs."""
@@ -709,14 +725,14 @@ class Twins:
             redis = {k: int(fields[k]) if k in fields else None for k in memory}
             assert redis == memory, f"config: redis {redis}, memory {memory}"
             # An OVERALL token bucket's or fixed windows' "<last> <n1> ...", in the config (its
-            # state has no generation, nor does its config).
+            # state has no generation of its own: the config's names its life).
             text = fields.get("state")
             in_hash = None if text is None else counters_of(text)
             state = stored.state
             memory_state = None if state is None else memory_counters_of(state)
             assert in_hash == memory_state, f"state: redis {in_hash}, memory {state}"
             gen = fields.get("gen")
-            assert (gen is None) == state_in_config(stored.config)
+            assert gen is not None and gen.split(".")[0] == stored.life, (gen, stored.life)
         logs = [(client_id, "", budget) for client_id, budget in limiter.budgets.items()]
         logs += [(client_id, i, budget) for (client_id, i), budget in limiter.extra.items()]
         for client_id, i, budget in logs:
@@ -793,11 +809,18 @@ class Twins:
 
         before = self.memory_keys()
         self.redis_before(before)
-        expected = await run(in_memory, op, self.name, interval, ttl_us)
-        actual = await run(in_redis, op, self.name, interval, ttl_us)
+        with same_lives(f"s{next(_steps)}"):  # a config made anew: one life in both
+            expected = await run(in_memory, op, self.name, interval, ttl_us)
+            actual = await run(in_redis, op, self.name, interval, ttl_us)
         assert actual == expected, f"{op!r}: redis {actual!r}, memory {expected!r}"
         await self.compare_keys(now)
         await self.compare_state()
+        if kind in ("release_member", "settle") and stored is not None:
+            # A grant of an earlier life (the limiter deleted, reset or gone since) moves
+            # nothing of this one's.
+            member = op[-1]
+            if split_life(member)[1] != stored.life:
+                assert expected[1] in (0, Settlement(0, 0, member)), f"{op!r}: {expected!r}"
 
         result = expected[1]
         if kind in ("acquire", "reserve") and isinstance(result, Grant):

@@ -11,7 +11,15 @@ import fakeredis
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiterConfig, RateType, RedisBackend
+from aiolimit import (
+    Algorithm,
+    InvalidArgumentError,
+    MemoryBackend,
+    Rate,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     GRANTED_FORMAT,
@@ -26,10 +34,13 @@ from aiolimit.backends._protocol import (
     Reply,
     format_grant,
     format_member,
+    new_life,
     parse_counters,
     parse_grant,
     parse_member,
     parse_value,
+    split_life,
+    with_life,
 )
 from aiolimit.backends.memory import state_in_config
 from aiolimit.backends.redis import _scripts as scripts
@@ -110,8 +121,8 @@ def test_batch_lua_formats_each_acquire_reply_with_the_fields_of_the_protocol(
     required = len(re.findall(r"(?<!\[)<[^>]*>(?!\])", stated))
     for made in formats:
         assert len(made.split(" ")) in (required, required + stated.count("[")), made
-    if said == "0":  # the member: permits, start and tag, as _protocol reads it
-        assert {made.split(" ")[4] for made in formats} == {"<permits>:<start>:<tag>"}
+    if said == "0":  # the member: permits, start, tag and life, as _protocol reads it
+        assert {made.split(" ")[4] for made in formats} == {"<permits>:<start>:<tag>:<life>"}
 
 
 def returned_codes(source: str) -> set[int]:
@@ -149,7 +160,8 @@ async def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does
     redis_server,
 ) -> None:
     # The member of a grant a real server made parses as the protocol says: its permits, its
-    # start, and a tag; format_grant writes it back the same.
+    # start, a tag and the life of the config (its generation); format_grant and with_life
+    # write it back the same.
     from conformance import ManualClock
 
     from aiolimit import RateLimiter
@@ -163,11 +175,25 @@ async def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does
             assert isinstance(grant, Grant), algorithm
             permits, start, tag = parse_grant(grant.member)
             assert (permits, start) == (3, grant.starts_at), algorithm
-            assert format_grant(permits, start, tag) == grant.member
+            gen = await redis.hget(limiter.backend.keys("protocol-member").config, "gen")
+            life = gen.decode().partition(".")[0]
+            assert with_life(format_grant(permits, start, tag), life) == grant.member
+            assert split_life(grant.member) == (format_grant(permits, start, tag), life)
     finally:
         await limiter.delete()
         await redis.aclose()
     assert parse_grant(format_grant(2, 1700, -3)) == (2, 1700, -3)
+    assert parse_grant(with_life(format_grant(2, 1700, -3), "-a_Z9")) == (2, 1700, -3)
+    assert split_life(format_grant(2, 1700, -3)) == ("2:1700:-3", None)  # (an earlier version's)
+    for bad in ("2:1700:-3:", "2:1700:-3:a b", "2:1700:-3:a:b", "2:1700", "2:x:-3:life"):
+        with pytest.raises(InvalidArgumentError):
+            parse_grant(bad)
+
+
+def test_every_life_is_new() -> None:
+    lives = {new_life() for _ in range(1000)}
+    assert len(lives) == 1000
+    assert all(split_life(with_life("1:2:3", life)) == ("1:2:3", life) for life in lives)
 
 
 def test_release_lua_remembers_a_receipt_as_long_as_the_protocol_says() -> None:
@@ -256,16 +282,17 @@ def test_a_short_reply_of_acquire_many_is_the_grant_before_it_written_out() -> N
     # "=" and the tag's step (_protocol.SAME_FORMAT): the grant before it with its permits
     # fewer left and its member's tag moved by the step (1 when none is given). A run ends at
     # any other reply; a short line with no grant before it cannot be read.
-    many = b"0 9 0 1700 0 2:1700:5 1800\n=\n=1000\n1 5 0 0 1700\n0 4 1 1700 0 1:1700:-3\n=-2"
+    many = b"0 9 0 1700 0 2:1700:5:Ab 1800\n=\n=1000\n1 5 0 0 1700\n0 4 1 1700 0 1:1700:-3:-c\n=-2"
     assert [scripts.ACQUIRE.decode(one) for one in scripts.ACQUIRE_MANY.decode(many)] == [
-        Grant(0, 1700, 9, "2:1700:5", 1800, 0),
-        Grant(0, 1700, 7, "2:1700:6", 1800, 0),
-        Grant(0, 1700, 5, "2:1700:1006", 1800, 0),
+        Grant(0, 1700, 9, "2:1700:5:Ab", 1800, 0),
+        Grant(0, 1700, 7, "2:1700:6:Ab", 1800, 0),
+        Grant(0, 1700, 5, "2:1700:1006:Ab", 1800, 0),
         Refusal(retry_in=5, at=1700, left=0, binding=0),
-        Grant(0, 1700, 4, "1:1700:-3", None, 1),
-        Grant(0, 1700, 3, "1:1700:-5", None, 1),
+        Grant(0, 1700, 4, "1:1700:-3:-c", None, 1),
+        Grant(0, 1700, 3, "1:1700:-5:-c", None, 1),
     ]
-    for unreadable in (b"=", b"1 5 0 0 1700\n=", b"-5 failed\n=", b"0 9 0 1700 0 2:1700:x\n="):
+    unreadable_replies = (b"=", b"1 5 0 0 1700\n=", b"-5 failed\n=", b"0 9 0 1700 0 2:1700:x:A\n=")
+    for unreadable in unreadable_replies:
         with pytest.raises(ValueError):
             scripts.ACQUIRE_MANY.decode(unreadable)
 
@@ -324,10 +351,10 @@ async def test_overall_counters_keep_their_state_in_the_config_as_the_protocol_s
             await store.set_rate("p", config, "set", False)
             assert isinstance(await store.try_acquire("p", 2), Grant)
         fields = await redis.hgetall(backend.keys("p").config)
+        assert b"gen" in fields  # (the life of the state, however it is kept)
         if not state_in_config(config):
-            assert STATE_FIELD.encode() not in fields and b"gen" in fields
+            assert STATE_FIELD.encode() not in fields
             continue
-        assert b"gen" not in fields
         last, numbers = parse_counters(fields[STATE_FIELD.encode()].decode())
         stored = memory._shared.limiters["p"].config
         assert stored is not None and stored.state is not None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiolimit._quota_headers import Quota, duration_seconds, quota
+from aiolimit._quota_headers import Quota, duration_seconds, quota, stated_limit
 from aiolimit._types import MAX_RATE
 
 NOW = 1_800_000_000.0
@@ -101,3 +101,52 @@ def test_a_lookup_function_is_taken():
     headers = {"X-RateLimit-Remaining-Requests": "3", "X-RateLimit-Reset-Requests": "20ms"}
     lowered = {name.lower(): value for name, value in headers.items()}
     assert quota(lowered.get, "requests", now=NOW) == Quota(3, 0.02)
+
+
+# -- the limit a partner states -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "kind", "stated"),
+    [
+        ({"x-ratelimit-limit-requests": "500"}, "requests", (500, 60.0)),
+        ({"x-ratelimit-limit-tokens": "30000"}, "tokens", (30000, 60.0)),
+        ({"anthropic-ratelimit-requests-limit": "50"}, "requests", (50, 60.0)),
+        ({"anthropic-ratelimit-tokens-limit": "80000"}, "tokens", (80000, 60.0)),
+        (
+            {
+                "anthropic-ratelimit-input-tokens-limit": "40000",
+                "anthropic-ratelimit-output-tokens-limit": "8000",
+            },
+            "tokens",
+            (48000, 60.0),
+        ),
+        ({"ratelimit-policy": '"burst";q=12;w=1, "day";q=1000;w=86400'}, "requests", (12, 1.0)),
+        ({"ratelimit-policy": "100;w=10"}, "requests", (100, 10.0)),
+        ({"ratelimit-policy": '"bytes";q=9;w=1;qu="content-bytes"'}, "requests", None),
+        ({"ratelimit-policy": '"p";q=12;w=1'}, "tokens", None),
+    ],
+)
+def test_a_stated_limit_is_read_from_every_providers_headers(headers, kind, stated):
+    assert stated_limit(headers, kind) == stated
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-ratelimit-limit-requests": "-5"},
+        {"x-ratelimit-limit-requests": "9" * 400},
+        {"x-ratelimit-limit-requests": "1e9"},
+        {"ratelimit-policy": '"p";q=12;w=0'},
+        {"ratelimit-policy": '"p";q=12;w=99999999999'},
+        {"ratelimit-policy": '"p";q=abc;w=1'},
+        {"ratelimit-policy": "x" * 5000},
+        {"ratelimit-policy": ";;;,,,=="},
+    ],
+)
+def test_a_stated_limit_that_cannot_be_read_is_ignored(headers):
+    assert stated_limit(headers, "requests") is None
+
+
+def test_a_stated_limit_is_at_most_max_rate():
+    assert stated_limit({"x-ratelimit-limit-requests": "9" * 20}, "requests") == (MAX_RATE, 60.0)

@@ -89,6 +89,26 @@ async def test_a_refund_of_a_grant_that_has_aged_out_hands_back_nothing(
     assert not await limiter.try_acquire(1)
 
 
+@ALGORITHMS
+async def test_an_acquisition_from_before_a_reset_settles_nothing(
+    store: Any, algorithm: Algorithm
+) -> None:
+    # 10 per minute: the limiter deleted and made again, and so after set_rate without the
+    # state: the new life takes its 10, and the old acquisition settled to 0 frees none of
+    # them (20 in one minute, else).
+    clock, limiter = await on_clock(store, algorithm=algorithm)
+    for reset in ("deleted", "set_rate"):
+        old = await limiter.reserve(10)
+        await advance(store, clock, 1)
+        if reset == "deleted":
+            await limiter.delete()
+        await limiter.set_rate(OVERALL, "10/minute", algorithm=algorithm, keep_state=False)
+        assert await limiter.reserve(10)
+        assert await old.settle(0) == Settled(0, 0, 0)
+        assert not await limiter.try_acquire(1), f"after {reset}: 21 permits in one minute"
+        await advance(store, clock, 61)
+
+
 async def test_a_refused_or_released_acquisition_settles_nothing(store: Any) -> None:
     _, limiter = await on_clock(store)
     held = await limiter.reserve(8)

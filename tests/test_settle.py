@@ -194,7 +194,9 @@ async def test_after_a_charge_the_binding_rate_may_change(store: Any, algorithm:
     assert (refusal.left, refusal.binding) == (0 if algorithm is FIXED else -1, 1)
 
 
-async def test_settling_after_the_state_is_gone_hands_back_nothing(store: Any) -> None:
+async def test_settling_after_the_state_is_gone_hands_back_and_charges_nothing(
+    store: Any,
+) -> None:
     _, backend = await limiter(store, SLIDING)
     grant = await take(backend, 6)
     if isinstance(backend, RedisBackend):
@@ -207,8 +209,9 @@ async def test_settling_after_the_state_is_gone_hands_back_nothing(store: Any) -
     await backend.set_rate(NAME, config, "set", False)
     assert await backend.settle(NAME, grant.member, 0) == Settlement(0, 0, grant.member)
     assert await backend.available_permits(NAME) == 10
-    assert (await backend.settle(NAME, grant.member, 9)).charged == 3  # more is still charged
-    assert await backend.available_permits(NAME) == 7
+    # The grant's state is gone with its life: the new one owes nothing for it.
+    assert await backend.settle(NAME, grant.member, 9) == Settlement(0, 0, grant.member)
+    assert await backend.available_permits(NAME) == 10
 
 
 @ALGORITHMS
@@ -230,6 +233,52 @@ async def test_sync_tightens_until_the_reset_and_never_loosens(
         assert await backend.available_permits(NAME) == 7
     await advance(store, clock, 60)
     assert await backend.available_permits(NAME) == 10
+
+
+async def _granted_each_second(
+    store: Any, clock: ManualClock, backend: Backend, seconds: int
+) -> int:
+    """Takes every permit free, once a second for ``seconds`` seconds; how many."""
+    granted = 0
+    for _ in range(seconds):
+        while isinstance(await backend.try_acquire(NAME, 1), Grant):
+            granted += 1
+        await advance(store, clock, 1)
+    return granted
+
+
+@ALGORITHMS
+@RATE_TYPES
+@pytest.mark.parametrize(("taken", "remaining"), [(10, 0), (6, 3), (2, 5)])
+async def test_sync_holds_until_the_reset_though_the_grants_before_it_leave_the_window(
+    store: Any, algorithm: Algorithm, rate_type: RateType, taken: int, remaining: int
+) -> None:
+    # 10 per minute, `taken` at 0; at 54 s the provider says `remaining` are left until its
+    # reset at 84 s. The grants of 0 leave a sliding window at 60 s, and a fixed window
+    # starts anew then: 10 more were granted before the provider's reset. What it says is
+    # left holds until then, and no less is left now than it says (or the limiter allows).
+    clock, backend = await limiter(store, algorithm, rate_type)
+    assert isinstance(await backend.try_acquire(NAME, taken), Grant)
+    await advance(store, clock, 54)
+    await backend.sync(NAME, remaining, 30_000_000)
+    if algorithm is SLIDING:
+        assert await backend.available_permits(NAME) == min(remaining, 10 - taken)
+    assert await _granted_each_second(store, clock, backend, 30) <= remaining
+
+
+@ALGORITHMS
+async def test_a_settle_after_a_sync_frees_nothing_the_provider_counts_until_its_reset(
+    store: Any, algorithm: Algorithm
+) -> None:
+    # 6 reserved at 0 of 10 per minute; at 54 s the provider says none are left until 84 s,
+    # then the call is settled for none: what it hands back (a sliding window: nothing, its
+    # grant is held for the provider) must not let anything through before the reset.
+    clock, backend = await limiter(store, algorithm)
+    grant = await take(backend, 6)
+    await advance(store, clock, 54)
+    await backend.sync(NAME, 0, 30_000_000)
+    await backend.settle(NAME, grant.member, 0)
+    assert await _granted_each_second(store, clock, backend, 30) == 0
 
 
 async def test_sync_on_a_sliding_window_counts_for_at_most_one_interval(store: Any) -> None:

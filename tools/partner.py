@@ -51,10 +51,13 @@ class Partner:
     """An ASGI app keeping ``rate`` requests per ``interval`` seconds by arrival (``kind``,
     one of :data:`KINDS`). ``GET /stats`` answers what it counted as JSON."""
 
-    def __init__(self, rate: int, interval: float, kind: str = "sliding") -> None:
+    def __init__(
+        self, rate: int, interval: float, kind: str = "sliding", *, states: bool = False
+    ) -> None:
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, not {kind!r}")
         self.rate, self.interval, self.kind = rate, interval, kind
+        self.states = states  # every answer states the quota (RateLimit-Policy)
         self.arrivals: list[float] = []  # the served requests' arrival times
         self.refused: list[float] = []  # the 429s' arrival times
         self.late: list[float] = []  # seconds from a grant's start to its request's arrival
@@ -108,11 +111,15 @@ class Partner:
             if late is not None:
                 self.late.append(late)
                 self.late_at.append(now)
+        stated = []
+        if self.states:
+            policy = f'"quota";q={self.rate};w={self.interval:g}'.encode()
+            stated = [(b"ratelimit-policy", policy)]
         if wait > 0:
             retry_after = str(max(1, math.ceil(wait))).encode()  # (whole seconds, as most do)
-            await _answer(send, 429, [(b"retry-after", retry_after)], b"over quota")
+            await _answer(send, 429, [(b"retry-after", retry_after), *stated], b"over quota")
         else:
-            await _answer(send, 200, [], b"ok")
+            await _answer(send, 200, stated, b"ok")
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -3,15 +3,18 @@ takes."""
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Iterable, Sequence
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from .._types import Algorithm, Rate, RateType, accepted, rates_of
 from .._values import check_name, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
-__all__ = ["Rule", "route_path", "whole_seconds", "window"]
+__all__ = ["Rule", "route_path", "scope_key", "whole_seconds", "window"]
 
 
 class Rule:
@@ -23,7 +26,10 @@ class Rule:
 
     ``rates`` is text for :meth:`Rate.parse` or a sequence of :class:`Rate`. With a ``key``
     the rule is a ``PER_CLIENT`` limiter whose client id is ``key(scope)`` (None: the rule
-    does not apply to this request); without one, ``OVERALL``. ``paths`` are path prefixes,
+    does not apply to this request); without one, ``OVERALL``. A key whose first parameter
+    is annotated with Starlette's ``Request`` (``def api_key(request: Request) -> str |
+    None``) is given the request made of the scope, as the FastAPI dependency gives it
+    (:func:`scope_key`). ``paths`` are path prefixes,
     relative to the app's ``root_path`` as Starlette routes them (behind ``uvicorn
     --root-path /v1`` or ``Mount("/v1", app=RateLimitMiddleware(...))``, ``"/api/"``
     matches ``/v1/api/items``). ``methods`` are HTTP methods (a websocket connects with
@@ -44,7 +50,7 @@ class Rule:
         name: str,
         rates: str | Rate | Sequence[Rate],
         *,
-        key: KeyFunc | None = None,
+        key: KeyFunc | Callable[[Any], str | None] | None = None,
         paths: Iterable[str] | None = None,
         methods: Iterable[str] | None = None,
         permits: int | PermitsFunc = 1,
@@ -60,7 +66,7 @@ class Rule:
         self.windows = tuple(window(rate) for rate in self.rates)  # for the header fields
         if key is not None and not callable(key):
             raise InvalidArgumentError(f"key must be a callable of the scope, not {shown(key)}")
-        self.key = key
+        self.key = None if key is None else scope_key(key)
         self.paths = None if paths is None else _strings(paths, "paths")
         if self.paths is not None and not all(p.startswith("/") for p in self.paths):
             raise InvalidArgumentError(f"paths are prefixes starting with '/', not {self.paths}")
@@ -110,6 +116,29 @@ class Rule:
         if len(self.rates) == 1:
             return [(self.name, self.rates[0])]
         return [(f"{self.name}-{window(rate)}s", rate) for rate in self.rates]
+
+
+def scope_key(key: Callable[[Any], str | None]) -> KeyFunc:
+    """``key`` as a key of the scope: one whose first parameter is annotated with Starlette's
+    ``Request`` (or another ``HTTPConnection``: FastAPI's ``Request`` is Starlette's) is given
+    a ``Request`` made of the scope; any other is given the scope. (Read from the annotation,
+    without importing Starlette: a key annotated so was written where Starlette is.)"""
+    try:
+        parameters = list(inspect.signature(key, eval_str=True).parameters.values())
+    except (TypeError, ValueError, NameError):  # no signature to read: a key of the scope
+        return key
+    wanted = parameters[0].annotation if parameters else None
+    if not isinstance(wanted, type) or not any(
+        base.__module__ == "starlette.requests" and base.__name__ == "HTTPConnection"
+        for base in wanted.__mro__
+    ):
+        return key
+    request = sys.modules["starlette.requests"].Request
+
+    def key_of_scope(scope: Scope) -> str | None:
+        return key(request(scope))
+
+    return key_of_scope
 
 
 def _strings(values: Iterable[str], what: str) -> tuple[str, ...]:

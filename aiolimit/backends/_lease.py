@@ -5,6 +5,7 @@ attempt returns, and the operations a store fills in (:class:`LeaseStore`, a bas
 
 from __future__ import annotations
 
+import os
 import secrets
 from datetime import timedelta
 from typing import Literal, NamedTuple, Protocol
@@ -12,7 +13,6 @@ from typing import Literal, NamedTuple, Protocol
 from ..errors import BackendError
 
 __all__ = [
-    "PROCESS",
     "ConcurrencyConfig",
     "LeaseGrant",
     "LeaseHolder",
@@ -23,12 +23,27 @@ __all__ = [
     "LeaseWaiter",
     "new_ticket",
     "parse_lease",
+    "process_id",
 ]
 
 LeaseMode = Literal["try", "set", "update"]
 
-PROCESS = secrets.token_hex(6)
-"""This process's name in tickets: where the store sends a ticket's wake-up."""
+_process = secrets.token_hex(6)
+
+
+def process_id() -> str:
+    """This process's name in tickets: where the store sends a ticket's wake-up. Drawn
+    again in a child after a fork (gunicorn ``--preload``, a ``fork`` pool), which would
+    otherwise pop its parent's and its siblings' wake-ups off one list."""
+    return _process
+
+
+def _draw_again() -> None:
+    global _process
+    _process = secrets.token_hex(6)
+
+
+os.register_at_fork(after_in_child=_draw_again)
 
 
 class ConcurrencyConfig(NamedTuple):
@@ -103,7 +118,7 @@ def parse_lease(lease_id: str) -> tuple[int, int]:
 
 def new_ticket(permits: int) -> str:
     """A waiter's ticket: ``"<permits>:<process>:<id>"``."""
-    return f"{permits}:{PROCESS}:{secrets.token_hex(6)}"
+    return f"{permits}:{process_id()}:{secrets.token_hex(6)}"
 
 
 class LeaseWaiter(Protocol):

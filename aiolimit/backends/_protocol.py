@@ -15,6 +15,8 @@ asking more than the rate acts at no time at all.
 
 from __future__ import annotations
 
+import re
+import secrets
 from datetime import timedelta
 from enum import IntEnum
 
@@ -42,6 +44,7 @@ __all__ = [
     "format_grant",
     "format_member",
     "format_rates",
+    "new_life",
     "over_rate_error",
     "parse_counters",
     "parse_grant",
@@ -51,6 +54,8 @@ __all__ = [
     "parse_value",
     "parse_windows",
     "queue_full_error",
+    "split_life",
+    "with_life",
 ]
 
 MAX_EXACT = 2**53 - 1
@@ -89,7 +94,7 @@ GRANTED_FORMAT = "0 <left> <binding> <start> <delay> <member> [<blocked until>]"
 fewest permits left under any rate, the rate that has them (``binding``: its place in the
 config's rates, from 0, the first of several such), the grant's start (us, on the limiter's
 clock), the us from now until it (0: now, > 0: a reservation), the grant's member (see
-:func:`format_grant`), and the end of the limiter's latest block when it has one."""
+:func:`with_life`), and the end of the limiter's latest block when it has one."""
 REFUSED_FORMAT = "1 <wait> <left> <binding> <now>"
 """The reply to an acquire request that was refused: the us until the permits are free, the
 fewest permits left and the rate that has them (as in :data:`GRANTED_FORMAT`), and the time
@@ -97,8 +102,8 @@ the request acted at."""
 SAME_FORMAT = "=[<tag step>]"
 """In acquire_many's reply, a grant's reply that is the one before it in the call with the
 request's permits fewer left and ``tag step`` added to the member's tag (1 when absent; see
-:data:`GRANTED_FORMAT`): what equal requests of one call granted at once mostly get, written
-out by the client."""
+:data:`GRANTED_FORMAT`; the life stays): what equal requests of one call granted at once
+mostly get, written out by the client."""
 
 
 def format_member(permits: int, seq: int) -> str:
@@ -114,22 +119,53 @@ def parse_member(member: str) -> tuple[int, int]:
 
 
 def format_grant(permits: int, start: int, tag: int) -> str:
-    """The member a grant is handed back by (``Grant.member``), ``"<permits>:<start>:<tag>"``:
-    its permits, its start (us, on the limiter's clock) and a number that tells it from the
-    other grants of its budget that start then (a sliding window's: its log entry's sequence
-    number). Unique for the limiter's life: a log's sequence starts over only once it is
-    empty (every grant left the window, or its state is gone) and the latest start of a
-    grant handed back has passed, after which grants start later (sliding_log.lua); a token
-    bucket's or fixed windows' tag carries the hand-backs counted (counters.lua)."""
+    """The part of a grant's member its algorithm reads, ``"<permits>:<start>:<tag>"``: its
+    permits, its start (us, on the limiter's clock) and a number that tells it from the other
+    grants of its budget that start then (a sliding window's: its log entry's sequence
+    number). Unique for the life of the limiter's state: a log's sequence starts over only
+    once it is empty (every grant left the window, or its state is gone) and the latest start
+    of a grant handed back has passed, after which grants start later (sliding_log.lua); a
+    token bucket's or fixed windows' tag carries the hand-backs counted (counters.lua). The
+    member itself names the life too (:func:`with_life`)."""
     return f"{permits}:{start}:{tag}"
 
 
+def with_life(grant: str, life: str) -> str:
+    """A grant's member (``Grant.member``), ``"<permits>:<start>:<tag>:<life>"``: the part
+    :func:`format_grant` writes, then the life of the state it was taken from (the config's
+    generation, its part before any ``"."``: ``gen`` in the config hash, ``Config.life`` in
+    the memory twin). A reset (``delete()`` and a new config, ``set_rate`` without
+    ``keep_state``, another algorithm or rate type, the store flushed) starts another life:
+    a settle or release of a member of an earlier one hands back and charges nothing."""
+    return f"{grant}:{life}"
+
+
+_LIFE = re.compile(r"[\w-]+", re.ASCII)
+
+
+def split_life(member: str) -> tuple[str, str | None]:
+    """``(grant, life)`` of a member (see :func:`with_life`); life None for a member without
+    one (as an earlier version wrote them: it names a grant of no life)."""
+    grant, _, life = member.rpartition(":")
+    if grant.count(":") == 2 and _LIFE.fullmatch(life):
+        return grant, life
+    return member, None
+
+
+def new_life() -> str:
+    """A life for a config whose state starts afresh (on Redis its generation): random, so
+    that no two lives of one limiter share one, across deletes and flushes too."""
+    return secrets.token_urlsafe(6)  # 48 bits, 8 characters: each grant's member carries it
+
+
 def parse_grant(member: str) -> tuple[int, int, int]:
-    """``(permits, start, tag)`` of a grant's member (see :func:`format_grant`); anything
-    else raises InvalidArgumentError."""
+    """``(permits, start, tag)`` of a grant's member (see :func:`with_life`), with or without
+    its life; anything else raises InvalidArgumentError."""
     parts = member.split(":") if isinstance(member, str) else ()
+    if len(parts) == 4 and _LIFE.fullmatch(parts[3]):
+        parts = parts[:3]
     if len(parts) != 3 or not all(p.lstrip("-").isdigit() and p.isascii() for p in parts):
-        raise InvalidArgumentError(f"member must be a Grant's member, not {member!r}")
+        raise InvalidArgumentError(f"member must be a Grant's member, not {member!r:.80}")
     return int(parts[0]), int(parts[1]), int(parts[2])
 
 
@@ -177,8 +213,9 @@ def parse_value(value: str) -> tuple[str, int, int, tuple[int, int, int] | None]
 STATE_FIELD = "state"
 """The config hash's field that holds an OVERALL budget's state where its algorithm says
 ``in_hash`` (lib.lua; ``Group.in_hash`` in the memory twin): a token bucket's or fixed
-windows', in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no generation: it goes
-with the config, and is absent while the state is fresh."""
+windows', in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no generation of its own:
+it goes with the config (whose ``gen`` names its life all the same: :func:`with_life`), and
+is absent while the state is fresh."""
 
 COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~h<hand-backs>][ ~<rate>:<count>:<ago> ...]"
 """The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
@@ -219,11 +256,13 @@ SETTLE_FORMAT = "{0, <handed back>, <charged>, <member>, <cut>}"
 back by the algorithm's release rule (a token bucket with reservations queued behind the
 grant gives back nothing); for more, the difference is charged at the call's time, down to
 ``max_debt`` below zero of the fewest permits left (``left``, reservations included). The
-member after it: a sliding window's ``"<permits>:<start>:<seq>"`` (its log entry rewritten,
-same score; a charge is an entry of its own at the settle's time, so a member that was
-charged names no entry a later hand-back could find); a token bucket's or fixed windows'
-``"<permits>:<start>:<tag>"`` with a tag no grant has (the hand-back count moved by two).
-The old member's receipt (as a release's) is remembered, so a resend changes nothing."""
+member after it, with the same life: a sliding window's ``"<permits>:<start>:<seq>"`` (its
+log entry rewritten, same score; a charge is an entry of its own at the settle's time, so a
+member that was charged names no entry a later hand-back could find); a token bucket's or
+fixed windows' ``"<permits>:<start>:<tag>"`` with a tag no grant has (the hand-back count
+moved by two). The old member's receipt (as a release's) is remembered, so a resend changes
+nothing. A member of another life than the config's (see :func:`with_life`) changes
+nothing: ``{0, 0, 0, <member>, 0}``."""
 
 
 def check_settle(member: str, permits: object) -> int:

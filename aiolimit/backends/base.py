@@ -8,10 +8,11 @@ from collections.abc import Generator, Hashable
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
-from .._types import RateLimiterConfig
+from .._types import Rate, RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
-from ._clock import ClockMap
+from ._clock import ClockMap, ClockMaps
+from ._learning import Event, Law, Learned
 from ._lease import LeaseStore
 from ._protocol import parse_grant
 
@@ -142,10 +143,12 @@ class Backend(LeaseStore, abc.ABC):
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers.
+    the default when None). A ``with_client`` view shares its backend's breakers, clock
+    maps and hand-backs in progress (:meth:`aclose` of either waits for all of them, those
+    of the thousands of views an ASGI middleware keeps included).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_hand_backs", "_random_id", "client_id", "clock_map")
+    __slots__ = ("__weakref__", "_breakers", "_clocks", "_hand_backs", "_random_id", "client_id")
 
     def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
         self.client_id: str = (
@@ -158,10 +161,9 @@ class Backend(LeaseStore, abc.ABC):
             raise InvalidArgumentError(f"breaker must be a BreakerPolicy, not {breaker!r}")
         self._breakers = Breakers(DEFAULT_POLICY if breaker is None else breaker)
         # Hand-backs in progress, referenced so they are not garbage collected; aclose()
-        # waits for them.
+        # waits for them. One set for the backend and its with_client views.
         self._hand_backs: set[asyncio.Future[int]] = set()
-        self.clock_map = ClockMap()
-        """The limiter's clock seen from this process's: where a reservation wakes up."""
+        self._clocks = ClockMaps()  # each clock its limiters run on, mapped (clock_map)
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
@@ -180,9 +182,19 @@ class Backend(LeaseStore, abc.ABC):
         """The back-offs of its limiters' circuit breakers (the ``breaker`` option)."""
         return self._breakers.policy
 
-    def _share_breakers(self, view: Backend) -> None:
-        """Gives a ``with_client`` view this backend's breakers (and so its policy)."""
+    def _share_with(self, view: Backend) -> None:
+        """Gives a ``with_client`` view what this backend owns for the store (see above)."""
         view._breakers = self._breakers
+        view._hand_backs = self._hand_backs
+        view._clocks = self._clocks
+
+    def clock_of(self, name: str) -> Hashable:
+        """Which clock stamps ``name``'s grants: by default its own (one client may push it)."""
+        return name
+
+    def clock_map(self, name: str) -> ClockMap:
+        """The limiter ``name``'s clock seen from this process's (``aiolimit._wakeup``)."""
+        return self._clocks.of(self.clock_of(name))
 
     @property
     def store_id(self) -> Hashable:
@@ -259,6 +271,26 @@ class Backend(LeaseStore, abc.ABC):
         Only ever tightens the limiter; never lowers anything."""
         raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
 
+    async def learn(
+        self,
+        name: str,
+        event: Event,
+        value: int | None,
+        per: int | None,
+        ceiling: tuple[Rate, ...] | None,
+        law: Law,
+    ) -> Learned:
+        """Learns the limiter's rate from a partner's answer (``backends._learning``: the
+        law, and what ``value`` and ``per`` are for each ``event``), rewriting the config's
+        rates (grants made stay counted) when the rate in force changes; ``ceiling`` None:
+        the one stored (else the config's rates). One atomic step for the whole fleet."""
+        raise BackendError(f"{type(self).__name__} cannot learn a rate", outage=False)
+
+    async def learned(self, name: str) -> tuple[Rate, ...] | None:
+        """The ceiling of the limiter's learned state; None when it has none (this default:
+        a store that cannot learn)."""
+        return None
+
     @abc.abstractmethod
     async def block(self, name: str, duration_us: int | None) -> int:
         """No grant starts before now + ``duration_us`` (a later block never shortens an
@@ -310,8 +342,9 @@ class Backend(LeaseStore, abc.ABC):
             hand_backs_failed(error)
 
     async def aclose(self) -> None:
-        """Waits (at most 5 s) for the hand-backs still under way, so that a process that
-        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
+        """Waits (at most 5 s) for the hand-backs still under way (of this backend and of
+        every ``with_client`` view of it), so that a process that shuts down leaves no
+        cancelled caller's permits taken, and logs those that failed.
         The Redis client stays open: it belongs to whoever made it."""
         if self._hand_backs:
             await asyncio.wait(set(self._hand_backs), timeout=5)

@@ -12,6 +12,7 @@ docs/deployments.md.
 
 - ``connect.py``: the server options, the connection, one-line errors;
 - ``reading.py`` (and ``glob.py``, patterns on names): what a limiter's keys hold;
+  ``sharded.py``: a ``ShardedRateLimiter``'s shards read and summed;
 - ``show.py``: ``inspect`` and ``list``; ``watch.py``; ``change.py``: the commands that write.
 """
 

@@ -1,23 +1,31 @@
 """The commands that change a live limiter: ``set-rate``, ``delete``, ``block`` and
-``unblock``. Each goes through :class:`~aiolimit.RateLimiter`, as an application would.
+``unblock``. ``set-rate``, ``block`` and ``unblock`` go through
+:class:`~aiolimit.RateLimiter`, as an application would.
 
 ``delete`` takes a name, or a glob as ``list`` reads it (any ``*``, ``?`` or ``[`` makes one;
 ``--exact`` says a name): the limiters a glob matches are listed, then deleted once confirmed
-on the terminal (exit code 1 if not), or with ``--yes``."""
+on the terminal (exit code 1 if not), or with ``--yes``. A ``ShardedRateLimiter`` is one
+limiter there: every shard found is deleted (by the name it is stored under, whatever the
+shard count). A limiter whose delete fails is said on stderr and the others are deleted
+all the same (exit code 2)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from collections.abc import Callable
 
+from redis.exceptions import ResponseError
+
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
+from ..._values import check_name
 from ...backends.redis import RedisBackend
-from ...errors import NotConfiguredError
+from ...errors import BackendError, NotConfiguredError
 from ..options import masked
 from ..text import plural, seconds, shown
 from .connect import Abort, command, name_argument, no_limiter, seconds_argument
-from .glob import SYNTAX, is_glob, limiter_names
+from .glob import SYNTAX, Found, is_glob, limiters, redis_escape
 from .show import rates
 
 __all__ = ["BLOCK", "DELETE", "SET_RATE", "UNBLOCK"]
@@ -145,11 +153,8 @@ def _delete_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def _delete(args: argparse.Namespace, backend: RedisBackend) -> int:
     if args.exact or not is_glob(args.name):
-        if not await RateLimiter(args.name, backend).delete():
-            raise no_limiter(args)
-        print(f"deleted {shown(args.name)}")
-        return 0
-    matched = sorted({name async for name in limiter_names(backend, args.name)})
+        return await _delete_name(args, backend)
+    matched = await limiters(backend, args.name)
     if not matched:
         raise Abort(
             f"no limiter matches '{shown(args.name)}' on {masked(args.redis)} "
@@ -157,18 +162,57 @@ async def _delete(args: argparse.Namespace, backend: RedisBackend) -> int:
         )
     them = plural(len(matched), "limiter")
     print(f"{them} {'matches' if len(matched) == 1 else 'match'} '{shown(args.name)}':")
-    for name in matched:
-        print(f"  {shown(name)}")
+    for found in matched:
+        print(f"  {found.label}")
     if not args.yes and not _confirmed(f"delete {them}? [y/N] "):
         print("nothing deleted")
         return 1
-    deleted = 0
-    for name in matched:  # (one gone meanwhile is not counted)
-        if await RateLimiter(name, backend).delete():
-            print(f"deleted {shown(name)}")
-            deleted += 1
-    print(f"{plural(deleted, 'limiter')} deleted")
+    deleted = failed = 0
+    for found in matched:  # (one gone meanwhile is not counted)
+        outcome = await _delete_one(backend, found)
+        deleted += outcome is True
+        failed += outcome is None
+    print(f"{plural(deleted, 'limiter')} deleted" + (f", {failed:,} not" if failed else ""))
+    return 2 if failed else 0
+
+
+async def _delete_name(args: argparse.Namespace, backend: RedisBackend) -> int:
+    """``delete NAME``: the limiter of that name, and a sharded limiter of that name (its
+    shards found with SCAN; a user refused SCAN deletes the limiter alone)."""
+    name = check_name(args.name)
+    outcomes = [await _delete_one(backend, Found(name, (name,), False))]
+    try:
+        found = await limiters(backend, redis_escape(name))
+    except ResponseError:
+        if not outcomes[0]:
+            raise  # (nothing deleted: the refusal says why no sharded one was looked for)
+        found = []
+    outcomes += [await _delete_one(backend, each) for each in found if each.sharded]
+    if None in outcomes:
+        return 2
+    if not any(outcomes):
+        raise no_limiter(args)
     return 0
+
+
+async def _delete_one(backend: RedisBackend, found: Found) -> bool | None:
+    """Deletes every config ``found`` is stored under (a name each: the backend's own
+    delete, which takes a shard's name too), saying so; whether anything was there, None
+    when the server refused it (said on stderr: the other limiters of a glob are deleted
+    all the same). A server that cannot be reached ends the command."""
+    outcomes = await asyncio.gather(
+        *(backend.delete(stored) for stored in found.stored), return_exceptions=True
+    )
+    for outcome in outcomes:
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, BackendError) or outcome.outage:
+                raise outcome
+            print(f"aiolimit delete: error: {found.label} not deleted: {outcome}", file=sys.stderr)
+            return None
+    existed = any(outcomes)
+    if existed:
+        print(f"deleted {found.label}")
+    return existed
 
 
 def _confirmed(question: str) -> bool:

@@ -8,20 +8,36 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
+from redis.exceptions import (
+    AuthenticationError,
+    AuthenticationWrongNumberOfArgsError,
+    MovedError,
+    RedisError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MovedError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...backends.redis import RedisBackend
-from ...errors import BackendError, LimiterError
+from ...backends.redis._errors import credentials_missing
+from ...errors import BackendError, CredentialsError, LimiterError
 from ..options import DEFAULT_URL, URL_VARIABLE, default_url, masked, server_options
 from ..text import shown
 
-__all__ = ["Abort", "Body", "Command", "command", "name_argument", "no_limiter", "seconds_argument"]
+__all__ = [
+    "Abort",
+    "Body",
+    "Command",
+    "command",
+    "name_argument",
+    "no_limiter",
+    "read_server",
+    "seconds_argument",
+]
 
+T = TypeVar("T")
 Body = Callable[[argparse.Namespace, RedisBackend], Awaitable[int]]
 
 
@@ -60,6 +76,22 @@ def command(
     return Command(add, run)
 
 
+async def read_server(url: str, read: Callable[[Redis], Awaitable[T]]) -> T:
+    """What ``read`` reads with a client of the server at ``url``; a failure as an Abort."""
+    where = masked(url)
+    try:
+        redis = Redis.from_url(url, socket_connect_timeout=5)
+    except ValueError as exc:
+        raise Abort(f"bad --redis URL {where!r}: {exc}") from None
+    try:
+        return await read(redis)
+    except RedisError as exc:
+        failure = _not_there(exc, where)
+        raise (failure or Abort(f"Redis at {where} refused a command: {exc}")) from None
+    finally:
+        await redis.aclose()
+
+
 async def _with_backend(args: argparse.Namespace, body: Body) -> int:
     url: str = args.redis
     where = masked(url)
@@ -71,6 +103,8 @@ async def _with_backend(args: argparse.Namespace, body: Body) -> int:
     try:
         backend = RedisBackend(redis, prefix=args.prefix)
         return await body(args, backend)
+    except CredentialsError as exc:
+        raise _no_entry(exc.__cause__ or exc, where) from None
     except BackendError as exc:
         raise (_not_there(exc.__cause__, where) or Abort(str(exc))) from None
     except LimiterError as exc:
@@ -85,11 +119,28 @@ async def _with_backend(args: argparse.Namespace, body: Body) -> int:
 def _not_there(exc: BaseException | None, where: str) -> Abort | None:
     """The error for a server that could not be reached, or that holds only part of a
     cluster's keys; None for any other failure."""
+    if isinstance(exc, (AuthenticationError, AuthenticationWrongNumberOfArgsError)):
+        return _no_entry(exc, where)
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
         return Abort(f"cannot reach Redis at {where}: {exc}")
     if isinstance(exc, MovedError):
         return Abort(f"{where} is a node of a Redis Cluster: pass --cluster")
     return None
+
+
+def _no_entry(exc: BaseException, where: str) -> Abort:
+    """The error for a server that needs credentials, or refused the ones given."""
+    reason = str(exc)
+    said = (
+        "needs credentials"
+        if credentials_missing(reason)
+        else f"refused the credentials given ({reason})"
+    )
+    return Abort(
+        f"Redis at {where} {said}: give them in --redis or ${URL_VARIABLE} as "
+        "redis://USER:PASSWORD@HOST:6379 (redis://:PASSWORD@HOST:6379 for a server's "
+        "requirepass)"
+    )
 
 
 def no_limiter(args: argparse.Namespace) -> Abort:

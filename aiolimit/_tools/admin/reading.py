@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 
 from redis.exceptions import ResponseError
 
-from ..._types import RateLimiterConfig, RateType
+from ..._types import Rate, RateLimiterConfig, RateType
 from ...backends._protocol import parse_member, parse_value
 from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
@@ -35,7 +35,10 @@ __all__ = [
     "Client",
     "Reservations",
     "Snapshot",
+    "add_reservations",
+    "budget_json",
     "budget_state",
+    "config_json",
     "inspect_limiter",
 ]
 
@@ -118,6 +121,9 @@ class Snapshot:
     memory_keys: int = 0
     blocked_s: float | None = None
     """Seconds until the limiter's block ends (``block()``); None: it is not blocked."""
+    ceiling: tuple[Rate, ...] | None = None
+    """The ceiling of a rate learned from a partner (``Learner``): the config's rates are
+    the learned ones; None: not learned."""
     slot: int = 0
     node: str = ""
 
@@ -142,28 +148,17 @@ class Snapshot:
 
     def as_json(self) -> dict[str, Any]:
         """What ``inspect --json`` prints: only the fields that exist for the algorithm."""
-        config = self.config
         shown: dict[str, Any] = {
             "name": self.name,
-            "config": {
-                "rates": [str(rate) for rate in config.rates],
-                "algorithm": config.algorithm.value,
-                "type": config.rate_type.value,
-                "keep_alive_s": config.keep_alive and config.keep_alive.total_seconds(),
-                "min_spacing_s": config.min_spacing and config.min_spacing.total_seconds(),
-                "expires_in_s": self.ttl_s,
-            },
+            "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
+            "learned": None
+            if self.ceiling is None
+            else {"ceiling": [str(rate) for rate in self.ceiling]},
         }
         if self.keeps_a_log:
-            ahead = self.budget.reservations
-            shown["grants"] = self.budget.grants
-            shown["reservations"] = {
-                "count": ahead.count,
-                "permits": ahead.permits,
-                "furthest_s": ahead.furthest_s,
-            }
+            shown.update(budget_json(self.budget))
         shown["clients"] = None if not self.per_client else self._clients_json()
         shown["memory"] = {"bytes": self.memory_bytes, "keys": self.memory_keys}
         shown["slot"], shown["node"] = self.slot, self.node
@@ -179,6 +174,30 @@ class Snapshot:
             "with_state": self.clients_with_state,
             "busiest": busiest,
         }
+
+
+def config_json(config: RateLimiterConfig) -> dict[str, Any]:
+    """A config as ``inspect --json`` prints it."""
+    return {
+        "rates": [str(rate) for rate in config.rates],
+        "algorithm": config.algorithm.value,
+        "type": config.rate_type.value,
+        "keep_alive_s": config.keep_alive and config.keep_alive.total_seconds(),
+        "min_spacing_s": config.min_spacing and config.min_spacing.total_seconds(),
+    }
+
+
+def budget_json(budget: Budget) -> dict[str, Any]:
+    """A log's grants and reservations as ``inspect --json`` prints them."""
+    ahead = budget.reservations
+    return {
+        "grants": budget.grants,
+        "reservations": {
+            "count": ahead.count,
+            "permits": ahead.permits,
+            "furthest_s": ahead.furthest_s,
+        },
+    }
 
 
 async def inspect_limiter(
@@ -203,6 +222,7 @@ async def inspect_limiter(
     )
     blocked_us = await backend.block(name, None)
     snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    snapshot.ceiling = await backend.learned(name)
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
@@ -242,7 +262,7 @@ async def budget_state(
     for budget in budgets:
         total.grants += budget.grants
         total.state = total.state or budget.state
-        _add(total.reservations, budget.reservations)
+        add_reservations(total.reservations, budget.reservations)
     if since_us is not None:
         longest = max(range(len(config.rates)), key=lambda i: config.rates[i].interval_us) + 1
         started = await asyncio.gather(
@@ -262,7 +282,8 @@ async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
     return int(seconds) * 1_000_000 + int(micros), _text(gen) if gen is not None else "-"
 
 
-def _add(total: Reservations, more: Reservations) -> None:
+def add_reservations(total: Reservations, more: Reservations) -> None:
+    """Adds ``more`` to ``total``: reservations of several budgets (clients, shards)."""
     total.count += more.count
     total.permits += more.permits
     total.furthest_s = max(total.furthest_s, more.furthest_s)
@@ -338,7 +359,7 @@ async def _clients(
     rows = []
     for (client, last_us), budget, left in zip(recent, budgets, available, strict=True):
         snapshot.budget.grants += budget.grants
-        _add(snapshot.budget.reservations, budget.reservations)
+        add_reservations(snapshot.budget.reservations, budget.reservations)
         if budget.state:
             snapshot.clients_with_state += 1
             rows.append(

@@ -18,6 +18,7 @@ from ..demo import positive_int
 from ..text import bar
 from .connect import command, name_argument, no_limiter
 from .reading import Reservations, budget_state
+from .show import learned
 
 __all__ = ["WATCH", "Reading", "watch_line"]
 
@@ -32,6 +33,8 @@ class Reading(NamedTuple):
     ahead: Reservations
     blocked_s: float | None = None
     """Seconds until the limiter's block ends (None: not blocked)."""
+    learned: str | None = None
+    """A rate learned from a partner, against its ceiling (None: not learned)."""
 
 
 SHORTEST_INTERVAL = 0.1
@@ -120,7 +123,13 @@ async def _read(
         available = await backend.available_permits(name)
     blocked_us = await backend.block(name, None)
     blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
-    reading = Reading(rate, available, read.budget.reservations, blocked_s)
+    ceiling = await backend.learned(name)
+    shown_learned = None
+    if ceiling is not None:
+        current = await backend.get_config(name)
+        if current is not None:
+            shown_learned = learned(current.rates, ceiling)
+    reading = Reading(rate, available, read.budget.reservations, blocked_s, shown_learned)
     return reading, Previous(read.now_us, read.gen)
 
 
@@ -145,6 +154,8 @@ def watch_line(config: RateLimiterConfig, reading: Reading) -> str:
     parts.append(queued)
     if reading.blocked_s is not None:
         parts.append(f"blocked {reading.blocked_s:.1f} s")
+    if reading.learned is not None:
+        parts.append(f"learned {reading.learned}")
     return "  ".join(parts)
 
 

@@ -15,9 +15,12 @@ from ...errors import InvalidArgumentError, NotConfiguredError
 from .._protocol import (
     check_settle,
     check_sync,
+    new_life,
     over_rate_error,
     parse_grant,
     queue_full_error,
+    split_life,
+    with_life,
 )
 from ..base import Backend, Grant, Refusal, SetMode, Settlement
 from ._budgets import (
@@ -31,6 +34,7 @@ from ._budgets import (
     reservations,
     state_in_config,
 )
+from ._learn import MemoryLearning
 from ._leases import MemoryLeases
 from ._settle import receipt_until, settle_group
 from ._state import FOREVER, Config, Limiter, ms
@@ -43,7 +47,7 @@ def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
 
 
-class MemoryBackend(MemoryLeases, Backend):
+class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
     """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
 
     >>> backend = MemoryBackend()
@@ -74,7 +78,7 @@ class MemoryBackend(MemoryLeases, Backend):
     def with_client(self, client_id: str) -> MemoryBackend:
         other = MemoryBackend(client_id=client_id, clock=self._clock)
         other._shared = self._shared
-        self._share_breakers(other)
+        self._share_with(other)
         return other
 
     @property
@@ -128,16 +132,20 @@ class MemoryBackend(MemoryLeases, Backend):
             limiter = self._shared.create(name)
         clock = None if old is None else old.clock
         promised = reservations(limiter, now) if old is not None else None
-        stored = limiter.config = Config(
-            config, now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER
-        )
-        # A new rate type, or a config where none was, clears the state (see set_rate.lua).
-        if (
+        # A new rate type, or a config where none was, clears the state (see set_rate.lua):
+        # its state starts another life.
+        keep = (
             keep_state
             and old is not None
             and old.config.rate_type is config.rate_type
             and old.config.algorithm is config.algorithm
-        ):
+        )
+        stored = limiter.config = Config(
+            config,
+            old.life if keep and old is not None else new_life(),
+            now + ms(config.keep_alive_us) if config.keep_alive_us else FOREVER,
+        )
+        if keep and old is not None:
             if clock is not None and now < clock:
                 now = clock
             clock = now
@@ -145,13 +153,15 @@ class MemoryBackend(MemoryLeases, Backend):
                 stored.state = old.state  # the new config carries the field over
             group = group_of(limiter, config, None, True, now)
             group.reclaim(now)
-            group.rates_changed(limiter, old, now)
+            longer = group.rates_changed(limiter, old, now)
             group.keep()
             if not group.fresh:
                 group.save(limiter, now)
-            # Clients follow the new rate at their next grant; a longer interval lengthens
-            # their TTLs now (refresh.lua, in chunks on Redis).
-            if config.longest_us > old.config.longest_us and limiter.registry:
+            # Clients follow the new rate at their next grant; a longer interval (or a
+            # bucket's slower refill) lengthens their TTLs now (refresh.lua, in chunks on
+            # Redis).
+            longer = longer or config.longest_us > old.config.longest_us
+            if longer and limiter.registry:
                 refresh_clients(limiter, stored, now)
         else:
             same_type = old is not None and old.config.rate_type is config.rate_type
@@ -189,10 +199,11 @@ class MemoryBackend(MemoryLeases, Backend):
             group.save(limiter, now)  # what the reclaim changed is written back, nothing else
             left, binding = group.left(now)
             return Refusal(delay, now, left, binding)
-        member = group.commit(permits, start)
+        grant = group.commit(permits, start)
         ttl = group.save(limiter, now)
         stored = limiter.config
         assert stored is not None
+        member = f"{grant}:{stored.life}"  # (with_life, written out: the hot path)
         longest = config.longest_us
         if key is not None:
             limiter.register(key, start)
@@ -224,6 +235,12 @@ class MemoryBackend(MemoryLeases, Backend):
     async def release(self, name: str, permits: int, member: str | None = None) -> int:
         start = None if member is None else parse_grant(member)[1]
         limiter, config, now = self._configured(name, self._now(), record=False)
+        grant = None
+        if member is not None:
+            grant, life = split_life(member)
+            assert limiter.config is not None
+            if life != limiter.config.life:
+                return 0  # a grant of another life (release.lua)
         key = self._budget_key(config, name)
         group = group_of(limiter, config, key, True, now)
         receipt = None
@@ -235,7 +252,7 @@ class MemoryBackend(MemoryLeases, Backend):
         assert limiter.config is not None
         limiter.config.clock = now
         group.reclaim(now)
-        released = group.release(permits, member, now)
+        released = group.release(permits, grant, now)
         group.save(limiter, now)
         if receipt is not None and start is not None:
             until = start + config.longest_us
@@ -248,17 +265,24 @@ class MemoryBackend(MemoryLeases, Backend):
         limiter, config, now = self._configured(name, self._now(), record=False)
         key = self._budget_key(config, name)
         receipt = (name, member if key is None else f"{member} {key}")
-        if permits == parse_grant(member)[0] or self._shared.receipts.get(receipt, now) > now:
-            return Settlement(0, 0, member)  # nothing to change, or sent again (settle.lua)
+        grant, life = split_life(member)
         assert limiter.config is not None
+        if (
+            permits == parse_grant(member)[0]
+            or life != limiter.config.life
+            or self._shared.receipts.get(receipt, now) > now
+        ):
+            # nothing to change, a grant of another life, or sent again (settle.lua)
+            return Settlement(0, 0, member)
         limiter.config.clock = now
         group = group_of(limiter, config, key, True, now)
         group.reclaim(now)
-        settled = settle_group(group, member, permits, now, config.debt_limit)
+        settled = settle_group(group, grant, permits, now, config.debt_limit)
         register(limiter, key, now, group.save(limiter, now))
-        if settled.member != member:
-            self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
-        return settled
+        if settled.member == grant:
+            return settled._replace(member=member)
+        self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)
+        return settled._replace(member=with_life(settled.member, limiter.config.life))
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
         remaining, reset_us = check_sync(remaining, reset_us)

@@ -45,11 +45,13 @@ class Group(abc.ABC):
         """The budget's state lives in the config (``config.in_hash`` in lib.lua)."""
         return cls.in_hash and config.rate_type is RateType.OVERALL
 
-    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         """set_rate with keep_state, once reclaimed: what the new rates do to the state kept
-        (``old``: the config replaced). Nothing by default: the state follows the new rates
-        at its next grant."""
-        return None
+        (``old``: the config replaced); whether every PER_CLIENT client's state must now
+        live longer than its TTL says, though no interval grew (refresh.lua gives them the
+        TTLs the new config gives). Nothing by default: the state follows the new rates at
+        its next grant, and lives as long."""
+        return False
 
     @abc.abstractmethod
     def reclaim(self, now: int) -> None:

@@ -92,10 +92,11 @@ class Counters(Group):
 
     @abc.abstractmethod
     def rate_release(
-        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int, held: int
     ) -> tuple[int, int, int]:
-        """``(permits handed back, a, b)`` for ``wanted`` permits of the grant that started
-        at ``start`` (None: the latest grants): no more than it still holds at ``now``."""
+        """``(permits handed back, a, b)`` for ``wanted`` of the ``held`` permits of the grant
+        that started at ``start`` (None: ``wanted`` of the latest grants): no more than it
+        still holds at ``now``."""
 
     # -- the group --------------------------------------------------------------------------
 
@@ -213,7 +214,7 @@ class Counters(Group):
                 return 0
         for i, rate in enumerate(self.config.rates):
             count, n[2 * i], n[2 * i + 1] = self.rate_release(
-                rate, n[2 * i], n[2 * i + 1], wanted, start, now
+                rate, n[2 * i], n[2 * i + 1], wanted, start, now, wanted
             )
             released = max(released, count)
         if released:
@@ -223,15 +224,6 @@ class Counters(Group):
         return released
 
     # -- settle and sync (counters.lua's) ----------------------------------------------------
-
-    def rate_shrink(
-        self, rate: Rate, a: int, b: int, reserved: int, wanted: int, start: int, now: int
-    ) -> tuple[int, int, int]:
-        """``rate_release`` of ``wanted`` of the ``reserved`` permits of the grant that
-        started at ``start``."""
-        if wanted <= 0:
-            return 0, a, b  # (counters.lua asks release for none)
-        return self.rate_release(rate, a, b, wanted, start, now)
 
     @abc.abstractmethod
     def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
@@ -266,8 +258,8 @@ class Counters(Group):
         latest = self.queued_start(now) if queued else None
         if latest is None or latest == start:  # (a token bucket: see release)
             for i, rate in enumerate(self.config.rates):
-                count, n[2 * i], n[2 * i + 1] = self.rate_shrink(
-                    rate, n[2 * i], n[2 * i + 1], reserved, wanted, start, now
+                count, n[2 * i], n[2 * i + 1] = self.rate_release(
+                    rate, n[2 * i], n[2 * i + 1], wanted, start, now, reserved
                 )
                 back = max(back, count)
         return back, self.settled(reserved - wanted, start, tag)

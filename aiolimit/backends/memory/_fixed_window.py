@@ -23,7 +23,7 @@ def window_of(end: int, interval: int) -> int:
 class FixedWindow(Counters):
     __slots__ = ()
 
-    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         stored = limiter.config
         assert stored is not None
         if (
@@ -32,6 +32,7 @@ class FixedWindow(Counters):
             and windows_outlived(self, old.config.rates, now)
         ):
             self.fresh, stored.state = True, None  # forgotten, as an expired key
+        return False
 
     def __init__(
         self, limiter: Limiter, config: RateLimiterConfig, key: str | None, write: bool
@@ -108,7 +109,7 @@ class FixedWindow(Counters):
         )
 
     def rate_release(
-        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int, held: int
     ) -> tuple[int, int, int]:
         # Only the latest window's count is kept: a grant there (or, without a member, in the
         # current window when nothing is reserved ahead) can go back.
@@ -141,13 +142,18 @@ class FixedWindow(Counters):
     def rate_sync(
         self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
     ) -> tuple[int, int]:
-        # The current window holds at least rate - remaining (a window ahead: the current one
-        # is full already).
-        window, current = window_of(a, rate.interval_us), now // rate.interval_us
-        least = rate.permits - remaining
-        if reset_us <= 0 or window > current or least <= (b if window == current else 0):
+        # The window the reset falls in (at most one interval on) holds at least rate -
+        # remaining; when that is the next window, the current one allows nothing more
+        # (fixed_window.lua).
+        least, interval = rate.permits - remaining, rate.interval_us
+        if reset_us <= 0 or least <= 0:
             return a, b
-        return (current + 1) * rate.interval_us, least
+        window, last = window_of(a, interval), now // interval
+        if now + min(reset_us, interval) > (last + 1) * interval:
+            last += 1
+        if window > last or (window == last and b >= least):
+            return a, b
+        return (last + 1) * interval, least
 
 
 def windows_outlived(windows: FixedWindow, old: tuple[Rate, ...], now: int) -> bool:

@@ -197,6 +197,30 @@ def release_log(budget: Budget, permits: int, member: str | None, now: int) -> i
     return released
 
 
+def take_leaving(budget: Budget, least: int, at: int) -> tuple[int, bool]:
+    """sync: of the grants that leave the window before ``at`` + one interval, the permits
+    the log needs to hold ``least`` until then, taken out of their entries (sliding_log.lua's
+    ``take_leaving``); and whether more such grants may lie beyond those read."""
+    grants, head = budget.grants, budget.head
+    count = min(budget.rank_after(at) - head, WALK_STEPS)
+    free, taken = max(0, budget.used - least), 0
+    kept: list[tuple[int, str, int]] = []
+    for score, logged, permits in grants[head : head + count]:
+        if free >= permits:
+            free -= permits
+            kept.append((score, logged, permits))
+            continue
+        if free:
+            kept.append((score, format_member(free, parse_member(logged)[1]), free))
+        budget.moved(score, free - permits)
+        taken, free = taken + permits - free, 0
+    if taken:
+        del grants[head : head + count]
+        for entry in kept:
+            budget.add(entry)
+    return taken, count == WALK_STEPS
+
+
 class SlidingLog(Group):
     """A log per rate (``budgets``; ``stored`` says which exist): the first rate's in
     ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
@@ -353,17 +377,23 @@ class SlidingLog(Group):
         return format_grant(permits + extra, start, seq)
 
     def sync(self, remaining: int, reset_us: int, now: int) -> None:
+        # Each log counts at least rate - remaining until the reset (sliding_window.lua).
+        if reset_us <= 0:
+            return
         seq = max(b.seq for b in self.budgets) + 1
         for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
-            over = rate.permits - self.used[i] - remaining
-            if over <= 0 or reset_us <= 0:
+            least = rate.permits - remaining
+            if least <= 0:
                 continue
-            # Scored so that it leaves the window at the reset (at most one interval on).
             at = now + min(reset_us, rate.interval_us) - rate.interval_us
-            budget.add((at, format_member(over, seq), over))
+            taken, cut = take_leaving(budget, least, at) if self.stored[i] else (0, False)
+            extra = max(0, least - (taken if cut else self.used[i]))
+            if taken + extra == 0:
+                continue
+            budget.add((at, format_member(taken + extra, seq), taken + extra))
             budget.seq = seq
-            budget.used += over
+            budget.used += extra
             self.used[i] = budget.used
-            budget.moved(at, over)
+            budget.moved(at, taken + extra)
             self.touched[i] = self.stored[i] = True
             self.fresh = False

@@ -31,6 +31,7 @@ class Config:
     """The config hash."""
 
     config: RateLimiterConfig
+    life: str  # the life of its state, which each grant's member names (the 'gen' field)
     expires_at: float = FOREVER
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 
+from ._learn import LearnTable
 from ._leases import LeaseTable
 from ._state import FOREVER, Limiter
 
@@ -38,6 +39,7 @@ class Store:
     receipts: dict[tuple[str, str], int] = field(default_factory=dict)
     receipts_kept: int = 0  # how many the last pruning left
     leases: LeaseTable = field(default_factory=LeaseTable)  # the concurrency limiters
+    learning: LearnTable = field(default_factory=LearnTable)  # the learned rates
 
     def remember(self, receipt: tuple[str, str], until: int, now: int) -> None:
         """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled

@@ -35,18 +35,6 @@ def refilled(rate: Rate, us: int, frac: int, start: int, permits: int) -> tuple[
     return us + whole, frac
 
 
-def refilled_since(rate: Rate, permits: int, start: int, now: int) -> int:
-    """How many of the ``permits`` tokens of a grant that started at ``start`` have come back
-    by ``now``, at least: the bucket refills oldest first, a token per interval/permits, and
-    the grant's first token comes back no earlier than one such step after its start."""
-    if now - start >= rate.interval_us:
-        return permits
-    back = math.floor(float(now - start) * rate.permits / rate.interval_us)
-    if back < permits and cost(rate, back + 1)[0] <= now - start:
-        back += 1  # (the product in doubles may round down)
-    return min(back, permits)
-
-
 class TokenBucket(Counters):
     __slots__ = ()
 
@@ -59,13 +47,16 @@ class TokenBucket(Counters):
         if not self.fresh and not self.state_in_config(config) and self.state.epoch < stored.epoch:
             adopted(self, stored, self.state.epoch)  # a client's state of earlier rates
 
-    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> None:
+    def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         stored = limiter.config
         assert stored is not None
         if not self.state_in_config(self.config):
             next_epoch(stored, old, now)  # each client's bucket is converted at its next call
-        elif not self.fresh:
+            # A slower refill: what a client owes takes longer to pay than its TTL says.
+            return slower(old.config.rates, self.config.rates)
+        if not self.fresh:
             convert_buckets(self, old.config.rates, now)
+        return False
 
     def loaded(self, rate: Rate, a: int, b: int) -> tuple[int, int] | None:
         if b >= rate.permits:  # a remainder of another rate: a whole us, rounded up
@@ -105,34 +96,30 @@ class TokenBucket(Counters):
         return a + (1 if b > 0 else 0)
 
     def rate_release(
-        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int
+        self, rate: Rate, a: int, b: int, wanted: int, start: int | None, now: int, held: int
     ) -> tuple[int, int, int]:
         # Tokens go back, never above a full bucket.
         if not (a > now or (a == now and b > 0)):
             return 0, a, b
-        if start is not None and now > start:
-            wanted -= refilled_since(rate, wanted, start, now)
-            if wanted <= 0:
-                return 0, a, b
-        owed = float(a - now) * rate.permits + b
-        count = min(wanted, math.ceil(owed / rate.interval_us))
         whole, rest = cost(rate, wanted)
+        if start is not None and now > start:
+            # Only the refill still due on the grant's tokens goes back (token_bucket.lua).
+            due, due_rest = cost(rate, held)
+            due -= now - start
+            if due < 0 or (due == 0 and due_rest == 0):
+                return 0, a, b
+            if (due, due_rest) < (whole, rest):
+                whole, rest = due, due_rest
+        interval = rate.interval_us
+        back = math.ceil((float(whole) * rate.permits + rest) / interval)
+        owed = float(a - now) * rate.permits + b
+        count = min(wanted, back, math.ceil(owed / interval))
         tat, frac = a - whole, b - rest
         if frac < 0:
             tat, frac = tat - 1, frac + rate.permits
         if tat < now:
             tat, frac = now, 0
         return count, tat, frac
-
-    def rate_shrink(
-        self, rate: Rate, a: int, b: int, reserved: int, wanted: int, start: int, now: int
-    ) -> tuple[int, int, int]:
-        # The grant's tokens come back oldest first: its latest ones still count.
-        if now > start:
-            wanted = min(wanted, reserved - refilled_since(rate, reserved, start, now))
-        if wanted <= 0:
-            return 0, a, b  # (counters.lua asks release for none)
-        return self.rate_release(rate, a, b, wanted, None, now)
 
     def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
         return refilled(rate, a, b, now, extra)  # past one interval on: a debt
@@ -160,6 +147,16 @@ def converted(was: Rate, rate: Rate, tat: int, frac: int, at: int) -> tuple[int,
         ratio = float(due) * was.permits * rate.interval_us
         return at + math.ceil(ratio / (float(was.interval_us) * rate.permits)), 0
     return tat, frac
+
+
+def slower(old: tuple[Rate, ...], rates: tuple[Rate, ...]) -> bool:
+    """Whether any rate refills more slowly than the one it replaces (token_bucket.lua's
+    ``slower``, in doubles as Lua computes it): a bucket converted to it is full later than
+    its old TTL."""
+    return any(
+        float(was.permits) * rate.interval_us > float(was.interval_us) * rate.permits
+        for was, rate in zip(old, rates, strict=False)
+    )
 
 
 def convert_buckets(bucket: TokenBucket, old: tuple[Rate, ...], now: int) -> None:

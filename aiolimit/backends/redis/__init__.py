@@ -12,14 +12,15 @@ from collections.abc import Callable, Coroutine, Hashable, Sequence
 from typing import Any, Literal, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
-from ..._types import RateLimiterConfig, RateType
+from ..._types import Rate, RateLimiterConfig, RateType
 from ..._values import Duration, check_text, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
-from .._protocol import check_settle, check_sync, format_rates, parse_grant
+from .._learning import Event, Law, Learned
+from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key, coalescer
-from ._compat import ANY, server_of, slot
+from ._compat import ANY, check_client, node_of, server_of, slot
 from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
 from ._keys import Keys, Recent
@@ -57,9 +58,22 @@ class RedisBackend(RedisLeases, Backend):
 
     ``breaker``: the back-offs of its limiters' circuit breakers
     (:class:`~aiolimit.BreakerPolicy`; after an outage, calls fail at once for a while).
+
+    ``redis`` is an asyncio client (``redis.asyncio.Redis``, ``RedisCluster``, valkey-py's);
+    a URL or a synchronous client is refused with a TypeError: for a URL, use
+    :meth:`from_url`. The client stays open after :meth:`aclose`: it is yours.
     """
 
-    __slots__ = ("_clock", "_deadlines", "_keys", "_pipe", "_prefix", "_redis", "_types")
+    __slots__ = (
+        "_clock",
+        "_deadlines",
+        "_keys",
+        "_owned",
+        "_pipe",
+        "_prefix",
+        "_redis",
+        "_types",
+    )
 
     def __init__(
         self,
@@ -71,6 +85,7 @@ class RedisBackend(RedisLeases, Backend):
         timeout: Duration | None = 5.0,
         breaker: BreakerPolicy | None = None,
     ) -> None:
+        check_client(redis)
         super().__init__(client_id, breaker)
         if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
             raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
@@ -84,6 +99,7 @@ class RedisBackend(RedisLeases, Backend):
                 f"clock must be 'server', 'client' or a callable, not {clock!r}"
             )
         self._redis = redis
+        self._owned = False  # (from_url: its client is closed with it)
         self._pipe = coalescer(redis)
         self._clock: Callable[[], float] | None = None if clock == "server" else clock
         self._prefix = prefix
@@ -92,12 +108,50 @@ class RedisBackend(RedisLeases, Backend):
         # The rate type each limiter had when last seen, to pass only the keys a call touches.
         self._types: Recent[str, RateType] = Recent()
 
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        client_id: str | None = None,
+        clock: Clock = "server",
+        prefix: str = "aiolimit:",
+        timeout: Duration | None = 5.0,
+        breaker: BreakerPolicy | None = None,
+        **options: Any,
+    ) -> RedisBackend:
+        """A backend on a ``redis.asyncio.Redis`` client it makes from ``url``
+        (``redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]``, ``rediss://`` for TLS,
+        ``unix://PATH``) with ``options`` (``socket_connect_timeout=2``, ``client_name=...``:
+        what ``Redis.from_url`` takes), and closes with :meth:`aclose`. The other keywords
+        are the backend's own, as in the constructor. For a cluster, make the
+        ``RedisCluster`` yourself and pass it.
+
+        >>> backend = RedisBackend.from_url("redis://:s3cret@localhost:6379/0")
+        >>> ...
+        >>> await backend.aclose()                       # closes the client too
+        """
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str such as 'redis://localhost:6379', not {url!r}")
+        from redis.asyncio import Redis
+
+        backend = cls(
+            Redis.from_url(url, **options),
+            client_id=client_id,
+            clock=clock,
+            prefix=prefix,
+            timeout=timeout,
+            breaker=breaker,
+        )
+        backend._owned = True
+        return backend
+
     def with_client(self, client_id: str) -> RedisBackend:
         other = RedisBackend(
             self._redis, client_id=client_id, prefix=self._prefix, timeout=self.timeout
         )
         other._clock = self._clock
-        self._share_breakers(other)
+        self._share_with(other)
         # One store, one key layout: the view shares what this backend learnt of each limiter
         # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
         # trip, not two. An ASGI middleware makes a view per request.
@@ -122,8 +176,13 @@ class RedisBackend(RedisLeases, Backend):
         return self._redis
 
     async def aclose(self) -> None:
+        """Waits for the hand-backs under way (:meth:`Backend.aclose`); closes the client
+        only when :meth:`from_url` made it."""
         await super().aclose()
         await end_wakers()  # (a lease waiter's BLPOP ending: no task left pending)
+        if self._owned:
+            self._owned = False
+            await self._redis.aclose()
 
     def keys(self, name: str) -> Keys:
         """Every key of the limiter ``name`` (docs/redis-layout.md)."""
@@ -134,6 +193,10 @@ class RedisBackend(RedisLeases, Backend):
 
     def slot(self, name: str) -> int:
         return slot(self.keys(name).tag)
+
+    def clock_of(self, name: str) -> Hashable:
+        # clock='client': each limiter's own (the latest time any client sent); else TIME's node
+        return name if self._clock is not None else node_of(self._redis, self.keys(name).config)
 
     def _now_arg(self) -> str:
         # A reading that is NaN, infinite or not a number raises InvalidArgumentError here.
@@ -331,7 +394,7 @@ class RedisBackend(RedisLeases, Backend):
         self, name: str, config: RateLimiterConfig, mode: SetMode, keep_state: bool
     ) -> bool:
         keys = self.keys(name)
-        generation = secrets.token_urlsafe(8)  # short: every budget of the config holds it
+        generation = new_life()  # (short: every budget of the config and every grant names it)
         reply = await self._run(
             scripts.SET_RATE,
             (keys.config, keys.value, keys.permits, keys.registry, keys.retired(generation)),
@@ -357,6 +420,43 @@ class RedisBackend(RedisLeases, Backend):
         elif reply.follow is Follow.RETIRE:
             await retire_clients(self, keys, keys.retired(generation))
         return reply.written
+
+    async def learn(
+        self,
+        name: str,
+        event: Event,
+        value: int | None,
+        per: int | None,
+        ceiling: tuple[Rate, ...] | None,
+        law: Law,
+    ) -> Learned:
+        keys = self.keys(name)
+        ceiling_text = (
+            "" if not ceiling else ",".join(f"{r.permits}:{r.interval_us}" for r in ceiling)
+        )
+        reply = await self._run(
+            scripts.LEARN,
+            (keys.config, keys.value, keys.permits, keys.learned),
+            (
+                event,
+                "" if value is None else value,
+                "" if per is None else per,
+                self._now_arg(),
+                ceiling_text,
+                *law,
+            ),
+        )
+        if isinstance(reply, scripts.NotConfigured):
+            raise NotConfiguredError(name)
+        if isinstance(reply, scripts.OtherShape):
+            raise InvalidArgumentError(
+                f"the ceiling's intervals are not the stored config's ({reply.detail}): set "
+                "the rate to the ceiling first"
+            )
+        return reply
+
+    async def learned(self, name: str) -> tuple[Rate, ...] | None:
+        return await self._run(scripts.LEARNED, (self.keys(name).learned,), ("ceiling",))
 
     async def get_config(self, name: str) -> RateLimiterConfig | None:
         config = await self._run(scripts.CONFIG, (self.keys(name).config,), ())

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ... import _observe
-from ._compat import LOST, UNREACHABLE, is_cluster, slot
+from ._compat import AUTH, LOST, UNREACHABLE, is_cluster, slot
 from ._deadlines import Deadlines
 from ._request import Batch, Call, Key, Operation, Request
 from ._wire import Wire
@@ -208,6 +208,8 @@ class Coalescer:
                 observer.round_trip(sum(len(call.requests) for call in calls))
             try:
                 replies = await self._round_trip(calls)
+            except AUTH as exc:  # (a ConnectionError to redis-py: neither lost nor down)
+                error: BaseException = exc
             except LOST as exc:
                 now = loop.time()
                 first_failure = now if first_failure is None else first_failure
@@ -229,7 +231,7 @@ class Coalescer:
                     )
                     await asyncio.sleep(pause)
                     continue
-                error: BaseException = exc
+                error = exc
             except BaseException as exc:
                 error = exc
             else:
@@ -239,7 +241,7 @@ class Coalescer:
                     call.settle(reply)
                 return
             # The whole round trip failed: every caller in it gets the error.
-            if isinstance(error, UNREACHABLE):
+            if isinstance(error, UNREACHABLE) and not isinstance(error, AUTH):
                 self._unreachable(error, sum(len(call.requests) for call in calls), loop.time())
             for call in calls:
                 call.settle(error)

@@ -4,6 +4,7 @@ slots; telling a cluster client from a single-node one."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Hashable
 from typing import Any
 
@@ -12,15 +13,24 @@ from redis.crc import key_slot
 
 __all__ = [
     "ANY",
+    "AUTH",
     "LOST",
     "NOT_SERVING",
     "NO_SCRIPT",
     "UNREACHABLE",
+    "check_client",
     "is_cluster",
+    "node_of",
     "server_of",
     "slot",
 ]
 
+AUTH: tuple[type[BaseException], ...] = (
+    redis_errors.AuthenticationError,
+    redis_errors.AuthenticationWrongNumberOfArgsError,
+)
+"""The server wants credentials, or refused the ones given (NOAUTH, WRONGPASS, a wrong AUTH).
+redis-py makes its AuthenticationError a ConnectionError: check this first."""
 NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
 LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
@@ -49,6 +59,10 @@ try:
 except ImportError:  # pragma: no cover - valkey-py is optional
     pass
 else:
+    AUTH += (
+        valkey_errors.AuthenticationError,
+        valkey_errors.AuthenticationWrongNumberOfArgsError,
+    )
     NO_SCRIPT += (valkey_errors.NoScriptError,)
     LOST += (valkey_errors.ConnectionError,)
     UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
@@ -61,6 +75,24 @@ else:
     ANY += (valkey_errors.ValkeyError, valkey_errors.ValkeyClusterException)
 
 
+def check_client(redis: Any) -> None:
+    """Refuses what is not an asyncio client, saying what to pass: a URL (which
+    ``RedisBackend.from_url`` takes) or a synchronous client, whose calls would fail only
+    later and obscurely ("object list can't be used in 'await' expression")."""
+    if isinstance(redis, (str, bytes)):
+        raise TypeError(
+            f"RedisBackend takes a redis.asyncio client, not a URL ({redis!r}): "
+            "RedisBackend.from_url(url) makes one (or pass redis.asyncio.Redis.from_url(url))"
+        )
+    execute = getattr(type(redis), "execute_command", None)
+    if execute is not None and not inspect.iscoroutinefunction(execute):
+        kind = f"{type(redis).__module__}.{type(redis).__qualname__}"
+        raise TypeError(
+            f"RedisBackend takes a redis.asyncio client, not a synchronous {kind}: pass "
+            "redis.asyncio.Redis(...) (or valkey.asyncio's), or RedisBackend.from_url(url)"
+        )
+
+
 def slot(key: str | bytes) -> int:
     """The cluster hash slot of ``key`` (0-16383)."""
     found: int = key_slot(key if isinstance(key, bytes) else key.encode())
@@ -70,6 +102,17 @@ def slot(key: str | bytes) -> int:
 def is_cluster(redis: Any) -> bool:
     """Whether ``redis`` is a cluster client (redis-py's or valkey-py's ``RedisCluster``)."""
     return hasattr(redis, "get_node_from_key")
+
+
+def node_of(redis: Any, key: str) -> Hashable:
+    """The node that serves ``key``: None for a single-node client (one server); a cluster
+    client's ``host:port``, or the key's hash slot while the client does not know the node."""
+    if not is_cluster(redis):
+        return None
+    try:
+        return str(redis.get_node_from_key(key).name)
+    except Exception:  # (no slots map yet, or a library that says it otherwise)
+        return slot(key)
 
 
 def server_of(redis: Any) -> Hashable:

@@ -9,15 +9,16 @@ import re
 
 from ...errors import (
     BackendError,
+    CredentialsError,
     LimiterError,
     NotConfiguredError,
 )
 from .._protocol import over_rate_error, queue_full_error
 from . import _scripts as scripts
-from ._compat import NOT_SERVING, UNREACHABLE
+from ._compat import AUTH, NOT_SERVING, UNREACHABLE
 from ._scripts import Failed, NotConfigured, OverRate, QueueFull, Trouble
 
-__all__ = ["call_error", "trouble_error"]
+__all__ = ["call_error", "credentials_error", "credentials_missing", "trouble_error"]
 
 # What a Lua error carries besides its reason: the script position and SHA (Redis 7, Valkey)
 # or the function and position (Redis 6). The reasons our own scripts give start 'aiolimit: '.
@@ -56,10 +57,47 @@ def trouble_error(
     raise AssertionError(trouble)  # pragma: no cover - OtherType is retried
 
 
+# The codes of an error reply that asks for credentials, or refuses the ones given.
+_CREDENTIALS_CODES = frozenset(("NOAUTH", "WRONGPASS"))
+
+HOW_TO_LOG_IN = (
+    "give them in the URL (redis://USER:PASSWORD@HOST:6379, or redis://:PASSWORD@HOST:6379 "
+    "for a server's requirepass) or as Redis(username=..., password=...)"
+)
+
+
+def credentials_error(exc: BaseException) -> CredentialsError | None:
+    """The error for a server that needs credentials or refused the ones given (the client
+    library's class, or the reply's code); None for any other failure."""
+    message = str(exc)
+    if not isinstance(exc, AUTH) and message.split(" ", 1)[0] not in _CREDENTIALS_CODES:
+        return None
+    if credentials_missing(message):
+        return CredentialsError(f"the Redis server needs credentials: {HOW_TO_LOG_IN}")
+    return CredentialsError(
+        f"the Redis server refused the credentials given ({message}): {HOW_TO_LOG_IN}"
+    )
+
+
+def credentials_missing(message: str) -> bool:
+    """Whether a refusal of credentials says none were given (NOAUTH; a HELLO sent without
+    AUTH), rather than that those given are wrong."""
+    return (
+        message.startswith("NOAUTH")
+        or "Authentication required" in message
+        or ("HELLO must be called with the client already authenticated" in message)
+    )
+
+
 def call_error(what: str, exc: BaseException, server_clock: bool) -> BackendError:
-    """The error for a call that failed as a whole."""
+    """The error for a call that failed as a whole. A server that did not answer is named
+    without the call: the caller's own (an ``acquire()`` whose first call stores the rate
+    given at construction) may not be the one that was sent."""
+    credentials = credentials_error(exc)
+    if credentials is not None:
+        return credentials
     if isinstance(exc, UNREACHABLE):
-        return BackendError(f"Redis is unreachable or timed out ({what}): {exc}")
+        return BackendError(f"Redis is unreachable or timed out: {exc}")
     outage = isinstance(exc, NOT_SERVING)
     return refused(what, server_reason(str(exc)), server_clock, outage=outage)
 
@@ -70,6 +108,9 @@ def refused(
     """The error for a call Redis refused, or (with ``name``) for a request the script
     itself reported as failed: an outage only when the server says it cannot serve now (its
     message's code, or ``outage``: the client library's class of the reply said so)."""
+    credentials = credentials_error(Exception(message))
+    if credentials is not None:
+        return credentials
     outage = outage or not_serving(message)
     if server_clock and scripts.TIME_REFUSED in message:
         return BackendError(

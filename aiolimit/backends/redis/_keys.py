@@ -38,7 +38,16 @@ def escape_tag(name: str) -> str:
 class Keys:
     """Every key of one limiter; all share the hash tag ``{<name>}``, hence one cluster slot."""
 
-    __slots__ = ("_budgets", "config", "permits", "receipts", "registry", "tag", "value")
+    __slots__ = (
+        "_budgets",
+        "config",
+        "learned",
+        "permits",
+        "receipts",
+        "registry",
+        "tag",
+        "value",
+    )
 
     def __init__(self, prefix: str, name: str) -> None:
         # A name that does not encode fails here, in its caller's call, never in a round trip
@@ -49,6 +58,7 @@ class Keys:
         self.permits = f"{self.tag}:permits"
         self.registry = f"{self.tag}:clients"
         self.receipts = f"{self.tag}:released"  # releases that must not run twice
+        self.learned = f"{self.tag}:learn"  # the learned rate (learn.lua)
         # Encoded once: the hot path hands redis-py bytes it need not encode again.
         self._budgets: dict[tuple[RateType, str, bool], tuple[bytes, ...]] = {}
 

@@ -11,13 +11,13 @@ from typing import Any, Protocol, TypeVar
 
 from ...errors import NotConfiguredError
 from .._lease import (
-    PROCESS,
     ConcurrencyConfig,
     LeaseGrant,
     LeaseMode,
     LeaseRefusal,
     LeaseSnapshot,
     LeaseStore,
+    process_id,
 )
 from .._protocol import over_rate_error
 from . import _lease_scripts as scripts
@@ -179,7 +179,7 @@ class RedisLeases(LeaseStore):
         return await self._run(scripts.CANCEL, lease_keys(self.keys(name)), (ticket,))
 
     def lease_waiter(self: _Runs, name: str, ticket: str) -> _Waiter:
-        key = f"{self.keys(name).tag}:wake:{PROCESS}"
+        key = f"{self.keys(name).tag}:wake:{process_id()}"
         by_key = _wakers.setdefault(self.redis, {})
         waker = by_key.get(key)
         if waker is None:

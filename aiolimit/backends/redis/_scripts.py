@@ -13,6 +13,7 @@ from typing import Any, NamedTuple, TypeVar
 
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
 from ...errors import BackendError
+from .._learning import Learned
 from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal, Settlement
 from ._request import Batch
@@ -206,11 +207,11 @@ def _lines(reply: Any) -> list[Any]:
 def _write_out(lines: list[Any]) -> None:
     """Writes out acquire_many's "=" replies (_protocol.SAME_FORMAT) as the Grants they stand
     for: each is the grant before it with its permits fewer left and its member's tag moved
-    by the step given."""
+    by the step given (its life the same)."""
     first: Any = None
     delay = start = left = step = tag = binding = 0
     until: int | None = None
-    head = ""
+    head = life = ""
     for i, line in enumerate(lines):
         if line[:1] != b"=":
             first = None
@@ -222,11 +223,12 @@ def _write_out(lines: list[Any]) -> None:
             if first.__class__ is not Grant:
                 raise ValueError(f"a reply the same as {first!r}")
             delay, start, left, member, until, binding = first
-            head, _, tag_text = member.rpartition(":")  # "<permits>:<start>", "<tag>"
+            grant, _, life = member.rpartition(":")  # "<permits>:<start>:<tag>", "<life>"
+            head, _, tag_text = grant.rpartition(":")  # "<permits>:<start>", "<tag>"
             step, tag = int(head.partition(":")[0]), int(tag_text)
         left -= step
         tag += int(line[1:]) if len(line) > 1 else 1
-        lines[i] = _tuple(Grant, (delay, start, left, f"{head}:{tag}", until, binding))
+        lines[i] = _tuple(Grant, (delay, start, left, f"{head}:{tag}:{life}", until, binding))
 
 
 # Safe to resend: a lost reply may have consumed permits (the limiter under-admits), but the
@@ -351,3 +353,35 @@ CONFIG = ReadCommand("HGETALL", _config)
 """The config hash, as a config (None: there is none)."""
 CLIENTS = ReadCommand("ZRANGE", _clients)
 """A range of the clients registry."""
+
+# -- learning a rate (learn.lua) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OtherShape:
+    """The ceiling's intervals are not the stored config's (learn.lua's -5)."""
+
+    detail: str
+
+
+def _learned(reply: Any) -> Learned | NotConfigured | OtherShape:
+    code = int(reply[0])
+    if code == -1:
+        return NotConfigured()
+    if code == -5:
+        return OtherShape(_text(reply[1]))
+    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated = map(int, reply[1:10])
+    return Learned(permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated)
+
+
+# A resent learn decides nothing more: a refusal of the episode already cut, a success
+# within an interval of the last change, the same stated limit.
+LEARN = Script("learn", _learned)
+
+
+def _ceiling(reply: Any) -> tuple[Rate, ...] | None:
+    return None if reply is None else parse_rates(_text(reply))
+
+
+LEARNED = ReadCommand("HGET", _ceiling)
+"""A learned state's ``ceiling`` field (None: no learned state)."""

@@ -163,7 +163,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
         group.client_id = client_id
       end
       batch.lane, batch.lane_left, batch.lane_tag = group, left, tag -- (see grant_alike)
-      return granted(left, 0, now, 0, permits, tag, config.blocked_until)
+      return granted(left, 0, now, 0, permits, tag, config.life, config.blocked_until)
     end
   end
   local start = earliest(group, permits, now)
@@ -184,7 +184,7 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   end
   local left, binding = algorithm.left(group, now)
   -- (config.blocked_until: this limiter has been blocked, see block.lua)
-  return granted(left, binding - 1, start, delay, permits, tag, config.blocked_until)
+  return granted(left, binding - 1, start, delay, permits, tag, config.life, config.blocked_until)
 end
 
 -- Runs one request; a failure becomes its own "-5" reply.
@@ -206,7 +206,8 @@ end
 -- usual case) is sent as '=' and how far the tag moved, when not 1 (_protocol.SAME_FORMAT):
 -- a reply line costs about as much as the grant itself, and the client writes it out.
 local function grant_alike(batch, replies, i, last, group, permits)
-  local grant_now, now, blocked_until = group.algorithm.grant_now, group.now, group.config.blocked_until
+  local grant_now, now, config = group.algorithm.grant_now, group.now, group.config
+  local life, blocked_until = config.life, config.blocked_until
   local left_before, tag_before = batch.lane_left, batch.lane_tag
   while i <= last do
     batch.at = i
@@ -218,7 +219,7 @@ local function grant_alike(batch, replies, i, last, group, permits)
       local step = tag - tag_before
       replies[i] = step == 1 and '=' or '=' .. (FMT[step] or fmt(step))
     else
-      replies[i] = granted(left, 0, now, 0, permits, tag, blocked_until)
+      replies[i] = granted(left, 0, now, 0, permits, tag, life, blocked_until)
     end
     left_before, tag_before = left, tag
     i = i + 1

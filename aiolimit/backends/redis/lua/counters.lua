@@ -25,9 +25,10 @@
 --   tag(r, a, b, permits, start)     what tells a grant from the budget's others that start
 --                                    then, from the first rate's numbers after it
 --   until_(r, a, b, config, now)     until when the numbers matter (kept_until, held.lua)
---   release(r, a, b, wanted, start, now)  count, a, b: `wanted` permits of the grant that
---                                    started at `start` (nil: the latest grants) handed back,
---                                    no more than it still holds at `now`
+--   release(r, a, b, wanted, start, now, held)  count, a, b: `wanted` of the `held` permits
+--                                    of the grant that started at `start` (nil: `wanted` of
+--                                    the latest grants) handed back, no more than it still
+--                                    holds at `now`
 --   span(r)                          the largest tag it gives (see `tagged`)
 --   ahead(r, a, b, now)              permits, start: at least the permits reserved to start
 --                                    after `now`, and the latest such start (0: none)
@@ -201,10 +202,7 @@ local function tagged(group, rule, r, tag)
 end
 
 -- settle.lua's and sync.lua's group functions of an algorithm kept as counters (the rule's
--- optional `shrink`, and its `charge` and `sync`, per rate):
---   shrink(r, reserved, wanted, start, now)  wanted, start: what `release` is asked for when
---                                    `wanted` of the `reserved` permits of the grant that
---                                    started at `start` go back (without it: as they are)
+-- `charge` and `sync`, per rate; a settle for fewer is the rule's `release`):
 --   charge(r, a, b, extra, now)      a, b once `extra` permits are taken at `now`, whatever
 --                                    is free (a debt; settle.lua bounds it)
 --   sync(r, a, b, remaining, reset_us, now)  a, b once the rate allows at most `remaining`
@@ -230,14 +228,9 @@ local function settling(algorithm, rule, queued_start)
     local latest = rule.queued and queued_start(group, now)
     if not latest or latest == start then -- (a token bucket: see `release`)
       for i = 1, #rates do
-        local count, at = wanted, start
-        if rule.shrink then
-          count, at = rule.shrink(rates[i], reserved, wanted, start, now)
-        end
-        if count > 0 then
-          count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], count, at, now)
-          back = max(back, count)
-        end
+        local count
+        count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], wanted, start, now, reserved)
+        back = max(back, count)
       end
     end
     return back, settled(group, reserved - wanted, start, tag)
@@ -338,6 +331,7 @@ local function counters(rule)
   end
   function algorithm.rates_changed()
     -- each rate reads its numbers as `loaded` says, whatever rate wrote them
+    return false
   end
   function algorithm.save(group, now)
     return save_counters(group, rule, now)
@@ -382,7 +376,7 @@ local function counters(rule)
     end
     for i = 1, #rates do
       local count
-      count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], wanted, start, now)
+      count, n[2 * i - 1], n[2 * i] = rule.release(rates[i], n[2 * i - 1], n[2 * i], wanted, start, now, wanted)
       released = max(released, count)
     end
     if released > 0 then

@@ -98,14 +98,22 @@ local fixed_rule = {
     return (window + ahead + 1) * r.interval, count - ahead * r.rate
   end,
   sync = function(r, window_end, count, remaining, reset_us, now)
-    -- The current window holds at least rate - remaining (a window ahead: the current one
-    -- is full already).
-    local window, current = window_of(r, window_end), floor(now / r.interval)
+    -- The window the reset falls in (at most one interval on) holds at least rate -
+    -- remaining. When that is the next window, the current one allows nothing more (one
+    -- window is all the numbers keep: a window ahead is full before it); a window further
+    -- ahead: the next one is full already.
     local least = r.rate - remaining
-    if reset_us <= 0 or window > current or least <= (window == current and count or 0) then
+    if reset_us <= 0 or least <= 0 then
       return window_end, count
     end
-    return (current + 1) * r.interval, least
+    local window, last = window_of(r, window_end), floor(now / r.interval)
+    if now + min(reset_us, r.interval) > (last + 1) * r.interval then
+      last = last + 1
+    end
+    if window > last or (window == last and count >= least) then
+      return window_end, count
+    end
+    return (last + 1) * r.interval, least
   end,
 }
 local fixed = counters(fixed_rule)
@@ -287,4 +295,5 @@ function fixed.rates_changed(group, olds, old_epochs, now)
   if group.config.in_hash and not group.fresh and windows_outlived(group, olds, now) then
     group.fresh = true -- (the new config has no state field: nothing to remove)
   end
+  return false
 end

@@ -33,8 +33,11 @@
 --   rates_changed(group, olds, old_epochs, now)  set_rate with keep_state, once the group is
 --                                  loaded and reclaimed: what the new rates do to the stored
 --                                  state (`olds` the old config's rates, {rate, interval}
---                                  each; `old_epochs` its field 'epochs'). Nothing, for most:
---                                  the state follows the new rates at its next grant
+--                                  each; `old_epochs` its field 'epochs'); true when every
+--                                  PER_CLIENT client's state must now live longer than its
+--                                  TTL says, though no interval grew (set_rate.lua refreshes
+--                                  them). Nothing, for most: the state follows the new rates
+--                                  at its next grant, and lives as long
 --   idempotent                     (a flag) handing back one grant twice returns it once by
 --                                  the state alone, without a receipt (release.lua)
 --   in_hash                        (a flag) an OVERALL budget keeps its state in the config

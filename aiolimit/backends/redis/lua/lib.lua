@@ -17,7 +17,10 @@
 -- no limiter: it is never counted, and is dropped when touched. So resetting or deleting a
 -- limiter with 100 000 clients is O(1); their keys are removed afterwards in small chunks.
 -- An OVERALL token bucket or fixed window keeps its state in the config hash itself (field
--- 'state', see counters.lua): it goes with the config, so its config has no generation.
+-- 'state', see counters.lua): it goes with the config, which has a generation all the same.
+-- The generation is random, so it is also the life of the state (config.life): each grant's
+-- member names it, and a settle or release of a grant of another life (from before a delete,
+-- a reset or a flush) hands back nothing of this one's.
 --
 -- The reply codes, the formats and the bounds here are the protocol the Python twin follows
 -- too: aiolimit/backends/_protocol.py states them again, and tests/test_protocol.py checks
@@ -128,25 +131,38 @@ local function member_id(member)
 end
 
 -- The reply to a granted request (batch.lua's `acquire`), with the member the grant is handed
--- back by in it: "<permits>:<start>:<tag>", the tag telling it from the budget's other grants
--- that start then (_protocol.format_grant); with the end of the limiter's latest block when
--- it has one. Joined from fmt's texts, which a batch mostly finds made (its time, permits,
--- no delay): a string.format costs about as much per number as the rest of a grant's Lua.
-local function granted(left, binding, start, delay, permits, tag, blocked_until)
+-- back by in it: "<permits>:<start>:<tag>:<life>", the tag telling it from the budget's other
+-- grants that start then, the life naming the state it was taken from (config.life; see
+-- settle.lua) (_protocol.with_life); with the end of the limiter's latest block when it has
+-- one. Joined from fmt's texts, which a batch mostly finds made (its time, permits, no
+-- delay): a string.format costs about as much per number as the rest of a grant's Lua.
+local function granted(left, binding, start, delay, permits, tag, life, blocked_until)
   local made = FMT -- (the texts fmt has: looked up here, one call fewer per number found)
   start = made[start] or fmt(start) -- (as text from here: the reply has it twice)
   local reply = '0 ' .. (made[left] or fmt(left)) .. ' ' .. (made[binding] or fmt(binding)) .. ' ' .. start .. ' '
     .. (made[delay] or fmt(delay)) .. ' ' .. (made[permits] or fmt(permits)) .. ':' .. start .. ':' .. (made[tag] or fmt(tag))
+    .. ':' .. life
   if blocked_until then
     return reply .. ' ' .. fmt(blocked_until)
   end
   return reply
 end
 
--- permits, start, tag of a grant's member (nil when it is not one).
+-- permits, start, tag of a grant's member without its life (nil when it is not one): what
+-- the algorithms read.
 local function parse_grant(member)
   local permits, start, tag = match(member, '^(%d+):(%d+):(%-?%d+)$')
   return tonumber(permits), tonumber(start), tonumber(tag)
+end
+
+-- A grant's member as the grant and its life (_protocol.split_life): a member without a life
+-- (as an earlier version wrote them) is returned whole, its life nil: it names no life.
+local function split_life(member)
+  local grant, life = match(member, '^(%d+:%d+:%-?%d+):([%w_%-]+)$')
+  if grant then
+    return grant, life
+  end
+  return member, nil
 end
 
 -- The text of an error raised by redis.call or error(), without the script position.
@@ -235,7 +251,7 @@ local function load_config(config_key)
   -- 'blocked_until' (set by block(): no grant starts before it).
   local config = {
     key = config_key, rate = false, interval = false, type = false, keep_alive = 0,
-    clock_moved = false, gen = '-', algorithm = DEFAULT_ALGORITHM, rates = false, spacing = 0,
+    clock_moved = false, gen = '-', life = '-', algorithm = DEFAULT_ALGORITHM, rates = false, spacing = 0,
     -- an OVERALL token bucket's or fixed windows' state (see load_group), as stored
     state = false,
     in_hash = false, max_permits = false, longest = false, lane = false,
@@ -245,6 +261,10 @@ local function load_config(config_key)
   end
   -- (what is not a field of the hash, whatever fields a foreign hand wrote there)
   config.key, config.clock_moved = config_key, false
+  -- The life of the state (a grant's member names it): the generation, without the rates
+  -- epoch a PER_CLIENT token bucket adds with its 'epochs' (token_bucket.lua), which keeps
+  -- the state.
+  config.life = config.epochs and match(config.gen, '^[^.]*') or config.gen
   local rates = config.rate and config.interval and config_rates(config.rates or nil, config.rate, config.interval)
   if rates then
     config.rate, config.interval, config.rates = rates.rate, rates.interval, rates

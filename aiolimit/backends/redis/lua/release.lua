@@ -10,7 +10,8 @@
 -- ARGV[2] now in microseconds, or '' to read the server's TIME
 -- ARGV[3] rate type the caller built KEYS for
 -- ARGV[4] the member of one grant to hand back (Grant.member: a cancelled caller's, even a
---         reservation), or '' to take from the most recent grants that have started
+--         reservation), or '' to take from the most recent grants that have started; a
+--         member of another life than the config's (lib.lua) hands back nothing
 -- ARGV[5] this release's receipt: "<member>[ <client id>]" for a grant, a fresh id otherwise
 --
 -- A grant gives back only what it still holds against the limit (see each algorithm's
@@ -30,6 +31,13 @@ if not config then
 end
 local now = limiter_now(config, ARGV[2])
 local member = ARGV[4] ~= '' and ARGV[4] or nil
+if member then
+  local life
+  member, life = split_life(member)
+  if life ~= config.life then
+    return { 0, 0 } -- a grant of another life (see settle.lua): nothing of this one's is its
+  end
+end
 local group = load_group(config, KEYS[2], KEYS[3], true)
 local receipts, receipt = KEYS[4], nil
 if not (member and group.algorithm.idempotent) then

@@ -10,8 +10,8 @@
 -- ARGV[3] rate, ARGV[4] interval (us), ARGV[5] keep_alive (us, '0' for none)
 -- ARGV[6] keep_state: '1' keeps grants inside the new window, '0' clears every budget
 -- ARGV[7] now in microseconds, or '' to read the server's TIME
--- ARGV[8] a fresh generation, unique to this call (used when the state is cleared; not
---         written where the budget's state is in the hash: `in_hash` in lib.lua)
+-- ARGV[8] a fresh generation, unique to this call (used when the state is cleared): the
+--         life of the new state, which every grant's member names (lib.lua)
 -- ARGV[9] algorithm: a name in ALGORITHMS (lib.lua)
 -- ARGV[10] every rate, "<rate>:<interval us>,..." when there are several ('' for one)
 -- ARGV[11] minimum spacing between grants' starts (us, '0' for none)
@@ -21,7 +21,9 @@
 -- generation: every client's state of the old one is dead at once, and the registry is
 -- renamed to KEYS[5] for the caller to remove their keys in chunks (retire.lua). Keeping it,
 -- each client's state follows the new rate at its next grant (`used` does not depend on the
--- rate); only a longer interval needs their TTLs lengthened, in chunks (refresh.lua).
+-- rate); only a longer interval (or what the algorithm's `rates_changed` says: a token
+-- bucket's slower refill) needs their TTLs lengthened, in chunks (refresh.lua), the clients
+-- whose latest grant is oldest first.
 -- An OVERALL budget's state may be a field of the config hash (`in_hash`): the new config
 -- carries it over when the state is kept, and simply lacks it when it is cleared. What new
 -- rates do to the state kept is the algorithm's (`rates_changed`).
@@ -82,10 +84,8 @@ local gen = keep and old[2] or ARGV[8]
 local promised = not keep and old_type == 'OVERALL' and rate_type == 'OVERALL'
   and reservations_of(KEYS[1], KEYS[2], KEYS[3], ARGV[7])
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type)
-if not state_in_hash(rate_type, algorithm) then
-  redis.call('HSET', KEYS[1], 'gen', gen) -- the state in value keys belongs to it
-end
+-- (the state in value keys belongs to the generation; every grant's member names it: lib.lua)
+redis.call('HSET', KEYS[1], 'rate', ARGV[3], 'interval', ARGV[4], 'type', rate_type, 'gen', gen)
 if algorithm ~= DEFAULT_ALGORITHM then
   redis.call('HSET', KEYS[1], 'algorithm', algorithm)
 end
@@ -113,17 +113,19 @@ if keep then
   clock = config.clock and fmt(config.clock)
   local group = load_group(config, KEYS[2], KEYS[3], true)
   group.algorithm.reclaim(group, now, true)
-  group.algorithm.rates_changed(group, old_rates(old), old[9], now)
+  local longer = group.algorithm.rates_changed(group, old_rates(old), old[9], now)
   group.algorithm.keep(group)
   if not group.fresh then
     group.algorithm.save(group, now)
   end
-  -- A longer interval: the clients' state must live longer.
+  -- A longer interval (or what the algorithm says: a bucket's slower refill): the clients'
+  -- state must live longer.
   local old_longest = tonumber(old[3] or '0')
   for _, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
     old_longest = max(old_longest, tonumber(i))
   end
-  if old[3] and config.longest > old_longest and redis.call('EXISTS', KEYS[4]) == 1 then
+  longer = longer or (old[3] and config.longest > old_longest)
+  if longer and redis.call('EXISTS', KEYS[4]) == 1 then
     follow = 1
   end
 else

@@ -5,7 +5,7 @@
 -- KEYS[3] permits ZSET   (the client's own for PER_CLIENT)
 -- KEYS[4] PER_CLIENT: the clients registry, then (KEYS[5]) the limiter's receipts; OVERALL:
 --         the receipts (release.lua's ZSET "<tag>:released")
--- ARGV[1] the grant's member (Grant.member, "<permits>:<start>:<tag>")
+-- ARGV[1] the grant's member (Grant.member, "<permits>:<start>:<tag>:<life>")
 -- ARGV[2] the permits it counts from now on (0 to MAX_EXACT)
 -- ARGV[3] now in microseconds, or '' to read the server's TIME
 -- ARGV[4] rate type the caller built KEYS for
@@ -24,7 +24,9 @@
 -- A settle that changes the grant remembers the old member's receipt (as release.lua does)
 -- while it could count, and at least RECEIPT_US: a resend finds it and changes nothing, and
 -- so does a release of the old member. A member the budget no longer holds (gone from a
--- sliding window's log, its state flushed) gives nothing back; for more it is charged.
+-- sliding window's log) gives nothing back; for more it is charged. A member of another life
+-- than the config's (taken before the limiter was deleted, reset or flushed: lib.lua)
+-- changes nothing at all: its grant's state is gone, and this state's grants are not its.
 -- One bounded call: a ZSCORE and a few writes per rate.
 -- Returns {0, handed back, charged, member from now on, cut} (_protocol.SETTLE_FORMAT),
 -- {-1} without config, {-3, type} for the other rate type.
@@ -37,33 +39,37 @@ if not config then
 end
 local now = limiter_now(config, ARGV[3])
 local member, permits = ARGV[1], tonumber(ARGV[2])
-local reserved, start = parse_grant(member)
+local grant, life = split_life(member)
+local reserved, start = parse_grant(grant)
 if not (reserved and permits) then
   error('aiolimit: settle needs a grant\'s member and permits, not ' .. member .. ' and ' .. ARGV[2])
 end
 local receipts, receipt = KEYS[#KEYS], ARGV[5]
 redis.call('ZREMRANGEBYSCORE', receipts, '-inf', fmt(now))
-if permits == reserved or redis.call('ZSCORE', receipts, receipt) then
-  return { 0, 0, 0, member, 0 } -- nothing to change, or sent again
+if permits == reserved or life ~= config.life or redis.call('ZSCORE', receipts, receipt) then
+  return { 0, 0, 0, member, 0 } -- nothing to change, a grant of another life, or sent again
 end
 save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
 local algorithm = group.algorithm
 algorithm.reclaim(group, now, true)
-local back, charged, cut, settled = 0, 0, 0, member
+local back, charged, cut, settled = 0, 0, 0, grant
 if permits < reserved then
-  back, settled = algorithm.shrink(group, member, reserved - permits, now)
+  back, settled = algorithm.shrink(group, grant, reserved - permits, now)
 else
   local extra = permits - reserved
   local max_debt = config.max_debt and tonumber(config.max_debt) or config.max_permits
   charged = max(0, min(extra, algorithm.room(group, now) + max_debt))
   cut = extra - charged
   if charged > 0 then
-    settled = algorithm.charge(group, member, charged, now)
+    settled = algorithm.charge(group, grant, charged, now)
   end
 end
 register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
-if settled ~= member then
+if settled == grant then
+  settled = member
+else
+  settled = settled .. ':' .. life
   local until_ = max(start + config.longest, now + RECEIPT_US)
   redis.call('ZADD', receipts, fmt(until_), receipt)
   if redis.call('PTTL', receipts) < ms(until_ - now) then

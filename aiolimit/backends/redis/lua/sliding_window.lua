@@ -118,6 +118,7 @@ end
 function sliding.rates_changed()
   -- a log follows the new rates by itself: each grant counts for one interval of the rate
   -- that reads it (a longer one finds what left the window in held.lua's summary)
+  return false
 end
 
 function sliding.keep(group)
@@ -220,8 +221,15 @@ function sliding.charge(group, member, extra, now)
 end
 
 -- Each rate allows at most `remaining` more permits until now + reset_us (at most one
--- interval on): an entry of what it allows beyond that, scored to leave the window then.
+-- interval on): its log counts at least rate - remaining until then, in one entry scored to
+-- leave the window at the reset. Into it go what the log lacks of that, and the grants that
+-- would leave the window before the reset where the log would hold less without them
+-- (`take_leaving`): a grant taken so from its entry is no longer found by its member (a
+-- later settle or release of it hands nothing back).
 function sliding.sync(group, remaining, reset_us, now)
+  if reset_us <= 0 then
+    return
+  end
   local budgets, seq = group.budgets, 0
   for k = 1, #budgets do
     seq = max(seq, budgets[k].seq)
@@ -229,13 +237,20 @@ function sliding.sync(group, remaining, reset_us, now)
   seq = seq + 1
   for k = 1, #budgets do
     local budget = budgets[k]
-    local over = budget.rate - budget.used - remaining
-    if over > 0 and reset_us > 0 then
+    local least = budget.rate - remaining
+    if least > 0 then
       local at = now + min(reset_us, budget.interval) - budget.interval
-      flush_log(budget)
-      redis.call('ZADD', budget.permits_key, fmt(at), fmt(over) .. ':' .. fmt(seq))
-      budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + over, true, nil
-      cursor_moved(budget, at, over)
+      local taken, cut = 0, false
+      if not budget.fresh then
+        taken, cut = take_leaving(budget, least, at)
+      end
+      local extra = max(0, least - (cut and taken or budget.used))
+      if taken + extra > 0 then
+        flush_log(budget)
+        redis.call('ZADD', budget.permits_key, fmt(at), fmt(taken + extra) .. ':' .. fmt(seq))
+        budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + extra, true, nil
+        cursor_moved(budget, at, taken + extra)
+      end
     end
   end
 end

@@ -12,9 +12,11 @@
 -- ARGV[5] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
 --
 -- Per algorithm (`sync`): a token bucket is full no earlier than `remaining` tokens' refill
--- before one interval after the reset; a sliding window logs what it allows beyond
--- `remaining` as one entry scored to leave the window at the reset, and fixed windows count
--- at least rate - remaining in the current window: both for at most one interval of the
+-- before one interval after the reset; a sliding window's log counts at least rate -
+-- remaining until the reset, in one entry scored to leave the window then (what it lacks,
+-- and the grants that would leave before the reset: `take_leaving`, at most WALK_STEPS read),
+-- and fixed windows count at least rate - remaining in the window the reset falls in (the
+-- next one: the current one then allows nothing more): both for at most one interval of the
 -- rate (a reset further on counts until then). One bounded call.
 -- Returns {0, 0}, {-1} without config, {-3, type} for the other rate type.
 

@@ -38,20 +38,6 @@ local function first_start(r, tat, frac)
   return tat - r.interval + (frac > 0 and 1 or 0)
 end
 
--- How many of the `permits` tokens of a grant that started at `start` have come back by
--- `now`, at least: the bucket refills oldest first, a token per interval/rate, and the
--- grant's first token comes back no earlier than one such step after its start.
-local function refilled_since(r, permits, start, now)
-  if now - start >= r.interval then
-    return permits
-  end
-  local back = floor((now - start) * r.rate / r.interval)
-  if back < permits and cost(r, back + 1) <= now - start then
-    back = back + 1 -- (the product in doubles may round down)
-  end
-  return min(back, permits)
-end
-
 -- set_rate with keep_state: a bucket keeps the tokens missing from it at the change (`at`),
 -- refilled at the new rate from then on (rounded up to a whole microsecond, never down).
 -- `was` is the rate that wrote (tat, frac), r the new one.
@@ -167,19 +153,28 @@ local bucket = counters({
   until_ = function(r, tat, frac)
     return tat + (frac > 0 and 1 or 0)
   end,
-  release = function(r, tat, frac, wanted, start, now)
+  release = function(r, tat, frac, wanted, start, now, held)
     -- Tokens go back, never above a full bucket.
     if not (tat > now or (tat == now and frac > 0)) then
       return 0, tat, frac
     end
+    local whole, rest = cost(r, wanted)
     if start and now > start then
-      wanted = wanted - refilled_since(r, wanted, start, now)
-      if wanted <= 0 then
+      -- Of the refill the grant's `held` tokens cost, what has passed since its start is paid
+      -- (oldest first): only the rest goes back, to the microsecond. The bucket, had the
+      -- grant never taken them, could have been full meanwhile, and the refill it would have
+      -- lost is no refund's to give (it would let more start within an interval than the
+      -- bucket allows).
+      local due, due_rest = cost(r, held)
+      due = due - (now - start)
+      if due < 0 or (due == 0 and due_rest == 0) then
         return 0, tat, frac
       end
+      if due < whole or (due == whole and due_rest < rest) then
+        whole, rest = due, due_rest
+      end
     end
-    local count = min(wanted, ceil(((tat - now) * r.rate + frac) / r.interval))
-    local whole, rest = cost(r, wanted)
+    local count = min(wanted, ceil((whole * r.rate + rest) / r.interval), ceil(((tat - now) * r.rate + frac) / r.interval))
     tat, frac = tat - whole, frac - rest
     if frac < 0 then
       tat, frac = tat - 1, frac + r.rate
@@ -190,13 +185,6 @@ local bucket = counters({
     return count, tat, frac
   end,
   -- (settle.lua, sync.lua: see `settling` in counters.lua)
-  shrink = function(r, reserved, wanted, start, now)
-    -- The grant's tokens come back oldest first: its latest ones still count.
-    if now > start then
-      wanted = min(wanted, reserved - refilled_since(r, reserved, start, now))
-    end
-    return wanted, nil
-  end,
   charge = function(r, tat, frac, extra, now)
     return refilled(r, tat, frac, now, extra) -- past one interval on: a debt
   end,
@@ -257,10 +245,25 @@ local function next_epoch(config, olds, old_epochs, now)
   redis.call('HSET', config.key, 'gen', config.gen, 'epochs', config.epochs)
 end
 
+-- Whether any rate refills more slowly than the one it replaces: a bucket converted to it
+-- is full later than its old TTL.
+local function slower(olds, rates)
+  for i = 1, min(#olds, #rates) do
+    if olds[i].rate * rates[i].interval > olds[i].interval * rates[i].rate then
+      return true
+    end
+  end
+  return false
+end
+
 function bucket.rates_changed(group, olds, old_epochs, now)
   if not group.config.in_hash then
     next_epoch(group.config, olds, old_epochs, now)
-  elseif not group.fresh then
+    -- (what a client owes takes longer to pay than its TTL says: set_rate.lua refreshes them)
+    return slower(olds, group.config.rates)
+  end
+  if not group.fresh then
     convert_buckets(group, olds, now)
   end
+  return false
 end

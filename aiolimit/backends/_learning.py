@@ -1,0 +1,236 @@
+"""What both stores do when a limiter learns its rate from a partner's answers: the law, in
+Python (the memory twin runs it; ``lua/learn.lua`` is the same, step for step), the values a
+learn call passes (:class:`Law`) and what it answers (:class:`Learned`).
+
+The limiter's config (the code's rate) is the *ceiling*: the most the learned rate may be.
+The rate in force is the config's rates, each the ceiling's scaled by ``permits / C`` (``C``
+the ceiling's first rate; ``permits`` the learned permits of that rate), rewritten with
+``keep_state`` semantics whenever it changes: grants made stay counted, nothing over-admits.
+The learned state (``LearnState``) is kept beside the config (Redis: ``<tag>:learn``), so
+every process of a fleet shares one decision:
+
+- **refused** (a ``429``/``503``): one cut per episode for the whole fleet. A refusal of a
+  call decided before the last cut belongs to that cut's episode and changes nothing (one
+  reported without its call: within a quarter interval of the cut). A
+  refused *probe* (a level above the last one that held) goes back to that level and waits
+  twice as long before it probes again (at most ``max_hold``); a refused level that had held
+  goes one ``step`` down (a request that arrived late, or a small fall); a refused level
+  that has not held (a start, or the step down refused again: the limit fell) is cut to
+  ``decrease`` of itself. Never below the floor.
+- **succeeded**: once a level has held one interval of the ceiling's first rate, and is
+  used (an OVERALL budget with at most a quarter of it left when the success is told), it is
+  *good*; the next level is probed: ``step`` more, doubling while every probe holds (up to
+  an eighth of the rate: a probe too high costs as many refusals as it overshoots); or,
+  below the level that last failed (*bad*), half-way to it; the bad level itself only after
+  the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
+  and the rate climbs half-way back to the level the limit last fell from (*peak*) each
+  interval, then on by ``step``.
+- **stated**: a partner that states its limit (``q`` per ``w``) is taken at its word,
+  scaled to the ceiling's first interval, capped by the ceiling and the floor; growth stops
+  there from then on.
+
+A store that lost the learned state (or whose config another writer replaced) starts again
+at ``start`` of the ceiling, or the config's rate where that is lower: never at zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from .._types import Rate
+
+__all__ = [
+    "EVENTS",
+    "FOREVER_HOLD",
+    "LEARN_TTL",
+    "MILLION",
+    "Event",
+    "Law",
+    "LearnState",
+    "Learned",
+    "decide",
+    "fresh",
+    "rates_of",
+]
+
+MILLION = 1_000_000
+LEARN_TTL = 86_400_000_000
+"""How long a learned state outlives its last learn call (µs): a day; then learning starts
+again (at ``start`` of the ceiling, or the config's rate where lower)."""
+FOREVER_HOLD = 3600 * MILLION
+"""The longest ``max_hold`` (µs)."""
+
+Event = Literal["read", "refused", "succeeded", "stated"]
+EVENTS: tuple[Event, ...] = ("read", "refused", "succeeded", "stated")
+
+
+class Law(NamedTuple):
+    """The knobs a learn call carries (shares in millionths, times in µs)."""
+
+    floor: int
+    """The fewest permits, as a share of the ceiling (at least 1 permit)."""
+    start: int
+    """Where learning starts (and starts again), as a share of the ceiling."""
+    decrease: int
+    """The share of a level kept when a level that held is refused."""
+    step: int
+    """The first increase, as a share of the ceiling (at least 1 permit)."""
+    max_hold: int
+    """The longest wait before a level that failed is probed again (µs)."""
+
+
+class Learned(NamedTuple):
+    """The learned rate, as a learn call leaves it."""
+
+    permits: int
+    """The rate in force: permits of the ceiling's first rate, per ``interval_us``."""
+    ceiling: int
+    """The ceiling's first rate's permits."""
+    interval_us: int
+    """The interval of both."""
+    changed: bool
+    """Whether this call changed the rate in force."""
+    cut_at: int
+    """When the fleet last cut the rate (limiter's clock, µs; 0: never)."""
+    good: int
+    """The highest level known to hold (0: none since the last cut)."""
+    bad: int
+    """The lowest level known to fail (0: none)."""
+    hold_us: int
+    """How long the bad level waits before it is probed again."""
+    stated: int
+    """The limit the partner last stated, scaled to the first rate (0: none)."""
+
+
+@dataclass
+class LearnState:
+    """The ``<tag>:learn`` hash: the ceiling's rates and the law's state."""
+
+    ceiling: tuple[Rate, ...]
+    permits: int
+    good: int = 0
+    bad: int = 0
+    peak: int = 0
+    step: int = 1
+    hold: int = 0
+    cut_at: int = 0
+    grown_at: int = 0
+    stated: int = 0
+    expires_at: int = 0
+
+
+def rates_of(ceiling: tuple[Rate, ...], permits: int) -> tuple[Rate, ...]:
+    """The rates in force when the first rate has ``permits``: each of the ceiling's scaled
+    alike (at least 1 permit each)."""
+    first = ceiling[0].permits
+    return tuple(Rate(max(1, rate.permits * permits // first), rate.interval) for rate in ceiling)
+
+
+def _share(ceiling: int, share: int) -> int:
+    return max(1, ceiling * share // MILLION)
+
+
+def fresh(ceiling: tuple[Rate, ...], config_permits: int, law: Law, now: int) -> LearnState:
+    """A state where none is (or where the config was replaced): at ``start`` of the ceiling,
+    or the config's rate where lower, never below the floor."""
+    top = ceiling[0].permits
+    floor = _share(top, law.floor)
+    permits = max(floor, min(config_permits, _share(top, law.start), top))
+    hold = ceiling[0].interval_us
+    return LearnState(ceiling, permits, step=_share(top, law.step), hold=hold, grown_at=now)
+
+
+def decide(
+    state: LearnState,
+    event: Event,
+    value: int | None,
+    per: int | None,
+    law: Law,
+    now: int,
+    left: int | None = None,
+) -> bool:
+    """Applies ``event`` to ``state`` at ``now``; whether the rate in force changed.
+    ``value``: refused: when the refused call's grant was decided (None: unknown); stated:
+    the stated quota, per ``per`` µs. ``left``: succeeded: the permits the (OVERALL) budget
+    has left now; a rate a quarter unused is not proven by the calls that succeed under it
+    (None: not known, as for PER_CLIENT)."""
+    before = state.permits
+    if event == "refused":
+        _refused(state, value, law, now)
+    elif event == "succeeded" and (left is None or 4 * left <= state.permits):
+        _succeeded(state, law, now)
+    elif event == "stated" and value is not None and per:
+        _stated(state, value, per, law, now)
+    return state.permits != before
+
+
+def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None:
+    interval = state.ceiling[0].interval_us
+    # (no grant to tell by: the refusals within a quarter interval of a cut are its)
+    quarter = now < state.cut_at + interval // 4
+    episode = decided <= state.cut_at if decided is not None else quarter
+    if state.cut_at and episode:
+        return  # the cut already made answers it
+    top = state.ceiling[0].permits
+    floor, step = _share(top, law.floor), _share(top, law.step)
+    if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
+        state.bad, state.permits = state.permits, state.good
+        state.hold = min(2 * state.hold, max(law.max_hold, interval))
+    elif state.good:  # a level that held: a step less (a late arrival, or a small fall)
+        state.bad = state.peak = state.permits
+        state.permits = max(floor, state.permits - step)
+        state.good, state.hold = 0, interval
+    else:  # a level that has not held (yet): the limit fell, or was never this high
+        state.bad = state.permits
+        state.permits = max(floor, state.permits * law.decrease // MILLION)
+        state.hold = interval
+    state.step = step
+    state.cut_at = state.grown_at = now
+
+
+def _succeeded(state: LearnState, law: Law, now: int) -> None:
+    interval = state.ceiling[0].interval_us
+    if now - state.grown_at < interval:
+        return
+    state.good = state.permits  # it held an interval
+    if state.bad and state.permits >= state.bad:  # the bad level held: the limit rose
+        state.bad, state.hold = 0, interval
+    top = state.ceiling[0].permits
+    cap = min(top, state.stated) if state.stated else top
+    if state.peak <= state.permits:
+        state.peak = 0
+    if state.bad > state.permits:
+        half = (state.bad - state.permits) // 2
+        target = min(state.bad, state.permits + max(state.step, half))
+    elif state.peak:  # half-way back to the level the limit fell from, never past it
+        state.bad = 0
+        target = min(
+            state.peak, state.permits + max(state.step, -(-(state.peak - state.permits) // 2))
+        )
+    else:
+        state.bad = 0
+        target = state.permits + state.step
+    target = min(target, cap)
+    if target <= state.permits:
+        return
+    wait = state.hold if state.bad and target >= state.bad else interval
+    if now - state.grown_at < wait:
+        return
+    if not (state.bad or state.peak):  # (a step overshoots by as much: an eighth at most)
+        state.step = max(_share(top, law.step), min(2 * state.step, target // 8))
+    state.permits, state.grown_at = target, now
+
+
+def _stated(state: LearnState, quota: int, per: int, law: Law, now: int) -> None:
+    first = state.ceiling[0]
+    stated = quota * first.interval_us // per
+    if stated < 1:
+        return  # a limit that allows nothing is no limit we believe
+    top = first.permits
+    stated = max(_share(top, law.floor), min(stated, top))
+    state.stated = stated
+    if stated < state.permits:
+        state.cut_at = now
+    if stated != state.permits:
+        state.permits, state.good, state.bad, state.grown_at = stated, 0, 0, now

@@ -1,0 +1,216 @@
+-- learn: the rate in force learned from a partner's answers, one decision for the whole
+-- fleet (backends/_learning.py states the law; the memory twin runs it in Python).
+--
+-- KEYS[1] config hash
+-- KEYS[2] value key (OVERALL)
+-- KEYS[3] permits ZSET (OVERALL)
+-- KEYS[4] the learned state: "<tag>:learn" (a hash)
+-- ARGV[1] event: 'read', 'refused', 'succeeded' or 'stated'
+-- ARGV[2] refused: when the refused call's grant was decided (us, limiter clock; '' unknown);
+--         stated: the quota the partner states ('' none)
+-- ARGV[3] stated: the quota's window (us)
+-- ARGV[4] now in microseconds, or '' to read the server's TIME
+-- ARGV[5] the ceiling, "<permits>:<interval us>,..." ('' the stored one, else the config's)
+-- ARGV[6] floor, ARGV[7] start, ARGV[8] decrease, ARGV[9] step: shares in millionths
+-- ARGV[10] max_hold (us)
+--
+-- The config's rates are the ceiling's, each scaled by permits / C (C: the ceiling's first
+-- rate's permits); when they change, only the fields 'rate' and 'rates' are rewritten and the
+-- state is kept as set_rate's keep_state keeps it (a block, a TTL, the clock stay). A learned
+-- state that is missing, has another ceiling, or no longer matches the config (another writer
+-- replaced it) starts again: at `start` of the ceiling, or the config's rate where lower.
+-- O(1): one budget's reclaim and save, bounded as every script's.
+--
+-- Returns {0, permits, C, interval, changed, cut_at, good, bad, hold, stated}, {-1} without
+-- config, {-5, text} when the ceiling's intervals are not the config's.
+
+local MILLION = 1000000
+local LEARN_TTL_MS = 86400000
+local FIELDS = { 'ceiling', 'permits', 'good', 'bad', 'peak', 'step', 'hold', 'cut_at', 'grown_at', 'stated' }
+
+local function rates_text(rates)
+  local parts = {}
+  for i, r in ipairs(rates) do
+    parts[i] = fmt(r.rate) .. ':' .. fmt(r.interval)
+  end
+  return table.concat(parts, ',')
+end
+
+local function parse_ceiling(text)
+  local rates = {}
+  for p, i in string.gmatch(text, '(%d+):(%d+)') do
+    rates[#rates + 1] = { rate = tonumber(p), interval = tonumber(i) }
+  end
+  return rates
+end
+
+local function share(top, millionths)
+  return max(1, floor(top * millionths / MILLION))
+end
+
+-- The rates in force when the first has `permits`: each of the ceiling's scaled alike.
+local function rates_of(ceiling, permits)
+  local rates = {}
+  for i, r in ipairs(ceiling) do
+    rates[i] = { rate = max(1, floor(r.rate * permits / ceiling[1].rate)), interval = r.interval }
+  end
+  return rates
+end
+
+local config = load_config(KEYS[1])
+if not config then
+  return { -1 }
+end
+local now = limiter_now(config, ARGV[4])
+local law = {
+  floor = tonumber(ARGV[6]), start = tonumber(ARGV[7]), decrease = tonumber(ARGV[8]),
+  step = tonumber(ARGV[9]), max_hold = tonumber(ARGV[10]),
+}
+local stored = redis.call('HMGET', KEYS[4], unpack(FIELDS))
+local state = {}
+for i, name in ipairs(FIELDS) do
+  state[name] = i == 1 and stored[i] or tonumber(stored[i] or '')
+end
+local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(config.rates)
+local ceiling = parse_ceiling(ceiling_text)
+local current = rates_text(config.rates)
+for i = 1, max(#ceiling, #config.rates) do
+  if not (ceiling[i] and config.rates[i] and ceiling[i].interval == config.rates[i].interval) then
+    return { -5, ceiling_text .. ' / ' .. current }
+  end
+end
+local top, interval = ceiling[1].rate, ceiling[1].interval
+
+if not (state.permits and state.ceiling == ceiling_text and rates_text(rates_of(ceiling, state.permits)) == current) then
+  state = {
+    permits = max(share(top, law.floor), min(config.rates[1].rate, share(top, law.start), top)),
+    good = 0, bad = 0, peak = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
+  }
+end
+local before = state.permits
+
+local function refused(decided)
+  local episode
+  if decided then
+    episode = decided <= state.cut_at
+  else
+    episode = now < state.cut_at + floor(interval / 4) -- (no grant to tell by)
+  end
+  if state.cut_at ~= 0 and episode then
+    return -- the cut already made answers it
+  end
+  local least, step = share(top, law.floor), share(top, law.step)
+  if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
+    state.bad, state.permits = state.permits, state.good
+    state.hold = min(2 * state.hold, max(law.max_hold, interval))
+  elseif state.good > 0 then -- a level that held: a step less (a late arrival, a small fall)
+    state.bad, state.peak = state.permits, state.permits
+    state.permits = max(least, state.permits - step)
+    state.good, state.hold = 0, interval
+  else -- a level that has not held (yet): the limit fell, or was never this high
+    state.bad = state.permits
+    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
+    state.hold = interval
+  end
+  state.step = step
+  state.cut_at, state.grown_at = now, now
+end
+
+local function succeeded()
+  if now - state.grown_at < interval then
+    return
+  end
+  state.good = state.permits -- it held an interval
+  if state.bad > 0 and state.permits >= state.bad then -- the bad level held: the limit rose
+    state.bad, state.hold = 0, interval
+  end
+  local cap = state.stated > 0 and min(top, state.stated) or top
+  local target
+  if state.peak <= state.permits then
+    state.peak = 0
+  end
+  if state.bad > state.permits then
+    target = min(state.bad, state.permits + max(state.step, floor((state.bad - state.permits) / 2)))
+  elseif state.peak > 0 then -- half-way back to the level the limit fell from, never past it
+    state.bad = 0
+    target = min(state.peak, state.permits + max(state.step, ceil((state.peak - state.permits) / 2)))
+  else
+    state.bad = 0
+    target = state.permits + state.step
+  end
+  target = min(target, cap)
+  if target <= state.permits then
+    return
+  end
+  local wait = (state.bad > 0 and target >= state.bad) and state.hold or interval
+  if now - state.grown_at < wait then
+    return
+  end
+  if state.bad == 0 and state.peak == 0 then -- (a step overshoots by as much: an eighth at most)
+    state.step = max(share(top, law.step), min(2 * state.step, floor(target / 8)))
+  end
+  state.permits, state.grown_at = target, now
+end
+
+local function stated(quota, per)
+  local s = floor(quota * interval / per)
+  if s < 1 then
+    return -- a limit that allows nothing is no limit we believe
+  end
+  s = max(share(top, law.floor), min(s, top))
+  state.stated = s
+  if s < state.permits then
+    state.cut_at = now
+  end
+  if s ~= state.permits then
+    state.permits, state.good, state.bad, state.grown_at = s, 0, 0, now
+  end
+end
+
+local event = ARGV[1]
+if event == 'refused' then
+  refused(tonumber(ARGV[2]))
+elseif event == 'succeeded' then
+  local left -- a rate a quarter unused is not proven by the calls that succeed under it
+  if config.type == 'OVERALL' then
+    local group = load_group(config, KEYS[2], KEYS[3], false)
+    group.algorithm.reclaim(group, now, false)
+    left = group.algorithm.left(group, now)
+  end
+  if not left or 4 * left <= state.permits then
+    succeeded()
+  end
+elseif event == 'stated' and tonumber(ARGV[2]) and tonumber(ARGV[3]) and tonumber(ARGV[3]) > 0 then
+  stated(tonumber(ARGV[2]), tonumber(ARGV[3]))
+end
+
+local changed = state.permits ~= before and 1 or 0
+redis.call('HSET', KEYS[4], 'ceiling', ceiling_text, 'permits', fmt(state.permits), 'good', fmt(state.good),
+  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
+  'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated))
+redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
+
+local wanted = rates_of(ceiling, state.permits)
+if rates_text(wanted) ~= current then
+  -- The new rates, the state kept (set_rate.lua's keep_state): grants made stay counted.
+  local olds, old_epochs = config.rates, config.epochs
+  redis.call('HSET', KEYS[1], 'rate', fmt(wanted[1].rate))
+  if #wanted > 1 then
+    redis.call('HSET', KEYS[1], 'rates', rates_text(wanted))
+  end
+  local clock = config.clock
+  config = load_config(KEYS[1])
+  config.clock = clock
+  local group = load_group(config, KEYS[2], KEYS[3], true)
+  group.algorithm.reclaim(group, now, true)
+  group.algorithm.rates_changed(group, olds, old_epochs, now)
+  group.algorithm.keep(group)
+  if not group.fresh then
+    group.algorithm.save(group, now)
+  end
+  changed = 1
+end
+if config.clock_moved or (config.clock and ARGV[4] ~= '') then
+  redis.call('HSET', KEYS[1], 'clock', fmt(config.clock))
+end
+return { 0, state.permits, top, interval, changed, state.cut_at, state.good, state.bad, state.hold, state.stated }

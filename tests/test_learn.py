@@ -1,0 +1,328 @@
+"""Learning a partner's quota: one learned rate in the store, shared by every process.
+
+Each case runs on every store (memory, fakeredis, redis-server, Valkey) with a clock the test
+moves (``ManualClock``): the point is what the store decides, not when. Several backends on
+one store stand for the processes of a fleet; each has its own Learner, as each process would.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from aiolimit import (
+    InvalidArgumentError,
+    Learner,
+    MemoryBackend,
+    Observer,
+    RateLimiter,
+    RateType,
+    RedisBackend,
+    ShardedRateLimiter,
+    observe,
+)
+from tests.conformance import ManualClock, advance
+
+INTERVAL = 10  # seconds: long, since Redis expires keys on its own clock
+
+
+async def fleet(store, name, clock, processes=5, rate=20):
+    """``processes`` limiters of one name, each on a backend of its own, the first with the
+    config (``rate`` per INTERVAL, the ceiling)."""
+    limiters = [RateLimiter(name, store.backend(clock=clock)) for _ in range(processes)]
+    await limiters[0].set_rate(RateType.OVERALL, rate, INTERVAL)
+    return limiters
+
+
+async def permits_in_force(limiter):
+    return (await limiter.get_config()).rate
+
+
+async def test_learning_starts_at_half_the_ceiling_and_keeps_the_grants_made(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    assert await limiter.try_acquire(8)
+    learned = await Learner(limiter).read()
+    assert (learned.permits, learned.ceiling, learned.interval_us) == (10, 20, INTERVAL * 10**6)
+    assert await permits_in_force(limiter) == 10
+    assert await limiter.available_permits() == 2  # the 8 granted still count
+    await Learner(limiter).refused()
+    assert await permits_in_force(limiter) == 5  # a rate that never held: halved
+    assert not await limiter.try_acquire(1)  # 8 granted, 5 allowed: nothing over-admitted
+
+
+async def test_many_processes_refused_in_one_episode_cut_the_rate_once(store, name):
+    clock = ManualClock()
+    limiters = await fleet(store, name, clock)
+    await Learner(limiters[0]).read()
+    grants = [await limiter.reserve(1) for limiter in limiters[:2]]  # decided before the cut
+    for limiter in limiters:  # every process hears of 429s of calls made before the cut
+        for acquired in grants:
+            await Learner(limiter).refused(acquired)
+    assert await permits_in_force(limiters[0]) == 5  # one cut, not 10 of them
+    await advance(store, clock, 0.1)
+    later = await limiters[3].reserve(1)  # decided under the cut rate: a new episode
+    await Learner(limiters[3]).refused(later)
+    assert await permits_in_force(limiters[0]) == 2
+
+
+async def test_a_refusal_without_its_grant_is_a_new_episode_a_quarter_interval_after_the_cut(
+    store, name
+):
+    clock = ManualClock()
+    limiters = await fleet(store, name, clock)
+    await Learner(limiters[0]).refused()
+    await advance(store, clock, INTERVAL / 4 - 1)
+    await Learner(limiters[1]).refused()
+    assert await permits_in_force(limiters[0]) == 5
+    await advance(store, clock, 1)
+    await Learner(limiters[2]).refused()
+    assert await permits_in_force(limiters[0]) == 2
+
+
+async def test_successes_increase_the_rate_at_most_once_per_interval(store, name):
+    clock = ManualClock()
+    limiters = await fleet(store, name, clock)
+    await Learner(limiters[0]).read()
+    for limiter in limiters:  # within the first interval: no increase
+        await succeeded(limiter)
+    assert await permits_in_force(limiters[0]) == 10
+    await advance(store, clock, INTERVAL)
+    for limiter in limiters:
+        await succeeded(limiter)
+    assert await permits_in_force(limiters[0]) == 11  # one step, for the whole fleet
+    await advance(store, clock, INTERVAL / 2)
+    await succeeded(limiters[1])
+    assert await permits_in_force(limiters[0]) == 11
+    await advance(store, clock, INTERVAL / 2)
+    await succeeded(limiters[2])
+    assert await permits_in_force(limiters[0]) == 12  # (the step doubles while it holds, up
+    # to an eighth of the rate: a probe too high costs as many refusals as it overshoots)
+
+
+async def test_a_failed_probe_goes_back_to_the_level_that_held_and_waits_longer(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, max_hold=4 * INTERVAL)
+    await learner.read()
+    await advance(store, clock, INTERVAL)
+    await succeeded(limiter)  # 10 held: probe 11
+    await advance(store, clock, 1)
+    learned = await learner.refused()
+    assert (learned.permits, learned.good, learned.bad) == (10, 10, 11)
+    assert learned.hold_us == 2 * INTERVAL * 10**6
+    await advance(store, clock, INTERVAL)
+    assert (await succeeded(limiter)).permits == 10  # 11 failed: after the hold
+    await advance(store, clock, INTERVAL)
+    assert (await succeeded(limiter)).permits == 11
+
+
+async def test_the_rate_stays_between_the_floor_and_the_ceiling(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    for _ in range(12):  # a hostile partner: every call refused, episode after episode
+        await advance(store, clock, 3)
+        await Learner(limiter).refused()
+    assert await permits_in_force(limiter) == 1  # the floor: 5 % of 20, at least one permit
+    assert await limiter.try_acquire(1)  # slow, never stopped
+    for _ in range(40):
+        await advance(store, clock, INTERVAL)
+        await succeeded(limiter)
+    assert await permits_in_force(limiter) == 20  # back to the ceiling, never above it
+    await Learner(limiter).stated(10**6, 1)
+    assert await permits_in_force(limiter) == 20
+
+
+async def test_a_stated_limit_is_taken_at_once_scaled_to_the_interval(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learned = await Learner(limiter).stated(72, 60)  # 72 a minute: 12 per 10 s
+    assert (learned.permits, learned.stated) == (12, 12)
+    assert await permits_in_force(limiter) == 12
+    for _ in range(3):  # no probing past a stated limit
+        await advance(store, clock, INTERVAL)
+        await succeeded(limiter)
+    assert await permits_in_force(limiter) == 12
+    await Learner(limiter).stated(0, 1)  # absurd: ignored
+    assert await permits_in_force(limiter) == 12
+
+
+async def test_a_store_that_lost_the_learned_state_starts_again_from_half_the_ceiling(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, ceiling=20, interval=INTERVAL)  # (as rate= gives it)
+    await learner.stated(6, INTERVAL)
+    await forget_learned(limiter)
+    assert (await learner.read()).permits == 6  # the config's rate, lower than half
+    await advance(store, clock, INTERVAL)
+    assert (await succeeded(limiter, ceiling=20, interval=INTERVAL)).permits == 7
+    await forget_learned(limiter)
+    await limiter.set_rate(RateType.OVERALL, 20, INTERVAL)  # a writer put the ceiling back
+    assert (await learner.read()).permits == 10
+
+
+async def test_ensure_rate_leaves_a_learned_rate_alone(store, name):
+    clock = ManualClock()
+    first = RateLimiter(name, store.backend(clock=clock), rate=20, interval=INTERVAL)
+    assert await first.try_acquire()
+    await Learner(first).refused()
+    other = RateLimiter(name, store.backend(clock=clock), rate=20, interval=INTERVAL)
+    assert await other.try_acquire()  # a process starting: its rate= is the ceiling
+    assert await permits_in_force(other) == 5
+
+
+async def test_the_observer_hears_of_each_learned_rate(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    heard = []
+
+    class Heard(Observer):
+        def learned(self, name, permits, ceiling, interval):
+            heard.append((name, permits, ceiling, interval))
+
+    previous = observe(Heard())
+    try:
+        learner = Learner(limiter)
+        await learner.read()
+        await learner.read()
+        await learner.refused()
+    finally:
+        observe(previous)
+    assert heard == [(name, 10, 20, INTERVAL), (name, 5, 20, INTERVAL)]
+
+
+async def test_a_ceiling_of_other_intervals_than_the_config_is_refused(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    with pytest.raises(InvalidArgumentError, match="intervals"):
+        await Learner(limiter, ceiling="20/minute").read()
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"floor": 0},
+        {"start": 1.5},
+        {"decrease": 1},
+        {"step": math.nan},
+        {"max_hold": -1},
+        {"interval": 1},
+        {"ceiling": 0, "interval": 1},
+        {"floor": True},
+    ],
+)
+def test_bad_knobs_raise_invalid_argument(knobs):
+    with pytest.raises(InvalidArgumentError):
+        Learner(RateLimiter("learn-knobs", MemoryBackend()), **knobs)
+
+
+async def test_bad_calls_raise_invalid_argument():
+    learner = Learner(RateLimiter("learn-calls", MemoryBackend()))
+    for quota, window in ((-1, 1), (5, 0), (1.5, 1), (5, math.inf)):
+        with pytest.raises(InvalidArgumentError):
+            await learner.stated(quota, window)
+    with pytest.raises(InvalidArgumentError):
+        Learner(ShardedRateLimiter("learn-sharded", MemoryBackend(), shards=2))
+
+
+async def succeeded(limiter, **knobs):
+    """A success told while the limiter is used up (as callers that send as fast as they
+    are let keep it): a rate that is not used is not raised."""
+    left = await limiter.available_permits()
+    if left:
+        assert await limiter.try_acquire(left)
+    return await Learner(limiter, **knobs).succeeded()
+
+
+async def test_a_rate_not_used_is_not_raised(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    await Learner(limiter).read()
+    assert await limiter.try_acquire(7)  # 3 of 10 left: more than a quarter
+    await advance(store, clock, INTERVAL)
+    assert await limiter.try_acquire(7)
+    assert (await Learner(limiter).succeeded()).permits == 10
+    assert await limiter.try_acquire(1)  # a quarter left, or less: used
+    assert (await Learner(limiter).succeeded()).permits == 11
+
+
+async def forget_learned(limiter):
+    backend = limiter.backend
+    if isinstance(backend, RedisBackend):
+        await backend.redis.delete(backend.keys(limiter.name).learned)
+    else:
+        backend._shared.learning.states.clear()  # (the memory twin of that key)
+
+
+async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6, max_hold=4 * INTERVAL)
+    assert (await learner.read()).permits == 12
+
+    async def after(seconds, event="succeeded"):
+        await advance(store, clock, seconds)
+        if event == "succeeded":
+            return (await succeeded(limiter, max_hold=4 * INTERVAL)).permits
+        return (await Learner(limiter, max_hold=4 * INTERVAL).refused()).permits
+
+    assert await after(INTERVAL) == 13  # 12 held: probe 13
+    assert await after(3, "refused") == 12  # 13 fails: back to 12, which held
+    assert await after(3, "refused") == 11  # 12 refused: a step less (a late arrival?)
+    assert await after(3, "refused") == 5  # 11 refused before it held: 12 fell, halved
+    assert await after(INTERVAL) == 8  # half-way to 11, which failed
+    assert await after(3, "refused") == 5  # 8 fails
+    assert await after(INTERVAL) == 6
+    assert await after(3, "refused") == 5  # 6 fails: wait twice as long before 6 again
+    assert await after(INTERVAL) == 5
+    assert await after(3 * INTERVAL) == 6  # after the hold
+    assert [await after(INTERVAL) for _ in range(4)] == [9, 11, 12, 13]  # it rose: back to 12
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed):
+    """Random reports (refusals with and without their grants, successes, stated limits,
+    at random times, the budget used or not) on a real redis-server and on the memory
+    backend, each with its own clock moved alike: every answer and rate the same."""
+    import random
+
+    from redis.asyncio import Redis
+
+    from tests.conformance import ManualClock
+
+    chance = random.Random(seed)
+    redis = Redis.from_url(redis_server.url)
+    clocks = [ManualClock(), ManualClock()]
+    backends = [MemoryBackend(clock=clocks[0]), RedisBackend(redis, clock=clocks[1])]
+    limiters = [RateLimiter(name, backend) for backend in backends]
+    seen = set()
+    try:
+        for limiter in limiters:
+            await limiter.set_rate(RateType.OVERALL, 40, INTERVAL)
+        for _ in range(60):
+            step = chance.choice((0.5, 1, 3, INTERVAL, 2 * INTERVAL))
+            event = chance.choice(("refused", "refused", "succeeded", "succeeded", "stated"))
+            take = chance.randrange(0, 12)
+            quota = chance.randrange(0, 60)
+            with_grant = chance.random() < 0.7
+            answers = []
+            for limiter, clock in zip(limiters, clocks, strict=True):
+                clock.advance(step)
+                take = min(take, (await limiter.get_config()).rate)
+                acquired = await limiter.reserve(take) if take else None
+                learner = Learner(limiter, max_hold=5 * INTERVAL)
+                if event == "refused":
+                    learned = await learner.refused(acquired if with_grant else None)
+                elif event == "succeeded":
+                    learned = await learner.succeeded()
+                else:
+                    learned = await learner.stated(quota, INTERVAL)
+                answers.append((learned, await limiter.get_config()))
+            assert answers[0] == answers[1], (event, step, take)
+            seen.add(answers[0][0].permits)
+        assert len(seen) >= 4, seen  # (the rate moved about)
+    finally:
+        await limiters[1].delete()
+        await redis.delete(backends[1].keys(name).learned)
+        await redis.aclose()
