@@ -1,8 +1,8 @@
 """aiolimit: an asyncio-native, Redis-backed distributed rate limiter with permit acquisition.
 
->>> from aiolimit import RateLimiter, RateType, RedisBackend
+>>> from aiolimit import RateLimiter, RedisBackend
 >>> limiter = RateLimiter("partner-api", RedisBackend(Redis.from_url("redis://localhost")))
->>> await limiter.try_set_rate(RateType.OVERALL, 100, timedelta(hours=1))
+>>> await limiter.try_set_rate("100/hour")
 >>> async with limiter:
 ...     await call_partner()
 
@@ -22,7 +22,6 @@ from ._learn import Learned, Learner
 from ._lease import Lease
 from ._limiter import RateLimiter, acquire_all
 from ._observe import Observer, observe
-from ._settling import Settled
 from ._sharded import ShardedRateLimiter
 from ._types import (
     MAX_DURATION,
@@ -34,7 +33,7 @@ from ._types import (
     Rates,
     RateType,
 )
-from .backends import Backend, Grant, MemoryBackend, Refusal
+from .backends import Backend, Grant, MemoryBackend, Refusal, Settlement
 from .backends._lease import ConcurrencyConfig
 from .backends.base import breaker_of
 from .errors import (
@@ -48,6 +47,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .backends.base import Settlement as Settled  # noqa: F401  # deprecated: warns (below)
     from .backends.redis import RedisBackend
 
 __version__ = "0.1.0"
@@ -84,7 +84,7 @@ __all__ = [
     "Rates",
     "RedisBackend",
     "Refusal",
-    "Settled",
+    "Settlement",
     "ShardedRateLimiter",
     "__version__",
     "acquire_all",
@@ -99,4 +99,9 @@ def __getattr__(name: str) -> object:
 
         globals()["RedisBackend"] = RedisBackend
         return RedisBackend
+    if name == "Settled":  # (not kept in globals: each use warns)
+        from ._deprecated import deprecated
+
+        deprecated("aiolimit.Settled", "aiolimit.Settlement (Acquired.settle's result)")
+        return Settlement
     raise AttributeError(f"module 'aiolimit' has no attribute {name!r}")

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 from ._attempts import grants_of, release_grants
 from ._request import seconds
-from ._settling import NOTHING, Limited, Settled, check_settle_permits, index_of, settle_grant
-from .backends.base import Attempt, Grant, Refusal
+from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
+from .backends.base import Attempt, Grant, Refusal, Settlement
 
 __all__ = ["Acquired", "Outcome"]
 
@@ -79,7 +79,7 @@ class Acquired:
         self.waited = waited
         self.owners = owners
         self._released = False
-        self._settles: dict[int, asyncio.Future[Settled]] | None = None
+        self._settles: dict[int, asyncio.Future[Settlement]] | None = None
 
     @property
     def granted(self) -> bool:
@@ -105,13 +105,13 @@ class Acquired:
                 await asyncio.gather(*self._settles.values(), return_exceptions=True)
             await release_grants(grants_of(self.limiters, self.attempts))
 
-    async def settle(self, permits: int, *, limiter: object | None = None) -> Settled:
+    async def settle(self, permits: int, *, limiter: object | None = None) -> Settlement:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
         as ``permits`` from now on instead of what was reserved: fewer hand the difference
         back, more charge it now, into debt down to the limiter's ``max_debt`` (past it, the
         charge is ``cut``: logged and observed, not raised). Once per limiter: settling again
         returns the first result; a refused or released acquisition settles nothing
-        (``Settled(0, 0, 0)``), and so does a limiter whose state is gone. A later
+        (``Settlement(0, 0, "")``), and so does a limiter whose state is gone. A later
         :meth:`release` hands back what the grant holds now. A caller cancelled meanwhile
         does not stop it: the settle goes on, and settling again returns its result."""
         permits = check_settle_permits(permits)
@@ -126,7 +126,7 @@ class Acquired:
             settling = settles[i] = asyncio.ensure_future(self._settle(i, permits))
         return await asyncio.shield(settling)
 
-    async def _settle(self, i: int, permits: int) -> Settled:
+    async def _settle(self, i: int, permits: int) -> Settlement:
         grant = self.attempts[i]
         assert isinstance(grant, Grant)
         try:

@@ -8,9 +8,7 @@ usage event keeps the estimate. Only a bounded tail of the stream is kept (``Usa
 
 from __future__ import annotations
 
-import asyncio
-import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 from aiohttp import ClientResponse, StreamReader
@@ -18,31 +16,15 @@ from aiohttp import ClientResponse, StreamReader
 from ._acquire import Acquired
 from ._meter import TokenMeter, UsageTail
 
-__all__ = ["in_background", "meter_stream"]
+__all__ = ["meter_stream"]
 
 T = TypeVar("T")
-log = logging.getLogger("aiolimit")
-_background_tasks: set[asyncio.Task[Any]] = set()
-
-
-def in_background(work: Awaitable[Any], what: str) -> None:
-    """Runs ``work`` as a task of its own (from a callback aiohttp calls, which cannot wait);
-    a failure is logged with ``what``."""
-
-    def done(task: asyncio.Task[Any]) -> None:
-        _background_tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("%s: %s", what, task.exception())
-
-    task = asyncio.ensure_future(work)
-    _background_tasks.add(task)
-    task.add_done_callback(done)
 
 
 def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired) -> None:
     """Settles ``acquired``'s tokens by the usage the caller reads in ``response``'s body,
     once it has read it to the end or lets the response go; nothing else changes for it."""
-    tail = UsageTail()
+    tail = meter.tail()
     ended = False
 
     def end() -> None:
@@ -50,8 +32,9 @@ def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired
         if not ended:
             ended = True
             used = tail.finish()
-            if used is not None:
-                in_background(meter.settle_used(acquired, used), "a stream's usage")
+            if used is not None:  # (in the store's background: its aclose() waits for it)
+                tasks = meter.tokens.backend.context.tasks
+                tasks.spawn(meter.settle_used(acquired, used), "a stream's usage")
 
     # (the reader aiohttp hands out, shown through: the caller reads the same bytes)
     response.content = _Tapped(response.content, tail, end)  # type: ignore[assignment]

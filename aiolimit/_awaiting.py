@@ -20,6 +20,8 @@ from collections.abc import Callable, Coroutine, Generator
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Concatenate, NoReturn, ParamSpec, TypeVar
 
+from ._coroutine import returns_coroutine
+
 __all__ = ["Awaiting", "awaited", "awaiting"]
 
 _T = TypeVar("_T", covariant=True)
@@ -74,11 +76,12 @@ def awaited(
     method: Callable[Concatenate[_S, _P], Coroutine[Any, Any, _T]],
 ) -> Callable[Concatenate[_S, _P], Awaiting[_T]]:
     """An ``async def`` method whose calls return an :class:`Awaiting`, named as the caller's
-    class names it (``RateLimiter.reserve``, not the base's)."""
+    class names it (``RateLimiter.reserve``, not the base's); a coroutine function still, to
+    ``inspect`` (``returns_coroutine``)."""
     short = method.__name__
 
     @functools.wraps(method)
     def call(self: _S, /, *args: _P.args, **kwargs: _P.kwargs) -> Awaiting[_T]:
         return awaiting(method(self, *args, **kwargs), f"{type(self).__name__}.{short}")
 
-    return call
+    return returns_coroutine(call)

@@ -22,6 +22,7 @@ from ._awaiting import awaited
 from ._breaker import Breaker
 from ._checks import check_permits, max_wait_of
 from ._code_config import CodeConfig, asked_again
+from ._deprecated import deprecated
 from ._setting import _RateSetting, gather
 from ._types import (
     Duration,
@@ -213,13 +214,14 @@ class _Limiter(_RateSetting):
 
     # -- lifetime ------------------------------------------------------------------------------
 
-    async def block(self, duration: Duration) -> None:
+    async def pause(self, duration: Duration) -> None:
         """No grant to anyone (every process, every client) starts before ``duration``
         seconds from now: for a partner API that answered 429 with a ``Retry-After``.
         Reservations already made move behind it (their callers queue again when they wake).
-        A later block never shortens an earlier one; ``delete`` and ``set_rate`` clear it.
+        A later pause never shortens an earlier one; :meth:`resume`, ``delete`` and
+        ``set_rate`` end it.
 
-        Every caller that slept out a reservation checks for a block when it wakes (one
+        Every caller that slept out a reservation checks for a pause when it wakes (one
         read), in every process."""
         if exceeds_max_duration(duration):
             raise InvalidArgumentError(
@@ -228,12 +230,47 @@ class _Limiter(_RateSetting):
         duration_us = to_micros(duration, "duration")
         if duration_us < 0:
             raise InvalidArgumentError(f"duration must be >= 0, not {duration!r}")
-        await gather(self.backend.block(name, duration_us) for name in self._names)
+        await self._with_config(
+            lambda: gather(self.backend.block(name, duration_us) for name in self._names)
+        )
+
+    async def resume(self) -> bool:
+        """Ends a :meth:`pause` at once, in every process; returns whether one was in force.
+        Reservations it already moved behind its end stay there."""
+        names = self._names
+        return any(await self._with_config(lambda: gather(self.backend.unblock(n) for n in names)))
+
+    async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
+        """Caps the permits left at a provider's own count (a subclass's)."""
+        raise NotImplementedError
+
+    async def _hand_back_latest(self, permits: int) -> None:
+        """Hands back ``permits`` (checked) of the most recent grants (a subclass's)."""
+        raise NotImplementedError
+
+    # -- deprecated: each warns, then does what its replacement does -------------------------
+
+    async def block(self, duration: Duration) -> None:
+        """Deprecated: :meth:`pause`."""
+        deprecated("RateLimiter.block()", "RateLimiter.pause()")
+        await self.pause(duration)
 
     async def unblock(self) -> bool:
-        """Ends a :meth:`block` at once, in every process; returns whether one was in force.
-        Reservations it already moved behind its end stay there."""
-        return any(await gather(self.backend.unblock(name) for name in self._names))
+        """Deprecated: :meth:`resume`."""
+        deprecated("RateLimiter.unblock()", "RateLimiter.resume()")
+        return await self.resume()
+
+    async def sync(self, *, remaining: int, reset: Duration) -> None:
+        """Deprecated: :meth:`cap_remaining`."""
+        deprecated("RateLimiter.sync()", "RateLimiter.cap_remaining()")
+        await self.cap_remaining(remaining, reset=reset)
+
+    async def release(self, permits: int) -> None:
+        """Deprecated: hands back ``permits`` of the most recent grants of anyone (any task,
+        any process), not the caller's own. Use :meth:`Acquired.release` (of :meth:`reserve`),
+        which hands back exactly its grants."""
+        deprecated("RateLimiter.release(n)", "Acquired.release() (of reserve())")
+        await self._hand_back_latest(check_permits(permits))
 
     async def delete(self) -> bool:
         """Removes the config and every client's state; returns whether anything existed."""

@@ -11,7 +11,7 @@ A call that could not even connect (``guard.unsent(acquired)``) hands back what 
 one that failed after it was sent (a read timeout, a reset) keeps it, since the partner may
 have counted it.
 
-The pause is the limiter's ``block()``: kept in its config, so every process that shares the
+The pause is the limiter's ``pause()``: kept in its config, so every process that shares the
 store obeys it, and reservations made before it move behind it. It lasts at most ``max_pause``
 (15 minutes by default): one hostile or mistaken ``Retry-After`` (``999999999``, a date in
 the year 9999) would otherwise stop every caller of the limiter, in every process, for years.
@@ -146,23 +146,20 @@ class CallGuard:
         self.max_pause = seconds(max_pause_us)
         self.meter = meter
         self.refusals = Refusals()
-        self.learning = call_learning(learn, limiter, None if meter is None else meter.tokens)
+        self.learning = call_learning(learn, limiter, None if meter is None else meter.learns)
 
     async def before_call(self, request: object = None) -> Acquired:
         """Waits for the permits (after any pause: a block holds every grant back), with the
         request's estimated tokens when metered, and with ``concurrency`` first for a slot
         (an :class:`InFlight`, whose slot the caller holds while the call is in flight);
         :class:`RateLimited` when that would take longer than the timeout."""
-        deadline = deadline_in(self._max_wait)
         slots = () if self.concurrency is None else ((self.concurrency, 1),)
-        limiter = self.limiter
-        if self.meter is None:
-            wanted = Request((limiter,), (self.permits,), deadline, slots)
-            learning = self.learning  # (reserving only a little ahead: see _learn)
+        wanted = Request((self.limiter,), (self.permits,), deadline_in(self._max_wait), slots)
+        if self.meter is not None:
+            acquired = await self.meter.take(wanted, request)
+        else:  # (a learning client reserves only a little ahead: see _learn)
+            learning = self.learning
             acquired = await take(wanted, None if learning is None else learning.paced)
-        else:
-            assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
-            acquired = await self.meter.take(limiter, self.permits, deadline, request, slots)
         if not acquired:
             if isinstance(acquired, InFlight):
                 raise acquired.refusal()
@@ -184,7 +181,7 @@ class CallGuard:
         self, headers: Mapping[str, str], status: int = 200, acquired: Acquired | None = None
     ) -> None:
         """A provider's count of requests left, when its headers say, taken as a floor
-        (``sync``; its tokens left: after the settle, ``TokenMeter.settle``); with
+        (``cap_remaining``; its tokens left: after the settle, ``TokenMeter.settle``); with
         ``learn``, what the answer teaches the learners."""
         await sync_from(headers, self.limiter, "requests")
         if self.learning is not None and acquired is not None:
@@ -208,7 +205,7 @@ class CallGuard:
                 await asyncio.sleep(seconds)
             return True
         if seconds > 0:
-            await self.limiter.block(seconds)
+            await self.limiter.pause(seconds)
         return True
 
 

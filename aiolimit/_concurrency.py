@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import math
+from collections.abc import Awaitable
 from datetime import timedelta
 from types import TracebackType
 from typing import Any
@@ -15,7 +17,7 @@ from ._awaiting import awaited
 from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
 from ._values import Duration, check_name, to_micros
-from .backends import Backend
+from .backends import LeaseStore
 from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
 from .errors import InvalidArgumentError, NotConfiguredError, RateLimited
 
@@ -23,7 +25,7 @@ __all__ = ["ConcurrencyLimiter"]
 
 MAX_IN_FLIGHT = 2**31
 DEFAULT_LEASE = timedelta(seconds=30)
-_background: set[asyncio.Future[Any]] = set()  # hand-backs of cancelled waiters, referenced
+log = logging.getLogger("aiolimit")
 
 
 class ConcurrencyLimiter:
@@ -43,7 +45,8 @@ class ConcurrencyLimiter:
     code's limit replaces a stored one that differs. When a call finds the store without a
     limit (a restart, ``FLUSHALL``, :meth:`delete`), it is written again (one write for all
     the process's callers) and the call goes on. Without it, the limiter uses the stored limit
-    (``try_set_limit``, ``set_limit``), and ``try_lease`` raises ``NotConfiguredError``
+    (``try_set_limit``, ``set_limit``; :meth:`ensure_limit` makes a limit the code's as
+    ``limit=`` does), and ``try_lease`` raises ``NotConfiguredError``
     while there is none.
     """
 
@@ -52,14 +55,18 @@ class ConcurrencyLimiter:
     def __init__(
         self,
         name: str,
-        backend: Backend,
+        backend: LeaseStore,
         *,
         limit: int | None = None,
         lease: Duration | None = None,
     ) -> None:
         self._name = check_name(name)
-        if not isinstance(backend, Backend):
-            raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
+        if not isinstance(backend, LeaseStore):
+            raise InvalidArgumentError(
+                f"a ConcurrencyLimiter needs a store that keeps leases: {type(backend).__name__}"
+                " keeps no leases (it is no aiolimit.backends.LeaseStore; MemoryBackend and "
+                "RedisBackend are)"
+            )
         self._backend = backend
         given = _limit_given(limit, lease)
         self._limit_in_code: CodeConfig[ConcurrencyConfig] = CodeConfig(given, self._write_limit)
@@ -69,7 +76,7 @@ class ConcurrencyLimiter:
         return self._name
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> LeaseStore:
         return self._backend
 
     # -- the limit --------------------------------------------------------------------------
@@ -93,18 +100,41 @@ class ConcurrencyLimiter:
         """Sets the limit where one is set already; returns whether it did."""
         return await self._set("update", max_in_flight, lease)
 
+    async def ensure_limit(
+        self, max_in_flight: int, *, lease: Duration = timedelta(seconds=30)
+    ) -> bool:
+        """Makes sure the stored limit is this one: sets it where none is set, and sets it
+        again where the stored one differs (leases held stay, as :meth:`set_limit` says);
+        returns whether it wrote. For code that owns its limit: an unchanged one costs two
+        reads, no write. The limit is the code's from then on, as a ``limit=`` given at
+        construction is: when a call finds the store without a limit, it is written again."""
+        limit, lease_us = _checked(max_in_flight, lease)
+        given = ConcurrencyConfig(limit, timedelta(microseconds=lease_us))
+        wrote = await self._ensure(given)
+        self._limit_in_code.given(given)
+        return wrote
+
     async def _set(self, mode: Any, max_in_flight: int, lease: Duration) -> bool:
         config = _checked(max_in_flight, lease)
         return await self._backend.set_limit(self._name, *config, mode)
 
-    async def _write_limit(self, config: ConcurrencyConfig, replace: bool) -> None:
-        """The limit in code written (:class:`CodeConfig`'s write): at first use where none is
-        stored or the stored one differs, after a loss only where none is."""
+    async def _ensure(self, config: ConcurrencyConfig) -> bool:
         limit, lease_us = config.max_in_flight, to_micros(config.lease, "lease")
-        if await self._backend.set_limit(self._name, limit, lease_us, "try") or not replace:
-            return
-        if await self.get_config() != config:
-            await self._backend.set_limit(self._name, limit, lease_us, "set")
+        if await self._backend.set_limit(self._name, limit, lease_us, "try"):
+            return True
+        if await self.get_config() == config:
+            return False
+        await self._backend.set_limit(self._name, limit, lease_us, "set")
+        return True
+
+    async def _write_limit(self, config: ConcurrencyConfig, replace: bool) -> None:
+        """The limit in code written (:class:`CodeConfig`'s write): at first use as
+        :meth:`ensure_limit` writes it, after a loss only where none is."""
+        if replace:
+            await self._ensure(config)
+        else:
+            limit, lease_us = config.max_in_flight, to_micros(config.lease, "lease")
+            await self._backend.set_limit(self._name, limit, lease_us, "try")
 
     async def get_config(self) -> ConcurrencyConfig | None:
         """The limit and lease time; None when no limit is set."""
@@ -179,7 +209,9 @@ class ConcurrencyLimiter:
                 await waiter.wait(_next_look(answer, remaining))
         except BaseException:
             if queued:  # (a failed or cancelled waiter leaves no ticket)
-                self._background(self._backend.cancel_ticket(self._name, ticket))
+                self._background(
+                    self._backend.cancel_ticket(self._name, ticket), "a cancelled waiter's ticket"
+                )
             raise
         finally:
             if queued:
@@ -189,7 +221,8 @@ class ConcurrencyLimiter:
                     await waiter.aclose()
                 except BaseException:  # cancelled after the grant: it goes back
                     if granted is not None:
-                        self._background(self._backend.release_lease(self._name, granted.lease_id))
+                        released = self._backend.release_lease(self._name, granted.lease_id)
+                        self._background(released, "a cancelled caller's lease")
                     raise
 
     async def _attempt(
@@ -202,24 +235,28 @@ class ConcurrencyLimiter:
         try:
             return await asyncio.shield(attempt)
         except asyncio.CancelledError:
-            attempt.add_done_callback(lambda done: self._orphaned(done, ticket))
+            self._background(
+                self._orphaned(attempt, ticket), "a cancelled caller's lease or ticket"
+            )
             raise
 
-    def _orphaned(self, attempt: asyncio.Future[LeaseGrant | LeaseRefusal], ticket: str) -> None:
-        if attempt.cancelled() or attempt.exception() is not None:
-            return
-        answer = attempt.result()
+    async def _orphaned(
+        self, attempt: asyncio.Future[LeaseGrant | LeaseRefusal], ticket: str
+    ) -> None:
+        """What the attempt of a caller that has gone got goes back: its lease, or its ticket."""
+        answer = await attempt
         if isinstance(answer, LeaseGrant):
-            self._background(self._backend.release_lease(self._name, answer.lease_id))
+            await self._backend.release_lease(self._name, answer.lease_id)
         else:
-            self._background(self._backend.cancel_ticket(self._name, ticket))
+            await self._backend.cancel_ticket(self._name, ticket)
 
-    @staticmethod
-    def _background(call: Any) -> None:
-        task = asyncio.ensure_future(call)
-        _background.add(task)
-        task.add_done_callback(_background.discard)
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+    def _background(self, work: Awaitable[object], what: str) -> None:
+        """``work`` in the store's background (its ``aclose()`` waits for it)."""
+
+        def failed(error: BaseException) -> None:  # (a lease ends by itself in time)
+            log.debug("limiter %r: %s not handed back: %s", self._name, what, error)
+
+        self._backend.context.tasks.spawn(work, what, failed)
 
 
 class _Leasing:

@@ -14,7 +14,7 @@ from .backends._lease import LeaseGrant
 from .errors import BackendError, LeaseLostError
 
 if TYPE_CHECKING:
-    from .backends import Backend
+    from .backends import LeaseStore
 
 
 class Holds(Protocol):
@@ -24,7 +24,7 @@ class Holds(Protocol):
     def name(self) -> str: ...
 
     @property
-    def backend(self) -> Backend: ...
+    def backend(self) -> LeaseStore: ...
 
 
 __all__ = ["Lease"]

@@ -18,10 +18,11 @@ from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
 from ._concurrency import ConcurrencyLimiter
+from ._coroutine import returns_coroutine
 from ._inflight import InFlight
 from ._request import Request, deadline_in
-from ._setting import rate_given
-from ._types import Algorithm, Duration, RateLimiterConfig, Rates, RateType, shown
+from ._setting import rate_in_code
+from ._types import Duration, RateLimiterConfig, shown
 from .backends.base import Backend
 from .errors import InvalidArgumentError
 
@@ -43,15 +44,18 @@ class RateLimiter(_Limiter):
     in which enough permits are free, after every request that asked before it, in any
     process, and sleeps until then. Objects are cheap; create one wherever convenient.
 
-    ``rate`` (with ``interval`` for an int; ``rate_type``, ``algorithm``, ``min_spacing``,
-    ``keep_alive``, ``margin``, ``max_debt`` as :meth:`ensure_rate` takes them) is checked
-    here and made the stored config by the first call (``acquire``, ``try_acquire``,
+    ``rate`` (a :class:`RateLimiterConfig` or its text, as :meth:`ensure_rate` takes it:
+    ``rate="10/second; keep_alive=3600"``) is checked here and made the stored config by
+    the first call (``acquire``, ``try_acquire``,
     ``async with``, the decorator, :func:`acquire_all`, ``wait_time``, ...), once per object:
     the code's rate replaces a stored one. When a call finds the store without a config (a
     ``keep_alive`` that ran out while the limiter idled, a restart, ``FLUSHALL``), the rate is
     written again (one write for all the process's callers) and the call goes on. Without it,
     the limiter uses the stored config (``set_rate``, ``try_set_rate``, ``aiolimit
-    set-rate``), and a call finds none (``NotConfiguredError``) while there is none.
+    set-rate``), and a call finds none (``NotConfiguredError``) while there is none. (The
+    loose rate arguments of earlier releases, ``interval=``, ``rate_type=``, ``algorithm=``,
+    ``min_spacing=``, ``keep_alive=``, ``margin=``, ``max_debt=`` or an int ``rate``, still
+    work, with a DeprecationWarning.)
     """
 
     __slots__ = ()
@@ -61,22 +65,10 @@ class RateLimiter(_Limiter):
         name: str,
         backend: Backend,
         *,
-        rate: Rates | None = None,
-        interval: Duration | None = None,
-        rate_type: RateType | str | None = None,
-        algorithm: Algorithm | str | None = None,
-        min_spacing: Duration | None = None,
-        keep_alive: Duration | None = None,
-        margin: Duration | None = None,
-        max_debt: int | None = None,
+        rate: RateLimiterConfig | str | None = None,
+        **legacy_options: Any,
     ) -> None:
-        super().__init__(
-            name,
-            backend,
-            rate_given(
-                rate, interval, rate_type, algorithm, min_spacing, keep_alive, margin, max_debt
-            ),
-        )
+        super().__init__(name, backend, rate_in_code(rate, legacy_options, "RateLimiter"))
 
     def for_client(self, client_id: str) -> RateLimiter:
         """This limiter as client ``client_id`` sees it: for a ``PER_CLIENT`` limiter, that
@@ -91,6 +83,7 @@ class RateLimiter(_Limiter):
     def __repr__(self) -> str:
         return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
 
+    @returns_coroutine
     def try_acquire(self, permits: int = 1, *, timeout: Duration | None = 0) -> Awaiting[bool]:
         """Takes ``permits`` if they can be had within ``timeout`` seconds.
 
@@ -100,8 +93,8 @@ class RateLimiter(_Limiter):
         reserved and this sleeps until they are free, then returns True. A negative or NaN
         timeout raises InvalidArgumentError.
         """
-        # A coroutine function in all but name: the caller awaits the engine's coroutine
-        # itself, one coroutine fewer per call. A bad argument still raises in the await.
+        # A coroutine function to inspect (returns_coroutine): the caller awaits the engine's
+        # coroutine itself, one coroutine fewer per call. A bad argument raises in the await.
         # (The Awaiting is made here, not by awaiting(): no frame more per call.)
         try:
             permits, max_wait = check_take(permits, timeout)
@@ -123,17 +116,16 @@ class RateLimiter(_Limiter):
     def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
         return take(Request((self,), (permits,), deadline_in(max_wait)))
 
-    async def release(self, permits: int) -> None:
-        """Hands back ``permits`` from the most recent grants, as if they had not happened."""
-        await give_back(self, check_permits(permits))
+    async def _hand_back_latest(self, permits: int) -> None:
+        await give_back(self, permits)
 
-    async def sync(self, *, remaining: int, reset: Duration) -> None:
-        """Takes a provider's own count as a floor: until ``reset`` seconds from now, at most
-        ``remaining`` more permits are granted (for a ``for_client`` view: that client's).
+    async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
+        """Caps the permits left at a provider's own count: until ``reset`` seconds from now,
+        at most ``remaining`` more are granted (for a ``for_client`` view: that client's).
         Only ever tightens; a count looser than the limiter's changes nothing.
 
         >>> quota = aiolimit_quota(response.headers)       # x-ratelimit-remaining-tokens, ...
-        >>> await tokens.sync(remaining=quota.remaining, reset=quota.reset)
+        >>> await tokens.cap_remaining(quota.remaining, reset=quota.reset)
         """
         remaining, reset_us = check_sync(remaining, reset)
         await self._with_config(

@@ -2,7 +2,7 @@
 settled once the response says what it really cost (``CallGuard(..., tokens=...)``).
 
 >>> meter = TokenMeter(tokens, estimate=estimate_tokens, usage=usage_tokens)
->>> acquired = await meter.take(requests, 1, deadline, body)   # both, all or nothing
+>>> acquired = await meter.take(call, body)     # the call's request and its tokens, or none
 >>> ...                                                          # the call
 >>> await meter.settle(acquired, response)                      # usage: fewer or more
 
@@ -14,9 +14,11 @@ settled calls no longer need (a reservation is placed on what the store knew whe
 made, and is not moved earlier by later refunds). After the response is read,
 ``usage(response)`` (an int, None, or an awaitable of either) settles the tokens' grant;
 None leaves the estimate standing.
-A provider's rate-limit headers (``_quota_headers``) are taken as floors for both limiters
-(:meth:`RateLimiter.sync`). Nothing here raises once the call is made: a failure to settle or
-sync is logged (logger ``aiolimit``), and the response is the caller's.
+A provider's rate-limit headers (``_quota_headers``) cap what both limiters have left
+(:meth:`RateLimiter.cap_remaining`). Nothing here raises once the call is made: a failure to
+settle or cap is logged (logger ``aiolimit``), and the response is the caller's.
+``tokens={"input": itpm, "output": otpm}`` (Anthropic's separate limits) makes a
+:class:`KindsMeter`: a call's input and its output tokens, each on a limiter of its own.
 """
 
 from __future__ import annotations
@@ -27,26 +29,31 @@ import json
 import logging
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
 
 from ._acquire import Acquired, Outcome, outcome_of, take
 from ._limiter import RateLimiter
 from ._quota_headers import quota
-from ._request import Leasing, Request, deadline_in, left_of, micros, seconds
-from ._settling import check_settle_permits
+from ._request import Request, deadline_in, left_of, micros, seconds
+from ._settling import Limited, check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown
 from .backends.base import Refusal
 from .errors import InvalidArgumentError, LimiterError
 
 __all__ = [
+    "KINDS",
     "MAX_BODY",
+    "KindsMeter",
     "TokenMeter",
     "UsageTail",
+    "Used",
+    "estimate_by_kind",
     "estimate_tokens",
     "meter_of",
     "sync_from",
+    "usage_by_kind",
     "usage_tokens",
 ]
 
@@ -68,8 +75,11 @@ often while tokens bind, so a fleet of N processes asks N / MAX_ASK_EVERY times 
 
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
-Estimate = Callable[[Any], int]
-Usage = Callable[[Any], "int | Awaitable[int | None] | None"]
+Estimate = Callable[[Any], Any]
+Usage = Callable[[Any], Any]
+Used: TypeAlias = "int | Mapping[str, int | None] | None"
+"""What a call used: its tokens (one limiter), its tokens per kind (:class:`KindsMeter`), or
+None (not said: the estimate stands)."""
 
 
 def estimate_tokens(body: bytes) -> int:
@@ -112,8 +122,9 @@ def usage_tokens(body: bytes | None) -> int | None:
 
 class UsageTail:
     """The usage an event stream reports, read from its bytes as they pass (``feed``), in
-    bounded memory: the usage of the last ``data:`` line that carries one, and the line not
-    yet ended (a line longer than ``MAX_BODY`` is skipped).
+    bounded memory: the usage of the last ``data:`` line that carries one (``read`` by
+    :func:`usage_by_kind`: each kind's last), and the line not yet ended (a line longer than
+    ``MAX_BODY`` is skipped).
 
     >>> tail = UsageTail()
     >>> tail.feed(b'data: {"usage": {"total_tokens": 42}}\n\ndata: [DONE]\n\n')
@@ -121,12 +132,13 @@ class UsageTail:
     42
     """
 
-    __slots__ = ("_line", "_skipping", "tokens")
+    __slots__ = ("_line", "_read", "_skipping", "tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, read: Callable[[bytes], Used] = usage_tokens) -> None:
         self._line = bytearray()
+        self._read = read  # a line's usage (usage_by_kind: the kinds a line says are kept)
         self._skipping = False  # inside a line longer than MAX_BODY
-        self.tokens: int | None = None
+        self.tokens: Used = None
 
     def feed(self, chunk: bytes) -> None:
         *ended, rest = chunk.split(b"\n")
@@ -142,7 +154,7 @@ class UsageTail:
         else:
             self._line += rest
 
-    def finish(self) -> int | None:
+    def finish(self) -> Used:
         """The usage, once the stream has ended (its last line may have no line end)."""
         if not self._skipping and self._line:
             self._seen(bytes(self._line))
@@ -151,9 +163,9 @@ class UsageTail:
 
     def _seen(self, line: bytes) -> None:
         if line.startswith(b"data:") and b'"usage"' in line:
-            found = usage_tokens(line.rstrip(b"\r"))
+            found = self._read(line.rstrip(b"\r"))
             if found is not None:
-                self.tokens = found
+                self.tokens = _later(self.tokens, found)
 
 
 def _usage(document: object) -> int | None:
@@ -188,15 +200,7 @@ class TokenMeter:
         estimate: object,
         usage: object,
     ) -> None:
-        if not isinstance(tokens, RateLimiter):
-            raise InvalidArgumentError(f"tokens must be a RateLimiter, not {tokens!r}")
-        if not isinstance(requests, RateLimiter):
-            raise InvalidArgumentError(
-                "with tokens=, the request limiter must be a RateLimiter (a ShardedRateLimiter "
-                "serves a request from one shard, and cannot join an all-or-nothing acquire)"
-            )
-        if (tokens.name, tokens.backend.store_id) == (requests.name, requests.backend.store_id):
-            raise InvalidArgumentError("tokens= must be another limiter than the requests'")
+        tokens = _tokens_beside(tokens, requests)
         for what, given in (("estimate", estimate), ("usage", usage)):
             if not callable(given):
                 raise InvalidArgumentError(f"{what} must be callable, not {given!r}")
@@ -207,29 +211,17 @@ class TokenMeter:
             weakref.WeakKeyDictionary()
         )
 
-    async def take(
-        self,
-        requests: RateLimiter,
-        permits: int,
-        deadline: int | None,
-        request: object,
-        slots: tuple[tuple[Leasing, int], ...] = (),
-    ) -> Acquired:
-        """The request's permits and its estimated tokens, all or nothing, within
-        ``deadline`` (µs on the loop's clock), after ``slots`` (an estimate of 0: the
-        request's permits only, nothing to settle)."""
-        estimate = self.estimate(request)
-        if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
-            raise InvalidArgumentError(f"estimate() must give an int >= 0, not {shown(estimate)}")
-        if estimate == 0:
-            return await take(Request((requests,), (permits,), deadline, slots))
-        both = Request((requests, self.tokens), (permits, estimate), deadline, slots)
-        return await take(both, lambda asked: self._paced(asked, requests))
+    async def take(self, call: Request, request: object) -> Acquired:
+        """``call`` (the request's permits, its slots) and its estimated tokens, all or
+        nothing (an estimate of 0: the request's permits only, nothing to settle)."""
+        tokens = self.wanted(self.estimate(request))
+        if not tokens:
+            return await take(call)
+        return await take(call.adding(tokens), lambda asked: self._paced(asked, call.limiters))
 
-    async def _paced(self, request: Request, requests: RateLimiter) -> Outcome:
-        """``request`` asked in this process's turn, reserving no further ahead than
-        ``HORIZON``: asked again until granted, or until what it waits for would pass its
-        deadline."""
+    async def _paced(self, request: Request, own: tuple[Limited, ...]) -> Outcome:
+        """``request`` asked in this process's turn, no further ahead than ``HORIZON``, until
+        granted or past its deadline (``own``: the call's limiters, beside the tokens')."""
         loop = asyncio.get_running_loop()
         turns = self._turns.get(loop)
         if turns is None:
@@ -244,14 +236,33 @@ class TokenMeter:
                 outcome = await outcome_of(request.until(deadline_in(ahead)))
                 if outcome.granted or (left is not None and outcome.retry_in > left):
                     return outcome
-                held_by = outcome.answer_of(requests)
-                if isinstance(held_by, Refusal):  # a refund of tokens would not help
-                    await asyncio.sleep(seconds(held_by.retry_in))
+                held = [a for a in map(outcome.answer_of, own) if isinstance(a, Refusal)]
+                if held:  # by the call's own limiter: a refund of tokens would not help
+                    await asyncio.sleep(seconds(max(refusal.retry_in for refusal in held)))
                 else:
                     woken = await turns.pause(min(seconds(outcome.retry_in), pause))
                     pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
         finally:
             turns.next()
+
+    def wanted(self, estimate: object) -> list[tuple[RateLimiter, int]]:
+        """The token limiters a call asks, with its ``estimate`` (an estimate of 0: none)."""
+        if isinstance(estimate, bool) or not isinstance(estimate, int) or estimate < 0:
+            raise InvalidArgumentError(f"estimate() must give an int >= 0, not {shown(estimate)}")
+        return [(self.tokens, estimate)] if estimate else []
+
+    @property
+    def learns(self) -> RateLimiter | None:
+        """The token limiter that ``learn=True`` learns beside the request limiter."""
+        return self.tokens
+
+    def tail(self) -> UsageTail:
+        """What reads the usage of an event stream as it passes."""
+        return UsageTail()
+
+    async def cap(self, headers: Mapping[str, str]) -> None:
+        """What the limiter has left capped by the provider's count, when its headers say."""
+        await sync_from(headers, self.tokens, "tokens")
 
     async def settle(
         self, acquired: Acquired, response: object, headers: Mapping[str, str]
@@ -261,10 +272,14 @@ class TokenMeter:
         this call already, so it is synced after the settle, lest a refund loosen it."""
         if response is not None:  # (None: a body not read, the estimate stands)
             await self._settle(acquired, response)
-        await sync_from(headers, self.tokens, "tokens")
+        await self.cap(headers)
+
+    def _took_tokens(self, acquired: Acquired) -> bool:
+        """Whether ``acquired`` holds tokens of this meter's (an estimate of 0: none)."""
+        return self.tokens in acquired.owners
 
     async def _settle(self, acquired: Acquired, response: object) -> None:
-        if self.tokens not in acquired.owners:
+        if not self._took_tokens(acquired):
             return  # an estimate of 0: no tokens taken
         try:
             used = self.usage(response)
@@ -279,7 +294,7 @@ class TokenMeter:
         """The tokens' grant settled as ``used`` (None: the estimate stands): a response's
         usage, or an event stream's, read as it passed (its response's rate-limit headers
         were taken when it came)."""
-        if used is None or self.tokens not in acquired.owners:
+        if used is None or not self._took_tokens(acquired):
             return  # (an estimate of 0: no tokens taken)
         try:
             settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
@@ -300,13 +315,13 @@ class TokenMeter:
         its tokens go back, exactly this call's grants; the call of this process asking
         next asks again at once."""
         await acquired.release()
-        if self.tokens in acquired.owners:
+        if self._took_tokens(acquired):
             self._wake()
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""
-        if self.tokens in acquired.owners:
+        if self._took_tokens(acquired):
             try:
                 if (await acquired.settle(0, limiter=self.tokens)).handed_back:
                     self._wake()
@@ -315,20 +330,39 @@ class TokenMeter:
         await sync_from(headers, self.tokens, "tokens")
 
 
+def _tokens_beside(tokens: object, requests: object) -> RateLimiter:
+    """``tokens``, checked: a RateLimiter other than ``requests``, itself a RateLimiter."""
+    if not isinstance(tokens, RateLimiter):
+        raise InvalidArgumentError(f"tokens must be a RateLimiter, not {tokens!r}")
+    if not isinstance(requests, RateLimiter):
+        raise InvalidArgumentError(
+            "with tokens=, the request limiter must be a RateLimiter (a ShardedRateLimiter "
+            "serves a request from one shard, and cannot join an all-or-nothing acquire)"
+        )
+    if (tokens.name, tokens.backend.store_id) == (requests.name, requests.backend.store_id):
+        raise InvalidArgumentError("tokens= must be another limiter than the requests'")
+    return tokens
+
+
 def meter_of(
     tokens: object | None,
     requests: RateLimiter | ShardedRateLimiter,
     estimate: object | None,
     usage: object | None,
     defaults: tuple[Estimate, Usage],
+    kinds_defaults: tuple[Estimate, Usage],
 ) -> TokenMeter | None:
     """An HTTP client's meter for its ``tokens=`` (None without one), the client's own
-    ``defaults`` (estimate, usage) standing in for what is not given; ``estimate=`` or
-    ``usage=`` without ``tokens=``: InvalidArgumentError."""
+    ``defaults`` (estimate, usage) standing in for what is not given, ``kinds_defaults``
+    for a mapping of kinds to limiters; ``estimate=`` or ``usage=`` without ``tokens=``:
+    InvalidArgumentError."""
     if tokens is None:
         if estimate is not None or usage is not None:
             raise InvalidArgumentError("estimate= and usage= go with tokens=, which is missing")
         return None
+    if isinstance(tokens, Mapping):
+        estimate, usage = estimate or kinds_defaults[0], usage or kinds_defaults[1]
+        return KindsMeter(tokens, requests, estimate, usage)
     return TokenMeter(tokens, requests, estimate or defaults[0], usage or defaults[1])
 
 
@@ -402,6 +436,165 @@ async def sync_from(
     if left is None:
         return
     try:
-        await limiter.sync(remaining=left.remaining, reset=left.reset)
+        await limiter.cap_remaining(left.remaining, reset=left.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
+
+
+# -- a call's tokens by kind: Anthropic's input and output limits ----------------------------
+
+KINDS = ("input", "output")
+"""The kinds of tokens a provider may limit apart: the prompt, and what the model writes."""
+
+_USAGE_FIELDS = {
+    # (Anthropic counts cache writes against the input limit, and cache reads not; OpenAI
+    # names them prompt and completion tokens)
+    "input": (("input_tokens", "cache_creation_input_tokens"), ("prompt_tokens",)),
+    "output": (("output_tokens",), ("completion_tokens",)),
+}
+
+
+def estimate_by_kind(body: bytes) -> dict[str, int]:
+    """A request body's tokens by kind, over-estimated: its input a token per 4 bytes of the
+    whole body (at least 1), its output the ``max_tokens`` it asks for (0 when it asks none)."""
+    whole = estimate_tokens(body)
+    prompt = min(len(body) // 4 + 1, MAX_RATE)
+    return {"input": prompt, "output": whole - prompt if whole > prompt else 0}
+
+
+def usage_by_kind(body: bytes | None) -> dict[str, int | None] | None:
+    """The tokens a response says it used, by kind: ``input_tokens`` (with
+    ``cache_creation_input_tokens``) and ``output_tokens`` (Anthropic), or ``prompt_tokens``
+    and ``completion_tokens`` (OpenAI); for an event stream, each kind as its last ``data:``
+    event that says it (Anthropic's ``message_start`` holds the input, in its ``message``,
+    and ``message_delta`` the output). None when it says neither."""
+    if not body:
+        return None
+    try:
+        return _kinds(json.loads(body))
+    except ValueError:
+        pass
+    found: dict[str, int | None] | None = None
+    for line in body.splitlines():  # server-sent events: each kind's last count wins
+        if line.startswith(b"data:") and b'"usage"' in line:
+            try:
+                said = _kinds(json.loads(line[5:]))
+            except ValueError:
+                continue
+            if said is not None:
+                found = said if found is None else _merged(found, said)
+    return found
+
+
+def _kinds(document: object) -> dict[str, int | None] | None:
+    if isinstance(document, dict) and "usage" not in document:
+        document = document.get("message")  # (Anthropic's message_start event)
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    counts: dict[str, int | None] = {}
+    for kind, spellings in _USAGE_FIELDS.items():
+        counts[kind] = None
+        for main, *extra in spellings:
+            count = _count(usage.get(main))
+            if count is not None:
+                more = sum(_count(usage.get(name)) or 0 for name in extra)
+                counts[kind] = min(count + more, MAX_RATE)
+                break
+    return None if all(count is None for count in counts.values()) else counts
+
+
+def _later(before: Used, after: Used) -> Used:
+    """A stream's usage so far, then a later event's: the later one (by kind, what it says)."""
+    if isinstance(before, Mapping) and isinstance(after, Mapping):
+        return _merged(before, after)
+    return after
+
+
+def _merged(
+    before: Mapping[str, int | None], after: Mapping[str, int | None]
+) -> dict[str, int | None]:
+    return {**before, **{kind: n for kind, n in after.items() if n is not None}}
+
+
+class KindsMeter(TokenMeter):
+    """A call's tokens by kind, each on a limiter of its own: ``{"input": itpm, "output":
+    otpm}`` (either alone too). ``estimate(request)`` and ``usage(response)`` give a count per
+    kind (a mapping; a kind the usage leaves out, or None: that kind's estimate stands); each
+    limiter is capped by its own headers (``anthropic-ratelimit-input-tokens-*``,
+    ``-output-tokens-*``). ``learn=True`` learns the request limiter's rate only."""
+
+    __slots__ = ("kinds",)
+
+    def __init__(
+        self,
+        tokens: object,
+        requests: RateLimiter | ShardedRateLimiter,
+        estimate: object,
+        usage: object,
+    ) -> None:
+        if not isinstance(tokens, Mapping) or not tokens or set(tokens) - set(KINDS):
+            raise InvalidArgumentError(
+                f"tokens= takes a RateLimiter, or a mapping of {' and/or '.join(KINDS)} to "
+                f"RateLimiters; not {shown(tokens)}"
+            )
+        kinds = {kind: _tokens_beside(tokens[kind], requests) for kind in KINDS if kind in tokens}
+        if len({(each.name, each.backend.store_id) for each in kinds.values()}) < len(kinds):
+            raise InvalidArgumentError("tokens= must name another limiter for each kind")
+        super().__init__(next(iter(kinds.values())), requests, estimate, usage)
+        self.kinds: dict[str, RateLimiter] = kinds
+
+    def wanted(self, estimate: object) -> list[tuple[RateLimiter, int]]:
+        if not isinstance(estimate, Mapping) or any(
+            isinstance(estimate.get(kind), bool)
+            or not isinstance(estimate.get(kind), int)
+            or estimate[kind] < 0
+            for kind in self.kinds
+        ):
+            raise InvalidArgumentError(
+                f"estimate() must give an int >= 0 for each of {', '.join(self.kinds)}, not "
+                f"{shown(estimate)}"
+            )
+        return [(limiter, estimate[kind]) for kind, limiter in self.kinds.items() if estimate[kind]]
+
+    @property
+    def learns(self) -> RateLimiter | None:
+        return None
+
+    def _took_tokens(self, acquired: Acquired) -> bool:
+        return any(limiter in acquired.owners for limiter in self.kinds.values())
+
+    def tail(self) -> UsageTail:
+        return UsageTail(usage_by_kind)
+
+    async def cap(self, headers: Mapping[str, str]) -> None:
+        for kind, limiter in self.kinds.items():
+            await sync_from(headers, limiter, f"{kind}-tokens")
+
+    async def settle_used(self, acquired: Acquired, used: object) -> None:
+        if not isinstance(used, Mapping):
+            if used is not None:  # (None: every estimate stands)
+                log.warning(
+                    "the call's usage was not settled: usage() must give a count per kind "
+                    "(%s), not %s",
+                    ", ".join(self.kinds),
+                    shown(used),
+                )
+            return
+        handed_back = False
+        for kind, limiter in self.kinds.items():
+            count = used.get(kind)
+            if count is None or limiter not in acquired.owners:
+                continue  # (not said, or an estimate of 0: nothing taken)
+            try:
+                settled = await acquired.settle(check_settle_permits(count), limiter=limiter)
+            except (LimiterError, ValueError, TypeError) as exc:
+                log.warning("limiter %r: the call's usage was not settled: %s", limiter.name, exc)
+                continue
+            handed_back = handed_back or settled.handed_back > 0
+        if handed_back:
+            self._wake()
+
+    async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
+        await self.settle_used(acquired, dict.fromkeys(self.kinds, 0))
+        await self.cap(headers)

@@ -3,7 +3,8 @@
 OpenAI answers ``x-ratelimit-remaining-requests`` / ``-tokens`` with their
 ``x-ratelimit-reset-requests`` / ``-tokens`` as durations (``6m0s``, ``1.5s``, ``20ms``);
 Anthropic ``anthropic-ratelimit-requests-remaining`` / ``-tokens-remaining`` with ``-reset``
-as RFC 3339 times. A value that cannot be read is ignored, never raised: a partner that
+as RFC 3339 times, and its input and output tokens apart (``-input-tokens-remaining``,
+``-output-tokens-remaining``). A value that cannot be read is ignored, never raised: a partner that
 answers absurd values (a negative count, a reset in the year 9999, 400 digits) must not stop
 or confuse the callers, so counts are bounded by ``MAX_RATE`` and resets by ``max_reset``.
 
@@ -24,8 +25,9 @@ from ._types import MAX_RATE
 
 __all__ = ["KINDS", "Quota", "duration_seconds", "quota", "stated_limit"]
 
-KINDS = ("requests", "tokens")
-"""What a provider meters: requests, and tokens."""
+KINDS = ("requests", "tokens", "input-tokens", "output-tokens")
+"""What a provider meters: requests, and tokens (Anthropic: its input and output tokens
+apart too)."""
 
 # (remaining, reset) header names per kind, per provider; the first pair found is read.
 _NAMES = {
@@ -33,7 +35,10 @@ _NAMES = {
         (f"x-ratelimit-remaining-{kind}", f"x-ratelimit-reset-{kind}"),
         (f"anthropic-ratelimit-{kind}-remaining", f"anthropic-ratelimit-{kind}-reset"),
     )
-    for kind in KINDS
+    for kind in ("requests", "tokens")
+} | {
+    kind: ((f"anthropic-ratelimit-{kind}-remaining", f"anthropic-ratelimit-{kind}-reset"),)
+    for kind in ("input-tokens", "output-tokens")  # (Anthropic's alone)
 }
 
 # Go-style durations as OpenAI writes them: a sequence of <number><unit>, e.g. 1h2m3.5s, 20ms.
@@ -93,7 +98,7 @@ def quota(
     max_reset: float = 3600.0,
     now: float | None = None,
 ) -> Quota | None:
-    """The provider's ``kind`` (``"requests"`` or ``"tokens"``) quota from a response's
+    """The provider's ``kind`` (one of ``KINDS``) quota from a response's
     headers (a mapping with case-insensitive lookups, as httpx's and aiohttp's are, or a
     function of a name); None when the headers do not say, or say it unreadably. The reset
     is at most ``max_reset`` seconds away; the count at most ``MAX_RATE``."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -82,6 +83,11 @@ class Request:
     owners: tuple[Limited, ...] = ()
     """Who each limiter is for, when not itself: the names the observer sees, the limiters an
     acquisition settles by (a shard's request is its sharded limiter's)."""
+
+    def adding(self, more: Sequence[tuple[Limited, int]]) -> Request:
+        """The same request, with ``more`` (limiter, permits) taken with it."""
+        limiters = (*self.limiters, *(limiter for limiter, _ in more))
+        return replace(self, limiters=limiters, permits=(*self.permits, *(n for _, n in more)))
 
     def until(self, deadline: int | None) -> Request:
         """The same request, asked with another deadline."""

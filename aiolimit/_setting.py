@@ -9,15 +9,16 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Iterable
 from dataclasses import replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ._breaker import Breaker
 from ._code_config import CodeConfig
-from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
+from ._deprecated import deprecated
+from ._types import Rate, RateLimiterConfig, RateType, shown
 from .backends.base import Backend, SetMode
 from .errors import InvalidArgumentError
 
-__all__ = ["_RateSetting", "gather", "rate_given"]
+__all__ = ["_RateSetting", "config_of", "config_value", "gather", "rate_in_code"]
 
 log = logging.getLogger("aiolimit")
 
@@ -62,38 +63,25 @@ class _RateSetting:
         )
 
     async def try_set_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
+        self, config: RateLimiterConfig | str, *legacy: Any, **legacy_options: Any
     ) -> bool:
         """Sets the rate only where the limiter has none; returns whether it did.
 
-        ``rate`` is an int with its ``interval``, or a sequence of :class:`Rate` (every one
-        must allow a grant; :meth:`Rate.parse` reads them from text) without one.
-        ``min_spacing`` keeps the starts of consecutive grants at least that far apart (a
-        :class:`ShardedRateLimiter` refuses it: its shards cannot share one spacing).
-        ``max_debt``: how far below zero a settle may charge (default: the smallest rate's
-        permits; docs: Token budgets).
+        >>> await limiter.try_set_rate("10/second; 100/minute")
+        >>> await limiter.try_set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, "5/second"))
+
+        ``config`` is a :class:`RateLimiterConfig` or its text (:meth:`RateLimiterConfig.parse`:
+        the rates, every one of which must allow a grant, and the rate type, algorithm,
+        ``min_spacing``, ``keep_alive``, ``margin`` and ``max_debt`` where not the default).
+        A :class:`ShardedRateLimiter` refuses a ``min_spacing``: its shards cannot share one.
 
         When a stored config differs from the one asked for (another process, or an earlier
-        run, set another rate), it stays, and a warning is logged once per process."""
-        asked = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
+        run, set another rate), it stays, and a warning is logged once per process.
+
+        The loose arguments of earlier releases (``rate_type, rate, interval``,
+        ``algorithm=``, ...) still work, with a DeprecationWarning: give
+        ``RateLimiterConfig.build(rate_type, rate, interval, ...)`` instead."""
+        asked = config_of(config, legacy, legacy_options, "try_set_rate")
         written = await self._set("try", asked, True)
         if not all(written):
             stored = await self.get_config()
@@ -104,71 +92,38 @@ class _RateSetting:
                     del _warned[next(iter(_warned))]  # the oldest
                 _warned[seen] = None
                 log.warning(
-                    "try_set_rate(%r): kept the stored config %s, not %s (set_rate replaces it)",
+                    "try_set_rate(%r): kept the stored config %r, not %r (set_rate replaces it)",
                     self.name,
-                    stored,
-                    asked,
+                    str(stored),
+                    str(asked),
                 )
         return any(written)
 
     async def set_rate(
         self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
+        config: RateLimiterConfig | str,
+        *legacy: Any,
         keep_state: bool = True,
+        **legacy_options: Any,
     ) -> None:
-        """Sets the rate (as :meth:`try_set_rate` takes it), replacing any config. What was
-        granted keeps counting; ``keep_state=False`` restarts every budget full (a change of
-        rate type or algorithm always starts afresh)."""
-        config = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        await self._set("set", config, keep_state)
+        """Sets the rate (``config`` as :meth:`try_set_rate` takes it), replacing any config.
+        What was granted keeps counting; ``keep_state=False`` restarts every budget full (a
+        change of rate type or algorithm always starts afresh)."""
+        await self._set("set", config_of(config, legacy, legacy_options, "set_rate"), keep_state)
 
     async def ensure_rate(
-        self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
+        self, config: RateLimiterConfig | str, *legacy: Any, **legacy_options: Any
     ) -> bool:
-        """Makes sure the stored config is this one: writes it where there is none, and
-        rewrites a stored one that differs, keeping what was granted (as :meth:`set_rate`
-        does); returns whether it wrote. For code that owns its limits (the
-        ASGI middleware's rules): an unchanged config costs two reads, no write.
+        """Makes sure the stored config is ``config`` (as :meth:`try_set_rate` takes it):
+        writes it where there is none, and rewrites a stored one that differs, keeping what
+        was granted (as :meth:`set_rate` does); returns whether it wrote. For code that owns
+        its limits (the ASGI middleware's rules): an unchanged config costs two reads, no
+        write.
 
         The rate is the code's from then on, as a ``rate=`` given at construction is: when
         a call finds the store without a config (a ``keep_alive`` that ran out, a restart,
         ``FLUSHALL``), this limiter and its views write it again first."""
-        asked = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
+        asked = config_of(config, legacy, legacy_options, "ensure_rate")
         wrote = await self._ensure(asked)
         self.rate_in_code.given(asked)
         return wrote
@@ -206,30 +161,15 @@ class _RateSetting:
 
     async def update_rate(
         self,
-        rate_type: RateType | str,
-        rate: Rates,
-        interval: Duration | None = None,
-        *,
-        algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,
-        min_spacing: Duration | None = None,
-        margin: Duration | None = None,
-        keep_alive: Duration | None = None,
-        max_debt: int | None = None,
+        config: RateLimiterConfig | str,
+        *legacy: Any,
         keep_state: bool = True,
+        **legacy_options: Any,
     ) -> bool:
         """Like :meth:`set_rate` (what was granted keeps counting; ``keep_state=False``
         restarts every budget full), but only when a config exists (returns False otherwise)."""
-        config = RateLimiterConfig.build(
-            rate_type,
-            rate,
-            interval,
-            keep_alive,
-            algorithm=algorithm,
-            min_spacing=min_spacing,
-            margin=margin,
-            max_debt=max_debt,
-        )
-        return all(await self._set("update", config, keep_state))
+        asked = config_of(config, legacy, legacy_options, "update_rate")
+        return all(await self._set("update", asked, keep_state))
 
     async def get_config(self) -> RateLimiterConfig | None:
         """The limiter's config (for a sharded one, the shards' rates summed); None unless it
@@ -255,39 +195,81 @@ async def gather(calls: Iterable[Awaitable[_T]]) -> list[_T]:
     return list(await asyncio.gather(*calls))
 
 
-def rate_given(
-    rate: Rates | None,
-    interval: Duration | None,
-    rate_type: RateType | str | None,
-    algorithm: Algorithm | str | None,
-    min_spacing: Duration | None,
-    keep_alive: Duration | None,
-    margin: Duration | None = None,
-    max_debt: int | None = None,
-) -> RateLimiterConfig | None:
-    """A limiter constructor's rate arguments, checked, as the config they make; None without
-    a ``rate``."""
-    if rate is None:
-        given = {
-            "interval": interval,
-            "rate_type": rate_type,
-            "algorithm": algorithm,
-            "min_spacing": min_spacing,
-            "keep_alive": keep_alive,
-            "margin": margin,
-            "max_debt": max_debt,
-        }
-        named = [name for name, value in given.items() if value is not None]
-        if named:
-            raise InvalidArgumentError(f"{', '.join(named)} go with rate=, which is missing")
-        return None
-    return RateLimiterConfig.build(
-        RateType.OVERALL if rate_type is None else rate_type,
-        rate,
-        interval,
-        keep_alive,
-        algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,
-        min_spacing=min_spacing,
-        margin=margin,
-        max_debt=max_debt,
+def config_of(
+    config: Any, legacy: tuple[Any, ...], options: dict[str, Any], method: str
+) -> RateLimiterConfig:
+    """The config a set-rate call gives: ``config`` (a :class:`RateLimiterConfig`, or its
+    text). With ``legacy`` arguments or ``options``, ``config`` is a rate type and they the
+    loose arguments of earlier releases (``rate, interval``, ``algorithm=``, ...): the config
+    they make, with a DeprecationWarning at the caller's line (two frames up)."""
+    if not legacy and not options:
+        return config_value(config, "config")
+    _check_names(method, options)
+    if isinstance(config, RateLimiterConfig) or len(legacy) > 2:
+        raise TypeError(
+            f"{method}() takes a RateLimiterConfig (or its text), and keep_state where it "
+            f"has one: not {', '.join(map(shown, (config, *legacy, *options)))}"
+        )
+    deprecated(
+        f"{method}(rate_type, rate, ...)",
+        f"{method}(RateLimiterConfig.build(rate_type, rate, ...)) or its text",
+        2,
     )
+    return RateLimiterConfig.build(config, *legacy, **options)
+
+
+def rate_in_code(rate: Any, options: dict[str, Any], limiter: str) -> RateLimiterConfig | None:
+    """A limiter constructor's ``rate`` (a :class:`RateLimiterConfig`, or its text), checked;
+    None without one. With ``options`` (``interval=``, ``rate_type=``, ``algorithm=``, ...;
+    None: not given) or any other ``rate`` (an int, a :class:`Rate`), the loose arguments of
+    earlier releases: the config they make, with a DeprecationWarning at the caller's line
+    (two frames up)."""
+    _check_names(limiter, options)
+    options = {name: value for name, value in options.items() if value is not None}
+    if not options and (rate is None or isinstance(rate, (RateLimiterConfig, str))):
+        return None if rate is None else config_value(rate, "rate")
+    if rate is None:
+        raise InvalidArgumentError(f"{', '.join(options)} go with rate=, which is missing")
+    if isinstance(rate, RateLimiterConfig):
+        raise InvalidArgumentError(
+            f"a RateLimiterConfig holds its settings: give rate= alone, not with "
+            f"{', '.join(options)}"
+        )
+    deprecated(
+        f"{limiter}()'s loose rate arguments",
+        "rate= a RateLimiterConfig (RateLimiterConfig.build(...)) or its text",
+        2,
+    )
+    return RateLimiterConfig.build(options.pop("rate_type", RateType.OVERALL), rate, **options)
+
+
+def config_value(config: object, what: str) -> RateLimiterConfig:
+    """``config`` as a :class:`RateLimiterConfig`: itself, or its text read."""
+    if isinstance(config, RateLimiterConfig):
+        return config
+    if isinstance(config, str):
+        return RateLimiterConfig.parse(config)
+    raise InvalidArgumentError(
+        f"{what} must be a RateLimiterConfig or its text ('10/second; 100/minute'), not "
+        f"{shown(config)}"
+    )
+
+
+def _check_names(method: str, options: dict[str, Any]) -> None:
+    """TypeError, as Python's, for a keyword argument no earlier release took."""
+    unknown = sorted(set(options) - _LOOSE)
+    if unknown:
+        raise TypeError(f"{method}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+_LOOSE = {
+    "rate",
+    "interval",
+    "rate_type",
+    "algorithm",
+    "min_spacing",
+    "margin",
+    "keep_alive",
+    "max_debt",
+}
+"""The loose rate arguments of earlier releases, by name."""

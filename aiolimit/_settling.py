@@ -3,7 +3,7 @@
 >>> acquired = await tokens.reserve(prompt_tokens + max_tokens, timeout=30)
 >>> response = await call_model(...)
 >>> await acquired.settle(response.usage.total_tokens)
-Settled(handed_back=412, charged=0, cut=0)
+Settlement(handed_back=412, charged=0, member='...', cut=0)
 
 Fewer permits than reserved hand the difference back (what of it still counts against the
 limit); more charge the difference now, into debt down to the config's ``max_debt``: a charge
@@ -17,16 +17,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from . import _observe
 from ._breaker import Breaker
 from ._code_config import CodeConfig
 from ._types import MAX_RATE, RateLimiterConfig, shown
-from .backends.base import Backend, Grant
+from .backends.base import Backend, Grant, Settlement
 from .errors import InvalidArgumentError, NotConfiguredError
 
-__all__ = ["NOTHING", "Limited", "Settled", "check_settle_permits", "index_of", "settle_grant"]
+__all__ = ["NOTHING", "Limited", "check_settle_permits", "index_of", "settle_grant"]
 
 log = logging.getLogger("aiolimit")
 
@@ -35,18 +35,8 @@ _logged: dict[str, None] = {}
 _LOGGED_MOST = 256
 
 
-class Settled(NamedTuple):
-    """What :meth:`Acquired.settle <aiolimit.Acquired.settle>` did to a grant."""
-
-    handed_back: int
-    """Permits given back (settled for fewer than reserved): only what still counted."""
-    charged: int
-    """Permits charged beyond the reservation (settled for more), at the settle's time."""
-    cut: int
-    """Permits settled for but not charged: the limiter had reached its ``max_debt``."""
-
-
-NOTHING = Settled(0, 0, 0)
+NOTHING = Settlement(0, 0, "")
+"""The settle of an acquisition that holds no grant (refused, or released): nothing done."""
 
 
 class Limited(Protocol):
@@ -106,7 +96,7 @@ def index_of(limiters: Sequence[Limited], owners: Sequence[Limited], limiter: ob
 
 async def settle_grant(
     limiter: Limited, grant: Grant, permits: int, label: str
-) -> tuple[Settled, Grant]:
+) -> tuple[Settlement, Grant]:
     """Settles ``grant`` of ``limiter`` for ``permits`` through its breaker: what was done,
     and the grant from now on (its member names what it holds now). A limiter whose state is
     gone (deleted, the store flushed) has nothing to settle against: nothing is done.
@@ -118,11 +108,10 @@ async def settle_grant(
         )
     except NotConfiguredError:
         log.info("limiter %r: no state to settle a grant against (deleted?)", label)
-        return NOTHING, grant
+        return Settlement(0, 0, grant.member), grant
     if settlement.cut:
         _report_cut(label, settlement.cut)
-    settled = Settled(settlement.handed_back, settlement.charged, settlement.cut)
-    return settled, grant._replace(member=settlement.member)
+    return settlement, grant._replace(member=settlement.member)
 
 
 def _report_cut(name: str, cut: int) -> None:

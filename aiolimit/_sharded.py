@@ -15,8 +15,8 @@ from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
 from ._limiter import RateLimiter, view_of
 from ._request import Request, deadline_in, left_of
-from ._setting import rate_given
-from ._types import Algorithm, Duration, Rate, RateLimiterConfig, Rates, RateType
+from ._setting import rate_in_code
+from ._types import Duration, Rate, RateLimiterConfig
 from .backends.base import Backend, breaker_of
 from .errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 
@@ -135,19 +135,14 @@ class ShardedRateLimiter(_Limiter):
         backend: Backend,
         *,
         shards: int,
-        rate: Rates | None = None,
-        interval: Duration | None = None,
-        rate_type: RateType | str | None = None,
-        algorithm: Algorithm | str | None = None,
-        keep_alive: Duration | None = None,
-        margin: Duration | None = None,
-        max_debt: int | None = None,
+        rate: RateLimiterConfig | str | None = None,
+        **legacy_options: Any,
     ) -> None:
         if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
             raise InvalidArgumentError(f"shards must be an int >= 1, not {shards!r}")
         if shards > MAX_SHARDS:
             raise InvalidArgumentError(f"shards must be at most {MAX_SHARDS}, not {shards}")
-        given = rate_given(rate, interval, rate_type, algorithm, None, keep_alive, margin, max_debt)
+        given = rate_in_code(rate, legacy_options, "ShardedRateLimiter")
         super().__init__(name, backend, given)
         self._names = _shard_names(self.name, shards, backend)
         self._shards = [  # a shard's lost config is this limiter's: it writes every shard
@@ -254,10 +249,10 @@ class ShardedRateLimiter(_Limiter):
             self._last = best
         return outcome
 
-    async def sync(self, *, remaining: int, reset: Duration) -> None:
-        """A provider's count as a floor (:meth:`RateLimiter.sync`), split over the shards by
-        their share of the rate, as the rate is (10 over 3 shards: 4, 3, 3): the shards
-        together grant at most ``remaining`` more until ``reset``."""
+    async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
+        """A provider's count as a cap (:meth:`RateLimiter.cap_remaining`), split over the
+        shards by their share of the rate, as the rate is (10 over 3 shards: 4, 3, 3): the
+        shards together grant at most ``remaining`` more until ``reset``."""
         remaining, reset_us = check_sync(remaining, reset)
         shares = _shares(remaining, len(self._shards))
         await self._with_config(
@@ -269,11 +264,11 @@ class ShardedRateLimiter(_Limiter):
             )
         )
 
-    async def release(self, permits: int) -> None:
-        """Hands back ``permits``: the most recent grants of the shard this object granted
-        from last, then of the following shards, until ``permits`` are handed back."""
+    async def _hand_back_latest(self, permits: int) -> None:
+        """The most recent grants of the shard this object granted from last, then of the
+        following shards, until ``permits`` are handed back."""
         count = len(self._shards)
-        left = check_permits(permits)
+        left = permits
         for k in range(count):
             if left <= 0:
                 break

@@ -1,14 +1,28 @@
-"""What a limiter is configured with: its rate type, algorithm and rates (:class:`Rate`, read
-from text by :meth:`Rate.parse`), gathered in a :class:`RateLimiterConfig`."""
+"""What a limiter is configured with: its rate type, algorithm and rates (``_rates``: the
+values, each checked), gathered in a :class:`RateLimiterConfig`, which its ``build`` checks
+and its ``parse`` reads from text."""
 
 from __future__ import annotations
 
-import enum
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
+from ._rates import (
+    MAX_RATE,
+    MAX_RATES,
+    TEXT_PARTS,
+    Algorithm,
+    Rate,
+    Rates,
+    RateType,
+    accepted,
+    rates_in,
+    rates_of,
+    seconds_text,
+)
 from ._values import (
     MAX_DURATION,
     Duration,
@@ -22,8 +36,8 @@ from ._values import (
 )
 from .errors import InvalidArgumentError
 
-# (Duration, MAX_DURATION and the value checks live in _values; the limiters' base and the
-# HTTP calls take them from here with the types.)
+# (Duration, MAX_DURATION and the value checks live in _values, the rates and their parts in
+# _rates; the limiters, the stores and the HTTP calls take them from here with the config.)
 __all__ = [
     "MAX_DURATION",
     "MAX_RATE",
@@ -41,168 +55,6 @@ __all__ = [
     "shown",
     "to_micros",
 ]
-
-# Lua numbers are doubles, exact for integers up to 2**53. Every number the scripts see stays
-# below that: rates and permits up to 2**50 leave a margin of 8 for the permits a budget holds
-# in queued reservations (durations: _values).
-MAX_RATE = 2**50
-"""The largest ``rate`` and ``permits``."""
-
-
-def _member_named(kind: type[enum.Enum], value: object) -> enum.Enum | None:
-    """The member a string names in any case, ``-`` for ``_`` (``"per_client"``,
-    ``"token-bucket"``), as the command line reads them."""
-    if isinstance(value, str):
-        return kind.__members__.get(value.strip().upper().replace("-", "_"))
-    return None
-
-
-def accepted(kind: type[enum.Enum]) -> str:
-    """What a str naming a member of ``kind`` may be: ``'overall' or 'per_client'``."""
-    names = [repr(name.lower()) for name in kind.__members__]
-    return f"{', '.join(names[:-1])} or {names[-1]}"
-
-
-class RateType(str, enum.Enum):
-    """Whether every client shares one budget or each client id has its own. Also given as
-    a str in any case: ``"per_client"``.
-
-    ``PER_CLIENT``: the client is the backend's ``client_id``. A backend made without one
-    has a random id of its own, so each process (each backend) gets a budget of its own
-    (Redisson's meaning of a client); ``limiter.for_client(user_id)`` counts a budget you
-    name, such as one per user."""
-
-    OVERALL = "OVERALL"
-    """One budget shared by every client of the limiter."""
-    PER_CLIENT = "PER_CLIENT"
-    """A budget per client id (``limiter.for_client(client_id)``; without one, the
-    backend's: random per backend unless ``RedisBackend(..., client_id=...)``)."""
-
-    @classmethod
-    def _missing_(cls, value: object) -> RateType | None:
-        return _member_named(cls, value)  # type: ignore[return-value]
-
-
-class Algorithm(str, enum.Enum):
-    """How a limiter counts its permits (docs/algorithms.md)."""
-
-    SLIDING_WINDOW = "SLIDING_WINDOW"
-    """An exact log of grants: at most ``permits`` in any sliding interval."""
-    TOKEN_BUCKET = "TOKEN_BUCKET"
-    """A bucket of ``permits`` tokens refilled continuously; constant-size state."""
-    FIXED_WINDOW = "FIXED_WINDOW"
-    """At most ``permits`` per window aligned to the Unix epoch; constant-size state."""
-
-    @classmethod
-    def _missing_(cls, value: object) -> Algorithm | None:
-        return _member_named(cls, value)  # type: ignore[return-value]
-
-
-_RATE_TEXT = re.compile(
-    r"^\s*(?P<permits>\d+)\s*(?:/|per)\s*(?P<count>\d+(?:\.\d+)?)?\s*(?P<unit>[a-z]+)\s*$",
-    re.IGNORECASE,
-)
-
-
-@dataclass(frozen=True)
-class Rate:
-    """At most ``permits`` per ``interval`` (seconds or a timedelta; kept as a timedelta)."""
-
-    permits: int
-    interval: timedelta
-
-    def __init__(self, permits: int, interval: Duration) -> None:
-        if (
-            isinstance(permits, bool)
-            or not isinstance(permits, int)
-            or not 1 <= permits <= MAX_RATE
-        ):
-            raise InvalidArgumentError(
-                f"permits must be an int from 1 to {MAX_RATE} (MAX_RATE), not {shown(permits)}"
-            )
-        interval_us = to_micros(interval, "interval")
-        if interval_us <= 0:
-            raise InvalidArgumentError(f"interval must be positive, not {interval!r}")
-        object.__setattr__(self, "permits", permits)
-        object.__setattr__(self, "interval", timedelta(microseconds=interval_us))
-
-    @property
-    def interval_us(self) -> int:
-        return micros(self.interval)
-
-    def __str__(self) -> str:
-        """``"3/second"``, ``"20/minute"``, ``"5/10 seconds"``, ``"5/0.00005 seconds"``: what
-        :meth:`parse` reads back as this very rate (seconds written exactly, to the µs)."""
-        us = self.interval_us
-        for unit, seconds in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
-            count, rest = divmod(us, seconds * 1_000_000)
-            if rest == 0:
-                return f"{self.permits}/{unit}" if count == 1 else f"{self.permits}/{count} {unit}s"
-        whole, fraction = divmod(us, 1_000_000)  # exact decimal seconds, never an exponent
-        return f"{self.permits}/{whole}.{fraction:06d}".rstrip("0") + " seconds"
-
-    @classmethod
-    def parse(cls, text: str) -> tuple[Rate, ...]:
-        """Reads rates such as ``"3/second; 20/minute"``: each ``N/unit`` or ``N/K units``
-        (second, minute, hour, day, their plurals, or s, m, h, d), separated by ``;``, ``,``
-        or ``|``. InvalidArgumentError names the part it could not read."""
-        if not isinstance(text, str):
-            raise InvalidArgumentError(f"rates must be a str such as '3/second', not {shown(text)}")
-        rates = []
-        for part in re.split(r"[;,|]", text):
-            if not part.strip():
-                continue
-            match = _RATE_TEXT.match(part)
-            unit = match and unit_seconds(match["unit"].lower())
-            if match is None or unit is None:
-                raise InvalidArgumentError(
-                    f"cannot read the rate {part.strip()!r} in {text!r}: write it as "
-                    "'N/second', 'N/minute', 'N/hour', 'N/day' or 'N/10 seconds'"
-                )
-            try:
-                rates.append(cls(int(match["permits"]), interval_of(match["count"], unit)))
-            except InvalidArgumentError as exc:
-                raise InvalidArgumentError(
-                    f"the rate {part.strip()!r} in {text!r}: {exc}"
-                ) from None
-        if not rates:
-            raise InvalidArgumentError(f"no rate in {text!r}: write it as '3/second; 20/minute'")
-        return tuple(rates)
-
-
-Rates = int | str | Rate | Sequence[Rate]
-"""A limiter's rates, as every public signature takes them: an int with its interval, text
-for :meth:`Rate.parse` (``"10/second; 100/minute"``), one :class:`Rate`, or a sequence."""
-
-
-def rates_of(rate: object, interval: Duration | None) -> tuple[Rate, ...]:
-    """The rates a public ``rate`` argument describes: an int with ``interval``, a sequence of
-    :class:`Rate` without one, or (a convenience) one :class:`Rate` or a rate string."""
-    if isinstance(rate, int) and not isinstance(rate, bool):
-        if interval is None:
-            raise InvalidArgumentError("an int rate needs an interval: (rate, interval)")
-        return (Rate(rate, interval),)
-    if interval is not None:
-        raise InvalidArgumentError(
-            f"an interval goes with an int rate, not with {shown(rate)}: give each Rate its own"
-        )
-    if isinstance(rate, str):
-        return Rate.parse(rate)
-    if isinstance(rate, Rate):
-        return (rate,)
-    if isinstance(rate, Sequence) and all(isinstance(r, Rate) for r in rate):
-        if not rate:
-            raise InvalidArgumentError("rate must not be an empty list: give at least one Rate")
-        if len(rate) > MAX_RATES:
-            raise InvalidArgumentError(f"at most {MAX_RATES} rates on one limiter, not {len(rate)}")
-        return tuple(rate)
-    raise InvalidArgumentError(
-        f"rate must be an int (with an interval) or a sequence of Rate, not {shown(rate)}"
-    )
-
-
-MAX_RATES = 8
-"""The most rates one limiter applies at once."""
 
 
 def widened(rates: tuple[Rate, ...], margin: Duration) -> tuple[Rate, ...]:
@@ -226,9 +78,16 @@ def widened(rates: tuple[Rate, ...], margin: Duration) -> tuple[Rate, ...]:
 
 @dataclass(frozen=True, init=False, repr=False)
 class RateLimiterConfig:
-    """A limiter's rates, algorithm and spacing. ``rates`` holds them all; ``rate`` and
-    ``interval`` are those of the first (the only one, for a limiter set with an int rate):
-    ``RateLimiterConfig(RateType.OVERALL, rates=Rate.parse("5/second; 100/minute"))``."""
+    """A limiter's rates, rate type, algorithm and spacing: what the set-rate methods and
+    ``RateLimiter(rate=...)`` take, as the value or its text.
+
+    >>> RateLimiterConfig.parse("10/second; 100/minute; algorithm=token_bucket")
+    >>> RateLimiterConfig.build(RateType.PER_CLIENT, "10/second", keep_alive=3600)
+    >>> str(config)                  # '10/second; 100/minute; algorithm=token_bucket'
+
+    :meth:`parse` and :meth:`build` check what they are given; ``str(config)`` is the text
+    :meth:`parse` reads back as the same config. ``rates`` holds every rate; ``rate`` and
+    ``interval`` are those of the first."""
 
     rate_type: RateType
     keep_alive: timedelta | None
@@ -284,6 +143,60 @@ class RateLimiterConfig:
             + ("" if self.max_debt is None else f", max_debt={self.max_debt!r}")
             + ")"
         )
+
+    def __str__(self) -> str:
+        """The rates, then each setting that is not the default, as :meth:`parse` reads them
+        back: ``'5/second; rate_type=per_client; keep_alive=3600'``."""
+        parts = [str(rate) for rate in self.rates]
+        if self.rate_type is not RateType.OVERALL:
+            parts.append(f"rate_type={self.rate_type.value.lower()}")
+        if self.algorithm is not Algorithm.SLIDING_WINDOW:
+            parts.append(f"algorithm={self.algorithm.value.lower()}")
+        if self.min_spacing is not None:
+            parts.append(f"min_spacing={seconds_text(self.min_spacing_us)}")
+        if self.keep_alive is not None:
+            parts.append(f"keep_alive={seconds_text(self.keep_alive_us)}")
+        if self.max_debt is not None:
+            parts.append(f"max_debt={self.max_debt}")
+        return "; ".join(parts)
+
+    @classmethod
+    def parse(cls, text: str) -> RateLimiterConfig:
+        """Reads a config from text: rates as :meth:`Rate.parse` reads them, and among them
+        any of :meth:`build`'s settings as ``name=value``, separated by ``;``.
+
+        >>> RateLimiterConfig.parse("10/second; 100/minute")      # OVERALL, sliding window
+        >>> RateLimiterConfig.parse("5/second; rate_type=per_client; algorithm=token_bucket")
+        >>> RateLimiterConfig.parse("60/minute; keep_alive=1 hour; margin=0.05; max_debt=30")
+
+        ``rate_type`` and ``algorithm`` are named as the enums' members are, in any case;
+        ``min_spacing``, ``margin`` and ``keep_alive`` are seconds (``0.5``) or a count and a
+        unit as in a rate (``1 hour``). InvalidArgumentError names the part it could not
+        read."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(
+                f"a config's text must be a str such as '10/second; keep_alive=60', "
+                f"not {shown(text)}"
+            )
+        settings: dict[str, Any] = {}
+        rates = []
+        for part in TEXT_PARTS.split(text):
+            name, equals, value = part.partition("=")
+            if not equals:
+                if part.strip():
+                    rates.append(part)
+                continue
+            name = name.strip()
+            if name not in _SETTINGS:
+                raise InvalidArgumentError(
+                    f"no setting {name!r} in {text!r}: the settings are {', '.join(_SETTINGS)}"
+                )
+            if name in settings:
+                raise InvalidArgumentError(f"{name} is given twice in {text!r}")
+            read = _SETTINGS[name]
+            settings[name] = value.strip() if read is None else read(value.strip(), name, text)
+        rate_type = settings.pop("rate_type", RateType.OVERALL)
+        return cls.build(rate_type, rates_in(rates, text), **settings)
 
     @classmethod
     def build(
@@ -377,6 +290,38 @@ class RateLimiterConfig:
     def longest_us(self) -> int:
         """The longest interval, in microseconds: how long a grant counts."""
         return max(r.interval_us for r in self.rates)
+
+
+_DURATION_TEXT = re.compile(r"^(?P<count>\d+(?:\.\d+)?)\s*(?P<unit>[a-z]+)?$", re.IGNORECASE)
+
+
+def _duration(value: str, name: str, text: str) -> Duration:
+    """A setting's seconds (``0.5``), or a count and a unit (``1 hour``), read exactly."""
+    match = _DURATION_TEXT.match(value)
+    unit = match and (1 if match["unit"] is None else unit_seconds(match["unit"].lower()))
+    if match is None or unit is None:
+        raise InvalidArgumentError(
+            f"cannot read {name}={value!r} in {text!r}: write seconds (0.5) or a count and a "
+            "unit (1 hour)"
+        )
+    return interval_of(match["count"], unit)
+
+
+def _whole(value: str, name: str, text: str) -> int:
+    if not value.isdecimal():
+        raise InvalidArgumentError(f"cannot read {name}={value!r} in {text!r}: write an int")
+    return int(value)
+
+
+_SETTINGS: dict[str, Callable[[str, str, str], object] | None] = {
+    "rate_type": None,  # a word, as written: build reads (and checks) the enums' members
+    "algorithm": None,
+    "min_spacing": _duration,
+    "margin": _duration,
+    "keep_alive": _duration,
+    "max_debt": _whole,
+}
+"""How :meth:`RateLimiterConfig.parse` reads each setting's value (None: as written)."""
 
 
 def check_max_debt(max_debt: object) -> int | None:

@@ -3,7 +3,7 @@
 
 >>> from aiolimit.aiohttp import RateLimitedClientMiddleware
 >>> limiter = RateLimiter("partner-api", RedisBackend(redis))
->>> await limiter.try_set_rate(RateType.OVERALL, 100, 60)
+>>> await limiter.try_set_rate("100/minute")
 >>> async with aiohttp.ClientSession(middlewares=[RateLimitedClientMiddleware(limiter)]) as session:
 ...     async with session.get("https://partner.example/orders") as response: ...
 
@@ -32,19 +32,28 @@ try:
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from ._acquire import Acquired
-from ._aiohttp_stream import in_background, meter_stream
+from ._aiohttp_stream import meter_stream
 from ._calls import DEFAULT_MAX_PAUSE, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight, hold_while
 from ._learn import Learner
 from ._limiter import RateLimiter
-from ._meter import MAX_BODY, estimate_tokens, meter_of, usage_tokens
+from ._meter import (
+    MAX_BODY,
+    Used,
+    estimate_by_kind,
+    estimate_tokens,
+    meter_of,
+    usage_by_kind,
+    usage_tokens,
+)
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
+from .backends import LeaseStore
 
 __all__ = ["RateLimitedClientMiddleware"]
 
@@ -90,13 +99,14 @@ class RateLimitedClientMiddleware:
         timeout: Duration | None = None,
         retry: bool = True,
         max_pause: Duration = DEFAULT_MAX_PAUSE,
-        tokens: RateLimiter | None = None,
-        estimate: Callable[[ClientRequest], int] | None = None,
-        usage: Callable[[ClientResponse], int | Awaitable[int | None] | None] | None = None,
+        tokens: RateLimiter | Mapping[str, RateLimiter] | None = None,
+        estimate: Callable[[ClientRequest], int | Mapping[str, int]] | None = None,
+        usage: Callable[[ClientResponse], Used | Awaitable[Used]] | None = None,
         concurrency: ConcurrencyLimiter | None = None,
         learn: bool | Learner = False,
     ) -> None:
-        meter = meter_of(tokens, limiter, estimate, usage, (_estimate, _usage))
+        defaults = (_estimate, _usage), (_estimate_by_kind, _usage_by_kind)
+        meter = meter_of(tokens, limiter, estimate, usage, *defaults)
         self._streams = usage is None  # (the default usage reads an event stream's too)
         self._guard = CallGuard(
             limiter,
@@ -161,13 +171,15 @@ async def _send(
     except _UNSENT:
         await guard.unsent(acquired)
         raise
-    if not isinstance(acquired, InFlight):
+    concurrency = guard.concurrency
+    if not isinstance(acquired, InFlight) or concurrency is None:
         return response
     connection = response.connection
     if connection is None:  # released already (no body, or read to its end)
         await acquired.__aexit__(None, None, None)
     else:
-        connection.add_callback(lambda: _release_slot(acquired))
+        store = concurrency.backend
+        connection.add_callback(lambda: _release_slot(store, acquired))
     return response
 
 
@@ -182,9 +194,11 @@ async def _or_closed(response: ClientResponse, step: Awaitable[T]) -> T:
         raise
 
 
-def _release_slot(acquired: InFlight) -> None:
-    """Releases a response's slot when aiohttp releases its connection (a callback)."""
-    in_background(acquired.__aexit__(None, None, None), "a response's concurrency slot")
+def _release_slot(store: LeaseStore, acquired: InFlight) -> None:
+    """Releases a response's slot when aiohttp releases its connection (a callback), in
+    the lease store's background (its ``aclose()`` waits for it)."""
+    exited = acquired.__aexit__(None, None, None)
+    store.context.tasks.spawn(exited, "a response's concurrency slot")
 
 
 def _readable(response: ClientResponse) -> bool:
@@ -196,11 +210,23 @@ def _readable(response: ClientResponse) -> bool:
     return length is None or length <= MAX_BODY
 
 
-def _estimate(request: ClientRequest) -> int:
+def _body(request: ClientRequest) -> bytes:
     body = request.body
     text = body.decode("utf-8", "replace") if isinstance(body, payload.BytesPayload) else ""
-    return estimate_tokens(text.encode())
+    return text.encode()
+
+
+def _estimate(request: ClientRequest) -> int:
+    return estimate_tokens(_body(request))
 
 
 async def _usage(response: ClientResponse) -> int | None:
     return usage_tokens(await response.read())
+
+
+def _estimate_by_kind(request: ClientRequest) -> dict[str, int]:
+    return estimate_by_kind(_body(request))
+
+
+async def _usage_by_kind(response: ClientResponse) -> dict[str, int | None] | None:
+    return usage_by_kind(await response.read())

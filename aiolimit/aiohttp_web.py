@@ -20,7 +20,6 @@ middleware is :mod:`aiolimit.aiohttp`. Needs ``pip install 'aiolimit-redis[aioht
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,12 +27,15 @@ from ._extras import missing_extra
 
 try:
     from aiohttp import web
+    from multidict import CIMultiDict
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp_web", "aiohttp") from exc
 
+from ._concurrency import ConcurrencyLimiter
 from ._types import Duration
+from .asgi._answer import Answer, refusal
 from .asgi._fields import header_fields, items_of
-from .asgi._gate import Gate, RateLimitStats, Verdict, record, record_allowed, refusal_headers
+from .asgi._gate import Gate, RateLimitStats, record, record_allowed
 from .asgi._rules import Rule
 from .asgi._types import OnBackendError, Scope
 from .backends.base import Backend
@@ -78,15 +80,24 @@ class RateLimitMiddleware:
 
     The arguments, answers and fields are those of :class:`aiolimit.asgi.RateLimitMiddleware`:
     a refused request is answered ``429`` with ``Retry-After``, the RateLimit fields and a
-    JSON body ``{"detail": ...}``, and consumes no permit of any rule; ``wait`` serves a
-    request whose permits are free within it; ``on_backend_error`` (``"deny"``: ``503``,
-    ``"allow"``: let through) says what a store failure does. Allowed responses carry the
-    fields (``headers``), those the handler raises (``web.HTTPNotFound``) too, unless the
-    handler sent its headers itself (a prepared ``StreamResponse``).
+    JSON body ``{"detail": ...}``, byte for byte as the ASGI middleware answers it, and
+    consumes no permit of any rule; ``wait`` serves a request whose permits are free within
+    it; ``on_backend_error`` (``"deny"``: ``503``, ``"allow"``: let through) says what a
+    store failure does. Allowed responses carry the fields (``headers``), those the handler
+    raises (``web.HTTPNotFound``) too, unless the handler sent its headers itself (a prepared
+    ``StreamResponse``).
+
+    ``concurrency`` (a :class:`~aiolimit.ConcurrencyLimiter`) as on the ASGI middleware:
+    each request holds a slot (renewed) from before its rules are checked until its
+    response is sent, however it ends (an exception, a client that left, a cancelled
+    handler); none within ``wait``: ``503`` with ``Retry-After: 1``. So that a body the
+    server would send after the handler (a ``FileResponse``, a payload) is sent in the slot,
+    the middleware sends the response itself: middlewares listed before it find it sent.
+    Websocket handshakes take no slot.
     """
 
     __middleware_version__ = 1  # aiohttp: a middleware of (request, handler)
-    __slots__ = ("_gate", "_headers", "_legacy")
+    __slots__ = ("_gate", "_headers", "_in_slot", "_legacy")
 
     def __init__(
         self,
@@ -98,8 +109,10 @@ class RateLimitMiddleware:
         error_retry_after: Duration = 1,
         headers: bool = True,
         legacy_headers: bool = False,
+        concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
-        self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after)
+        self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after, concurrency)
+        self._in_slot = self._gate.holds_slots
         self._headers = headers
         self._legacy = legacy_headers
 
@@ -120,10 +133,30 @@ class RateLimitMiddleware:
         scope = request.get(SCOPE_KEY)
         if scope is None:
             scope = request[SCOPE_KEY] = scope_of(request)
+        if self._in_slot and request.headers.get("Upgrade", "").lower() != "websocket":
+            return await self._serve_in_slot(request, handler, scope)
+        return await self._serve(request, handler, scope)
+
+    async def _serve_in_slot(
+        self, request: web.Request, handler: Any, scope: Scope
+    ) -> web.StreamResponse:
+        """The request with its slot held until its response is sent, or refused."""
+        async with self._gate.slot(scope) as refused:
+            if refused is not None:
+                return _response_of(refusal(refused, scope, self._legacy))
+            response = await self._serve(request, handler, scope)
+            try:
+                await response.prepare(request)
+                await response.write_eof()
+            except ConnectionError:  # the client left: the server finds it so, as ever
+                pass
+            return response
+
+    async def _serve(self, request: web.Request, handler: Any, scope: Scope) -> web.StreamResponse:
         verdict = await self._gate.check(scope)
         if not record_allowed(scope, verdict):
             await record(scope, verdict)
-            return self._refusal(verdict, scope)
+            return _response_of(refusal(verdict, scope, self._legacy))
         try:
             response: web.StreamResponse = await handler(request)
         except web.HTTPException as exc:
@@ -137,14 +170,9 @@ class RateLimitMiddleware:
             for name, value in header_fields(items_of(scope), self._legacy):
                 response.headers[name.decode()] = value.decode()
 
-    def _refusal(self, verdict: Verdict, scope: Scope) -> web.Response:
-        headers = {
-            name.decode(): value.decode()
-            for name, value in refusal_headers(verdict, scope, self._legacy)
-        }
-        return web.Response(
-            status=verdict.status,
-            body=json.dumps({"detail": verdict.detail}).encode(),
-            content_type="application/json",
-            headers=headers,
-        )
+
+def _response_of(answer: Answer) -> web.Response:
+    """``answer`` as aiohttp's response (its body unsent to a HEAD request, its
+    ``content-length`` kept)."""
+    headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in answer.headers]
+    return web.Response(status=answer.status, body=answer.body, headers=CIMultiDict(headers))

@@ -36,6 +36,7 @@ async def _limiters(url: str, count: int, algorithm: str) -> tuple[Any, list[Any
     kind = aiolimit.Algorithm(algorithm.upper())
     for start in range(0, count, 500):
         part = limiters[start : start + 500]
+        # The loose arguments (deprecated): every checkout compared, older ones too, takes them.
         await asyncio.gather(
             *(lim.set_rate(aiolimit.RateType.OVERALL, 10**12, 1, algorithm=kind) for lim in part)
         )

@@ -60,6 +60,7 @@ class Aiolimit(Contender):
         self.redis = Redis.from_url(url)
         backend = aiolimit.RedisBackend(self.redis)
         self.limiters = [aiolimit.RateLimiter(name, backend) for name in names]
+        # The loose arguments (deprecated): every checkout compared, older ones too, takes them.
         await _in_batches(
             [
                 lambda lim=lim: lim.set_rate(

@@ -139,6 +139,7 @@ async def acquire_all_cost(url: str, calls: int) -> tuple[float, int, int]:
     backend = aiolimit.RedisBackend(Redis.from_url(url))
     limiters = [aiolimit.RateLimiter(f"asgi-cost-all-{i}-{os.getpid()}", backend) for i in (1, 2)]
     for limiter in limiters:
+        # (the loose arguments, deprecated: every checkout compared, older ones too, takes them)
         await limiter.set_rate(aiolimit.RateType.OVERALL, 1_000_000, 1)
     pairs = [(limiter, 1) for limiter in limiters]
 

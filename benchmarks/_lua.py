@@ -147,6 +147,7 @@ async def configure(
     redis = AsyncRedis.from_url(url)
     backend = aiolimit.RedisBackend(redis)
     names = [aiolimit.RateLimiter(f"lua-{i}", backend) for i in range(limiters)]
+    # The loose arguments (deprecated): every checkout compared, older ones too, takes them.
     for start in range(0, limiters, 200):
         await asyncio.gather(
             *(

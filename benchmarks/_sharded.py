@@ -15,7 +15,7 @@ import time
 
 from _harness import Table
 
-from aiolimit import RateType, RedisBackend, ShardedRateLimiter
+from aiolimit import RateLimiterConfig, RateType, RedisBackend, ShardedRateLimiter
 from tools.cluster import Cluster, cluster_client, running_cluster
 
 NAME = "bench {sharded}"
@@ -55,7 +55,7 @@ async def _configure(cluster: Cluster, shards: int, interval: float) -> None:
     try:
         limiter = ShardedRateLimiter(NAME, RedisBackend(client), shards=shards)
         await limiter.delete()
-        await limiter.set_rate(RateType.OVERALL, 100_000_000, interval)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 100_000_000, interval))
     finally:
         await client.aclose()
 

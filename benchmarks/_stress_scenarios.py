@@ -41,7 +41,14 @@ from _stress_server import (
 )
 from redis.asyncio import Redis as AsyncRedis
 
-from aiolimit import LimiterError, NotConfiguredError, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    LimiterError,
+    NotConfiguredError,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 
 
 async def deep_queue(sc: Scenario, url: str, args: argparse.Namespace) -> None:
@@ -52,7 +59,7 @@ async def deep_queue(sc: Scenario, url: str, args: argparse.Namespace) -> None:
             # One acquire behind a short queue: 100 granted now, 10 reserved.
             sc.enter(f"one acquire behind {QUEUE_SHALLOW} queued reservations")
             shallow = RateLimiter(f"stress-queue-short-{args.token}", backend)
-            await shallow.set_rate(RateType.OVERALL, QUEUE_RATE, 1)
+            await shallow.set_rate(RateLimiterConfig.build(RateType.OVERALL, QUEUE_RATE, 1))
             tasks = [
                 asyncio.ensure_future(shallow.acquire()) for _ in range(QUEUE_RATE + QUEUE_SHALLOW)
             ]
@@ -75,7 +82,7 @@ async def deep_queue(sc: Scenario, url: str, args: argparse.Namespace) -> None:
 
             # 5 000 at once.
             limiter = RateLimiter(f"stress-queue-{args.token}", backend)
-            await limiter.set_rate(RateType.OVERALL, QUEUE_RATE, 1)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, QUEUE_RATE, 1))
             key = permits_key(limiter.name)
             seen = {"log": 0, "ahead": 0, "done": 0}
             sc.enter(
@@ -188,7 +195,7 @@ async def big_window(sc: Scenario, url: str, args: argparse.Namespace) -> None:
     async with clients(url) as (redis, admin):
         limiter = RateLimiter(f"stress-window-{args.token}", backend_for(redis))
         key = permits_key(limiter.name)
-        await limiter.set_rate(RateType.OVERALL, WINDOW_RATE, 3600)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, WINDOW_RATE, 3600))
         counts = {"asked": 0, "granted": 0}
 
         async def fill(total: int) -> None:
@@ -325,7 +332,9 @@ async def per_client(sc: Scenario, url: str, args: argparse.Namespace) -> None:
             sc.say(f"{label}: {outcome}")
             return ok
 
-        await limiter.set_rate(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL)
+        )
         granted = await take(n)
         sc.put("clients", "clients with a permit", granted)
         await admin_call("expire", f"expire(3600) over {n:,} clients", lambda: limiter.expire(3600))
@@ -333,13 +342,16 @@ async def per_client(sc: Scenario, url: str, args: argparse.Namespace) -> None:
         await admin_call(
             "update_rate",
             f"update_rate(PER_CLIENT, {CLIENT_RATE_UPDATED}, {CLIENT_INTERVAL})",
-            lambda: limiter.update_rate(RateType.PER_CLIENT, CLIENT_RATE_UPDATED, CLIENT_INTERVAL),
+            lambda: limiter.update_rate(
+                RateLimiterConfig.build(RateType.PER_CLIENT, CLIENT_RATE_UPDATED, CLIENT_INTERVAL)
+            ),
         )
         await admin_call(
             "set_rate",
             f"set_rate(PER_CLIENT, {CLIENT_RATE}, {CLIENT_INTERVAL}, keep_state=False)",
             lambda: limiter.set_rate(
-                RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL, keep_state=False
+                RateLimiterConfig.build(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL),
+                keep_state=False,
             ),
         )
         registered = int(await admin.zcard(f"{PREFIX}{{{name}}}:clients"))
@@ -354,7 +366,9 @@ async def per_client(sc: Scenario, url: str, args: argparse.Namespace) -> None:
         # update_rate and delete while 1 000 new client ids arrive per second.
         sc.enter("clearing the keys left")
         await purge(admin, name)
-        await limiter.set_rate(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.PER_CLIENT, CLIENT_RATE, CLIENT_INTERVAL)
+        )
         await take(n)
         stop = asyncio.Event()
         churned = {"new": 0, "granted": 0, "deleted": 0, "errors": 0, "ms": 0}
@@ -367,7 +381,9 @@ async def per_client(sc: Scenario, url: str, args: argparse.Namespace) -> None:
                 "churn_update_rate",
                 f"update_rate over {n:,} clients, {CHURN_PER_SECOND:,} new clients/s",
                 lambda: limiter.update_rate(
-                    RateType.PER_CLIENT, CLIENT_RATE_UPDATED, CLIENT_INTERVAL
+                    RateLimiterConfig.build(
+                        RateType.PER_CLIENT, CLIENT_RATE_UPDATED, CLIENT_INTERVAL
+                    )
                 ),
             )
             ok_delete = await admin_call(

@@ -26,7 +26,15 @@ from typing import Any
 
 from _harness import Table, local_redis, machine, number, parser, percentile, report
 
-from aiolimit import Algorithm, MemoryBackend, Rate, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    Algorithm,
+    MemoryBackend,
+    Rate,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 
 TASKS = 64
 RATE = 1_000_000  # fill: permits per hour
@@ -57,7 +65,9 @@ async def redis_bytes(url: str, grants: int) -> list[dict[str, Any]]:
         for rates in ([Rate(grants, 3600)], [Rate(grants, 3600), Rate(grants, 10)]):
             name = f"mem-{algorithm.value}-{len(rates)}"
             limiter = RateLimiter(name, backend)
-            await limiter.set_rate(RateType.OVERALL, rates, algorithm=algorithm)
+            await limiter.set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, rates, algorithm=algorithm)
+            )
             await _grant(limiter, grants)
             keys = [key async for key in redis.scan_iter(match=f"*{{{name}}}*", count=1000)]
             total = sum([await redis.memory_usage(key, samples=0) or 0 for key in keys])
@@ -108,7 +118,7 @@ async def _timed_block(limiter: RateLimiter, granted: bool) -> list[float]:
 
 async def fill(marks: list[int]) -> dict[str, dict[str, float | None]]:
     limiter = RateLimiter("memory-fill", MemoryBackend(clock=FakeClock()))
-    await limiter.try_set_rate(RateType.OVERALL, RATE, 3600.0)
+    await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, RATE, 3600.0))
     results: dict[str, dict[str, float | None]] = {}
     granted = 0
     for start in sorted({min(mark, RATE - BLOCK) for mark in marks}):

@@ -59,9 +59,9 @@ class Provider:
 
 async def main(backend: Backend) -> None:
     provider = Provider(TOKENS_PER_MINUTE)
-    requests = RateLimiter("example-llm-requests", backend, rate="60/minute", keep_alive=120)
+    requests = RateLimiter("example-llm-requests", backend, rate="60/minute; keep_alive=120")
     tokens = RateLimiter(
-        "example-llm-tokens", backend, rate=f"{TOKENS_PER_MINUTE}/minute", keep_alive=120
+        "example-llm-tokens", backend, rate=f"{TOKENS_PER_MINUTE}/minute; keep_alive=120"
     )
     transport = RateLimitedTransport(
         requests, httpx.MockTransport(provider.handle), tokens=tokens, timeout=0

@@ -84,8 +84,8 @@ class Grants(Observer):
 async def main(backend: Backend) -> None:
     provider, grants = Provider(), Grants()
     observe(grants)
-    requests = RateLimiter("example-openai-requests", backend, rate="6/second", keep_alive=120)
-    tokens = RateLimiter("example-openai-tokens", backend, rate="4000/minute", keep_alive=120)
+    requests = RateLimiter("example-openai-requests", backend, rate="6/second; keep_alive=120")
+    tokens = RateLimiter("example-openai-tokens", backend, rate="4000/minute; keep_alive=120")
     transport = RateLimitedTransport(requests, httpx.MockTransport(provider.handle), tokens=tokens)
     client = openai.AsyncOpenAI(
         api_key="sk-example",

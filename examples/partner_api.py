@@ -28,7 +28,7 @@ import httpx
 from aiohttp import web
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.httpx import RateLimitedTransport
 
 QUOTA = 20  # the partner's: calls per second
@@ -111,7 +111,9 @@ async def run_workers(partner_url: str, backend: Backend, group: str) -> int:
     """Runs WORKERS workers sharing one limiter; returns the calls answered 200."""
     limiter = RateLimiter("example-partner-api", backend)
     # keep_alive: Redis forgets the limiter a minute after its last grant
-    await limiter.try_set_rate(RateType.OVERALL, QUOTA, OUR_INTERVAL, keep_alive=60)
+    await limiter.try_set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, QUOTA, OUR_INTERVAL, keep_alive=60)
+    )
     lateness = Lateness()
     ticker = asyncio.create_task(lateness.tick())
     transport = RateLimitedTransport(limiter, SentAt(lateness))

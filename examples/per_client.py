@@ -20,7 +20,7 @@ from collections import defaultdict
 
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 
 RATE = 3
 INTERVAL = 1.0
@@ -64,9 +64,8 @@ class Phones:
 async def main(redis_url: str | None) -> int:
     redis = Redis.from_url(redis_url) if redis_url else None
     backend: Backend = RedisBackend(redis) if redis else MemoryBackend()
-    per_user = RateLimiter(
-        "push-per-user", backend, rate=RATE, interval=INTERVAL, rate_type=RateType.PER_CLIENT
-    )
+    config = RateLimiterConfig.build(RateType.PER_CLIENT, RATE, INTERVAL)
+    per_user = RateLimiter("push-per-user", backend, rate=config)
 
     # One view per user, made once and reused: it is the user's own budget (client id =
     # user id) and the views of one user share that user's queue of waiting tasks.

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, RateLimiter, RedisBackend
+from aiolimit import Backend, MemoryBackend, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 
 RATE = 5
 INTERVAL = timedelta(seconds=1)
@@ -53,7 +53,8 @@ async def main(redis_url: str | None) -> int:
     backend: Backend = RedisBackend(redis) if redis else MemoryBackend()
     # The rate goes with the limiter: its first permit makes it the stored rate, in Redis
     # for every process (edit RATE and run again: the new rate holds).
-    limiter = RateLimiter("partner-api", backend, rate=RATE, interval=INTERVAL)
+    config = RateLimiterConfig.build(RateType.OVERALL, RATE, INTERVAL)  # or "5/second"
+    limiter = RateLimiter("partner-api", backend, rate=config)
 
     partner = PartnerAPI(RATE, INTERVAL)
     start = time.monotonic()

@@ -20,7 +20,16 @@ from datetime import timedelta
 
 from redis.asyncio import Redis
 
-from aiolimit import Backend, MemoryBackend, Rate, RateLimiter, RateType, RedisBackend, acquire_all
+from aiolimit import (
+    Backend,
+    MemoryBackend,
+    Rate,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+    acquire_all,
+)
 
 RATES = Rate.parse("3/second; 20/minute")
 CALLS = 24
@@ -56,7 +65,7 @@ async def run(backend: Backend, scale: float) -> None:
     rates = [Rate(rate.permits, rate.interval / scale) for rate in RATES]
     partner = PartnerApi(tuple(rates))
     limiter = RateLimiter("example-several-limits", backend)
-    await limiter.set_rate(RateType.OVERALL, rates)  # both must hold
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rates))  # both must hold
     first: int | None = None
     waited: list[int] = []
 

@@ -19,7 +19,7 @@ from typing import TypeVar
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
 from aiolimit._tools.admin.glob import limiter_names
 from aiolimit.backends.base import Grant
@@ -89,7 +89,7 @@ async def full_with_a_reservation(backend: RedisBackend, name: str) -> Grant:
     """A limiter of 10 per minute with every permit taken, 3 more reserved (starting in about
     60 s, made without sleeping) and a TTL of 300 s: the reservation it made."""
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.OVERALL, 10, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
     assert await limiter.try_acquire(10)
     reserved = await backend.try_acquire(name, 3, None)  # starts in about 60 s; no sleep
     assert isinstance(reserved, Grant) and reserved.starts_in > 59_000_000

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from conformance import LoopLag, Sleepers
+from flavours import FLAVOURS, Flavour
 from redis.asyncio import Redis
 from servers import valkey_server_binary
 
@@ -157,6 +158,12 @@ async def loop_lag() -> AsyncIterator[LoopLag]:
         yield lag
     finally:
         await lag.stop()
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> Flavour:
+    """httpx, then httpx2: the transport's tests that run under both."""
+    return Flavour.of(request.param)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 from conformance import ManualClock, new_client
 
-from aiolimit import RateLimiter, RateType
+from aiolimit import RateLimiter, RateLimiterConfig, RateType
 
 PROMPT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 100}
 # The default estimate: a token per 4 bytes of the body, plus its max_tokens (httpx writes
@@ -31,7 +31,7 @@ async def meters(
 ) -> tuple[RateLimiter, RateLimiter]:
     backend = new_client(store, clock=clock or ManualClock())
     requests = RateLimiter("llm-requests", backend)
-    await requests.set_rate(RateType.OVERALL, 10, 60)
+    await requests.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
     budget = RateLimiter("llm-tokens", backend)
-    await budget.set_rate(RateType.OVERALL, tokens, 60)
+    await budget.set_rate(RateLimiterConfig.build(RateType.OVERALL, tokens, 60))
     return requests, budget

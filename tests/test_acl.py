@@ -21,7 +21,7 @@ from redis.exceptions import NoPermissionError
 from servers import valkey_server_binary
 
 import aiolimit
-from aiolimit import Algorithm, BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
 from aiolimit._tools.admin.glob import limiter_names
 from aiolimit._tools.admin.reading import budget_state, inspect_limiter
@@ -296,8 +296,10 @@ async def rates_and_permits(
 ) -> None:
     """Sets rates, takes permits at once and after waits, hands them back."""
     config: dict[str, Any] = {"algorithm": algorithm, "keep_alive": 60}
-    await limiter.set_rate(rate_type, 1, INTERVAL, **config)
-    assert await other.try_set_rate(rate_type, 1, INTERVAL, algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
+    assert await other.try_set_rate(
+        RateLimiterConfig.build(rate_type, 1, INTERVAL, algorithm=algorithm)
+    )
     assert await limiter.try_acquire()
     assert await limiter.wait_time() >= 0 and await limiter.available_permits() >= 0
     # Each sleeps out a reservation, then reads whether a block came meanwhile.
@@ -311,9 +313,9 @@ async def rates_and_permits(
     await waits.cancel_a_waiter(limiter)
     stored = await limiter.get_config()
     assert stored is not None and stored.algorithm is algorithm
-    assert not await limiter.ensure_rate(rate_type, 1, INTERVAL, **config)
-    assert await limiter.ensure_rate(rate_type, 2, INTERVAL, **config)
-    assert await limiter.update_rate(rate_type, 1, INTERVAL, **config)
+    assert not await limiter.ensure_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
+    assert await limiter.ensure_rate(RateLimiterConfig.build(rate_type, 2, INTERVAL, **config))
+    assert await limiter.update_rate(RateLimiterConfig.build(rate_type, 1, INTERVAL, **config))
 
 
 async def the_rest(
@@ -321,9 +323,9 @@ async def the_rest(
 ) -> None:
     """Blocks, TTLs, the admin commands' reads, a lost script cache, a change of rate type
     and deletes."""
-    await limiter.block(60)
+    await limiter.pause(60)
     assert not await limiter.try_acquire()
-    assert await limiter.unblock()
+    assert await limiter.resume()
     assert await limiter.expire(30) and await limiter.clear_expire()
     backend = limiter.backend
     assert isinstance(backend, RedisBackend)
@@ -335,7 +337,9 @@ async def the_rest(
     await admin.function_flush()
     assert await limiter.try_acquire(timeout=1)
     other_type = RateType.OVERALL if rate_type is RateType.PER_CLIENT else RateType.PER_CLIENT
-    await limiter.set_rate(other_type, 1, INTERVAL)  # the old budgets retired
+    await limiter.set_rate(
+        RateLimiterConfig.build(other_type, 1, INTERVAL)
+    )  # the old budgets retired
     assert await limiter.delete() and await other.delete()
 
 
@@ -397,6 +401,6 @@ async def test_the_acl_user_cannot_touch_other_keys_or_commands(acl_server: AclS
         # and a script cannot reach other keys either
         other = RedisBackend(client, prefix="other:")
         with pytest.raises(BackendError, match=r"(?i)NOPERM|no permissions"):
-            await RateLimiter("x", other).set_rate(RateType.OVERALL, 1, 1)
+            await RateLimiter("x", other).set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 1))
     finally:
         await client.aclose()

@@ -85,8 +85,8 @@ async def test_the_middlewares_grants_and_refusals_reach_the_observer(counts: Co
 async def test_acquire_all_takes_from_every_limiter_or_from_none(store, name, counts) -> None:
     everyone = RateLimiter(f"{name}-all", store.backend())
     per_user = RateLimiter(f"{name}-user", store.backend())
-    await everyone.set_rate(OVERALL, 10, 60)
-    await per_user.set_rate(PER_CLIENT, 2, 60)
+    await everyone.set_rate(RateLimiterConfig.build(OVERALL, 10, 60))
+    await per_user.set_rate(RateLimiterConfig.build(PER_CLIENT, 2, 60))
     alice = per_user.for_client("alice")
 
     for _ in range(2):
@@ -104,8 +104,8 @@ async def test_acquire_all_takes_from_every_limiter_or_from_none(store, name, co
 async def test_release_hands_back_exactly_the_acquired_grants(store, name) -> None:
     first = RateLimiter(f"{name}-a", store.backend())
     second = RateLimiter(f"{name}-b", store.backend())
-    await first.set_rate(OVERALL, 5, 60)
-    await second.set_rate(OVERALL, 5, 60)
+    await first.set_rate(RateLimiterConfig.build(OVERALL, 5, 60))
+    await second.set_rate(RateLimiterConfig.build(OVERALL, 5, 60))
     acquired = await aiolimit.acquire_all([(first, 2), (second, 3)])
     assert acquired
     await acquired.release()
@@ -117,8 +117,8 @@ async def test_release_hands_back_exactly_the_acquired_grants(store, name) -> No
 async def test_acquire_all_sleeps_until_the_last_reservation_starts() -> None:
     backend = MemoryBackend()
     fast, slow = RateLimiter("fast", backend), RateLimiter("slow", backend)
-    await fast.set_rate(OVERALL, 10, 1)
-    await slow.set_rate(OVERALL, 1, 2)
+    await fast.set_rate(RateLimiterConfig.build(OVERALL, 10, 1))
+    await slow.set_rate(RateLimiterConfig.build(OVERALL, 1, 2))
     assert await slow.try_acquire()
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -149,7 +149,7 @@ def test_acquire_all_refuses_bad_requests() -> None:
 @pytest.mark.slow
 async def test_a_block_set_by_another_process_stops_reservations_made_before_it(store, name):
     limiter = RateLimiter(name, store.backend())
-    await limiter.set_rate(OVERALL, 10, 1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 10, 1))
     start = now()
     grants: list[float] = []
 
@@ -178,10 +178,12 @@ async def test_a_block_set_by_another_process_stops_reservations_made_before_it(
 
 async def test_ensure_rate_writes_only_when_the_stored_config_differs(store, name) -> None:
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.ensure_rate(OVERALL, "5/minute")
-    assert not await limiter.ensure_rate(OVERALL, "5/minute")
+    assert await limiter.ensure_rate(RateLimiterConfig.build(OVERALL, "5/minute"))
+    assert not await limiter.ensure_rate(RateLimiterConfig.build(OVERALL, "5/minute"))
     assert await limiter.try_acquire(2)
-    assert await limiter.ensure_rate(OVERALL, "6/minute")  # rewritten, the grants kept
+    assert await limiter.ensure_rate(
+        RateLimiterConfig.build(OVERALL, "6/minute")
+    )  # rewritten, the grants kept
     assert await limiter.available_permits() == 4
     config = await limiter.get_config()
     assert config == RateLimiterConfig(OVERALL, 6, config.interval if config else None)
@@ -201,7 +203,7 @@ async def test_cancelled_while_one_store_answered_and_the_other_is_paused_holds_
     quick = RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(answering))
     slow = RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(pausing))
     for limiter in (quick, slow):
-        await limiter.set_rate(OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 5, 60))
     pairs = [(slow, 1), (quick, 1)] if paused_first else [(quick, 1), (slow, 1)]
     admin = Redis.from_url(valkey_server.url)
     async with writes_paused(admin):
@@ -221,7 +223,7 @@ async def test_several_limiters_on_one_client_share_one_round_trip(redis_server)
     redis = Redis.from_url(redis_server.url)
     limiters = [RateLimiter(f"all-{uuid.uuid4().hex[:8]}", RedisBackend(redis)) for _ in range(3)]
     for limiter in limiters:
-        await limiter.set_rate(OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 5, 60))
         assert await limiter.try_acquire()  # (the backend has learnt the rate type)
 
     async def scripts_run() -> int:
@@ -246,7 +248,7 @@ async def test_the_same_name_and_client_on_two_memory_stores_are_two_limiters() 
     first = RateLimiter("twin", MemoryBackend(client_id="c"))
     second = RateLimiter("twin", MemoryBackend(client_id="c"))
     for limiter in (first, second):
-        await limiter.set_rate(OVERALL, 1, 60)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1, 60))
     assert await aiolimit.acquire_all([(first, 1), (second, 1)])
     assert [await first.available_permits(), await second.available_permits()] == [0, 0]
     same = RateLimiter("twin", first.backend.with_client("c"))  # one store: the same limiter
@@ -268,7 +270,7 @@ async def test_two_redis_stores_are_told_apart_by_server_and_prefix(
         ]
         limiters = [RateLimiter(name, backend) for backend in backends]
         for limiter in limiters:
-            await limiter.set_rate(OVERALL, 1, 60)
+            await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1, 60))
         assert await aiolimit.acquire_all([(limiter, 1) for limiter in limiters])
         assert [await limiter.available_permits() for limiter in limiters] == [0, 0, 0]
         # Another client of the same server, with the same prefix: the same limiter.

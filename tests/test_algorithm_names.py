@@ -36,12 +36,16 @@ CLASS = re.compile(r"\b(?:SlidingLog|TokenBucket|FixedWindow)\b")
 _DEFAULT_PARAMETER = "algorithm: Algorithm | str = Algorithm.SLIDING_WINDOW,"
 ALLOWED: dict[str, set[str]] = {
     # the enum
-    "aiolimit/_types.py": {
+    "aiolimit/_rates.py": {
         'SLIDING_WINDOW = "SLIDING_WINDOW"',
         'TOKEN_BUCKET = "TOKEN_BUCKET"',
         'FIXED_WINDOW = "FIXED_WINDOW"',
+    },
+    # the default, in a config's parameters and its text (written only where not the default)
+    "aiolimit/_types.py": {
         "algorithm: Algorithm = Algorithm.SLIDING_WINDOW,",
         _DEFAULT_PARAMETER,
+        "if self.algorithm is not Algorithm.SLIDING_WINDOW:",
     },
     # the tables: the Lua files every script starts with, the memory twin's groups, the soak's
     # bounds and checks
@@ -67,10 +71,6 @@ ALLOWED: dict[str, set[str]] = {
     "aiolimit/backends/redis/lua/lib.lua": {"local DEFAULT_ALGORITHM = 'SLIDING_WINDOW'"},
     "aiolimit/backends/redis/_scripts.py": {
         'Algorithm(fields.get("algorithm", Algorithm.SLIDING_WINDOW.value)),'
-    },
-    "aiolimit/_setting.py": {
-        _DEFAULT_PARAMETER,
-        "algorithm=Algorithm.SLIDING_WINDOW if algorithm is None else algorithm,",
     },
     "aiolimit/asgi/_rules.py": {
         "self.algorithm = Algorithm.SLIDING_WINDOW if algorithm is None else Algorithm(algorithm)"

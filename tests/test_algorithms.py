@@ -89,7 +89,9 @@ async def early_in_window(store, interval: float, needed: float) -> None:
 
 async def configured(store, name, rates, algorithm=SLIDING, rate_type=OVERALL, **options):
     limiter = RateLimiter(name, store.backend())
-    await limiter.set_rate(rate_type, rates, algorithm=algorithm, **options)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, rates, algorithm=algorithm, **options)
+    )
     return limiter
 
 
@@ -176,7 +178,9 @@ async def test_a_timeout_shorter_than_the_wait_fails_at_once_and_takes_nothing(
     # refusals leave is exact; the event loop's clock shows they did not wait.
     _, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(2, 100), Rate(3, 3600)], algorithm=algorithm)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(2, 100), Rate(3, 3600)], algorithm=algorithm)
+    )
     assert await limiter.try_acquire(2)
     before, waited = await snapshot(store, name), await limiter.wait_time(2)
     start = now()
@@ -230,7 +234,9 @@ async def test_refused_attempts_leave_no_trace_in_any_rate_or_the_spacing(store,
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
     rates = [Rate(2, 30), Rate(4, 1000)]
-    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, min_spacing=5)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=algorithm, min_spacing=5)
+    )
     first = round(clock() * 1e6)
     assert await limiter.try_acquire(2)
     for i, offset in enumerate(AFTER_REFUSALS[algorithm]):
@@ -261,7 +267,9 @@ async def test_a_big_request_amid_small_ones_is_served_first_come_first_served(
     # clock the test moves: it starts at a whole hour (a window's start), and the intervals
     # are long, so that Redis keeps the keys on its own clock.
     clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(OVERALL, [Rate(4, 40)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(4, 40)], algorithm=algorithm)
+    )
     origin, arrived = round(clock() * 1e6), 0.0
     starts: list[float] = []
     for at, permits in [(0, 1), (5, 1), (10, 1), (12.5, 4), (15, 1), (20, 1), (25, 1)]:
@@ -327,7 +335,9 @@ async def test_a_cancelled_waiter_hands_its_reservation_back(store, name, algori
     # the wait another client sees changes only by what the waiter reserves and hands back.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(2, 100), Rate(4, 3600)], algorithm=algorithm)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(2, 100), Rate(4, 3600)], algorithm=algorithm)
+    )
     other = RateLimiter(name, new_client(store, clock=clock))
     assert await limiter.try_acquire(2)
     waited = await other.wait_time(2)
@@ -349,7 +359,9 @@ async def test_per_client_limiters_give_each_client_all_of_its_rates(store, name
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
     await early_in_window(store, 100, 2)
-    await a.set_rate(PER_CLIENT, [Rate(2, 0.2), Rate(3, 100)], algorithm=algorithm)
+    await a.set_rate(
+        RateLimiterConfig.build(PER_CLIENT, [Rate(2, 0.2), Rate(3, 100)], algorithm=algorithm)
+    )
     for limiter in (a, b):
         if algorithm is FIXED:
             await window_start(store, 0.2)
@@ -373,16 +385,22 @@ async def test_a_change_of_algorithm_clears_the_state_even_with_keep_state(store
     rates = [Rate(4, 100), Rate(5, 3600)]
     limiter = await configured(store, name, rates, old)
     assert await limiter.try_acquire(4)
-    assert await limiter.update_rate(OVERALL, rates, algorithm=new, keep_state=True)
+    assert await limiter.update_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=new), keep_state=True
+    )
     assert (await limiter.get_config()).algorithm is new
     assert await limiter.available_permits() == 4
     assert await limiter.try_acquire(1)
     # Only the new algorithm's keys are left: a sliding window's value key and permits ZSET per
     # rate besides the config; the counters' state lives in the config hash.
     await assert_stored_keys(store, 5 if new is SLIDING else 1)
-    await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=True)  # same: kept
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=new), keep_state=True
+    )  # same: kept
     assert await limiter.available_permits() == 3
-    await limiter.set_rate(OVERALL, rates, algorithm=new, keep_state=False)  # cleared
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=new), keep_state=False
+    )  # cleared
     assert await limiter.available_permits() == 4
 
 
@@ -427,7 +445,7 @@ async def test_get_config_round_trips_rates_algorithm_and_spacing(
     store, name, arguments, options, expected
 ):
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, *arguments, **options)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, *arguments, **options))
     config = await limiter.get_config()
     assert config == expected
     assert (config.rate, config.interval) == (expected.rates[0].permits, expected.rates[0].interval)
@@ -453,6 +471,7 @@ BAD_SETTINGS = [
 ]
 
 
+@pytest.mark.filterwarnings("ignore:.*rate_type, rate:DeprecationWarning")  # still checked
 async def test_bad_rates_algorithms_and_spacings_raise_and_write_nothing(store, name):
     limiter = RateLimiter(name, store.backend())
     for setter in (limiter.try_set_rate, limiter.set_rate, limiter.update_rate):
@@ -462,7 +481,9 @@ async def test_bad_rates_algorithms_and_spacings_raise_and_write_nothing(store, 
     assert await limiter.get_config() is None
     await assert_stored_keys(store, 0)
     # Nor do they touch a stored config.
-    await limiter.set_rate(OVERALL, [Rate(4, 10), Rate(5, 60)], algorithm=BUCKET)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(4, 10), Rate(5, 60)], algorithm=BUCKET)
+    )
     stored = await limiter.get_config()
     assert await limiter.try_acquire(2)
     for setter in (limiter.set_rate, limiter.update_rate):
@@ -496,7 +517,9 @@ async def test_a_token_bucket_counts_whole_tokens_and_waits_for_the_refill(store
     # on its own clock).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(4, 40)], algorithm=BUCKET)  # a token per 10 s
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(4, 40)], algorithm=BUCKET)
+    )  # a token per 10 s
     assert await limiter.available_permits() == 4  # starts full
     assert await limiter.try_acquire(4)
     assert await limiter.available_permits() == 0
@@ -538,7 +561,7 @@ async def test_a_sliding_window_with_several_rates_reports_the_tightest(store, n
     # on its own clock).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(2, 20), Rate(3, 50)])
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(2, 20), Rate(3, 50)]))
     assert await limiter.try_acquire(2)
     assert await limiter.available_permits() == 0
     assert await limiter.wait_time(1) == 20, "rate 1's permit"
@@ -575,7 +598,7 @@ async def test_a_full_token_bucket_grants_all_its_tokens_one_at_a_time_at_once(s
     # three single grants cost 2 us more than the whole bucket, and the third was refused at
     # the same instant; the remainder is now kept exactly. A client clock stands still.
     limiter = RateLimiter(name, new_client(store, clock=lambda: 1000.0))
-    await limiter.set_rate(OVERALL, [Rate(3, 1)], algorithm=BUCKET)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(3, 1)], algorithm=BUCKET))
     assert await limiter.try_acquire()
     assert await limiter.available_permits() == 2
     assert [await limiter.try_acquire() for _ in range(3)] == [True, True, False]
@@ -586,9 +609,11 @@ async def test_keep_state_with_a_longer_fixed_window_waits_at_most_that_window(s
     # keep_state. A stored window number (100) would be read as the 25 s window 100, 1500 s
     # ahead; the window's end (1010 s) says which 25 s window holds it (the current one).
     limiter = RateLimiter(name, new_client(store, clock=lambda: 1000.0))
-    await limiter.set_rate(OVERALL, [Rate(3, 10)], algorithm=FIXED)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(3, 10)], algorithm=FIXED))
     assert await limiter.try_acquire()
-    await limiter.set_rate(OVERALL, [Rate(3, 25)], algorithm=FIXED, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(3, 25)], algorithm=FIXED), keep_state=True
+    )
     assert await limiter.wait_time(1) <= 25
 
 
@@ -598,10 +623,12 @@ async def test_keep_state_with_one_more_rate_keeps_counting_the_grants(store, na
     # rates: each rate keeps its state by position (the one added starts afresh), so the 3
     # permits just taken still count.
     limiter = RateLimiter(name, new_client(store, clock=lambda: 1000.0))
-    await limiter.set_rate(OVERALL, [Rate(3, 10)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(3, 10)], algorithm=algorithm))
     assert await limiter.try_acquire(3)
     more = [Rate(3, 10), Rate(100, 3600)]
-    await limiter.set_rate(OVERALL, more, algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, more, algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 0
     assert not await limiter.try_acquire()
 
@@ -614,7 +641,9 @@ async def test_a_sharded_limiter_gives_each_shard_its_share_of_every_rate(store,
     # The limiter's clock moves 2 ms a grant (from a whole hour: early in a window).
     clock, backend = manual_clock(store)
     limiter = ShardedRateLimiter(name, backend, shards=2)
-    await limiter.set_rate(OVERALL, [Rate(5, 100), Rate(7, 3600)], algorithm=algorithm)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(5, 100), Rate(7, 3600)], algorithm=algorithm)
+    )
     shares = [await shard.get_config() for shard in limiter.shards]
     assert [c.rates for c in shares] == [
         (Rate(3, 100), Rate(4, 3600)),
@@ -644,11 +673,11 @@ async def test_every_key_of_several_sliding_rates_stays_in_the_limiters_slot(sto
     rates = [Rate(2, 10), Rate(3, 60), Rate(4, 3600)]
     a = RateLimiter(hostile, new_client(store, "a"))
     b = RateLimiter(hostile, new_client(store, "b:{x}"))
-    await a.set_rate(PER_CLIENT, rates)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, rates))
     assert await a.try_acquire(2)
     assert await b.try_acquire(1)
     overall = RateLimiter(f"{name}-overall", store.backend())
-    await overall.set_rate(OVERALL, rates)
+    await overall.set_rate(RateLimiterConfig.build(OVERALL, rates))
     assert await overall.try_acquire()
     backend = store.backend()
     assert isinstance(backend, RedisBackend)
@@ -727,15 +756,23 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
     await early_in_window(store, 3600, 3)
     limiter = await configured(store, name, [Rate(5, 3600)], algorithm)
     assert await limiter.try_acquire(3)
-    await limiter.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(5, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 2  # kept
     rates = [Rate(5, 3600), Rate(4, 60)]
-    await limiter.set_rate(OVERALL, rates, algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 2  # kept; the added rate starts afresh
     assert await limiter.try_acquire(2)
-    assert await limiter.update_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    assert await limiter.update_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(5, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 0
-    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=False)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(6, 3600)], algorithm=algorithm), keep_state=False
+    )
     assert await limiter.available_permits() == 6  # afresh
     await assert_stored_keys(store, 1)
     if store.is_redis:
@@ -751,7 +788,9 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
     await asyncio.sleep(0.3)
     assert await limiter.get_config() is None
     await assert_stored_keys(store, 0)
-    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(6, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 6
     assert await limiter.try_acquire(5)
     assert await limiter.expire(timedelta(seconds=60))
@@ -760,7 +799,9 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
     assert await limiter.delete()
     await assert_stored_keys(store, 0)
     assert not await limiter.delete()
-    await limiter.set_rate(OVERALL, [Rate(6, 3600)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(6, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await limiter.available_permits() == 6  # nothing of the deleted limiter is left
 
 
@@ -768,19 +809,25 @@ async def test_an_overall_counters_state_follows_set_rate_expire_and_delete(stor
 async def test_a_counters_rate_type_change_starts_every_budget_afresh(store, name, algorithm):
     await early_in_window(store, 3600, 2)
     a = RateLimiter(name, new_client(store, "a"))
-    await a.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm)
+    await a.set_rate(RateLimiterConfig.build(OVERALL, [Rate(5, 3600)], algorithm=algorithm))
     assert await a.try_acquire(4)
-    await a.set_rate(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    await a.set_rate(
+        RateLimiterConfig.build(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await a.available_permits() == 5
     assert await a.try_acquire(3)
     await assert_stored_keys(store, 3)  # config, registry, a's value key
     if store.is_redis:
         assert "state" not in await config_fields(store, name)
-    await a.set_rate(OVERALL, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    await a.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(5, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await a.available_permits() == 5
     assert await a.try_acquire(1)
     await assert_stored_keys(store, 1)  # a's keys are retired; the state is in the config
-    await a.set_rate(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm, keep_state=True)
+    await a.set_rate(
+        RateLimiterConfig.build(PER_CLIENT, [Rate(5, 3600)], algorithm=algorithm), keep_state=True
+    )
     assert await a.available_permits() == 5  # neither a's old value key nor the OVERALL state
 
 
@@ -791,9 +838,11 @@ async def test_several_rates_and_a_token_bucket_on_a_real_cluster(
     backend = RedisBackend(cluster_redis, client_id="c1")
     rates = [Rate(2, 30), Rate(3, 60)]
     sliding = RateLimiter("{several}:rates", backend)
-    await sliding.set_rate(PER_CLIENT, rates)
+    await sliding.set_rate(RateLimiterConfig.build(PER_CLIENT, rates))
     bucket = RateLimiter("bucket ü", backend)
-    await bucket.set_rate(OVERALL, rates, algorithm=BUCKET, min_spacing=0.01)
+    await bucket.set_rate(
+        RateLimiterConfig.build(OVERALL, rates, algorithm=BUCKET, min_spacing=0.01)
+    )
     assert [await sliding.try_acquire() for _ in range(3)] == [True, True, False]
     assert await RateLimiter(sliding.name, backend.with_client("c2")).try_acquire(2)
     assert await bucket.try_acquire(2)

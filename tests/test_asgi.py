@@ -33,6 +33,7 @@ from aiolimit import (
     MemoryBackend,
     Rate,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -337,7 +338,7 @@ async def test_headers_false_leaves_allowed_responses_alone_but_not_429s() -> No
 async def test_the_stored_config_is_rewritten_when_the_code_says_other_rates() -> None:
     backend = MemoryBackend()
     old = RateLimiter("api", backend)
-    await old.set_rate(RateType.OVERALL, 10, 60)
+    await old.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
     assert await old.try_acquire(2)
     app = RateLimitMiddleware(starlette_app(), backend=backend, rules=[Rule("api", "3/minute")])
     async with client(app) as http:
@@ -737,7 +738,7 @@ async def test_a_request_cancelled_after_one_rule_granted_hands_that_grant_back(
 
 async def test_a_per_client_view_takes_one_round_trip(redis_backend: RedisBackend) -> None:
     limiter = RateLimiter("pc", redis_backend)
-    await limiter.set_rate(RateType.PER_CLIENT, 100, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 100, 60))
     assert await limiter.try_acquire()  # the backend has learnt the rate type
     redis = redis_backend.redis
 

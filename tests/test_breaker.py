@@ -22,6 +22,7 @@ from aiolimit import (
     BreakerPolicy,
     MemoryBackend,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -70,7 +71,7 @@ async def test_a_failing_server_opens_only_the_breakers_of_its_own_limiters(
         per_route = RateLimiter(f"{name}-route", doomed)
         per_user = RateLimiter(f"{name}-user", doomed)
         for limiter in (everyone, per_route, per_user):
-            await limiter.set_rate(OVERALL, 1000, 1)
+            await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
         doomed_server.kill()
 
         with pytest.raises(BackendError, match="unreachable"):
@@ -93,7 +94,7 @@ async def test_a_probe_turned_away_by_another_limiters_open_breaker_is_not_charg
     healthy, doomed = Flaky(), Flaky()
     everyone, per_user = RateLimiter("everyone", healthy), RateLimiter("per-user", doomed)
     for limiter in (everyone, per_user):
-        await limiter.set_rate(OVERALL, 1000, 1)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
     healthy.down = doomed.down = True
     for limiter in (everyone, per_user):  # each fails after 0.5 s: per-user's opens later
         with pytest.raises(BackendError, match="unreachable"):
@@ -139,7 +140,7 @@ async def test_a_key_the_server_refuses_leaves_the_breaker_closed_and_its_repair
     limiter = RateLimiter(name, backend)
     other = RateLimiter(f"{name}-other", backend)
     for each in (limiter, other):
-        await each.set_rate(OVERALL, 1000, 1)
+        await each.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
     assert await limiter.try_acquire()
     await spoil(redis, backend, name)  # type: ignore[operator]
 
@@ -154,7 +155,7 @@ async def test_a_key_the_server_refuses_leaves_the_breaker_closed_and_its_repair
     assert not any(error.outage for error in errors)
 
     await limiter.delete()  # repaired
-    await limiter.set_rate(OVERALL, 1000, 1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
     assert await limiter.try_acquire()
     assert await aiolimit.acquire_all([(other, 1), (limiter, 1)])
 
@@ -165,7 +166,7 @@ async def test_a_read_only_server_a_failover_under_way_opens_the_breaker(
     redis = Redis.from_url(doomed_server.url)
     try:
         limiter = RateLimiter(name, RedisBackend(redis))
-        await limiter.set_rate(OVERALL, 1000, 1)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
         # A replica of a master that is gone: it answers every write READONLY.
         await redis.execute_command("REPLICAOF", "127.0.0.1", "1")
         with pytest.raises(BackendError, match="read only") as caught:
@@ -208,7 +209,7 @@ def test_the_redis_error_mapper_tells_an_outage_from_a_refusal(
 async def test_an_open_breaker_is_remembered_after_many_other_names() -> None:
     backend = Flaky()
     limiter = RateLimiter("down", backend)
-    await limiter.set_rate(OVERALL, 1000, 1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
     backend.down = True
     with pytest.raises(BackendError, match="unreachable"):
         await limiter.try_acquire()
@@ -227,7 +228,7 @@ def test_a_backend_keeps_no_breaker_of_an_idle_name() -> None:
     for i in range(10_000):
         RateLimiter(f"passing-{i}", backend)
     gc.collect()
-    remembered = backend._breakers._named
+    remembered = backend.context.breakers._named
     assert len(remembered) <= 3, len(remembered)
     assert RateLimiter("kept", backend).breaker is kept.breaker
 
@@ -248,11 +249,11 @@ async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_ke
 
     for name in ("old-1", "old-2"):
         await fail(name)
-    await asyncio.sleep(backend.breaker.max_backoff + 1)  # long past their back-off
+    await asyncio.sleep(backend.breaker_policy.max_backoff + 1)  # long past their back-off
     for name in ("new-1", "new-2"):
         await fail(name)
     gc.collect()
-    kept = backend._breakers._named
+    kept = backend.context.breakers._named
     assert sorted(kept) == ["new-1", "new-2"]  # the old ones' next call probes anyway
     assert not aiolimit.breaker_of(backend, "old-1").is_open
     assert aiolimit.breaker_of(backend, "new-1").is_open
@@ -264,10 +265,10 @@ async def test_a_backend_drops_open_breakers_long_past_their_back_off_when_it_ke
 @looptime
 async def test_a_backends_breaker_option_sets_the_back_offs_of_its_limiters_and_views() -> None:
     backend = Flaky(breaker=BreakerPolicy(first_backoff=2, max_backoff=3))
-    assert backend.breaker == BreakerPolicy(2, 3)
+    assert backend.breaker_policy == BreakerPolicy(2, 3)
     limiter = RateLimiter("slow-to-retry", backend)
     view = limiter.for_client("client-1")
-    await limiter.set_rate(OVERALL, 1000, 1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
     backend.down = True
     loop = asyncio.get_running_loop()
     with pytest.raises(BackendError, match="unreachable"):
@@ -294,13 +295,13 @@ async def test_a_redis_backends_breaker_option_of_zero_lets_every_call_meet_the_
     try:
         backend = RedisBackend(redis, timeout=1, breaker=BreakerPolicy(first_backoff=0))
         limiter = RateLimiter("always-asks", backend)
-        await limiter.set_rate(OVERALL, 1000, 1)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1000, 1))
         doomed_server.kill()
         for caller in (limiter, limiter.for_client("client-1"), limiter):
             with pytest.raises(BackendError, match="unreachable"):  # never at once
                 await caller.try_acquire()
         assert not is_open(limiter)
-        assert backend.with_client("client-2").breaker == BreakerPolicy(0, 10)
+        assert backend.with_client("client-2").breaker_policy == BreakerPolicy(0, 10)
     finally:
         await redis.aclose()
 

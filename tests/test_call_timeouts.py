@@ -16,7 +16,7 @@ from conformance import LoopLag, Tolerance, now, until
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends.redis._coalescer import coalescer
 from tools import LocalRedis
 
@@ -132,7 +132,7 @@ async def test_backends_sharing_a_frozen_client_each_fail_at_their_own_timeout_a
     monkeypatch.setattr(RedisBackend, "hand_back", recording)
     short = RateLimiter("shared", RedisBackend(redis, timeout=SHORT))
     long = RateLimiter("shared", RedisBackend(redis, timeout=LONG))
-    await short.set_rate(RateType.OVERALL, 2, 60)
+    await short.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
     round_trips.requests.clear()
 
     async def sent() -> list[int]:

@@ -92,7 +92,9 @@ def test_inspect_json_carries_the_same_figures(capsys, url, name):
 def test_inspect_counts_the_memory_of_every_rate_s_log(capsys, url, name):
     async def two_rates(backend: RedisBackend) -> list[str]:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, [Rate(5, 1), Rate(20, 60)])
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, [Rate(5, 1), Rate(20, 60)])
+        )
         assert await limiter.try_acquire(2)
         return sorted(key.decode() for key in await backend.redis.keys(f"*{{{name}}}*"))
 
@@ -105,7 +107,7 @@ def test_inspect_counts_the_memory_of_every_rate_s_log(capsys, url, name):
 
 
 async def _three_clients(backend: RedisBackend, name: str) -> None:
-    await RateLimiter(name, backend).set_rate(RateType.PER_CLIENT, 3, 60)
+    await RateLimiter(name, backend).set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 3, 60))
     for client, grants in (("bob", 1), ("alice", 3), ("carol", 2)):
         limiter = RateLimiter(name, backend.with_client(client))
         for _ in range(grants):
@@ -135,7 +137,9 @@ def test_list_scans_config_keys_never_keys_and_reads_odd_names(capsys, url):
     async def make(backend: RedisBackend) -> None:
         backend = RedisBackend(backend.redis, prefix=prefix)
         for limiter_name, rate in (("api", 5), ("api {v2}", 7), ("100%", 9), ("other", 1)):
-            await RateLimiter(limiter_name, backend).set_rate(RateType.OVERALL, rate, 1)
+            await RateLimiter(limiter_name, backend).set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, rate, 1)
+            )
 
     on_server(url, make)
     with sync_redis.Redis.from_url(url) as admin:
@@ -219,7 +223,9 @@ def test_delete_removes_the_limiter_and_a_second_delete_is_an_error(capsys, url,
 def make_limiters(url: str, prefix: str, names: list[str]) -> None:
     async def make(backend: RedisBackend) -> None:
         for each in names:
-            await RateLimiter(each, backend).set_rate(RateType.OVERALL, 1, 1)
+            await RateLimiter(each, backend).set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, 1, 1)
+            )
 
     on_server(url, make, prefix)
 
@@ -337,18 +343,23 @@ def test_an_unreachable_server_is_one_line_and_exit_code_2(command):
 
 @pytest.mark.slow
 def test_the_server_comes_from_aiolimit_redis_url_unless_given(url, name):
-    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 2, 1))
+    on_server(
+        url,
+        lambda backend: RateLimiter(name, backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 2, 1)
+        ),
+    )
     result = run_command("list", name, env={"AIOLIMIT_REDIS_URL": url})
     assert (result.returncode, result.stdout) == (0, f"{name}  2/second  SLIDING_WINDOW  OVERALL\n")
     # Without either: redis://localhost:6379 (test_cli_output.py checks the default)
 
 
 @pytest.mark.slow
-def test_block_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
+def test_pause_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
     assert aiolimit(capsys, url, "set-rate", name, "5/second")[0] == 0
-    code, out, _ = aiolimit(capsys, url, "block", name, "30")
+    code, out, _ = aiolimit(capsys, url, "pause", name, "30")
     assert code == 0
-    assert re.fullmatch(rf"blocked {name}: no grant for (29|30) s\n", out), out
+    assert re.fullmatch(rf"paused {name}: no grant for (29|30) s\n", out), out
 
     async def attempt(backend: RedisBackend) -> tuple[bool, float]:
         limiter = RateLimiter(name, backend)
@@ -356,10 +367,10 @@ def test_block_holds_every_grant_back_and_needs_a_limiter(capsys, url, name):
 
     granted, wait = on_server(url, attempt)
     assert not granted and 29 < wait <= 30
-    code, out, err = aiolimit(capsys, url, "block", name + "-none", "1")
+    code, out, err = aiolimit(capsys, url, "pause", name + "-none", "1")
     assert (code, out) == (2, "")
-    assert err.startswith(f"aiolimit block: error: no limiter '{name}-none'")
-    result = run_command("block", name, "soon", "--redis", url)
+    assert err.startswith(f"aiolimit pause: error: no limiter '{name}-none'")
+    result = run_command("pause", name, "soon", "--redis", url)
     assert result.returncode == 2 and "expected seconds, got 'soon'" in result.stderr
 
 
@@ -446,7 +457,7 @@ def _configure_on(cluster: Cluster, names: list[str]) -> dict[str, int]:
             backend = RedisBackend(redis)
             for each in names:
                 limiter = RateLimiter(each, backend)
-                await limiter.set_rate(RateType.OVERALL, 10, 60)
+                await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
                 assert await limiter.try_acquire(3)
         finally:
             await redis.aclose()
@@ -500,7 +511,7 @@ def test_inspect_and_watch_show_a_learned_rate_against_its_ceiling(capsys, url, 
     async def learn(backend: RedisBackend) -> None:
         from aiolimit import Learner
 
-        limiter = RateLimiter(name, backend, rate=20, interval=1)
+        limiter = RateLimiter(name, backend, rate="20/second")
         assert await limiter.try_acquire()
         await Learner(limiter).refused()  # half the ceiling, cut by half again
 

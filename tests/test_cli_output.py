@@ -15,7 +15,7 @@ import pytest
 import redis as sync_redis
 from commands import field, on_server, run_command
 
-from aiolimit import Algorithm, RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
 from tools import free_port
 
@@ -34,7 +34,9 @@ def prefix() -> str:
 def make(url: str, prefix: str, names: list[str], **options: object) -> None:
     async def work(backend: RedisBackend) -> None:
         for each in names:
-            await RateLimiter(each, backend).set_rate(RateType.OVERALL, 5, 1, **options)  # type: ignore[arg-type]
+            await RateLimiter(each, backend).set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, 5, 1, **options)
+            )  # type: ignore[arg-type]
 
     on_server(url, work, prefix)
 
@@ -77,8 +79,8 @@ def test_commands_that_name_a_limiter_print_it_escaped(capsys, url, prefix):
     options = ["--redis", url, "--prefix", prefix]
     code, out, _ = aiolimit(capsys, "set-rate", name, "5/second", *options)
     assert (code, out) == (0, f"{shown}: 5/second (SLIDING_WINDOW, OVERALL)\n")
-    code, out, _ = aiolimit(capsys, "block", name, "30", *options)
-    assert code == 0 and out.startswith(f"blocked {shown}: ") and out.count("\n") == 1
+    code, out, _ = aiolimit(capsys, "pause", name, "30", *options)
+    assert code == 0 and out.startswith(f"paused {shown}: ") and out.count("\n") == 1
     code, out, _ = aiolimit(capsys, "delete", name, *options)
     assert (code, out) == (0, f"deleted {shown}\n")
     for command in (["watch", name, "--count", "1"], ["inspect", name], ["delete", name]):
@@ -121,7 +123,7 @@ def test_inspect_and_watch_show_a_block_and_its_time_left(capsys, url, prefix, n
     code, out, _ = aiolimit(capsys, "inspect", name, *options)
     assert field(out, "blocked") == "no"
     assert json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])["blocked_s"] is None
-    assert aiolimit(capsys, "block", name, "30", *options)[0] == 0
+    assert aiolimit(capsys, "pause", name, "30", *options)[0] == 0
     code, out, _ = aiolimit(capsys, "inspect", name, *options)
     left = re.fullmatch(r"for ([\d.]+) s more: no grant to anyone", field(out, "blocked"))
     assert left is not None and 29 <= float(left[1]) <= 30, out
@@ -134,11 +136,11 @@ def test_inspect_and_watch_show_a_block_and_its_time_left(capsys, url, prefix, n
     assert code == 0 and blocked is not None and 29 < float(blocked[1]) <= 30, out
 
 
-def test_unblock_clears_a_block_and_says_when_there_was_none(capsys, url, prefix, name):
+def test_resume_ends_a_pause_and_says_when_there_was_none(capsys, url, prefix, name):
     options = ["--redis", url, "--prefix", prefix]
     make(url, prefix, [name])
-    assert aiolimit(capsys, "block", name, "30", *options)[0] == 0
-    assert aiolimit(capsys, "unblock", name, *options)[:2] == (0, f"unblocked {name}\n")
+    assert aiolimit(capsys, "pause", name, "30", *options)[0] == 0
+    assert aiolimit(capsys, "resume", name, *options)[:2] == (0, f"resumed {name}\n")
 
     async def attempt(backend: RedisBackend) -> bool:
         return await RateLimiter(name, backend).try_acquire()
@@ -146,10 +148,10 @@ def test_unblock_clears_a_block_and_says_when_there_was_none(capsys, url, prefix
     assert on_server(url, attempt, prefix)
     code, out, _ = aiolimit(capsys, "inspect", name, *options)
     assert field(out, "blocked") == "no"
-    assert aiolimit(capsys, "unblock", name, *options)[:2] == (0, f"{name} was not blocked\n")
-    code, out, err = aiolimit(capsys, "unblock", name + "-none", *options)
+    assert aiolimit(capsys, "resume", name, *options)[:2] == (0, f"{name} was not paused\n")
+    code, out, err = aiolimit(capsys, "resume", name + "-none", *options)
     assert (code, out) == (2, "")
-    assert err.startswith(f"aiolimit unblock: error: no limiter '{name}-none'")
+    assert err.startswith(f"aiolimit resume: error: no limiter '{name}-none'")
 
 
 # -- fields for the algorithm only; counted nouns -------------------------------------------------
@@ -170,7 +172,7 @@ def test_inspect_json_has_no_grant_log_fields_for_counters(capsys, url, prefix, 
 def test_one_of_a_thing_is_said_in_the_singular(capsys, url, prefix, name):
     async def one_reserved(backend: RedisBackend) -> None:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 1, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 60))
         assert await limiter.try_acquire()
         await backend.try_acquire(name, 1, None)  # reserved about 60 s ahead
 
@@ -295,7 +297,7 @@ def test_list_into_a_pipe_closed_early_exits_quietly(url, prefix):
 def test_inspect_counts_the_clients_of_a_per_client_token_bucket(capsys, url, prefix, name):
     async def two_clients(backend: RedisBackend) -> None:
         await RateLimiter(name, backend).set_rate(
-            RateType.PER_CLIENT, 5, 60, algorithm=Algorithm.TOKEN_BUCKET
+            RateLimiterConfig.build(RateType.PER_CLIENT, 5, 60, algorithm=Algorithm.TOKEN_BUCKET)
         )
         for client, permits in (("amy", 4), ("red\x1b[31m", 1)):
             assert await RateLimiter(name, backend.with_client(client)).try_acquire(permits)
@@ -322,9 +324,13 @@ def test_inspect_counts_the_clients_of_a_per_client_token_bucket(capsys, url, pr
 
 def test_list_aligns_every_column(capsys, url, prefix):
     async def configure(backend: RedisBackend) -> None:
-        await RateLimiter("a", backend).set_rate(RateType.OVERALL, "1/second")
+        await RateLimiter("a", backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, "1/second")
+        )
         await RateLimiter("longer-name", backend).set_rate(
-            RateType.PER_CLIENT, "10/second; 1000/hour", algorithm="token_bucket"
+            RateLimiterConfig.build(
+                RateType.PER_CLIENT, "10/second; 1000/hour", algorithm="token_bucket"
+            )
         )
 
     on_server(url, configure, prefix)

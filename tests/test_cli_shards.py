@@ -15,7 +15,7 @@ import redis as sync_redis
 from commands import aiolimit, field, limiters_on, on_server
 from redis.asyncio import RedisCluster
 
-from aiolimit import RateLimiter, RateType, RedisBackend, ShardedRateLimiter
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend, ShardedRateLimiter
 from tools import free_port
 from tools.cluster import Cluster, cluster_client
 
@@ -30,7 +30,7 @@ async def _sharded(
     backend: RedisBackend, name: str, shards: int = 3, rate: int = 10
 ) -> ShardedRateLimiter:
     limiter = ShardedRateLimiter(name, backend, shards=shards)
-    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 60))
     return limiter
 
 
@@ -38,9 +38,13 @@ def test_a_glob_deletes_a_sharded_limiter_s_every_shard_and_the_plain_ones(capsy
     prefix = _prefix()
 
     async def make(backend: RedisBackend) -> None:
-        await RateLimiter("api-plain", backend).set_rate(RateType.OVERALL, 1, 1)
+        await RateLimiter("api-plain", backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 1, 1)
+        )
         await _sharded(backend, "api-sharded")
-        await RateLimiter("other", backend).set_rate(RateType.OVERALL, 1, 1)
+        await RateLimiter("other", backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 1, 1)
+        )
 
     on_server(url, make, prefix)
     code, out, err = aiolimit(capsys, url, "delete", "api-*", "--yes", "--prefix", prefix)
@@ -79,7 +83,9 @@ def test_one_limiter_that_fails_to_delete_is_reported_and_the_others_are_deleted
 
     async def make(backend: RedisBackend) -> None:
         for each in ("job-a", "job-b", "job-c"):
-            await RateLimiter(each, backend).set_rate(RateType.OVERALL, 1, 1)
+            await RateLimiter(each, backend).set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, 1, 1)
+            )
         await _sharded(backend, "job-s")
         # job-b's clients registry holds foreign data: its delete fails (WRONGTYPE)
         await backend.redis.set(backend.keys("job-b").registry, "not a registry")
@@ -137,7 +143,9 @@ def test_list_shows_a_sharded_limiter_once_with_its_rate_summed(capsys, url):
 
     async def make(backend: RedisBackend) -> None:
         await _sharded(backend, "search", shards=12, rate=12)
-        await RateLimiter("plain", backend).set_rate(RateType.OVERALL, 5, 1)
+        await RateLimiter("plain", backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 5, 1)
+        )
 
     on_server(url, make, prefix)
     code, out, _ = aiolimit(capsys, url, "list", "--prefix", prefix)
@@ -155,7 +163,9 @@ def test_a_client_id_ending_in_config_is_never_listed_as_a_limiter(capsys, url):
     prefix = _prefix()
 
     async def make(backend: RedisBackend) -> None:
-        await RateLimiter("api", backend).set_rate(RateType.PER_CLIENT, 5, 60)
+        await RateLimiter("api", backend).set_rate(
+            RateLimiterConfig.build(RateType.PER_CLIENT, 5, 60)
+        )
         for client in ("x}:config", "{evil}:config", "%7D:config"):
             assert await RateLimiter("api", backend).for_client(client).try_acquire()
 
@@ -170,7 +180,7 @@ def test_a_client_id_ending_in_config_is_never_listed_as_a_limiter(capsys, url):
 
 def test_keys_that_are_no_limiter_s_config_hash_are_never_listed(capsys, url):
     prefix = _prefix()
-    make = lambda backend: RateLimiter("real", backend).set_rate(RateType.OVERALL, 1, 1)  # noqa: E731
+    make = lambda backend: RateLimiter("real", backend).set_rate("1/second")  # noqa: E731
     on_server(url, make, prefix)
     with sync_redis.Redis.from_url(url) as admin:
         admin.set(f"{prefix}{{a-string}}:config", "x")  # not a hash

@@ -20,7 +20,7 @@ import pytest
 from commands import aiolimit, full_with_a_reservation, on_server
 from conformance import until
 
-from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit._tools import cli
 from aiolimit._tools.admin import watch
 from aiolimit.backends._protocol import parse_value
@@ -123,7 +123,7 @@ def test_watch_counts_grants_per_second(capsys, monkeypatch, url, name):
 
     async def grant_between_ticks(backend: RedisBackend) -> int:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         watcher = asyncio.create_task(
             asyncio.to_thread(cli.main, ["watch", name, "--count", "2", "--redis", url])
         )
@@ -148,7 +148,12 @@ def test_watch_on_a_tty_redraws_one_line(monkeypatch, url, name):
 
     terminal = Terminal()
     monkeypatch.setattr(sys, "stdout", terminal)
-    on_server(url, lambda backend: RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1))
+    on_server(
+        url,
+        lambda backend: RateLimiter(name, backend).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 5, 1)
+        ),
+    )
     assert cli.main(["watch", name, "--count", "2", "--interval", "0.1", "--redis", url]) == 0
     shown = terminal.getvalue()
     assert shown.count("\r\x1b[K") == 2
@@ -164,14 +169,14 @@ def test_watch_shows_no_grants_while_a_block_holds_them_back(capsys, monkeypatch
 
     async def scenario(backend: RedisBackend) -> int:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 5, 0.5)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 0.5))
         assert await limiter.try_acquire(5)
         callers = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
         await made(backend, name, 4)  # three reservations, 0.5 s ahead
         watcher = watching(url, name, 3)
         try:
             await ticks.read(0)
-            await limiter.block(30)
+            await limiter.pause(30)
             await made(backend, name, 7)  # the three queued again, behind the block
             await ticks.read(1)
             callers.append(asyncio.create_task(limiter.acquire()))
@@ -196,7 +201,7 @@ def test_watch_counts_a_reservation_when_its_slot_starts(capsys, monkeypatch, ur
 
     async def scenario(backend: RedisBackend) -> int:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 5, 0.5)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 0.5))
         assert await limiter.try_acquire(5)
         watcher = watching(url, name, 3)
         await ticks.read(0)
@@ -225,7 +230,9 @@ def test_watch_counts_the_grants_of_every_rate_and_client(
     ticks = Ticks(monkeypatch, 2)
 
     async def scenario(backend: RedisBackend) -> int:
-        await RateLimiter(name, backend).set_rate(rate_type, Rate.parse(rates))
+        await RateLimiter(name, backend).set_rate(
+            RateLimiterConfig.build(rate_type, Rate.parse(rates))
+        )
         watcher = watching(url, name, 2)
         await ticks.read(0)
         for client in ("a", "b", "c"):
@@ -243,7 +250,9 @@ def test_watch_counts_the_grants_of_every_rate_and_client(
 def test_watch_shows_no_rate_for_the_counters_which_keep_no_log(capsys, url, name):
     async def scenario(backend: RedisBackend) -> int:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 5, 1, algorithm=Algorithm.TOKEN_BUCKET)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 5, 1, algorithm=Algorithm.TOKEN_BUCKET)
+        )
         assert await limiter.try_acquire(2)
         code = await watching(url, name, 2)
         await limiter.delete()

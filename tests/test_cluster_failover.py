@@ -25,7 +25,7 @@ from recording import GrantRecord, RecordingBackend
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
-from aiolimit import BackendError, Breaker, RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, Breaker, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from tools import busiest_window
 from tools.cluster import SOCKET_TIMEOUT, Cluster, cluster_client, wait_until
 
@@ -146,7 +146,9 @@ async def still_limits(cluster: Cluster, name: str) -> None:
     client = cluster_client(cluster)
     try:
         limiter = RateLimiter(name, RedisBackend(client))
-        await limiter.set_rate(RateType.OVERALL, 5, 30, keep_state=False)  # (fresh budgets)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 5, 30), keep_state=False
+        )  # (fresh budgets)
         assert [await limiter.try_acquire() for _ in range(6)] == [True] * 5 + [False]
     finally:
         await client.aclose()
@@ -167,7 +169,9 @@ async def test_graceful_failover_while_acquiring_loses_no_grant(
 ) -> None:
     name = "failover {graceful}"
     backend = RedisBackend(cluster_redis)
-    await RateLimiter(name, backend).set_rate(RateType.OVERALL, RATE, INTERVAL)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, RATE, INTERVAL)
+    )
     old_master = master_serving(redis_cluster, backend, name)
     replica = redis_cluster.replica_of(old_master)
 
@@ -196,7 +200,9 @@ async def test_killed_master_while_acquiring_over_admits_at_most_the_lost_grants
 ) -> None:
     name = "failover {kill}"
     backend = RedisBackend(cluster_redis)
-    await RateLimiter(name, backend).set_rate(RateType.OVERALL, RATE, INTERVAL)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, RATE, INTERVAL)
+    )
     old_master = redis_cluster.node(master_serving(redis_cluster, backend, name))
     replica = redis_cluster.replica_of(old_master.port)
 

@@ -16,7 +16,7 @@ import pytest
 from recording import GrantRecord, RecordingBackend
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RateType
+from aiolimit import RateLimiter, RateLimiterConfig, RateType
 from tools import LocalRedis, busiest_window
 
 RATE = 50
@@ -55,7 +55,9 @@ async def test_independent_clients_never_exceed_the_rate_and_use_nearly_all_of_i
         for i, redis in enumerate(connections)
     ]
     try:
-        await RateLimiter(name, backends[0]).set_rate(RateType.OVERALL, RATE, INTERVAL_US / 1e6)
+        await RateLimiter(name, backends[0]).set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, RATE, INTERVAL_US / 1e6)
+        )
         deadline = asyncio.get_running_loop().time() + RUN_SECONDS
         await asyncio.wait_for(
             asyncio.gather(

@@ -44,7 +44,7 @@ PER_CLIENT = RateType.PER_CLIENT
 
 async def configured(store, name, rate, interval, rate_type=OVERALL, **options):
     limiter = RateLimiter(name, store.backend())
-    await limiter.set_rate(rate_type, rate, interval, **options)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, rate, interval, **options))
     return limiter
 
 
@@ -104,7 +104,7 @@ async def test_waiting_tasks_are_served_in_arrival_order(store, name, asleep):
     # Two RateLimiter objects with one name on one backend share one queue.
     backend = store.backend()
     limiter, twin = RateLimiter(name, backend), RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, 1, 0.1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1, 0.1))
     assert await limiter.try_acquire()
     served: list[int] = []
 
@@ -161,11 +161,11 @@ async def test_a_large_request_is_not_starved_by_a_stream_of_small_ones(store, n
 async def test_waiters_on_one_limiter_never_delay_waiters_on_another(store, name):
     backend = store.backend()
     busy = RateLimiter(f"{name}-busy", backend)
-    await busy.set_rate(OVERALL, 1, 10)
+    await busy.set_rate(RateLimiterConfig.build(OVERALL, 1, 10))
     assert await busy.try_acquire()
     stuck = [asyncio.create_task(busy.acquire()) for _ in range(3)]
     free = RateLimiter(name, backend)
-    await free.set_rate(OVERALL, 1, 0.2)
+    await free.set_rate(RateLimiterConfig.build(OVERALL, 1, 0.2))
     try:
         granted = await take(free)
         assert granted is not None
@@ -250,7 +250,7 @@ async def test_an_expiring_grant_frees_only_its_own_permits(store, name):
     # On a clock the test moves (a long window, so that Redis keeps the keys on its own clock).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, 2, 30)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 2, 30))
     assert await limiter.try_acquire()
     clock.advance(20)
     assert await limiter.try_acquire()
@@ -266,7 +266,7 @@ async def test_grants_of_one_digit_and_of_several_free_exactly_their_permits(sto
     # free exactly what they took when they leave the window, and so does a waiter's walk.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, 120, 30)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 120, 30))
     for permits, after in ((3, 5), (12, 5), (100, 5)):
         assert await limiter.try_acquire(permits)
         clock.advance(after)
@@ -319,7 +319,7 @@ async def test_a_released_permit_is_not_counted_again_when_its_grant_expires(sto
 async def test_release_hands_back_only_this_clients_per_client_grants(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
-    await a.set_rate(PER_CLIENT, 3, 10)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 3, 10))
     assert await a.try_acquire(2)
     assert await b.try_acquire(2)
     await a.release(2)
@@ -333,15 +333,15 @@ async def test_release_hands_back_only_this_clients_per_client_grants(store, nam
 async def test_set_rate_with_keep_state_false_restarts_every_budget_full(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
-    await a.set_rate(PER_CLIENT, 3, 10)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 3, 10))
     assert await a.try_acquire(3)
     assert await b.try_acquire(2)
-    await a.set_rate(PER_CLIENT, 3, 10, keep_state=False)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 3, 10), keep_state=False)
     assert await a.available_permits() == 3
     assert await b.available_permits() == 3
-    await a.set_rate(OVERALL, 3, 10)
+    await a.set_rate(RateLimiterConfig.build(OVERALL, 3, 10))
     assert await a.try_acquire(3)
-    await b.set_rate(OVERALL, 4, 10, keep_state=False)
+    await b.set_rate(RateLimiterConfig.build(OVERALL, 4, 10), keep_state=False)
     assert await a.available_permits() == 4
 
 
@@ -351,7 +351,7 @@ async def test_set_rate_with_keep_state_counts_the_grants_inside_the_new_window(
     await asyncio.sleep(0.3)
     assert await limiter.try_acquire(1)
     # New window 0.2 s: the grant of 0.3 s ago has left it, the fresh one has not.
-    await limiter.set_rate(OVERALL, 4, 0.2, keep_state=True)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 4, 0.2), keep_state=True)
     assert await limiter.available_permits() == 3
     assert await limiter.get_config() == RateLimiterConfig(OVERALL, 4, timedelta(seconds=0.2))
 
@@ -359,10 +359,12 @@ async def test_set_rate_with_keep_state_counts_the_grants_inside_the_new_window(
 async def test_set_rate_with_keep_state_applies_a_raised_or_lowered_rate(store, name):
     limiter = await configured(store, name, 3, 0.3)
     assert await limiter.try_acquire(3)
-    await limiter.set_rate(OVERALL, 5, 0.3, keep_state=True)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 5, 0.3), keep_state=True)
     assert await limiter.available_permits() == 2
     assert await limiter.try_acquire(2)
-    await limiter.set_rate(OVERALL, 2, 0.3, keep_state=True)  # 5 granted, 2 allowed
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, 2, 0.3), keep_state=True
+    )  # 5 granted, 2 allowed
     assert await limiter.available_permits() == 0
     assert not await limiter.try_acquire()
     await asyncio.sleep(0.35)
@@ -371,8 +373,10 @@ async def test_set_rate_with_keep_state_applies_a_raised_or_lowered_rate(store, 
 
 async def test_update_rate_without_a_config_returns_false_and_writes_nothing(store, name):
     limiter = RateLimiter(name, store.backend())
-    assert not await limiter.update_rate(OVERALL, 3, 1)
-    assert not await limiter.update_rate(PER_CLIENT, 3, 1, keep_state=False)
+    assert not await limiter.update_rate(RateLimiterConfig.build(OVERALL, 3, 1))
+    assert not await limiter.update_rate(
+        RateLimiterConfig.build(PER_CLIENT, 3, 1), keep_state=False
+    )
     assert await limiter.get_config() is None
     await assert_stored_keys(store, 0)
     with pytest.raises(NotConfiguredError):
@@ -382,33 +386,33 @@ async def test_update_rate_without_a_config_returns_false_and_writes_nothing(sto
 async def test_update_rate_keeps_the_state_by_default(store, name):
     limiter = await configured(store, name, 3, 10)
     assert await limiter.try_acquire(2)
-    assert await limiter.update_rate(OVERALL, 4, 10)
+    assert await limiter.update_rate(RateLimiterConfig.build(OVERALL, 4, 10))
     assert await limiter.available_permits() == 2
-    assert await limiter.update_rate(OVERALL, 4, 10, keep_state=False)
+    assert await limiter.update_rate(RateLimiterConfig.build(OVERALL, 4, 10), keep_state=False)
     assert await limiter.available_permits() == 4
 
 
 async def test_changing_the_rate_type_clears_the_state(store, name):
     limiter = await configured(store, name, 3, 10)
     assert await limiter.try_acquire(2)
-    assert await limiter.update_rate(PER_CLIENT, 3, 10, keep_state=True)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 3, 10), keep_state=True)
     assert await limiter.available_permits() == 3
     assert await limiter.try_acquire(1)
-    await limiter.set_rate(OVERALL, 3, 10, keep_state=True)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 3, 10), keep_state=True)
     assert await limiter.available_permits() == 3
 
 
 async def test_a_rate_type_change_by_one_client_is_seen_by_every_client(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
-    await a.set_rate(OVERALL, 2, 10)
+    await a.set_rate(RateLimiterConfig.build(OVERALL, 2, 10))
     assert await b.try_acquire(2)
     assert await a.available_permits() == 0
-    assert await a.update_rate(PER_CLIENT, 2, 10)
+    assert await a.update_rate(RateLimiterConfig.build(PER_CLIENT, 2, 10))
     assert await b.available_permits() == 2
     assert await b.try_acquire(2)
     assert await a.try_acquire(2)
-    assert await b.update_rate(OVERALL, 2, 10)
+    assert await b.update_rate(RateLimiterConfig.build(OVERALL, 2, 10))
     assert await a.available_permits() == 2
     assert await a.try_acquire(2)
     assert not await b.try_acquire()
@@ -416,9 +420,9 @@ async def test_a_rate_type_change_by_one_client_is_seen_by_every_client(store, n
 
 async def test_try_set_rate_writes_only_when_no_config_exists(store, name):
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 3, 10)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 3, 10))
     assert await limiter.try_acquire()
-    assert not await limiter.try_set_rate(PER_CLIENT, 5, 20)
+    assert not await limiter.try_set_rate(RateLimiterConfig.build(PER_CLIENT, 5, 20))
     assert await limiter.get_config() == RateLimiterConfig(OVERALL, 3, timedelta(seconds=10))
     assert await limiter.available_permits() == 2
 
@@ -449,7 +453,9 @@ async def test_try_set_rate_writes_only_when_no_config_exists(store, name):
 async def test_get_config_round_trips_every_field(store, name, arguments, expected):
     rate_type, rate, interval, keep_alive = arguments
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(rate_type, rate, interval, keep_alive=keep_alive)
+    assert await limiter.try_set_rate(
+        RateLimiterConfig.build(rate_type, rate, interval, keep_alive=keep_alive)
+    )
     config = await limiter.get_config()
     assert config == expected
     assert type(config.rate_type) is RateType and type(config.interval) is timedelta
@@ -462,7 +468,7 @@ async def test_get_config_round_trips_every_field(store, name, arguments, expect
 
 async def test_delete_removes_every_clients_state_and_reports_false_the_second_time(store, name):
     clients = [RateLimiter(name, new_client(store, f"client-{i}")) for i in range(3)]
-    await clients[0].set_rate(PER_CLIENT, 3, 60)
+    await clients[0].set_rate(RateLimiterConfig.build(PER_CLIENT, 3, 60))
     for i, limiter in enumerate(clients):
         assert await limiter.try_acquire(i + 1)
     assert await clients[1].delete()
@@ -470,7 +476,7 @@ async def test_delete_removes_every_clients_state_and_reports_false_the_second_t
     for limiter in clients:
         assert await limiter.get_config() is None
     assert not await clients[2].delete()
-    assert await clients[2].try_set_rate(PER_CLIENT, 3, 60)
+    assert await clients[2].try_set_rate(RateLimiterConfig.build(PER_CLIENT, 3, 60))
     for limiter in clients:
         assert await limiter.available_permits() == 3
 
@@ -479,14 +485,14 @@ async def test_delete_reaches_a_client_whose_window_was_lengthened(request, stor
     # keep_state carries the client's grant into a 60 s window; 0.25 s later, well inside it,
     # delete must still find and remove that client's state.
     a = RateLimiter(name, new_client(store, "a"))
-    await a.set_rate(PER_CLIENT, 5, 0.1)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 5, 0.1))
     assert await a.try_acquire(2)
-    assert await a.update_rate(PER_CLIENT, 5, 60, keep_state=True)
+    assert await a.update_rate(RateLimiterConfig.build(PER_CLIENT, 5, 60), keep_state=True)
     assert await a.available_permits() == 3
     await asyncio.sleep(0.25)
     assert await a.delete()
     await assert_stored_keys(store, 0)
-    assert await a.try_set_rate(PER_CLIENT, 5, 60)
+    assert await a.try_set_rate(RateLimiterConfig.build(PER_CLIENT, 5, 60))
     assert await a.available_permits() == 5
 
 
@@ -497,7 +503,7 @@ async def test_grants_taken_after_expire_vanish_with_the_limiter(request, store,
     await asyncio.sleep(0.3)
     assert await limiter.get_config() is None
     await assert_stored_keys(store, 0)
-    assert await limiter.try_set_rate(OVERALL, 2, 10)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 2, 10))
     assert await limiter.available_permits() == 2
 
 
@@ -509,14 +515,14 @@ async def test_expire_makes_config_and_every_clients_state_vanish(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
     assert not await a.expire(1)  # no config yet
-    await a.set_rate(PER_CLIENT, 2, 60)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 2, 60))
     assert await a.try_acquire(2)
     assert await b.try_acquire(1)
     assert await b.expire(0.2)
     await asyncio.sleep(0.3)
     await assert_stored_keys(store, 0)
     assert await a.get_config() is None
-    assert await a.try_set_rate(PER_CLIENT, 2, 60)
+    assert await a.try_set_rate(RateLimiterConfig.build(PER_CLIENT, 2, 60))
     assert await a.available_permits() == 2
     assert await b.available_permits() == 2
 
@@ -569,7 +575,7 @@ async def test_per_client_budgets_are_independent(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     a_again = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
-    await a.set_rate(PER_CLIENT, 2, 10)
+    await a.set_rate(RateLimiterConfig.build(PER_CLIENT, 2, 10))
     assert await a.try_acquire(2)
     assert not await a.try_acquire()
     assert await a_again.available_permits() == 0  # same client id, same budget
@@ -581,7 +587,7 @@ async def test_per_client_budgets_are_independent(store, name):
 async def test_clients_without_an_id_get_budgets_of_their_own(store, name):
     first = RateLimiter(name, new_client(store))
     second = RateLimiter(name, new_client(store))
-    await first.set_rate(PER_CLIENT, 1, 10)
+    await first.set_rate(RateLimiterConfig.build(PER_CLIENT, 1, 10))
     assert await first.try_acquire()
     assert await second.try_acquire()
 
@@ -590,7 +596,7 @@ async def test_the_overall_budget_is_shared_by_every_client(store, name):
     a = RateLimiter(name, new_client(store, "a"))
     b = RateLimiter(name, new_client(store, "b"))
     anonymous = RateLimiter(name, new_client(store))
-    await a.set_rate(OVERALL, 3, 10)
+    await a.set_rate(RateLimiterConfig.build(OVERALL, 3, 10))
     assert await a.try_acquire(2)
     assert await b.available_permits() == 1
     assert await b.try_acquire()
@@ -627,7 +633,7 @@ async def test_hostile_names_work_and_never_share_state(store, name):
     backend = store.backend()
     limiters = [RateLimiter(hostile, backend) for hostile in HOSTILE_NAMES]
     for i, limiter in enumerate(limiters):
-        assert await limiter.try_set_rate(OVERALL, i + 2, 60)
+        assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, i + 2, 60))
     for i, limiter in enumerate(limiters):
         assert await limiter.try_acquire(i + 1)
     for i, limiter in enumerate(limiters):
@@ -642,7 +648,7 @@ async def test_hostile_names_work_and_never_share_state(store, name):
 async def test_hostile_client_ids_keep_separate_per_client_budgets(store, name):
     ids = ["{x}", "}{", "x", "x:y", "ü 🚦", "%7Bx%7D"]
     limiters = [RateLimiter(name, new_client(store, client_id)) for client_id in ids]
-    await limiters[0].set_rate(PER_CLIENT, len(ids), 60)
+    await limiters[0].set_rate(RateLimiterConfig.build(PER_CLIENT, len(ids), 60))
     for i, limiter in enumerate(limiters):
         assert await limiter.try_acquire(i + 1)
     for i, limiter in enumerate(limiters):
@@ -686,6 +692,7 @@ def assert_invalid(caught: pytest.ExceptionInfo) -> None:
     assert type(caught.value).__module__.startswith("aiolimit")
 
 
+@pytest.mark.filterwarnings("ignore:.*rate_type, rate:DeprecationWarning")  # still checked
 async def test_invalid_rate_arguments_raise_value_errors_and_write_nothing(store, name):
     limiter = RateLimiter(name, store.backend())
     setters = (limiter.try_set_rate, limiter.set_rate, limiter.update_rate)
@@ -777,7 +784,7 @@ async def test_a_request_stamped_before_the_latest_one_acts_at_the_latest_time(s
     times = {"a": 0.0, "b": 0.0}
     a = RateLimiter(name, new_client(store, "a", clock=lambda: times["a"]))
     b = RateLimiter(name, new_client(store, "b", clock=lambda: times["b"]))
-    await a.set_rate(OVERALL, 2, 10)
+    await a.set_rate(RateLimiterConfig.build(OVERALL, 2, 10))
     assert await a.try_acquire(2)  # both permits at t=0
     times["b"] = 10.5  # the t=0 grants have left the window
     assert await b.try_acquire(1)
@@ -793,7 +800,9 @@ async def test_a_request_stamped_before_the_latest_one_acts_at_the_latest_time(s
 async def test_mixed_requests_from_many_clients_never_overfill_a_window(store, name):
     rate, interval = 8, 0.2
     clock = AttemptClock(tolerance(store))
-    await RateLimiter(name, store.backend()).set_rate(OVERALL, rate, interval)
+    await RateLimiter(name, store.backend()).set_rate(
+        RateLimiterConfig.build(OVERALL, rate, interval)
+    )
     limiters = [RateLimiter(name, new_client(store, clock=clock)) for _ in range(2)]
     grants: list[tuple[float, float]] = []
 
@@ -847,21 +856,23 @@ async def test_async_with_permits_takes_that_many(store, name):
 
 async def test_try_set_rate_warns_once_when_another_config_is_stored(store, name, caplog):
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 5, 1)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 5, 1))
     with caplog.at_level("WARNING", logger="aiolimit"):
-        assert not await limiter.try_set_rate(OVERALL, 5, 1)  # the same config: nothing to say
+        assert not await limiter.try_set_rate(
+            RateLimiterConfig.build(OVERALL, 5, 1)
+        )  # the same config: nothing to say
         assert not caplog.records
         for _ in range(3):
-            assert not await limiter.try_set_rate(OVERALL, 7, 1)
+            assert not await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 7, 1))
     assert len(caplog.records) == 1, "warned more than once"
-    assert "rate=5" in caplog.text and "rate=7" in caplog.text
+    assert "'5/second'" in caplog.text and "'7/second'" in caplog.text
     assert (await limiter.get_config()).rate == 5  # the stored config stays
 
 
 async def test_aclose_waits_for_the_hand_backs_of_cancelled_callers(store, name, asleep):
     backend = store.backend()
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, 1, 10)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1, 10))
     first = await take(limiter)
     waiters = [asyncio.create_task(limiter.acquire()) for _ in range(3)]
     await asleep.reach(name, 3)  # all three hold reservations

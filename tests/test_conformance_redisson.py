@@ -41,12 +41,12 @@ PER_CLIENT = RateType.PER_CLIENT
 async def test_keep_alive_drops_an_idle_limiter_and_grants_extend_it(store, name):
     # testKeepAliveTime
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 1, 0.15, keep_alive=0.15)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 1, 0.15, keep_alive=0.15))
     await asyncio.sleep(0.2)
     assert await limiter.get_config() is None
 
     # Margins of 0.25 s or more either side, so a loaded machine cannot blur the edges.
-    assert await limiter.try_set_rate(OVERALL, 10, 1.0, keep_alive=1.0)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 10, 1.0, keep_alive=1.0))
     await asyncio.sleep(0.4)
     assert await limiter.try_acquire()
     await asyncio.sleep(0.75)  # 1.15 s after the config was written, 0.75 s after the grant
@@ -59,7 +59,7 @@ async def test_keep_alive_drops_an_idle_limiter_and_grants_extend_it(store, name
 async def test_expire_then_acquire_leaves_no_key_after_the_ttl(store, name):
     # testExpire2
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 5, 0.2)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 5, 0.2))
     assert await limiter.expire(0.4)
     await limiter.acquire()
     await asyncio.sleep(0.5)
@@ -76,7 +76,7 @@ async def test_a_saturated_limiter_grants_the_full_rate_in_every_window(store, n
     rate, interval = 20, 0.2
     clock = AttemptClock(tolerance(store))
     limiter = RateLimiter(name, store.backend(clock=clock))
-    await limiter.set_rate(OVERALL, rate, interval)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, rate, interval))
     grants: list[tuple[float, float]] = []
     enough = asyncio.Event()
 
@@ -102,13 +102,13 @@ async def test_a_saturated_limiter_grants_the_full_rate_in_every_window(store, n
 async def test_expire_drops_config_and_state_after_the_ttl(store, name):
     # testExpire
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 2, 5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 2, 5))
     assert await limiter.try_acquire()
     assert await limiter.expire(0.2)
     await asyncio.sleep(0.3)
     await assert_stored_keys(store, 0)
     assert await limiter.get_config() is None
-    assert await limiter.try_set_rate(OVERALL, 2, 5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 2, 5))
     assert await limiter.available_permits() == 2
 
 
@@ -116,7 +116,7 @@ async def test_expire_drops_config_and_state_after_the_ttl(store, name):
 async def test_a_grant_leaves_the_window_one_interval_after_it_was_made(store, name):
     # testAcquisitionInterval
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 2, 0.5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 2, 0.5))
     assert await limiter.try_acquire()
     await asyncio.sleep(0.35)
     assert await limiter.try_acquire()
@@ -128,14 +128,14 @@ async def test_a_grant_leaves_the_window_one_interval_after_it_was_made(store, n
 async def test_get_config_returns_what_try_set_rate_wrote(store, name):
     # testRateConfig
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 1, 5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 1, 5))
     assert await limiter.get_config() == RateLimiterConfig(OVERALL, 1, timedelta(seconds=5))
 
 
 async def test_available_permits_count_down_and_recover_after_the_interval(store, name):
     # testAvailablePermits
     limiter = RateLimiter(name, store.backend())
-    await limiter.try_set_rate(OVERALL, 10, 0.2)
+    await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 10, 0.2))
     assert await limiter.available_permits() == 10
     await limiter.acquire(1)
     assert await limiter.available_permits() == 9
@@ -146,15 +146,15 @@ async def test_available_permits_count_down_and_recover_after_the_interval(store
 async def test_set_rate_overwrites_the_config(store, name):
     # testUpdateRateConfig
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 1, 5)
-    await limiter.set_rate(OVERALL, 2, 5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 1, 5))
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 2, 5))
     assert await limiter.get_config() == RateLimiterConfig(OVERALL, 2, timedelta(seconds=5))
 
 
 async def test_permits_above_the_rate_raise_and_take_nothing(store, name):
     # testPermitsExceeding
     limiter = RateLimiter(name, store.backend())
-    await limiter.try_set_rate(PER_CLIENT, 1, 1)
+    await limiter.try_set_rate(RateLimiterConfig.build(PER_CLIENT, 1, 1))
     with pytest.raises(InvalidArgumentError, match="exceed"):
         await limiter.try_acquire(20)
     assert await limiter.try_acquire()
@@ -163,7 +163,7 @@ async def test_permits_above_the_rate_raise_and_take_nothing(store, name):
 async def test_zero_timeout_takes_exactly_the_rate_per_interval(store, name):
     # testZeroTimeout
     limiter = RateLimiter(name, store.backend())
-    await limiter.try_set_rate(OVERALL, 5, 0.3)
+    await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 5, 0.3))
     assert await limiter.available_permits() == 5
     results = []
     for expected_left in (4, 3, 2, 1, 0):
@@ -180,7 +180,7 @@ async def test_zero_timeout_takes_exactly_the_rate_per_interval(store, name):
 async def test_try_acquire_with_a_timeout_too_short_returns_false_without_waiting(store, name):
     # testTryAcquire (Redisson runs it under a 2 s @Timeout with 5 s intervals)
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 1, 5)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 1, 5))
     assert await limiter.try_acquire(1, timeout=1)
     start = now()
     assert not await limiter.try_acquire(1, timeout=1)
@@ -192,7 +192,7 @@ async def test_try_acquire_with_a_timeout_too_short_returns_false_without_waitin
 async def test_acquire_in_a_loop_waits_one_interval_per_permit(store, name):
     # testAcquire
     limiter = RateLimiter(name, store.backend())
-    assert await limiter.try_set_rate(OVERALL, 1, 0.05)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 1, 0.05))
     start = now()
     for _ in range(10):
         called = now()
@@ -210,8 +210,8 @@ async def test_try_set_rate_keeps_the_first_config_and_grants_refill(store, name
     # (their TTLs run on its own clock) however long a round takes on a busy machine.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    assert await limiter.try_set_rate(OVERALL, 10, 10)
-    assert not await limiter.try_set_rate(OVERALL, 20, 10)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 10, 10))
+    assert not await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 20, 10))
     for _ in range(3):
         results = [await limiter.try_acquire() for _ in range(20)]
         assert results == [True] * 10 + [False] * 10
@@ -222,7 +222,7 @@ async def test_delete_removes_config_and_state(store, name):
     # testRemove
     limiter = RateLimiter(name, store.backend())
     assert not await limiter.delete()
-    await limiter.try_set_rate(OVERALL, 5, 300)
+    await limiter.try_set_rate(RateLimiterConfig.build(OVERALL, 5, 300))
     await assert_stored_keys(store, 1)
     assert await limiter.try_acquire()
     assert await limiter.delete()
@@ -236,7 +236,9 @@ async def test_acquiring_clients_never_exceed_the_rate_in_any_window(store, name
     # Here 4 clients (their own connections) with 2 tasks each.
     rate, interval = 9, 0.2
     clock = AttemptClock(tolerance(store))
-    await RateLimiter(name, store.backend()).set_rate(OVERALL, rate, interval)
+    await RateLimiter(name, store.backend()).set_rate(
+        RateLimiterConfig.build(OVERALL, rate, interval)
+    )
     limiters = [RateLimiter(name, new_client(store, clock=clock)) for _ in range(4)]
     grants: list[tuple[float, float]] = []
     enough = asyncio.Event()
@@ -262,7 +264,9 @@ async def test_polling_clients_never_exceed_the_rate_in_any_window(store, name):
     # testConcurrency: 8 threads tryAcquire() with random pauses of up to 10 ms; every 10th
     # grant comes at least an interval after the previous 10th. Server clock, 4 clients.
     rate, interval = 10, 0.2
-    await RateLimiter(name, store.backend()).set_rate(OVERALL, rate, interval)
+    await RateLimiter(name, store.backend()).set_rate(
+        RateLimiterConfig.build(OVERALL, rate, interval)
+    )
     limiters = [RateLimiter(name, new_client(store)) for _ in range(4)]
     grants: list[tuple[float, float]] = []
     pauses = random.Random(2)
@@ -283,11 +287,11 @@ async def test_set_rate_resets_the_budget_for_both_rate_types(store, name):
     # setRate clears the state, as set_rate does with keep_state=False.
     limiter = RateLimiter(name, store.backend())
     for rate_type in (PER_CLIENT, OVERALL):
-        await limiter.set_rate(rate_type, 10, 1)
+        await limiter.set_rate(RateLimiterConfig.build(rate_type, 10, 1))
         assert (await limiter.get_config()).rate == 10
         await limiter.acquire(1)
         assert await limiter.available_permits() == 9
-        await limiter.set_rate(rate_type, 20, 1, keep_state=False)
+        await limiter.set_rate(RateLimiterConfig.build(rate_type, 20, 1), keep_state=False)
         assert (await limiter.get_config()).rate == 20
         await limiter.acquire(1)
         assert await limiter.available_permits() == 19
@@ -312,30 +316,30 @@ async def test_update_rate_keeps_grants_and_paces_at_the_new_rate(store, name):
             clock.advance(due - clock())
             assert await limiter.try_acquire(permits), f"acquire {i}"
 
-    await limiter.set_rate(PER_CLIENT, 1, interval)
+    await limiter.set_rate(RateLimiterConfig.build(PER_CLIENT, 1, interval))
     assert await limiter.available_permits() == 1
 
-    assert await limiter.update_rate(PER_CLIENT, 2, interval)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 2, interval))
     assert (await limiter.get_config()).rate == 2
     assert await limiter.available_permits() == 2
     await paced(1, 3, 2)
 
-    assert await limiter.update_rate(PER_CLIENT, 5, interval)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 5, interval))
     assert await limiter.available_permits() == 4  # the last grant is still in the window
     clock.advance(interval)
     await paced(1, 11, 5)
 
-    assert await limiter.update_rate(PER_CLIENT, 1, interval)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 1, interval))
     assert await limiter.available_permits() == 0
     clock.advance(interval)
     await paced(1, 3, 1)
 
-    assert await limiter.update_rate(PER_CLIENT, 6, interval)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 6, interval))
     assert await limiter.available_permits() == 5
     clock.advance(interval)
     await paced(6, 3, 6)
 
-    assert await limiter.update_rate(PER_CLIENT, 6, interval)
+    assert await limiter.update_rate(RateLimiterConfig.build(PER_CLIENT, 6, interval))
     assert await limiter.available_permits() == 0
     clock.advance(interval)
     await paced(3, 5, 6)

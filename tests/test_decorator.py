@@ -11,6 +11,7 @@ from aiolimit import (
     MemoryBackend,
     RateLimited,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     ShardedRateLimiter,
 )
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.looptime
 
 async def test_each_call_waits_for_its_permits_like_acquire() -> None:
     limiter = RateLimiter("calls", MemoryBackend())
-    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     loop = asyncio.get_running_loop()
     ran: list[tuple[int, float]] = []
 
@@ -36,7 +37,7 @@ async def test_each_call_waits_for_its_permits_like_acquire() -> None:
 
 async def test_past_the_timeout_a_call_raises_rate_limited_and_does_not_run() -> None:
     limiter = ShardedRateLimiter("heavy", MemoryBackend(), shards=2)
-    await limiter.set_rate(RateType.OVERALL, 6, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 6, 60))
     ran = []
 
     @limiter.limit(3, timeout=10)
@@ -64,7 +65,7 @@ async def test_bad_uses_raise_invalid_argument_error() -> None:
 
 async def test_the_bare_decorator_takes_one_permit_per_call() -> None:
     limiter = RateLimiter("bare", MemoryBackend())
-    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     loop = asyncio.get_running_loop()
 
     @limiter.limit

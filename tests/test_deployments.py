@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 from servers import Server
 
-from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from tools import LocalRedis, free_port
 from tools.cluster import wait_until
 
@@ -76,7 +76,7 @@ async def test_limiter_keeps_its_state_and_works_after_a_sentinel_failover(
     client = sentinel.master_for("mymaster", socket_timeout=1)
     try:
         limiter = RateLimiter("sentinel {api}", RedisBackend(client))
-        await limiter.set_rate(RateType.OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
         assert [await limiter.try_acquire() for _ in range(3)] == [True] * 3
         assert await client.execute_command("WAIT", 1, 5000) == 1  # the grants replicated
 
@@ -144,7 +144,7 @@ async def test_limiter_works_over_tls_with_a_self_signed_certificate(
     client = Redis.from_url(f"rediss://127.0.0.1:{port}", ssl_ca_certs=ca)
     try:
         limiter = RateLimiter("tls", RedisBackend(client))
-        await limiter.set_rate(RateType.OVERALL, 2, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
         assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
             True,
             True,
@@ -193,7 +193,7 @@ async def test_a_valkey_py_client_grants_refuses_and_waits(
     # Its round trips go straight to the pooled connection's stream, as redis-py's do.
     monkeypatch.setattr(valkey.asyncio.connection.Connection, "send_packed_command", refuse)
     monkeypatch.setattr(valkey.asyncio.connection.Connection, "read_response", refuse)
-    await limiter.set_rate(RateType.OVERALL, 2, 0.3)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 0.3))
     assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
         True,
         True,
@@ -208,7 +208,7 @@ async def test_a_valkey_py_client_grants_refuses_and_waits(
 
 async def exercise(limiter: RateLimiter) -> None:
     """Runs every operation once."""
-    await limiter.set_rate(RateType.OVERALL, 2, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
     assert await limiter.try_acquire(2)
     await limiter.release(1)
     assert await limiter.available_permits() == 1

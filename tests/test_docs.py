@@ -139,9 +139,11 @@ def test_the_table_of_errors_names_every_error():
 # -- python -------------------------------------------------------------------------------------
 
 # Runs in the child: each block compiled with its page's line numbers (tracebacks point into
-# the page), top-level await on one event loop that lives as long as the page.
+# the page), top-level await on one event loop that lives as long as the page; a deprecated
+# name of aiolimit's is an error (the pages show the documented way).
 RUNNER = """
-import ast, asyncio, inspect, json, sys
+import ast, asyncio, inspect, json, sys, warnings
+warnings.filterwarnings("error", ".* is deprecated and goes in the next", DeprecationWarning)
 namespace = {"__name__": "__main__"}
 loop = asyncio.new_event_loop()
 for block in json.load(sys.stdin):

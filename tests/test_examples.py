@@ -171,6 +171,21 @@ def test_openai_sdk_in_memory():
     check_openai_sdk(run_example("openai_sdk.py", env={"AIOLIMIT_REDIS_URL": ""}))
 
 
+def check_anthropic_sdk(out: str) -> None:
+    pause = "WARNING aiolimit: limiter 'example-anthropic-requests': the server answered 429"
+    assert sum(line.startswith(pause) for line in out.splitlines()) == 1, out
+    lines = [line for line in out.splitlines() if not line.startswith("WARNING")]
+    assert lines[0].startswith("12 answers, ") and lines[0].endswith("SDK errors: 0")
+    assert " input and " in lines[0] and " output tokens used" in lines[0]
+    # One 429, sent again once by the transport after the pause: 13 arrivals, and each had
+    # a permit of its own; an SDK retry on top would make a 14th.
+    assert lines[1].startswith("provider: 13 arrivals, 1 refused (429); permits granted: 13 ")
+
+
+def test_anthropic_sdk_in_memory():
+    check_anthropic_sdk(run_example("anthropic_sdk.py", env={"AIOLIMIT_REDIS_URL": ""}))
+
+
 def check_partner_api_through_redis(out: str) -> None:
     assert "two processes, 12 workers: 73 calls reached the partner\n" in out
     check_partner_api(out)
@@ -186,6 +201,7 @@ ON_REDIS: dict[str, Callable[[str], None]] = {
     "partner_api.py": check_partner_api_through_redis,
     "llm_client.py": check_llm_client,
     "openai_sdk.py": check_openai_sdk,
+    "anthropic_sdk.py": check_anthropic_sdk,
 }
 
 

@@ -56,8 +56,10 @@ async def test_the_code_s_rate_replaces_a_stored_one_edit_5_to_10_and_run_again(
     store: Store, name: str
 ) -> None:
     backend = store.backend()
-    await RateLimiter(name, backend).set_rate(RateType.OVERALL, 5, 1)  # the earlier run
-    limiter = RateLimiter(name, backend, rate=10, interval=1, keep_alive=60)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 5, 1)
+    )  # the earlier run
+    limiter = RateLimiter(name, backend, rate="10/second; keep_alive=60")
     assert [await limiter.try_acquire() for _ in range(11)] == [True] * 10 + [False]
     stored = await limiter.get_config()
     assert stored is not None and stored.rate == 10 and stored.keep_alive_us == 60_000_000
@@ -81,7 +83,7 @@ async def test_for_client_views_and_acquire_all_share_the_limiter_s_one_write(
 ) -> None:
     writes = count_writes(monkeypatch)
     backend = MemoryBackend()
-    per_user = RateLimiter("per-user", backend, rate="2/minute", rate_type="per_client")
+    per_user = RateLimiter("per-user", backend, rate="2/minute; rate_type=per_client")
     everyone = RateLimiter("everyone", backend, rate="100/minute")
     assert await aiolimit.acquire_all([(everyone, 1), (per_user.for_client("alice"), 1)])
     assert await per_user.for_client("bob").try_acquire(2)
@@ -121,8 +123,8 @@ def test_the_rate_arguments_are_checked_at_construction() -> None:
     backend = MemoryBackend()
     with pytest.raises(InvalidArgumentError, match="cannot read the rate"):
         RateLimiter("x", backend, rate="ten per second")
-    with pytest.raises(InvalidArgumentError, match="an int rate needs an interval"):
-        RateLimiter("x", backend, rate=10)
+    with pytest.raises(InvalidArgumentError, match="must not be shorter than the interval"):
+        RateLimiter("x", backend, rate="10/second; keep_alive=0.5")
     with pytest.raises(InvalidArgumentError, match="interval, algorithm go with rate="):
         RateLimiter("x", backend, interval=1, algorithm="token_bucket")
     with pytest.raises(InvalidArgumentError, match="cannot be split over 3 shards"):
@@ -181,8 +183,8 @@ async def test_per_client_without_a_client_id_is_one_budget_per_backend_said_onc
     if not store.is_redis:  # (the fixture's memory store hands out one backend)
         one, other = MemoryBackend(), MemoryBackend()
         other._shared = one._shared
-    first = RateLimiter(name, one, rate="1/minute", rate_type="per_client")
-    second = RateLimiter(name, other, rate="1/minute", rate_type="per_client")
+    first = RateLimiter(name, one, rate="1/minute; rate_type=per_client")
+    second = RateLimiter(name, other, rate="1/minute; rate_type=per_client")
     assert await first.try_acquire() and await second.try_acquire()  # a budget each
     assert not await first.try_acquire()
     said = said_random_client(caplog)
@@ -194,7 +196,7 @@ async def test_per_client_with_a_named_client_is_not_warned_about(
 ) -> None:
     monkeypatch.setattr(base, "_said_random_client", False)
     caplog.set_level(logging.WARNING, "aiolimit")
-    limiter = RateLimiter(name, store.backend(), rate="1/minute", rate_type="PER_CLIENT")
+    limiter = RateLimiter(name, store.backend(), rate="1/minute; rate_type=per_client")
     assert await limiter.for_client("alice").try_acquire()
     named = RateLimiter(name, store.backend(client_id="bob"))
     assert await named.try_acquire()

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends.redis._functions import LIBRARY_NAME
 from tools import LocalRedis
 
@@ -46,14 +46,14 @@ async def script_calls(redis: Redis) -> dict[str, int]:
 def steps(limiter: RateLimiter) -> list[Any]:
     """Every operation once, and what each returns on a fresh limiter."""
     return [
-        (lambda: limiter.try_set_rate(RateType.OVERALL, 10, 60), True),
+        (lambda: limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60)), True),
         (lambda: limiter.try_acquire(2), True),
         (limiter.available_permits, 8),
         (lambda: limiter.release(1), None),
-        (lambda: limiter.update_rate(RateType.OVERALL, 8, 60), True),
+        (lambda: limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 8, 60)), True),
         (lambda: limiter.expire(60), True),
         (limiter.clear_expire, True),
-        (lambda: limiter.set_rate(RateType.PER_CLIENT, 10, 60), None),
+        (lambda: limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60)), None),
         (lambda: limiter.try_acquire(3), True),
         (limiter.delete, True),
     ]
@@ -85,7 +85,7 @@ async def test_concurrent_calls_recover_together_after_function_flush(
 ) -> None:
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("flushed-together", backend)
-    await limiter.set_rate(RateType.OVERALL, 30, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 30, 60))
     await redis.function_flush()
     granted = await asyncio.gather(*(backend.try_acquire("flushed-together", 1) for _ in range(40)))
     assert sum(a.granted for a in granted) == 30
@@ -118,7 +118,7 @@ async def test_a_functions_error_reads_as_a_scripts_does(redis: Redis, prefix: s
     limiter = RateLimiter("foreign", backend)
     await redis.set(backend.keys("foreign").config, "not a hash")
     with pytest.raises(BackendError) as raised:
-        await limiter.set_rate(RateType.OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
     assert (await script_calls(redis))["fcall"] > 0
     message = str(raised.value)
     assert message.startswith("Redis refused the set_rate script: WRONGTYPE"), message
@@ -135,7 +135,7 @@ async def test_every_number_a_grant_answers_is_its_own_across_the_kept_texts(
     now = [1_700_000_000.0]
     backend = RedisBackend(redis, prefix=prefix, clock=lambda: now[0])
     limiter = RateLimiter("texts", backend)
-    await limiter.set_rate(RateType.OVERALL, 10**9, 3600)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10**9, 3600))
     before = await script_calls(redis)
     left = 10**9
     for k in range(1500):
@@ -159,13 +159,13 @@ async def test_limiters_of_many_rates_each_keep_their_own_across_calls(
     before = await script_calls(redis)
     limiters = [RateLimiter(f"rates-{rate}", backend) for rate in range(1, 601)]
     for rate, limiter in enumerate(limiters, 1):
-        await limiter.set_rate(RateType.OVERALL, rate, 3600)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 3600))
     for taken in range(2):
         left = await asyncio.gather(*(limiter.available_permits() for limiter in limiters))
         assert left == [max(rate - taken, 0) for rate in range(1, 601)]
         took = await asyncio.gather(*(limiter.try_acquire(1) for limiter in limiters))
         assert took == [rate > taken for rate in range(1, 601)]
-    await limiters[0].set_rate(RateType.OVERALL, 3, 3600, keep_state=True)
+    await limiters[0].set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 3600), keep_state=True)
     assert await limiters[0].try_acquire(2) and not await limiters[0].try_acquire(1)
     assert await limiters[599].try_acquire(598) and not await limiters[599].try_acquire(1)
     assert not await limiters[1].try_acquire(1)  # 2 per hour, taken

@@ -16,7 +16,15 @@ import pytest
 from conformance import manual_clock, now, reservations
 
 import aiolimit
-from aiolimit import Algorithm, BackendError, MemoryBackend, Rate, RateLimiter, RateType
+from aiolimit import (
+    Algorithm,
+    BackendError,
+    MemoryBackend,
+    Rate,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+)
 from aiolimit.backends import Backend, Grant
 from tools import busiest_window
 
@@ -27,7 +35,9 @@ RATE_TYPES = pytest.mark.parametrize("rate_type", list(RateType), ids=lambda t: 
 
 async def configured(store, name, rates, algorithm, rate_type=OVERALL) -> Backend:
     backend = store.backend("client-a")
-    await RateLimiter(name, backend).set_rate(rate_type, rates, algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(rate_type, rates, algorithm=algorithm)
+    )
     return backend
 
 
@@ -128,7 +138,9 @@ async def test_hand_backs_leave_no_key_each(store, name, algorithm, rate_type):
     # on the wall clock may cross a minute. It moves a microsecond a grant, as any clock
     # does between two round trips.)
     clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 60)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 60)], algorithm=algorithm)
+    )
     redis = backend.redis  # type: ignore[attr-defined]
     for _ in range(2000):
         clock.advance(1e-6)
@@ -165,7 +177,7 @@ async def test_failed_hand_backs_of_cancelled_callers_are_one_warning_with_their
 ) -> None:
     backend = _ReleaseFails()
     limiter = RateLimiter("failing-hand-backs", backend)
-    await limiter.set_rate(OVERALL, 100, 1)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 100, 1))
     members = await grants(backend, "failing-hand-backs", 50)
     with caplog.at_level(logging.WARNING, logger="aiolimit"):
         for member in members:
@@ -190,7 +202,7 @@ async def test_failed_hand_backs_of_a_refused_request_are_one_warning_with_their
     backend = _ReleaseFails()
     limiters = [RateLimiter(f"refused-{i}", backend) for i in range(4)]
     for limiter in limiters:
-        await limiter.set_rate(OVERALL, 1, 60)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, 1, 60))
     assert await limiters[-1].try_acquire()  # the last one refuses what follows
     with caplog.at_level(logging.WARNING, logger="aiolimit"):
         acquired = await aiolimit.acquire_all([(limiter, 1) for limiter in limiters])
@@ -213,7 +225,9 @@ async def test_handing_back_queued_reservations_never_lets_more_start_than_the_r
     # Its release moved the bucket back by each handed-back reservation even with later ones
     # queued behind it, so the next requests landed on their slots: 30 starts in one second.
     clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    )
     live = await reservations(backend, name, 10)
     batches = [await reservations(backend, name, 10) for _ in range(3)]
     for cancelled in range(2):
@@ -233,7 +247,9 @@ async def test_releasing_permits_while_reservations_are_queued_frees_no_queued_s
 ):
     # `limiter.release(1)` x30 with reservations queued: 40 starts within one second.
     clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    )
     live = await reservations(backend, name, 20)
     for _ in range(30):
         clock.advance(1e-6)
@@ -250,7 +266,9 @@ async def test_the_latest_reservations_handed_back_last_first_free_their_slots(
     # What can go back does: cancelling the queue from its end frees every slot, and the next
     # request is given the first of them again.
     _clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(OVERALL, [Rate(10, 1)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(10, 1)], algorithm=algorithm)
+    )
     await reservations(backend, name, 10)
     queued = await reservations(backend, name, 5)
     for grant in reversed(queued):
@@ -268,7 +286,9 @@ async def test_a_reservation_on_a_handed_back_slot_is_a_grant_of_its_own(
     # A reservation that landed on the slot a handed-back one had got the same member, so its
     # own hand-back returned 0 (taken for a resend) and its permit stayed spent.
     _clock, backend = manual_clock(store)
-    await RateLimiter(name, backend).set_rate(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1)], algorithm=algorithm)
+    )
     await reservations(backend, name, 10)
     members = []
     for _ in range(3):

@@ -28,6 +28,7 @@ from aiolimit import (
     MemoryBackend,
     NotConfiguredError,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -206,7 +207,7 @@ async def warm_up(backend: RedisBackend, admin: Redis, prefix: str) -> None:
     holds the server's time against it."""
     limiter = RateLimiter("warm-up", backend)
     permits_key = f"{prefix}{{warm-up}}:permits"
-    await limiter.set_rate(RateType.OVERALL, 3, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 60))
     assert all(await asyncio.gather(limiter.try_acquire(), limiter.try_acquire()))  # a batch
     assert await limiter.try_acquire()
     waiter = asyncio.create_task(limiter.acquire())  # a reservation, cancelled: a hand-back
@@ -215,10 +216,10 @@ async def warm_up(backend: RedisBackend, admin: Redis, prefix: str) -> None:
     await drain_hand_backs(admin, permits_key, 3)
     await limiter.release(1)
     await limiter.available_permits()
-    await limiter.update_rate(RateType.OVERALL, 3, 60)
-    await limiter.set_rate(RateType.PER_CLIENT, 3, 60)
+    await limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 60))
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 3, 60))
     assert await RateLimiter("warm-up", backend.with_client("warm")).try_acquire()
-    await limiter.update_rate(RateType.PER_CLIENT, 3, 60)
+    await limiter.update_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 3, 60))
     await limiter.expire(60)
     await limiter.clear_expire()
     await limiter.delete()
@@ -247,7 +248,7 @@ async def test_5000_queued_waiters_never_hold_redis_for_long(
 
     async def queue_and_cancel_5000(name: str) -> tuple[list[dict[str, Any]], float]:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 100, 1)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 100, 1))
         permits_key = f"{prefix}{{{name}}}:permits"
         async with slowlog(admin, SLOW_US):
             stretch = await stretch_of(admin)
@@ -306,7 +307,7 @@ async def test_one_acquire_costs_redis_about_as_much_at_queue_depth_5000_as_at_d
     backend = RedisBackend(redis, prefix=prefix)
     await warm_up(backend, admin, prefix)
     limiter = RateLimiter("depth", backend)
-    await limiter.set_rate(RateType.OVERALL, rate, 10)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 10))
     permits_key = f"{prefix}{{depth}}:permits"
     assert await limiter.try_acquire(rate)  # the window is full: every further call queues
     waiters: list[asyncio.Task[Any]] = []
@@ -369,12 +370,12 @@ async def test_a_request_failing_inside_a_batch_never_over_admits_nor_fails_the_
     grants its callers get; the rounds with Y are the batches Y's request breaks."""
     backend = RedisBackend(redis, prefix=prefix)
     x, y = RateLimiter("X", backend), RateLimiter("Y", backend)
-    await x.set_rate(RateType.OVERALL, 5, 2)
+    await x.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 2))
     if breakage == "a grant of 10**14":
-        await y.set_rate(RateType.OVERALL, 10**14, 60)
+        await y.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10**14, 60))
         assert await y.try_acquire(10**14)  # the next request's wait is read off this grant
     else:
-        await y.set_rate(RateType.OVERALL, 10, 60)
+        await y.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
         assert await y.try_acquire()
         if breakage == "garbage in the value key":
             await admin.set(f"{prefix}{{Y}}:value", "garbage")
@@ -428,7 +429,7 @@ async def test_a_rate_of_10_to_the_14_grants_and_releases_whole_rate_requests(
             except Exception as exc:  # the answer is compared, not raised
                 seen.append(f"{type(exc).__name__}: {exc}"[:160])
 
-        await limiter.set_rate(RateType.OVERALL, big, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, big, 60))
         await step(limiter.try_acquire(10**13))
         await step(limiter.try_acquire(10**13))
         await step(limiter.available_permits())
@@ -441,7 +442,7 @@ async def test_a_rate_of_10_to_the_14_grants_and_releases_whole_rate_requests(
         await step(limiter.release(big))
         await step(limiter.available_permits())
         await step(limiter.try_acquire(1))
-        await limiter.set_rate(RateType.OVERALL, odd, 60, keep_state=False)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, odd, 60), keep_state=False)
         await step(limiter.try_acquire(odd))
         await step(limiter.release(1))
         await step(limiter.available_permits())
@@ -489,7 +490,7 @@ async def test_a_release_that_times_out_inside_redis_py_hands_back_at_most_the_p
     staller = Redis(host="127.0.0.1", port=redis_server.port, socket_timeout=10)
     try:
         limiter = RateLimiter("resent-release", RedisBackend(redis, prefix=prefix))
-        await limiter.set_rate(RateType.OVERALL, 10, 10)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 10))
         assert await limiter.try_acquire(10)
 
         stall = asyncio.create_task(staller.eval(STALL, 0, 1_500_000))
@@ -530,7 +531,7 @@ async def test_delete_removes_every_key_of_a_limiter_with_5000_per_client_client
     about 8000 values ("too many results to unpack") and left every key in place."""
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("many", backend)
-    await limiter.set_rate(RateType.PER_CLIENT, 10, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60))
     await populate(backend, "many", [f"client-{i}" for i in range(5000)])
     assert len(await scan(admin, prefix)) >= 2 * 5000  # each client's value and permits
 
@@ -553,7 +554,7 @@ async def test_admin_operations_over_20000_per_client_clients_never_hold_redis_f
     async def run(name: str) -> tuple[list[Any], list[dict[str, Any]], list[str]]:
         limiter = RateLimiter(name, backend)
         first = RateLimiter(name, backend.with_client("client-0"))
-        await limiter.set_rate(RateType.PER_CLIENT, 10, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60))
         await populate(backend, name, [f"client-{i}" for i in range(20_000)])
         results: list[Any] = []
 
@@ -567,9 +568,13 @@ async def test_admin_operations_over_20000_per_client_clients_never_hold_redis_f
             stretch = await stretch_of(admin)
             await step(limiter.expire(3600))
             await step(limiter.clear_expire())
-            await step(limiter.update_rate(RateType.PER_CLIENT, 20, 60))
+            await step(limiter.update_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 20, 60)))
             await step(first.available_permits())  # keep_state: its grant still counts
-            await step(limiter.set_rate(RateType.PER_CLIENT, 10, 60, keep_state=False))
+            await step(
+                limiter.set_rate(
+                    RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60), keep_state=False
+                )
+            )
             await step(first.available_permits())  # full again
             await step(limiter.delete())
             entries = slow(await admin.slowlog_get(1024), stretch.end())
@@ -596,7 +601,7 @@ async def test_admin_operations_succeed_while_new_per_client_clients_keep_arrivi
     "clients kept changing"), and delete leaves no key of the limiter behind."""
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("churn", backend)
-    await limiter.set_rate(RateType.PER_CLIENT, 10, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60))
     await populate(backend, "churn", [f"client-{i}" for i in range(20_000)])
 
     churner = Redis.from_url(redis_server.url)
@@ -626,7 +631,7 @@ async def test_admin_operations_succeed_while_new_per_client_clients_keep_arrivi
     try:
         await asyncio.sleep(0.3)
         for call in (
-            lambda: limiter.update_rate(RateType.PER_CLIENT, 20, 60),
+            lambda: limiter.update_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 20, 60)),
             lambda: RateLimiter("churn", backend.with_client("client-0")).available_permits(),
             limiter.delete,
         ):
@@ -661,7 +666,7 @@ async def test_delete_and_a_new_rate_reach_a_client_whose_reservations_outlive_o
     backend = RedisBackend(redis, prefix=prefix)
     a = RateLimiter("registry", backend.with_client("A"))
     b = RateLimiter("registry", backend.with_client("B"))
-    await a.set_rate(RateType.PER_CLIENT, 1, 1)
+    await a.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 1, 1))
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await a.try_acquire()
@@ -678,7 +683,7 @@ async def test_delete_and_a_new_rate_reach_a_client_whose_reservations_outlive_o
 
         assert await a.delete() is True
         left = await scan(admin, f"{prefix}{{registry}}")
-        await a.set_rate(RateType.PER_CLIENT, 1, 1)
+        await a.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 1, 1))
         fresh = await a.try_acquire()
     finally:
         await cancel_all(queued)

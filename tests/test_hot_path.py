@@ -6,6 +6,7 @@ change that adds a step to it shows here before it shows in benchmarks/client_cp
 from __future__ import annotations
 
 import asyncio
+import inspect
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolimit
-from aiolimit import Algorithm, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    Algorithm,
+    MemoryBackend,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 from tools import LocalRedis
 
 PACKAGE = str(Path(aiolimit.__file__).parent)
@@ -47,7 +55,9 @@ def counting_frames() -> Iterator[Counter[str]]:
 
 
 async def _frames_per_grant(limiter: RateLimiter) -> tuple[float, Counter[str]]:
-    await limiter.set_rate(RateType.OVERALL, 10**9, 1, algorithm=Algorithm.TOKEN_BUCKET)
+    await limiter.set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 10**9, 1, algorithm=Algorithm.TOKEN_BUCKET)
+    )
     for _ in range(GRANTS):  # warm: the rate type learnt, the keys and requests made
         assert await limiter.try_acquire()
     await asyncio.sleep(0)  # (the last round trip's task ends)
@@ -85,3 +95,24 @@ async def test_a_bad_argument_to_try_acquire_raises_where_it_is_awaited(
     with pytest.raises(aiolimit.InvalidArgumentError):
         await task
     assert await limiter.try_acquire()  # the rate given at construction, stored at first use
+
+
+def test_every_permit_call_is_a_coroutine_function_on_every_limiter() -> None:
+    # RateLimiter.try_acquire returns the engine's coroutine itself, and the other permit calls
+    # an Awaiting of theirs (loud when not awaited): to inspect, each is an async def.
+    backend = MemoryBackend()
+    calls = ["try_acquire", "reserve", "acquire", "wait_time", "available_permits"]
+    limiters: list[Any] = [
+        RateLimiter("hot", backend),
+        aiolimit.ShardedRateLimiter("hot", backend, shards=2),
+    ]
+    for limiter in limiters:
+        for name in calls:
+            call = getattr(limiter, name)
+            assert inspect.iscoroutinefunction(call), (limiter, name)
+            assert inspect.iscoroutinefunction(getattr(type(limiter), name)), (limiter, name)
+            assert asyncio.iscoroutinefunction(call), (limiter, name)
+    assert inspect.iscoroutinefunction(aiolimit.ConcurrencyLimiter("hot", backend).try_lease)
+    signature = inspect.signature(RateLimiter("hot", backend).try_acquire)
+    assert str(signature).startswith("(permits: 'int' = 1, *, timeout:"), signature
+    assert "Takes ``permits``" in (RateLimiter.try_acquire.__doc__ or "")

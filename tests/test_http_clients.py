@@ -20,6 +20,7 @@ import httpx
 import pytest
 from aiohttp import web
 from conformance import Tolerance
+from flavours import Flavour
 from redis.asyncio import Redis
 
 from aiolimit import (
@@ -27,6 +28,7 @@ from aiolimit import (
     MemoryBackend,
     RateLimited,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -75,7 +77,7 @@ async def partner() -> AsyncIterator[Partner]:
 
 async def limiter_of(backend: Any, rate: int = 100, name: str = "partner") -> RateLimiter:
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 60))
     return limiter
 
 
@@ -115,10 +117,10 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
 
 
 async def test_httpx_takes_a_permit_per_request_and_raises_rate_limited_past_the_timeout(
-    partner: Partner,
+    partner: Partner, flavour: Flavour
 ) -> None:
     limiter = await limiter_of(MemoryBackend(), rate=3)
-    async with httpx_client(limiter, timeout=0.1) as client:
+    async with flavour.client(flavour.transport(limiter, timeout=0.1)) as client:
         answers = [await client.get(partner.url) for _ in range(3)]
         with pytest.raises(RateLimited) as refused:
             await client.get(partner.url)
@@ -129,11 +131,16 @@ async def test_httpx_takes_a_permit_per_request_and_raises_rate_limited_past_the
 
 
 @pytest.mark.slow
-async def test_httpx_obeys_a_429_pauses_every_caller_and_retries_once(partner: Partner) -> None:
+async def test_httpx_obeys_a_429_pauses_every_caller_and_retries_once(
+    partner: Partner, flavour: Flavour
+) -> None:
     backend = MemoryBackend()
     limiter = await limiter_of(backend)
     partner.refusals = 1
-    async with httpx_client(limiter) as first, httpx_client(limiter) as second:
+    async with (
+        flavour.client(flavour.transport(limiter)) as first,
+        flavour.client(flavour.transport(limiter)) as second,
+    ):
         answer = await first.get(partner.url)
         assert answer.status_code == 200  # the retry, after the pause
         assert answer.json() == {"n": 2}
@@ -174,14 +181,14 @@ async def test_httpx_retries_once_only_and_not_without_retry_after(partner: Part
         assert len(partner.arrivals) == 3
 
 
-async def test_httpx_does_not_resend_a_streamed_body(partner: Partner) -> None:
+async def test_httpx_does_not_resend_a_streamed_body(partner: Partner, flavour: Flavour) -> None:
     limiter = await limiter_of(MemoryBackend())
     partner.refusals = 1
 
     async def body() -> AsyncIterator[bytes]:
         yield b"once"
 
-    async with httpx_client(limiter) as client:
+    async with flavour.client(flavour.transport(limiter)) as client:
         answer = await client.post(partner.url, content=body())
     assert answer.status_code == 429
     assert len(partner.arrivals) == 1
@@ -189,7 +196,7 @@ async def test_httpx_does_not_resend_a_streamed_body(partner: Partner) -> None:
 
 async def test_a_pause_longer_than_the_timeout_raises_rate_limited(partner: Partner) -> None:
     limiter = await limiter_of(MemoryBackend())
-    await limiter.block(30)
+    await limiter.pause(30)
     async with httpx_client(limiter, timeout=1) as client:
         with pytest.raises(RateLimited) as refused:
             await client.get(partner.url)

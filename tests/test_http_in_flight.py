@@ -13,6 +13,7 @@ import httpx
 import pytest
 from aiohttp import web
 from conformance import cancelled, until
+from flavours import Flavour
 from redis.asyncio import Redis
 
 from aiolimit import (
@@ -21,6 +22,7 @@ from aiolimit import (
     MemoryBackend,
     RateLimited,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
 )
@@ -101,7 +103,7 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Any]:
 
 async def limiters(backend: Any, rate: int = 10, lease: float = 30.0) -> tuple[Any, Any]:
     rpm = RateLimiter("partner-rpm", backend)
-    await rpm.set_rate(RateType.OVERALL, rate, 60)
+    await rpm.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 60))
     sem = ConcurrencyLimiter("partner-slots", backend)
     await sem.set_limit(CAP, lease=lease)
     return rpm, sem
@@ -113,15 +115,18 @@ async def in_flight(sem: ConcurrencyLimiter) -> int:
     return snapshot.in_flight
 
 
-async def test_httpx_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, server: Server):
+async def test_httpx_never_exceeds_the_cap_and_keeps_the_rate(
+    backend: Any, server: Server, flavour: Flavour
+):
     rpm, sem = await limiters(backend, rate=10)
-    transport = RateLimitedTransport(rpm, concurrency=sem, timeout=5)
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = flavour.transport(rpm, concurrency=sem, timeout=5)  # (the default inner one)
+    async with flavour.client(transport) as client:
         answers = await asyncio.gather(
             *(client.get(server.url) for _ in range(12)), return_exceptions=True
         )
     refused = [a for a in answers if isinstance(a, RateLimited)]
-    assert [a.status_code for a in answers if isinstance(a, httpx.Response)] == [200] * 10
+    statuses = [a.status_code for a in answers if isinstance(a, flavour.httpx.Response)]
+    assert statuses == [200] * 10
     assert len(refused) == 2 and {r.name for r in refused} == {"partner-rpm"}
     assert server.served == 10
     assert server.most == CAP  # the cap reached, never passed
@@ -147,10 +152,12 @@ async def test_aiohttp_never_exceeds_the_cap_and_keeps_the_rate(backend: Any, se
     await until(lambda: in_flight(sem), lambda n: n == 0, "every slot back")
 
 
-async def test_httpx_holds_the_slot_until_a_streamed_body_is_closed(backend: Any, server: Server):
+async def test_httpx_holds_the_slot_until_a_streamed_body_is_closed(
+    backend: Any, server: Server, flavour: Flavour
+):
     rpm, sem = await limiters(backend)
-    transport = RateLimitedTransport(rpm, concurrency=sem)
-    async with httpx.AsyncClient(transport=transport) as client:
+    transport = flavour.transport(rpm, concurrency=sem)
+    async with flavour.client(transport) as client:
         async with client.stream("GET", server.url) as response:
             assert response.status_code == 200
             assert await in_flight(sem) == 1  # the body is not read yet
@@ -227,7 +234,7 @@ async def test_httpx_a_slot_held_while_the_rate_is_slept_out_is_never_shared(
     backend: Any, server: Server
 ):
     rpm = RateLimiter("partner-rpm", backend)
-    await rpm.set_rate(RateType.OVERALL, 1, 1)
+    await rpm.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 1))
     sem = ConcurrencyLimiter("partner-slots", backend)
     await sem.set_limit(1, lease=0.3)
     assert await rpm.try_acquire()  # the request's permit is 1 s away: three lease times
@@ -245,8 +252,9 @@ async def test_httpx_a_slot_held_while_the_rate_is_slept_out_is_never_shared(
 
 
 class Stalled(RateLimiter):
-    """A rate limiter whose ``sync`` (or ``block``) waits until its caller is cancelled:
-    a store that answers late, caught exactly then."""
+    """A rate limiter whose ``cap_remaining`` (``stalls="sync"``: the headers' count) or
+    ``pause`` (``"block"``: a 429's) waits until its caller is cancelled: a store that
+    answers late, caught exactly then."""
 
     def __init__(self, name: str, backend: Any, stalls: str) -> None:
         super().__init__(name, backend)
@@ -257,15 +265,15 @@ class Stalled(RateLimiter):
         self.stalled.set()
         await asyncio.Event().wait()
 
-    async def sync(self, *, remaining: int, reset: Any) -> None:
+    async def cap_remaining(self, remaining: int, *, reset: Any) -> None:
         if self.stalls == "sync":
             await self._stall()
-        await super().sync(remaining=remaining, reset=reset)
+        await super().cap_remaining(remaining, reset=reset)
 
-    async def block(self, duration: Any) -> None:
+    async def pause(self, duration: Any) -> None:
         if self.stalls == "block":
             await self._stall()
-        await super().block(duration)
+        await super().pause(duration)
 
 
 STALLS = {
@@ -295,7 +303,7 @@ async def test_a_caller_cancelled_after_the_response_came_leaves_no_slot_held(
     backend: Any, server: Server, stalls: str, client: str
 ):
     rpm = Stalled("partner-rpm", backend, stalls)
-    await rpm.set_rate(RateType.OVERALL, 10, 60)
+    await rpm.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
     sem = ConcurrencyLimiter("partner-slots", backend)
     await sem.set_limit(1, lease=30)
     server.status, server.headers = STALLS[stalls]
@@ -316,7 +324,7 @@ async def test_aiohttp_a_caller_cancelled_while_an_event_streams_tokens_sync_lea
     rpm, sem = await limiters(backend)
     await sem.update_limit(1)
     tokens = Stalled("partner-tpm", backend, "sync")
-    await tokens.set_rate(RateType.OVERALL, 1000, 60)
+    await tokens.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
     server.headers = {
         "Content-Type": "text/event-stream",
         "x-ratelimit-remaining-tokens": "500",

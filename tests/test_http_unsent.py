@@ -16,33 +16,37 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from flavours import Flavour
 from metering import AIOHTTP_ESTIMATE, ESTIMATE, PROMPT, Ticking, meters
 
 from aiolimit import Acquired, ConcurrencyLimiter, RateLimiter
 from aiolimit.aiohttp import RateLimitedClientMiddleware
-from aiolimit.httpx import RateLimitedTransport
 from tools import free_port
 
 
-def client(requests: RateLimiter, handle: Any, **options: Any) -> httpx.AsyncClient:
-    transport = RateLimitedTransport(requests, httpx.MockTransport(handle), **options)
-    return httpx.AsyncClient(transport=transport, base_url="http://llm.test")
+def client(
+    requests: RateLimiter, handle: Any, flavour: Flavour | None = None, **options: Any
+) -> Any:
+    flavour = flavour or Flavour.of("httpx")
+    transport = flavour.transport(requests, flavour.httpx.MockTransport(handle), **options)
+    return flavour.client(transport, base_url="http://llm.test")
 
 
 async def test_httpx_a_request_that_could_not_connect_hands_back_its_permit_and_tokens(
-    store: Any,
+    store: Any, flavour: Flavour
 ) -> None:
     requests, tokens = await meters(store, clock=Ticking())
     others: list[Acquired] = []
+    ConnectError = flavour.httpx.ConnectError
 
-    async def unreachable(request: httpx.Request) -> httpx.Response:
+    async def unreachable(request: Any) -> Any:
         # another caller is granted while this one is in flight: its grants are the newest
         others.append(await tokens.reserve(300))
         assert await requests.try_acquire()
-        raise httpx.ConnectError("connection refused", request=request)
+        raise ConnectError("connection refused", request=request)
 
-    async with client(requests, unreachable, tokens=tokens) as http:
-        with pytest.raises(httpx.ConnectError):
+    async with client(requests, unreachable, flavour, tokens=tokens) as http:
+        with pytest.raises(ConnectError):
             await http.post("/v1/chat/completions", json=PROMPT)
     assert await requests.available_permits() == 10 - 1  # the other caller's only
     assert await tokens.available_permits() == 1000 - 300
@@ -54,23 +58,24 @@ async def test_httpx_a_request_that_could_not_connect_hands_back_its_permit_and_
 @pytest.mark.parametrize(
     ("failure", "sent"),
     [
-        (httpx.ConnectTimeout("connect timed out"), False),
-        (httpx.PoolTimeout("no connection free"), False),
-        (httpx.ReadTimeout("read timed out"), True),
-        (httpx.RemoteProtocolError("server disconnected"), True),
-        (httpx.ReadError("connection reset"), True),
+        ("ConnectTimeout", False),
+        ("PoolTimeout", False),
+        ("ReadTimeout", True),
+        ("RemoteProtocolError", True),
+        ("ReadError", True),
     ],
 )
 async def test_httpx_a_failed_request_hands_back_only_what_never_left(
-    store: Any, failure: httpx.TransportError, sent: bool
+    store: Any, flavour: Flavour, failure: str, sent: bool
 ) -> None:
     requests, tokens = await meters(store)
+    error = getattr(flavour.httpx, failure)
 
-    def failing(request: httpx.Request) -> httpx.Response:
-        raise failure
+    def failing(request: Any) -> Any:
+        raise error(failure)
 
-    async with client(requests, failing, tokens=tokens) as http:
-        with pytest.raises(type(failure)):
+    async with client(requests, failing, flavour, tokens=tokens) as http:
+        with pytest.raises(error):
             await http.post("/v1/chat/completions", json=PROMPT)
     # sent: the partner may have counted it, the permit and the estimate stay spent
     assert await requests.available_permits() == (9 if sent else 10)

@@ -56,6 +56,7 @@ def test_redis_backend_is_imported_when_first_named() -> None:
     ("module", "dependency", "extra"),
     [
         ("aiolimit.httpx", "httpx", "httpx"),
+        ("aiolimit.httpx2", "httpx2", "httpx2"),
         ("aiolimit.aiohttp", "aiohttp", "aiohttp"),
         ("aiolimit.aiohttp_web", "aiohttp", "aiohttp"),
         ("aiolimit.otel", "opentelemetry", "otel"),
@@ -74,6 +75,18 @@ def test_a_missing_extra_names_what_to_install(
         importlib.import_module(module)
     assert f"pip install '{DISTRIBUTION}[{extra}]'" in str(raised.value)
     assert module in str(raised.value)
+
+
+def test_the_httpx2_transport_needs_no_httpx() -> None:
+    # The LLM SDKs install httpx2 and not httpx: the transport must import without it.
+    code = (
+        "import sys\n"
+        "sys.modules['httpx'] = None  # as if it were not installed\n"
+        "import httpx2\n"
+        "from aiolimit.httpx2 import RateLimitedTransport\n"
+        "print(issubclass(RateLimitedTransport, httpx2.AsyncBaseTransport))"
+    )
+    assert run(code) == "True"
 
 
 def _imported(path: Path) -> set[str]:
@@ -153,6 +166,7 @@ def test_the_engine_is_a_leaf_below_every_limiter_and_surface() -> None:
         or module
         in (
             "aiolimit.httpx",
+            "aiolimit.httpx2",
             "aiolimit.aiohttp",
             "aiolimit.fastapi",
             "aiolimit.otel",

@@ -19,6 +19,7 @@ from aiolimit import (
     Observer,
     RateLimited,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     acquire_all,
     observe,
@@ -30,7 +31,7 @@ LEASE = 30.0
 async def limiters(store, name, rate=1, interval=60, slots=1, lease=LEASE):
     backend = store.backend()
     rpm = RateLimiter(name + "-rpm", backend)
-    await rpm.set_rate(RateType.OVERALL, rate, interval)
+    await rpm.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, interval))
     sem = ConcurrencyLimiter(name + "-sem", backend)
     assert await sem.try_set_limit(slots, lease=lease)
     return rpm, sem

@@ -121,6 +121,7 @@ def test_the_bounds_are_what_lua_holds_exactly() -> None:
 @pytest.mark.parametrize(
     "rate", TOO_BIG_RATES, ids=["2**50+1", "2**53+1", "1e30", "2**63", "1e5000"]
 )
+@pytest.mark.filterwarnings("ignore:.*rate_type, rate:DeprecationWarning")  # still checked
 async def test_rates_above_max_rate_are_refused_naming_the_bound(rate: int) -> None:
     limiter = RateLimiter("big", _Untouchable())
     sharded = ShardedRateLimiter("big", _Untouchable(), shards=2)
@@ -175,15 +176,15 @@ TOO_LONG_IDS = ["1e303", "1e400-int", "1e13", "timedelta.max", "max+1us", "max+1
 async def test_durations_above_max_duration_are_refused(duration: Any) -> None:
     limiter = RateLimiter("long", _Untouchable())
     with pytest.raises(InvalidArgumentError, match=r"interval.*10 years") as caught:
-        await limiter.set_rate(RateType.OVERALL, 5, duration)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, duration))
     assert_invalid(caught)
     with pytest.raises(InvalidArgumentError, match=r"keep_alive.*10 years"):
-        await limiter.set_rate(RateType.OVERALL, 5, 1, keep_alive=duration)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 1, keep_alive=duration))
     with pytest.raises(InvalidArgumentError, match=r"ttl.*10 years"):
         await limiter.expire(duration)
     sharded = ShardedRateLimiter("long", _Untouchable(), shards=2)
     with pytest.raises(InvalidArgumentError, match=r"interval.*10 years"):
-        await sharded.set_rate(RateType.OVERALL, 5, duration)
+        await sharded.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, duration))
     with pytest.raises(InvalidArgumentError, match=r"ttl.*10 years"):
         await sharded.expire(duration)
 
@@ -203,7 +204,7 @@ async def test_expire_far_in_the_future_is_refused_and_the_limiter_keeps_limitin
     store: Any, name: str
 ) -> None:
     limiter = RateLimiter(name, store.backend())
-    await limiter.set_rate(RateType.OVERALL, 2, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
     for ttl in (1e13, timedelta.max, 10**20):
         with pytest.raises(InvalidArgumentError):
             await limiter.expire(ttl)
@@ -221,9 +222,9 @@ async def test_expire_far_in_the_future_is_refused_and_the_limiter_keeps_limitin
 async def test_timeouts_above_max_duration_wait_as_long_as_it_takes(timeout: Any) -> None:
     backend = MemoryBackend()
     limiter = RateLimiter("wait", backend)
-    await limiter.set_rate(RateType.OVERALL, 1, 10)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 10))
     sharded = ShardedRateLimiter("wait", backend, shards=2)
-    await sharded.set_rate(RateType.OVERALL, 2, 10)  # a permit per shard
+    await sharded.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 10))  # a permit per shard
     loop = asyncio.get_running_loop()
     assert [await sharded.try_acquire(), await sharded.try_acquire()] == [True, True]
     assert await limiter.try_acquire()
@@ -320,7 +321,7 @@ async def test_a_bad_name_at_the_backend_fails_only_its_own_call(redis_server: L
     backend = RedisBackend(redis, prefix="bad-name:")
     try:
         good = RateLimiter("good", backend)
-        await good.set_rate(RateType.OVERALL, 1000, 60)
+        await good.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         bad_calls: list[Awaitable[object]] = [
             backend.try_acquire("\ud800", 1),
             backend.get_config("\ud800"),
@@ -413,12 +414,12 @@ async def test_a_clock_reading_that_is_not_a_time_raises_at_the_call(
 ) -> None:
     now: list[Any] = [1000.0]
     limiter = RateLimiter(name, store.backend(clock=lambda: now[0]))
-    await limiter.set_rate(RateType.OVERALL, 5, 10)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 10))
     now[0] = reading
     for call in (
         limiter.try_acquire,
         limiter.available_permits,
-        lambda: limiter.set_rate(RateType.OVERALL, 5, 10),
+        lambda: limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 10)),
         lambda: limiter.expire(5),
     ):
         with pytest.raises(InvalidArgumentError, match="clock") as caught:
@@ -498,7 +499,7 @@ async def test_a_script_error_from_a_real_server_reads_plainly(redis_server: Loc
         await redis.delete(backend.keys("wrong-type").config)
         await redis.set(backend.keys("wrong-type").config, "not a hash")
         for call in (
-            lambda: limiter.set_rate(RateType.OVERALL, 5, 10),
+            lambda: limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 10)),
             limiter.available_permits,
             limiter.get_config,
             lambda: limiter.expire(5),
@@ -643,7 +644,7 @@ async def test_a_paused_server_fails_the_call_within_the_timeout_and_the_grant_i
     backend = RedisBackend(redis, timeout=0.5, prefix="paused:")
     limiter = RateLimiter("paused", backend)
     try:
-        await limiter.set_rate(RateType.OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
         await admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
         paused = time.monotonic()
         with pytest.raises(BackendError, match=r"no reply from Redis within 0\.5 s"):
@@ -685,7 +686,7 @@ async def test_a_stopped_server_is_reported_about_as_soon_as_redis_py_reports_it
             RateLimiter("down", RedisBackend(clients[1], timeout=None)),
         ]
         for limiter in limiters:
-            await limiter.set_rate(RateType.OVERALL, 5, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
         for plain in clients[2:]:
             await plain.ping()
         server.stop()
@@ -723,7 +724,7 @@ async def test_a_large_batch_of_acquires_is_split_into_calls_of_at_most_64(
     backend = RedisBackend(redis, prefix="split:")
     limiter = RateLimiter("split", backend)
     try:
-        await limiter.set_rate(RateType.OVERALL, 150, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 150, 60))
         results = await asyncio.gather(*[limiter.try_acquire() for _ in range(300)])
         # Request order is kept across the split: the first 150 callers get the permits.
         assert results == [True] * 150 + [False] * 150
@@ -765,7 +766,7 @@ async def test_requests_over_many_limiters_go_in_two_round_trips_in_flight_each_
     limiters = [RateLimiter(f"flight-{i}", backend) for i in range(40)]
     try:
         for limiter in limiters:
-            await limiter.set_rate(RateType.OVERALL, 5, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
         # 10 requests per limiter, interleaved: 400 at once, then again as callers return.
         asks = [limiters[i % 40] for i in range(400)]
         results = await asyncio.gather(*[limiter.try_acquire() for limiter in asks])
@@ -838,10 +839,10 @@ async def test_a_plain_limiter_named_like_a_shard_shares_nothing_with_the_sharde
     backend = store.backend()
     sharded = ShardedRateLimiter("api", backend, shards=2)
     plain = [RateLimiter(f"api#shard{i}", backend) for i in range(2)]
-    assert await sharded.try_set_rate(RateType.OVERALL, 4, 60)
+    assert await sharded.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
     for limiter in plain:
         assert await limiter.get_config() is None
-        assert await limiter.try_set_rate(RateType.OVERALL, 10, 60)
+        assert await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
     assert [await sharded.try_acquire() for _ in range(5)] == [True] * 4 + [False]
     assert [await limiter.available_permits() for limiter in plain] == [10, 10]
     assert await plain[0].try_acquire(10)
@@ -865,7 +866,9 @@ async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
     limiter = RateLimiter("fields", backend)
     config = backend.keys("fields").config
     try:
-        await limiter.set_rate(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        )
         await redis.hset(
             config,
             mapping={"key": "foreign:elsewhere", "max_permits": "99", "longest": "1", "x": "y"},
@@ -880,7 +883,9 @@ async def test_foreign_fields_in_a_config_hash_change_nothing_the_scripts_do(
         # A hash of many fields is not a config either (the scripts' loop over it is bounded).
         # (Another backend: this one's breaker has just seen the store fail.)
         limiter = RateLimiter("fields", RedisBackend(redis, prefix="foreign:"))
-        await limiter.set_rate(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 3, 60, algorithm=algorithm)
+        )
         await redis.hset(config, mapping={f"field-{i}": i for i in range(40)})
         with pytest.raises(BackendError, match="not an aiolimit config"):
             await limiter.try_acquire()

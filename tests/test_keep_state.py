@@ -22,7 +22,7 @@ from conformance import (
     reservations,
 )
 
-from aiolimit import Algorithm, Rate, RateLimiter, RateType, RedisBackend
+from aiolimit import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends._protocol import HELD_BUCKETS
 from tools import busiest_window
 
@@ -43,7 +43,7 @@ async def _windows_then_longer(store, clock, limiter, rate_type, grants, release
     # A fixed window of 100 s (rate 3) per entry of `grants`, each granted that many at its
     # start (and, in window `release_in`, one handed back); at 50 s into the last, switched
     # to 10 per 1000 s keeping the state: how many the new window [0, 1000 s) still grants.
-    await limiter.set_rate(rate_type, [Rate(3, 100)], algorithm=FIXED)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(3, 100)], algorithm=FIXED))
     for i, count in enumerate(grants):
         if i:
             await advance(store, clock, 100)
@@ -51,7 +51,9 @@ async def _windows_then_longer(store, clock, limiter, rate_type, grants, release
         if i == release_in:
             await limiter.release(1)
     await advance(store, clock, 50)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=FIXED, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1000)], algorithm=FIXED), keep_state=True
+    )
     return await _granted(limiter, 10)
 
 
@@ -70,10 +72,14 @@ async def test_a_switch_to_a_longer_interval_after_the_old_one_keeps_its_grants(
     # within the old interval) and grants its full rate at once, as any full bucket does.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, interval)], algorithm=algorithm)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, interval)], algorithm=algorithm)
+    )
     assert await _granted(limiter, 10) == 10
     await advance(store, clock, after)
-    await limiter.set_rate(rate_type, [Rate(10, longer)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, longer)], algorithm=algorithm), keep_state=True
+    )
     assert await _granted(limiter, 10) == (10 if algorithm is BUCKET else 0)
 
 
@@ -89,10 +95,12 @@ async def test_the_state_is_kept_for_two_intervals_after_its_newest_grant(
     after += 100 if algorithm is FIXED else 0
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=algorithm))
     assert await _granted(limiter, 10) == 10
     await advance(store, clock, after)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1000)], algorithm=algorithm), keep_state=True
+    )
     assert await _granted(limiter, 10) == granted
 
 
@@ -119,13 +127,15 @@ async def test_a_longer_interval_with_keep_state_counts_grants_already_reclaimed
     # window) under the old rate; then the rate becomes 10 per 1000 s.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=algorithm))
     assert await _granted(limiter, 9) == 9
     await advance(store, clock, 99)
     assert await limiter.try_acquire()
     await advance(store, clock, 51)
     assert await limiter.try_acquire()
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1000)], algorithm=algorithm), keep_state=True
+    )
     now, before_end, at_end = AFTER_RECLAIMED[algorithm]
     assert await _granted(limiter, 10) == now
     await advance(store, clock, 849)
@@ -143,10 +153,12 @@ async def test_a_longer_interval_with_keep_state_keeps_grants_inside_the_old_win
     # more (a token bucket misses 5.5 tokens at 5 s; at the new rate they refill in 550 s).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=algorithm))
     assert await _granted(limiter, 6) == 6
     await advance(store, clock, 5)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=algorithm, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1000)], algorithm=algorithm), keep_state=True
+    )
     assert await _granted(limiter, 10) == 4
 
 
@@ -158,10 +170,12 @@ async def test_a_full_bucket_switched_to_a_longer_interval_grants_its_full_rate(
     # 100 s, switched at 150 s to 10 per 1000 s: 10 at once, then one per 100 s.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=BUCKET))
     assert await _granted(limiter, 10) == 10
     await advance(store, clock, 150)
-    await limiter.set_rate(rate_type, [Rate(10, 1000)], algorithm=BUCKET, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 1000)], algorithm=BUCKET), keep_state=True
+    )
     assert await _granted(limiter, 11) == 10
     await advance(store, clock, 99.999)
     assert await _granted(limiter, 1) == 0
@@ -179,12 +193,16 @@ async def test_a_bucket_converts_its_missing_tokens_through_successive_changes(
     # become 10 per 200 s (120 s); at 40 s, 5 missing (100 s) become 5 per 100 s (100 s).
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=BUCKET))
     assert await _granted(limiter, 8) == 8
     await advance(store, clock, 20)
-    await limiter.set_rate(rate_type, [Rate(10, 200)], algorithm=BUCKET, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(10, 200)], algorithm=BUCKET), keep_state=True
+    )
     await advance(store, clock, 20)
-    await limiter.set_rate(rate_type, [Rate(5, 100)], algorithm=BUCKET, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(5, 100)], algorithm=BUCKET), keep_state=True
+    )
     await advance(store, clock, 40)  # 5 missing at 40 s, one back per 20 s: 3 at 80 s
     assert await _granted(limiter, 5) == 2
 
@@ -200,12 +218,14 @@ async def test_a_bucket_switched_to_a_slower_rate_keeps_what_it_owes_until_it_is
     # clients: their TTLs are given in chunks after the change, on Redis.)
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(10, 100)], algorithm=BUCKET)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(10, 100)], algorithm=BUCKET))
     if rate_type is PER_CLIENT:
         for i in range(150):
             assert await limiter.for_client(f"other-{i}").try_acquire()
     assert await _granted(limiter, 10) == 10
-    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=BUCKET, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(2, 100)], algorithm=BUCKET), keep_state=True
+    )
     seen = []
     for at in (50, 150, 300, 449.999, 450, 500):
         await advance(store, clock, at - (seen[-1][0] if seen else 0))
@@ -262,12 +282,16 @@ async def test_several_rates_switched_to_one_count_the_first_rates_earlier_windo
     # about the first rate's: it must not stand in for them.)
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(100, 10), Rate(100, 1)], algorithm=FIXED)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(100, 10), Rate(100, 1)], algorithm=FIXED)
+    )
     await advance(store, clock, 20.5)
     assert await _granted(limiter, 3) == 3
     await advance(store, clock, 29.4)
     assert await _granted(limiter, 3) == 3
-    await limiter.set_rate(rate_type, [Rate(6, 25)], algorithm=FIXED, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(6, 25)], algorithm=FIXED), keep_state=True
+    )
     assert await _granted(limiter, 6) == 0
 
 
@@ -281,7 +305,7 @@ async def test_a_sliding_window_keeps_a_bounded_summary_of_what_it_reclaimed(
     # 60, 120 and 180 s are forgotten. A longer interval counts the spans it covers.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(rate_type, [Rate(2, 100)], algorithm=SLIDING)
+    await limiter.set_rate(RateLimiterConfig.build(rate_type, [Rate(2, 100)], algorithm=SLIDING))
     for i in range(8):
         if i:
             await advance(store, clock, 60)
@@ -289,7 +313,9 @@ async def test_a_sliding_window_keeps_a_bounded_summary_of_what_it_reclaimed(
     held = await _held(store, backend, name)
     assert held == [[1, START + 240_000_000], [1, START + 300_000_000]]
     assert len(held) == HELD_BUCKETS
-    await limiter.set_rate(rate_type, [Rate(12, 1000)], algorithm=SLIDING, keep_state=True)
+    await limiter.set_rate(
+        RateLimiterConfig.build(rate_type, [Rate(12, 1000)], algorithm=SLIDING), keep_state=True
+    )
     assert await _granted(limiter, 12) == 8  # 2 logged and 2 held count
 
 
@@ -318,13 +344,15 @@ async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
     # slots, and no second after the change holds more than the larger rate allows.
     clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(20, 1)], algorithm=algorithm))
     await reservations(backend, name, 20)
     queued = await reservations(backend, name, 20)
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
     for rate in (5, 20):
-        await limiter.set_rate(OVERALL, [Rate(rate, 1)], algorithm=to, keep_state=False)
+        await limiter.set_rate(
+            RateLimiterConfig.build(OVERALL, [Rate(rate, 1)], algorithm=to), keep_state=False
+        )
         starts = [grant.starts_at for grant in queued]
         starts += [grant.starts_at for grant in await reservations(backend, name, 30)]
         largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
@@ -332,7 +360,7 @@ async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
         assert most <= largest, f"{most} grants start within one second of the change"
         assert min(starts) == queued[0].starts_at  # (nothing was moved)
         await limiter.delete()
-        await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+        await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(20, 1)], algorithm=algorithm))
         await reservations(backend, name, 20)
         queued = await reservations(backend, name, 20)
         changed_at = round(clock() * 1e6)
@@ -342,9 +370,11 @@ async def test_a_reset_counts_the_reservations_it_finds_against_the_new_state(
 async def test_a_reset_with_nothing_queued_forgets_what_was_used(store, name, algorithm):
     _clock, backend = manual_clock(store)
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(OVERALL, [Rate(20, 1)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, [Rate(20, 1)], algorithm=algorithm))
     await reservations(backend, name, 20)
-    await limiter.set_rate(OVERALL, [Rate(5, 1)], algorithm=algorithm, keep_state=False)
+    await limiter.set_rate(
+        RateLimiterConfig.build(OVERALL, [Rate(5, 1)], algorithm=algorithm), keep_state=False
+    )
     assert await limiter.available_permits() == 5
 
 
@@ -359,13 +389,15 @@ async def test_a_reset_counts_each_clients_reservations_against_its_new_budget(
     clock, waiting = manual_clock(store)
     idle = new_client(store, "idle", clock=clock)
     limiter = RateLimiter(name, waiting)
-    await limiter.set_rate(PER_CLIENT, [Rate(20, 1)], algorithm=algorithm)
+    await limiter.set_rate(RateLimiterConfig.build(PER_CLIENT, [Rate(20, 1)], algorithm=algorithm))
     await reservations(idle, name, 20)
     await reservations(waiting, name, 20)
     queued = await reservations(waiting, name, 20)
     assert all(grant.starts_in > 0 for grant in queued)
     changed_at = round(clock() * 1e6)
-    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=to, keep_state=False)
+    await limiter.set_rate(
+        RateLimiterConfig.build(PER_CLIENT, [Rate(5, 1)], algorithm=to), keep_state=False
+    )
     starts = [grant.starts_at for grant in queued]
     starts += [grant.starts_at for grant in await reservations(waiting, name, 30)]
     largest = 20 if to is not BUCKET else 39  # (a bucket: rate + rate * w / interval)
@@ -383,7 +415,7 @@ async def test_a_client_the_resets_clean_up_has_not_reached_keeps_its_reservatio
     # reservations by itself.
     clock, waiting = manual_clock(store)
     limiter = RateLimiter(name, waiting)
-    await limiter.set_rate(PER_CLIENT, [Rate(20, 1)], algorithm=SLIDING)
+    await limiter.set_rate(RateLimiterConfig.build(PER_CLIENT, [Rate(20, 1)], algorithm=SLIDING))
     await reservations(waiting, name, 20)
     queued = await reservations(waiting, name, 20)
 
@@ -391,7 +423,7 @@ async def test_a_client_the_resets_clean_up_has_not_reached_keeps_its_reservatio
         pass
 
     monkeypatch.setattr("aiolimit.backends.redis.retire_clients", stopped)
-    await limiter.set_rate(PER_CLIENT, [Rate(5, 1)], algorithm=FIXED)
+    await limiter.set_rate(RateLimiterConfig.build(PER_CLIENT, [Rate(5, 1)], algorithm=FIXED))
     [first] = await reservations(waiting, name, 1)
     assert first.starts_at >= queued[-1].starts_at + 1_000_000  # the window after theirs
     assert await RateLimiter(name, new_client(store, "idle", clock=clock)).available_permits() == 5

@@ -17,6 +17,7 @@ from aiolimit import (
     MemoryBackend,
     Observer,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
     ShardedRateLimiter,
@@ -31,7 +32,7 @@ async def fleet(store, name, clock, processes=5, rate=20):
     """``processes`` limiters of one name, each on a backend of its own, the first with the
     config (``rate`` per INTERVAL, the ceiling)."""
     limiters = [RateLimiter(name, store.backend(clock=clock)) for _ in range(processes)]
-    await limiters[0].set_rate(RateType.OVERALL, rate, INTERVAL)
+    await limiters[0].set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, INTERVAL))
     return limiters
 
 
@@ -158,16 +159,26 @@ async def test_a_store_that_lost_the_learned_state_starts_again_from_half_the_ce
     await advance(store, clock, INTERVAL)
     assert (await succeeded(limiter, ceiling=20, interval=INTERVAL)).permits == 7
     await forget_learned(limiter)
-    await limiter.set_rate(RateType.OVERALL, 20, INTERVAL)  # a writer put the ceiling back
+    await limiter.set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 20, INTERVAL)
+    )  # a writer put the ceiling back
     assert (await learner.read()).permits == 10
 
 
 async def test_ensure_rate_leaves_a_learned_rate_alone(store, name):
     clock = ManualClock()
-    first = RateLimiter(name, store.backend(clock=clock), rate=20, interval=INTERVAL)
+    first = RateLimiter(
+        name,
+        store.backend(clock=clock),
+        rate=RateLimiterConfig.build(RateType.OVERALL, 20, INTERVAL),
+    )
     assert await first.try_acquire()
     await Learner(first).refused()
-    other = RateLimiter(name, store.backend(clock=clock), rate=20, interval=INTERVAL)
+    other = RateLimiter(
+        name,
+        store.backend(clock=clock),
+        rate=RateLimiterConfig.build(RateType.OVERALL, 20, INTERVAL),
+    )
     assert await other.try_acquire()  # a process starting: its rate= is the ceiling
     assert await permits_in_force(other) == 5
 
@@ -299,7 +310,7 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
     seen = set()
     try:
         for limiter in limiters:
-            await limiter.set_rate(RateType.OVERALL, 40, INTERVAL)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 40, INTERVAL))
         for _ in range(60):
             step = chance.choice((0.5, 1, 3, INTERVAL, 2 * INTERVAL))
             event = chance.choice(("refused", "refused", "succeeded", "succeeded", "stated"))

@@ -15,7 +15,14 @@ import aiohttp
 import httpx
 import pytest
 
-from aiolimit import InvalidArgumentError, Learner, MemoryBackend, RateLimiter
+from aiolimit import (
+    InvalidArgumentError,
+    Learner,
+    MemoryBackend,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+)
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
 from tools.partner import Partner, serve
@@ -53,7 +60,11 @@ async def _aiohttp_calls(limiter: RateLimiter, url: str, seconds: float, tasks: 
 @pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])
 async def test_a_client_learns_a_hidden_quota_from_its_429s(calls) -> None:
     partner = Partner(5, 1.0, "sliding")
-    limiter = RateLimiter("hidden", MemoryBackend(), rate=20, interval=1, margin=MARGIN)
+    limiter = RateLimiter(
+        "hidden",
+        MemoryBackend(),
+        rate=RateLimiterConfig.build(RateType.OVERALL, 20, 1, margin=MARGIN),
+    )
     with serve(partner) as url:
         await calls(limiter, url, 4.0)
     learned = await Learner(limiter).read()
@@ -68,7 +79,11 @@ async def test_a_client_learns_a_hidden_quota_from_its_429s(calls) -> None:
 @pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])
 async def test_a_client_takes_a_stated_quota_at_its_first_answer(calls) -> None:
     partner = Partner(7, 1.0, "sliding", states=True)
-    limiter = RateLimiter("stated", MemoryBackend(), rate=20, interval=1, margin=MARGIN)
+    limiter = RateLimiter(
+        "stated",
+        MemoryBackend(),
+        rate=RateLimiterConfig.build(RateType.OVERALL, 20, 1, margin=MARGIN),
+    )
     with serve(partner) as url:
         await calls(limiter, url, 3.0)
     learned = await Learner(limiter).read()
@@ -79,8 +94,8 @@ async def test_a_client_takes_a_stated_quota_at_its_first_answer(calls) -> None:
 
 
 def test_learn_takes_true_false_or_a_learner_of_the_clients_limiter() -> None:
-    limiter = RateLimiter("learns", MemoryBackend(), rate=20, interval=1)
-    other = RateLimiter("other", MemoryBackend(), rate=20, interval=1)
+    limiter = RateLimiter("learns", MemoryBackend(), rate="20/second")
+    other = RateLimiter("other", MemoryBackend(), rate="20/second")
     RateLimitedTransport(limiter, learn=Learner(limiter, max_hold=2))
     for wrong in ("yes", 1, Learner(other)):
         with pytest.raises(InvalidArgumentError):
@@ -101,7 +116,9 @@ async def _hostile(scope, receive, send) -> None:
 
 
 async def test_a_hostile_partner_drives_the_rate_to_the_floor_never_to_a_stop() -> None:
-    limiter = RateLimiter("hostile", MemoryBackend(), rate=20, interval=0.1)
+    limiter = RateLimiter(
+        "hostile", MemoryBackend(), rate=RateLimiterConfig.build(RateType.OVERALL, 20, 0.1)
+    )
     transport = RateLimitedTransport(limiter, learn=True, retry=False)
     answered = 0
     with serve(_hostile) as url:
@@ -120,8 +137,8 @@ async def test_a_tokens_limiter_learns_its_budget_from_the_stated_tokens_limit()
 
     provider = Provider(tpm=6000, rpm=120, window=60.0)
     backend = MemoryBackend()
-    requests = RateLimiter("llm-rpm", backend, rate=600, interval=60)
-    tokens = RateLimiter("llm-tpm", backend, rate=60000, interval=60)
+    requests = RateLimiter("llm-rpm", backend, rate="600/minute")
+    tokens = RateLimiter("llm-tpm", backend, rate="60000/minute")
     transport = RateLimitedTransport(requests, tokens=tokens, learn=True)
     with serve(provider) as url:
         async with httpx.AsyncClient(transport=transport) as client:

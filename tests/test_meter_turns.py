@@ -146,7 +146,7 @@ async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(
     arrivals: list[tuple[str, float]] = []
     async with metered(backend, {"first": 10, "second": 10}, arrivals) as client:
         await call(client, "first", 10)
-        await RateLimiter("turns-requests", backend).block(5.0)  # a 429's pause
+        await RateLimiter("turns-requests", backend).pause(5.0)  # a 429's pause
         began = asyncio.get_running_loop().time()
         calls = count_calls(monkeypatch, backend)
         await call(client, "second", 10)

@@ -26,6 +26,7 @@ from aiolimit import (
     NotConfiguredError,
     Observer,
     RateLimiter,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
     ShardedRateLimiter,
@@ -72,7 +73,7 @@ def recorder() -> Iterator[Recorder]:
 @looptime
 async def test_grants_refusals_and_a_reservation_s_exact_wait_are_reported(recorder):
     limiter = RateLimiter("api", MemoryBackend())
-    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     assert await limiter.try_acquire(2)
     assert not await limiter.try_acquire(1)
     assert not await limiter.try_acquire(1, timeout=0.5)  # the wait would be 1 s
@@ -95,7 +96,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_is_neither_granted_nor_re
     recorder,
 ):
     limiter = RateLimiter("api", MemoryBackend())
-    await limiter.set_rate(RateType.OVERALL, 1, 10)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 10))
     await limiter.acquire()
     waiter = asyncio.create_task(limiter.acquire())
     await asyncio.sleep(1)
@@ -111,7 +112,7 @@ async def test_errors_are_reported_by_type_and_still_raised(recorder):
     with pytest.raises(NotConfiguredError):
         await RateLimiter("nothing", backend).try_acquire()
     limiter = RateLimiter("small", backend)
-    await limiter.set_rate(RateType.OVERALL, 3, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 1))
     with pytest.raises(InvalidArgumentError):
         await limiter.try_acquire(4)
     assert recorder.events == [
@@ -123,7 +124,7 @@ async def test_errors_are_reported_by_type_and_still_raised(recorder):
 @looptime
 async def test_a_sharded_limiter_reports_under_its_own_name_never_a_shard_s(recorder):
     limiter = ShardedRateLimiter("search", MemoryBackend(), shards=2)
-    await limiter.set_rate(RateType.OVERALL, 4, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 1))
     for _ in range(4):
         assert await limiter.try_acquire()
     assert not await limiter.try_acquire()
@@ -144,7 +145,7 @@ async def test_nothing_is_reported_once_detached_and_only_observers_attach():
     aiolimit.observe(recorder)
     assert aiolimit.observe(None) is recorder
     limiter = RateLimiter("quiet", MemoryBackend())
-    await limiter.set_rate(RateType.OVERALL, 1, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 1))
     assert await limiter.try_acquire()
     assert recorder.events == []
     with pytest.raises(InvalidArgumentError, match=r"observer must be an aiolimit\.Observer"):
@@ -155,7 +156,7 @@ async def test_round_trips_report_how_many_requests_each_carried(redis_server, r
     redis = Redis.from_url(redis_server.url)
     try:
         limiter = RateLimiter("trips", RedisBackend(redis))
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         recorder.trips.clear()
         assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(50))))
     finally:
@@ -209,7 +210,7 @@ def limiter_is(name: str, **more: str) -> frozenset[tuple[str, str]]:
 async def test_otel_requests_permits_waits_and_queue_read_back(otel):
     backend = MemoryBackend()
     limiter = RateLimiter("partner-api", backend)
-    await limiter.set_rate(RateType.OVERALL, 3, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 1))
     assert await limiter.try_acquire(2)
     assert await limiter.try_acquire(1)
     assert not await limiter.try_acquire(1)
@@ -242,7 +243,9 @@ async def test_otel_requests_permits_waits_and_queue_read_back(otel):
 @looptime
 async def test_otel_never_carries_a_client_id(otel):
     backend = MemoryBackend()
-    await RateLimiter("per-user", backend).set_rate(RateType.PER_CLIENT, 1, 1)
+    await RateLimiter("per-user", backend).set_rate(
+        RateLimiterConfig.build(RateType.PER_CLIENT, 1, 1)
+    )
     for user in ("user-42", "user-43"):
         assert await RateLimiter("per-user", backend.with_client(user)).try_acquire()
     requests = otel.points()["aiolimit.requests"]
@@ -255,7 +258,7 @@ async def test_otel_round_trips_and_requests_read_back(redis_server, otel):
     redis = Redis.from_url(redis_server.url)
     try:
         limiter = RateLimiter("batched", RedisBackend(redis))
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         points = otel.points()
         trips_before = points["aiolimit.redis.round_trips"][0].value
         sent_before = points["aiolimit.redis.requests"][0].value
@@ -277,7 +280,7 @@ async def test_otel_batch_size_histogram_when_asked(redis_server):
     redis = Redis.from_url(redis_server.url)
     try:
         limiter = RateLimiter("histogram", RedisBackend(redis))
-        await limiter.set_rate(RateType.OVERALL, 1000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
         assert all(await asyncio.gather(*(limiter.try_acquire() for _ in range(40))))
     finally:
         aiolimit.observe(None)
@@ -300,7 +303,7 @@ async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
         redis = Redis.from_url(server.url)
         try:
             limiter = RateLimiter("outage", RedisBackend(redis))
-            await limiter.set_rate(RateType.OVERALL, 1000, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
             assert await limiter.try_acquire()  # the scripts' first load: NOSCRIPT, at debug
             caplog.clear()
             for _ in range(20):
@@ -319,7 +322,7 @@ async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
             # The first failure opened the limiter's circuit breaker: the two calls after it
             # failed at once, without reaching Redis, and so does any call for its back-off.
             await asyncio.sleep(aiolimit.breaker_of(limiter.backend, "outage").first_backoff)
-            await limiter.set_rate(RateType.OVERALL, 1000, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
             assert await limiter.try_acquire()
             up = [r for r in caplog.records if r.levelno >= logging.WARNING][1:]
             assert len(up) == 1, [r.getMessage() for r in up]
@@ -338,7 +341,9 @@ async def test_an_outage_is_logged_once_and_its_recovery_once(caplog):
 
 @looptime
 async def test_otel_reports_a_learned_rate_and_its_ceiling(otel):
-    limiter = RateLimiter("learned-api", MemoryBackend(), rate=20, interval=2)
+    limiter = RateLimiter(
+        "learned-api", MemoryBackend(), rate=RateLimiterConfig.build(RateType.OVERALL, 20, 2)
+    )
     assert await limiter.try_acquire()
     await aiolimit.Learner(limiter).refused()  # 10 (half the ceiling), cut to 5
     points = otel.points()

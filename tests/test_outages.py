@@ -20,7 +20,14 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 import aiolimit
-from aiolimit import BackendError, MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import (
+    BackendError,
+    MemoryBackend,
+    RateLimiter,
+    RateLimiterConfig,
+    RateType,
+    RedisBackend,
+)
 from aiolimit.asgi import RateLimitMiddleware, Rule, client_ip
 from aiolimit.backends.base import Attempt
 from tools import LocalRedis, free_port
@@ -51,7 +58,7 @@ def client(app: Any) -> httpx.AsyncClient:
 async def test_after_a_failure_calls_fail_at_once_while_one_call_probes() -> None:
     backend = Flaky()
     limiter = RateLimiter("probed", backend)
-    await limiter.set_rate(RateType.OVERALL, 1000, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 1))
     backend.down = True
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -77,7 +84,7 @@ async def test_after_a_failure_calls_fail_at_once_while_one_call_probes() -> Non
 async def test_a_probe_cancelled_lets_the_next_call_probe() -> None:
     backend = Flaky()
     limiter = RateLimiter("cancelled-probe", backend)
-    await limiter.set_rate(RateType.OVERALL, 1000, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 1))
     backend.down = True
     with pytest.raises(BackendError):
         await limiter.try_acquire()
@@ -99,7 +106,7 @@ async def test_a_killed_redis_server_costs_one_failure_then_calls_fail_at_once(
         redis = Redis.from_url(server.url)
         try:
             limiter = RateLimiter("killed", RedisBackend(redis, timeout=2))
-            await limiter.set_rate(RateType.OVERALL, 1000, 60)
+            await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
             assert await limiter.try_acquire()
             server.kill()
             with pytest.raises(BackendError):
@@ -113,7 +120,7 @@ async def test_a_killed_redis_server_costs_one_failure_then_calls_fail_at_once(
             deadline = time.monotonic() + 3  # the first back-off is 0.5 s
             while True:
                 try:
-                    await limiter.set_rate(RateType.OVERALL, 1000, 60)
+                    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 60))
                     assert await limiter.try_acquire()
                     break
                 except BackendError:
@@ -185,7 +192,7 @@ async def test_a_call_failing_fast_lets_the_event_loop_run_other_tasks(how: str)
     backend = Flaky()
     limiter, other = RateLimiter("yields", backend), RateLimiter("yields-too", backend)
     for each in (limiter, other):
-        await each.set_rate(RateType.OVERALL, 1000, 1)
+        await each.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1000, 1))
     backend.down = True
     with pytest.raises(BackendError):
         await limiter.try_acquire()  # opens the breaker

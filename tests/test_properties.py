@@ -59,6 +59,7 @@ from aiolimit import (
 from aiolimit.backends import Backend, Grant, Refusal, Settlement
 from aiolimit.backends._protocol import (
     format_grant,
+    parse_carries,
     parse_counters,
     parse_handbacks,
     parse_windows,
@@ -558,11 +559,11 @@ class OnFakeTime:
 
 def counters_of(text: str) -> tuple[Any, ...]:
     """A token bucket's or fixed windows' state as Redis holds it, in memory's terms."""
-    return (*parse_counters(text), parse_windows(text), parse_handbacks(text))
+    return (*parse_counters(text), parse_windows(text), parse_handbacks(text), parse_carries(text))
 
 
 def memory_counters_of(budget: Any) -> tuple[Any, ...]:
-    return (budget.last, budget.n, budget.held, budget.handbacks)
+    return (budget.last, budget.n, budget.held, budget.handbacks, budget.carried)
 
 
 def _text(value: Any) -> str:
@@ -1266,6 +1267,24 @@ async def test_a_per_client_reset_keeps_a_clients_reservation_on_both_backends(
         ("reserve", "a", 2, "forever"),
         ("settle", "a", 1, 0),
         ("sync", "a", 1, "half"),
+        ("available", "a"),
+    ],
+)  # fmt: skip
+@example(  # a floor past a fixed window's end: grants either side, hand-backs, a charge
+    first=(RateType.PER_CLIENT, 4, INTERVALS_US[0], None, Algorithm.FIXED_WINDOW, (), 0),
+    operations=[
+        ("acquire", "a", 1),
+        ("advance", "half"),
+        ("sync", "a", 2, "interval"),
+        ("acquire", "a", 1),
+        ("sync", "a", 1, "interval"),
+        ("release_member", "a", 1),
+        ("advance", "half"),
+        ("acquire", "a", 1),
+        ("settle", "a", 2, 3),
+        ("wait_time", "a", 2),
+        ("reserve", "a", 2, "forever"),
+        ("advance", "interval"),
         ("available", "a"),
     ],
 )  # fmt: skip

@@ -22,6 +22,7 @@ from aiolimit import (
 )
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
+    CARRIES,
     GRANTED_FORMAT,
     HELD_BUCKETS,
     MAX_BATCH,
@@ -35,10 +36,12 @@ from aiolimit.backends._protocol import (
     format_grant,
     format_member,
     new_life,
+    parse_carries,
     parse_counters,
     parse_grant,
     parse_member,
     parse_value,
+    parse_windows,
     split_life,
     with_life,
 )
@@ -170,7 +173,9 @@ async def test_the_member_a_grant_is_handed_back_by_is_formatted_as_lib_lua_does
     limiter = RateLimiter("protocol-member", RedisBackend(redis, clock=ManualClock()))
     try:
         for algorithm in Algorithm:
-            await limiter.set_rate(RateType.OVERALL, 5, 1, algorithm=algorithm)
+            await limiter.set_rate(
+                RateLimiterConfig.build(RateType.OVERALL, 5, 1, algorithm=algorithm)
+            )
             grant = await limiter.backend.try_acquire("protocol-member", 3, 0)
             assert isinstance(grant, Grant), algorithm
             permits, start, tag = parse_grant(grant.member)
@@ -214,7 +219,7 @@ async def test_the_value_key_is_written_as_the_protocol_says(redis_server) -> No
     clock = ManualClock()
     limiter = RateLimiter("protocol-value", RedisBackend(redis, clock=clock))
     try:
-        await limiter.set_rate(RateType.OVERALL, 2, 1)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
         assert await limiter.try_acquire() and await limiter.try_acquire()
         (value_key,) = [k for k in await redis.keys("*protocol-value*") if b":value" in k]
         config_key = value_key.replace(b":value", b":config")
@@ -238,6 +243,17 @@ def test_held_lua_keeps_as_many_spans_as_the_protocol_says() -> None:
     found = re.search(r"^local HELD_BUCKETS = (\d+)", lua("held"), re.MULTILINE)
     assert found, "held.lua no longer states how many spans it keeps"
     assert int(found[1]) == HELD_BUCKETS
+
+
+def test_carries_lua_keeps_as_many_floors_per_rate_as_the_protocol_says() -> None:
+    found = re.search(r"^local CARRIES = (\d+)", lua("carries"), re.MULTILINE)
+    assert found, "carries.lua no longer states how many floors a rate keeps"
+    assert int(found[1]) == CARRIES
+    # Its entries follow the earlier windows, and each reader finds its own.
+    state = "- 120 4 ~h2 ~1:3:60 ~c1:6:150:45 ~c1:2:90:30"
+    assert parse_counters(state) == (None, [120, 4])
+    assert parse_windows(state) == [[1, 3, 60]]
+    assert parse_carries(state) == [[1, 6, 150, 45], [1, 2, 90, 30]]
 
 
 def test_lib_lua_says_the_time_refusal_the_client_recognises() -> None:

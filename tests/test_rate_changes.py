@@ -9,7 +9,7 @@ import inspect
 
 import pytest
 
-from aiolimit import RateLimiter, RateType, ShardedRateLimiter
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, ShardedRateLimiter
 
 OVERALL = RateType.OVERALL
 
@@ -23,31 +23,31 @@ def test_every_method_that_rewrites_a_config_keeps_the_state_by_default(limiter_
 
 async def _used(store, name) -> RateLimiter:
     limiter = RateLimiter(name, store.backend())
-    await limiter.set_rate(OVERALL, 2, 100)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 2, 100))
     assert await limiter.try_acquire(2)
     return limiter
 
 
 async def test_set_rate_keeps_what_was_granted(store, name):
     limiter = await _used(store, name)
-    await limiter.set_rate(OVERALL, 3, 100)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 3, 100))
     assert await limiter.available_permits() == 1
 
 
 async def test_update_rate_keeps_what_was_granted(store, name):
     limiter = await _used(store, name)
-    assert await limiter.update_rate(OVERALL, 3, 100)
+    assert await limiter.update_rate(RateLimiterConfig.build(OVERALL, 3, 100))
     assert await limiter.available_permits() == 1
 
 
 async def test_ensure_rate_keeps_what_was_granted(store, name):
     limiter = await _used(store, name)
-    assert await limiter.ensure_rate(OVERALL, 3, 100)
+    assert await limiter.ensure_rate(RateLimiterConfig.build(OVERALL, 3, 100))
     assert await limiter.available_permits() == 1
 
 
 @pytest.mark.parametrize("method", ["set_rate", "update_rate"])
 async def test_keep_state_false_restarts_every_budget_full(store, name, method):
     limiter = await _used(store, name)
-    await getattr(limiter, method)(OVERALL, 3, 100, keep_state=False)
+    await getattr(limiter, method)(RateLimiterConfig.build(OVERALL, 3, 100), keep_state=False)
     assert await limiter.available_permits() == 3

@@ -96,11 +96,18 @@ def answering(request: httpx.Request) -> httpx.Response:
 async def test_limiters_with_a_rate_and_keep_alive_work_again_after_idling_past_it(
     idle_store: Backend, name: str
 ) -> None:
-    plain = RateLimiter(name, idle_store, rate="5/second", keep_alive=1)
+    plain = RateLimiter(name, idle_store, rate="5/second; keep_alive=1")
     sharded = ShardedRateLimiter(
-        f"{name}-sharded", idle_store, shards=2, rate="4/second", keep_alive=1
+        f"{name}-sharded",
+        idle_store,
+        shards=2,
+        rate="4/second; keep_alive=1",
     )
-    partner = RateLimiter(f"{name}-partner", idle_store, rate="5/second", keep_alive=1)
+    partner = RateLimiter(
+        f"{name}-partner",
+        idle_store,
+        rate="5/second; keep_alive=1",
+    )
     transport = RateLimitedTransport(partner, httpx.MockTransport(answering))
     async with httpx.AsyncClient(transport=transport, base_url="http://partner") as client:
         assert await plain.try_acquire()
@@ -122,7 +129,11 @@ async def test_limiters_with_a_rate_and_keep_alive_work_again_after_idling_past_
 async def test_a_limiter_writes_the_rate_in_code_again_after_a_flushall(
     store: Store, name: str
 ) -> None:
-    limiter = RateLimiter(name, store.backend(), rate="2/minute", keep_alive=60)
+    limiter = RateLimiter(
+        name,
+        store.backend(),
+        rate="2/minute; keep_alive=60",
+    )
     assert await limiter.try_acquire(2)
     await lose_every_config(store, limiter)
     assert [await limiter.try_acquire() for _ in range(3)] == [True, True, False]
@@ -183,7 +194,7 @@ async def test_acquire_all_writes_again_every_config_its_limiters_lost_together(
 ) -> None:
     backend = store.backend()
     everyone = RateLimiter(f"{name}-all", backend, rate="10/minute")
-    per_user = RateLimiter(f"{name}-user", backend, rate="2/minute", rate_type="per_client")
+    per_user = RateLimiter(f"{name}-user", backend, rate="2/minute; rate_type=per_client")
     requests = [(everyone, 1), (per_user.for_client("alice"), 1)]
     assert await aiolimit.acquire_all(requests)
     await lose_every_config(store, everyone, per_user)
@@ -195,7 +206,7 @@ async def test_acquire_all_writes_again_every_config_its_limiters_lost_together(
 @looptime
 async def test_a_loss_is_repaired_on_every_permit_path() -> None:
     backend = MemoryBackend()
-    limiter = RateLimiter("paths", backend, rate="100/minute", rate_type="per_client")
+    limiter = RateLimiter("paths", backend, rate="100/minute; rate_type=per_client")
 
     @limiter.limit
     async def decorated() -> None:
@@ -214,7 +225,7 @@ async def test_a_loss_is_repaired_on_every_permit_path() -> None:
         lambda: aiolimit.acquire_all([(limiter.for_client("d"), 1)]),
         lambda: limiter.for_client("e").wait_time(),
         lambda: limiter.for_client("f").available_permits(),
-        lambda: limiter.for_client("g").sync(remaining=1, reset=10),
+        lambda: limiter.for_client("g").cap_remaining(remaining=1, reset=10),
     ]
     for path in paths:
         await limiter.delete()
@@ -229,7 +240,7 @@ async def test_a_sharded_limiter_s_sync_and_wait_time_repair_a_loss() -> None:
     limiter = ShardedRateLimiter("sharded-paths", MemoryBackend(), shards=2, rate="10/minute")
     assert await limiter.wait_time() == 0.0  # the first call writes it
     await limiter.delete()
-    await limiter.sync(remaining=4, reset=60)
+    await limiter.cap_remaining(remaining=4, reset=60)
     await limiter.delete()
     assert await limiter.wait_time() == 0.0
     assert await limiter.get_config() == config_of("10/minute")
@@ -241,7 +252,9 @@ async def test_a_sharded_limiter_s_sync_and_wait_time_repair_a_loss() -> None:
 async def test_a_limiter_without_a_rate_in_code_still_finds_none(store: Store, name: str) -> None:
     backend = store.backend()
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.OVERALL, 5, 1)  # (an operator's, as `aiolimit set-rate`)
+    await limiter.set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 5, 1)
+    )  # (an operator's, as `aiolimit set-rate`)
     assert await limiter.try_acquire()
     await lose_every_config(store, limiter)
     with pytest.raises(NotConfiguredError):
@@ -252,9 +265,13 @@ async def test_a_limiter_without_a_rate_in_code_still_finds_none(store: Store, n
 
 async def test_a_rate_set_with_try_set_rate_is_not_written_again(store: Store, name: str) -> None:
     backend = store.backend()
-    await RateLimiter(name, backend).set_rate(RateType.OVERALL, 10, 1)  # the operator's
+    await RateLimiter(name, backend).set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 10, 1)
+    )  # the operator's
     limiter = RateLimiter(name, backend)
-    assert not await limiter.try_set_rate(RateType.OVERALL, 5, 1)  # the code keeps it
+    assert not await limiter.try_set_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 5, 1)
+    )  # the code keeps it
     assert [await limiter.try_acquire() for _ in range(11)] == [True] * 10 + [False]
     assert await limiter.get_config() == config_of("10/second")
     await lose_every_config(store, limiter)
@@ -268,7 +285,7 @@ async def test_a_rate_the_code_ensured_is_written_again_after_a_loss(
     backend = store.backend()
     limiter = RateLimiter(name, backend)
     view = limiter.for_client("alice")  # (a view made before: it follows its limiter)
-    assert await limiter.ensure_rate(RateType.OVERALL, "3/minute")
+    assert await limiter.ensure_rate(RateLimiterConfig.build(RateType.OVERALL, "3/minute"))
     await lose_every_config(store, limiter)
     assert [await view.try_acquire() for _ in range(4)] == [True] * 3 + [False]
     assert await limiter.get_config() == config_of("3/minute")

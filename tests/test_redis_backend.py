@@ -16,7 +16,7 @@ from importlib import resources
 
 import fakeredis
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -100,11 +100,11 @@ async def test_every_key_of_a_limiter_is_in_one_cluster_slot(
     first = RedisBackend(redis, client_id="client-{1}", prefix=prefix)
     second = first.with_client("client } 2")
     limiter = RateLimiter(name, first)
-    await limiter.set_rate(RateType.PER_CLIENT, 3, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 3, 60))
     assert await limiter.try_acquire()
     assert await RateLimiter(name, second).try_acquire(2)
     per_client = await scan(redis, prefix)
-    await limiter.set_rate(RateType.OVERALL, 3, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 60))
     assert await limiter.try_acquire()
     overall = await scan(redis, prefix)
 
@@ -132,7 +132,7 @@ async def test_different_names_never_share_a_key(redis: Redis, prefix: str) -> N
     seen: dict[str, str] = {}
     for name in HOSTILE_NAMES:
         limiter = RateLimiter(name, backend)
-        await limiter.set_rate(RateType.OVERALL, 2, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
         assert await limiter.try_acquire()
         keys = backend.keys(name)
         for key in (keys.config, keys.value, keys.permits, keys.registry, keys.client_value("c")):
@@ -151,7 +151,7 @@ async def test_state_keys_carry_a_ttl_of_two_intervals_and_config_none(
     backend = RedisBackend(redis, client_id="c", prefix=prefix)
     limiter = RateLimiter("ttl", backend)
     keys = backend.keys("ttl")
-    await limiter.set_rate(RateType.OVERALL, 5, 2)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 2))
     assert await limiter.try_acquire(2)
     # One interval while the grant counts, one more for keep_state to a longer interval.
     for key in (keys.value, keys.permits):
@@ -159,11 +159,13 @@ async def test_state_keys_carry_a_ttl_of_two_intervals_and_config_none(
     assert await redis.pttl(keys.config) == -1
 
     await limiter.release(1)
-    await limiter.update_rate(RateType.OVERALL, 5, 3)  # keep_state: TTLs follow the new interval
+    await limiter.update_rate(
+        RateLimiterConfig.build(RateType.OVERALL, 5, 3)
+    )  # keep_state: TTLs follow the new interval
     for key in (keys.value, keys.permits):
         assert 5500 < await redis.pttl(key) <= 6000
 
-    await limiter.set_rate(RateType.PER_CLIENT, 5, 2)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 5, 2))
     assert await limiter.try_acquire()
     for key in (keys.client_value("c"), keys.client_permits("c")):
         assert 3500 < await redis.pttl(key) <= 4000
@@ -182,7 +184,7 @@ async def test_a_grant_before_a_reservation_keeps_the_ttl_the_reservation_needs(
     # a later request fits now), and the keys must outlive it by two intervals all the same.
     backend = RedisBackend(redis, prefix=prefix)
     keys = backend.keys("queued")
-    await RateLimiter("queued", backend).set_rate(RateType.OVERALL, 10, 20)
+    await RateLimiter("queued", backend).set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 20))
     first = await backend.try_acquire("queued", 8)
     reserved = await backend.try_acquire("queued", 5, max_wait_us=60_000_000)
     assert isinstance(first, Grant) and isinstance(reserved, Grant)
@@ -200,7 +202,7 @@ async def test_keep_alive_gives_the_config_a_ttl_that_each_grant_slides(
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("kept", backend)
     config_key = backend.keys("kept").config
-    await limiter.set_rate(RateType.OVERALL, 5, 1, keep_alive=30)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 1, keep_alive=30))
     assert 29_000 < await redis.pttl(config_key) <= 30_000
     await redis.pexpire(config_key, 500)  # as if 29.5 s had passed
     assert await limiter.try_acquire()
@@ -215,8 +217,8 @@ async def test_an_idle_limiter_keeps_only_its_config_after_its_keep_state_horizo
 ) -> None:
     backend = RedisBackend(redis, client_id="c", prefix=prefix)
     overall, per_client = RateLimiter("overall", backend), RateLimiter("per-client", backend)
-    await overall.set_rate(RateType.OVERALL, 5, 0.3)
-    await per_client.set_rate(RateType.PER_CLIENT, 5, 0.3)
+    await overall.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 0.3))
+    await per_client.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 5, 0.3))
     for limiter in (overall, per_client):
         assert await limiter.try_acquire(3)
     await per_client.release(1)
@@ -286,14 +288,14 @@ async def test_every_operation_recovers_after_script_flush(redis: Redis, prefix:
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("flushed", backend)
     steps = [
-        lambda: limiter.try_set_rate(RateType.OVERALL, 10, 60),
+        lambda: limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60)),
         lambda: limiter.try_acquire(2),
         limiter.available_permits,
         lambda: limiter.release(1),
-        lambda: limiter.update_rate(RateType.OVERALL, 8, 60),
+        lambda: limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 8, 60)),
         lambda: limiter.expire(60),
         limiter.clear_expire,
-        lambda: limiter.set_rate(RateType.PER_CLIENT, 10, 60),
+        lambda: limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 10, 60)),
         lambda: limiter.try_acquire(3),
         limiter.delete,
     ]
@@ -309,7 +311,7 @@ async def test_concurrent_calls_recover_together_after_script_flush(
 ) -> None:
     backend = RedisBackend(redis, prefix=prefix)
     limiter = RateLimiter("flushed", backend)
-    await limiter.set_rate(RateType.OVERALL, 30, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 30, 60))
     await redis.script_flush()
     granted = await asyncio.gather(*(backend.try_acquire("flushed", 1) for _ in range(40)))
     assert sum(a.granted for a in granted) == 30
@@ -327,7 +329,9 @@ async def test_thousands_of_concurrent_calls_share_a_few_connections(
     try:
         backend = RedisBackend(redis, prefix=prefix)
         limiters = [RateLimiter(f"many-{i}", backend) for i in range(2000)]
-        await asyncio.gather(*(lim.set_rate(RateType.OVERALL, 2, 60) for lim in limiters))
+        await asyncio.gather(
+            *(lim.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60)) for lim in limiters)
+        )
         configs = await asyncio.gather(*(lim.get_config() for lim in limiters))
         assert all(c is not None and c.rate == 2 for c in configs)
         taken = await asyncio.gather(*(lim.try_acquire(2) for lim in limiters))
@@ -350,14 +354,14 @@ async def test_every_script_runs_on_fakeredis() -> None:
     backend = RedisBackend(fakeredis.FakeAsyncRedis(), client_id="a")
     other = backend.with_client("b")
     limiter = RateLimiter("fake", backend)
-    assert await limiter.try_set_rate(RateType.OVERALL, 4, 60)
-    assert not await limiter.try_set_rate(RateType.OVERALL, 4, 60)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
+    assert not await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
     assert [await limiter.try_acquire(2) for _ in range(3)] == [True, True, False]
     await limiter.release(1)
     assert await limiter.available_permits() == 1
-    assert await limiter.update_rate(RateType.OVERALL, 6, 60)
+    assert await limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 6, 60))
     assert await limiter.available_permits() == 3
-    await limiter.set_rate(RateType.PER_CLIENT, 2, 60, keep_alive=120)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 2, 60, keep_alive=120))
     assert await limiter.try_acquire(2)
     assert await RateLimiter("fake", other).try_acquire(2)
     assert not await limiter.try_acquire()
@@ -376,7 +380,7 @@ async def test_the_server_clock_stamps_grants_so_client_clocks_do_not_matter(
     first = RedisBackend(Redis.from_url(server.url), client_id="first", prefix=prefix)
     second = RedisBackend(Redis.from_url(server.url), client_id="second", prefix=prefix)
     try:
-        await RateLimiter("skew", first).set_rate(RateType.OVERALL, 3, 10)
+        await RateLimiter("skew", first).set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10))
         before = await first.redis.time()
         for _ in range(3):
             assert (await first.try_acquire("skew", 1)).granted
@@ -401,7 +405,7 @@ async def test_client_clocks_an_hour_apart_over_admit_which_is_why_server_is_the
         Redis.from_url(server.url), prefix=prefix, clock=lambda: time.time() + 3600
     )
     try:
-        await RateLimiter("skew", honest).set_rate(RateType.OVERALL, 3, 10)
+        await RateLimiter("skew", honest).set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10))
         started = time.monotonic()
         assert [(await honest.try_acquire("skew", 1)).granted for _ in range(4)] == [
             True,
@@ -444,7 +448,7 @@ async def test_a_server_refusing_time_points_to_client_clock(
     limited = Redis.from_url(server.url, username=user, password="pw")
     try:
         admin = RateLimiter("no-time", RedisBackend(redis, prefix=prefix, clock="client"))
-        await admin.set_rate(RateType.OVERALL, 3, 60)
+        await admin.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 60))
 
         limiter = RateLimiter("no-time", RedisBackend(limited, prefix=prefix))
         for operation in (limiter.try_acquire, limiter.available_permits):
@@ -460,7 +464,7 @@ async def test_a_server_refusing_time_points_to_client_clock(
         assert await client_clock.try_acquire(2)
         assert await client_clock.available_permits() == 1
         await client_clock.release(1)
-        assert await client_clock.update_rate(RateType.OVERALL, 4, 60)
+        assert await client_clock.update_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
         assert await client_clock.available_permits() == 3
     finally:
         await limited.aclose()
@@ -476,9 +480,15 @@ def every_operation(limiter: RateLimiter) -> list[tuple[str, Callable[[], object
             pass
 
     return [
-        ("try_set_rate", lambda: limiter.try_set_rate(RateType.OVERALL, 3, 10)),
-        ("set_rate", lambda: limiter.set_rate(RateType.OVERALL, 3, 10)),
-        ("update_rate", lambda: limiter.update_rate(RateType.OVERALL, 3, 10)),
+        (
+            "try_set_rate",
+            lambda: limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10)),
+        ),
+        ("set_rate", lambda: limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10))),
+        (
+            "update_rate",
+            lambda: limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10)),
+        ),
         ("get_config", limiter.get_config),
         ("try_acquire", limiter.try_acquire),
         ("try_acquire timeout", lambda: limiter.try_acquire(timeout=1)),
@@ -517,7 +527,7 @@ async def test_a_server_that_stops_answering_raises_backend_error_after_the_sock
         # First back-off 0: each call meets the server itself.
         backend = RedisBackend(redis, breaker=aiolimit.BreakerPolicy(first_backoff=0))
         limiter = RateLimiter("hung", backend)
-        await limiter.set_rate(RateType.OVERALL, 3, 10)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10))
         os.kill(own.process.pid, signal.SIGSTOP)
         try:
             for operation, call in every_operation(limiter)[3:8]:
@@ -645,7 +655,9 @@ async def test_a_batch_of_many_clients_keeps_the_registry_as_separate_calls_woul
     backend = RedisBackend(redis, prefix=prefix, clock=clock)
     limiter = RateLimiter("many", backend)
     keys = backend.keys("many")
-    await limiter.set_rate(RateType.PER_CLIENT, 3, 10, algorithm=Algorithm.TOKEN_BUCKET)
+    await limiter.set_rate(
+        RateLimiterConfig.build(RateType.PER_CLIENT, 3, 10, algorithm=Algorithm.TOKEN_BUCKET)
+    )
     assert await limiter.for_client("old").try_acquire()
     clock.advance(21)  # "old"'s grant is more than two intervals old
     clients = [limiter.for_client(f"c{i}") for i in range(40)]
@@ -681,7 +693,7 @@ async def test_alike_requests_of_one_call_are_granted_until_the_budget_is_out_th
 
     async def run(backend: Backend, together: bool) -> list[tuple[bool, int, int | None]]:
         limiter = RateLimiter("one", backend)
-        await limiter.set_rate(rate_type, 6, 3600, algorithm=algorithm)
+        await limiter.set_rate(RateLimiterConfig.build(rate_type, 6, 3600, algorithm=algorithm))
         if together:
             calls_before = await script_calls(redis)
             results = await asyncio.gather(*(backend.try_acquire("one", a) for a in asks))
@@ -742,9 +754,9 @@ async def test_a_run_of_alike_grants_comes_back_as_calls_of_their_own_give_it(
         )
         limiter = RateLimiter("run", backend)
         # 7 permits a second: a token bucket's tag moves by 142 857 or 142 858 us a permit.
-        await limiter.set_rate(rate_type, 7, 1, algorithm=algorithm)
+        await limiter.set_rate(RateLimiterConfig.build(rate_type, 7, 1, algorithm=algorithm))
         if blocked:
-            await limiter.block(0.5)
+            await limiter.pause(0.5)
             clock.advance(0.5)
         if together:
             return list(await asyncio.gather(*(backend.try_acquire("run", 2) for _ in range(5))))
@@ -813,7 +825,7 @@ async def test_requests_that_share_one_call_are_decided_as_the_memory_twin_decid
 
     async def run(backend: Backend, clock: ManualClock, together: bool) -> list[object]:
         limiter = RateLimiter("one", backend)
-        await limiter.set_rate(RateType.OVERALL, 5, 1, algorithm=algorithm)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 1, algorithm=algorithm))
         assert (await backend.try_acquire("one", 2)).granted  # a grant logged before
         if blocked:
             await backend.block("one", 200_000)  # over by the time of the requests but for 0.1
@@ -824,7 +836,9 @@ async def test_requests_that_share_one_call_are_decided_as_the_memory_twin_decid
             assert await script_calls(redis) - calls_before == 1  # all made before it went
         else:
             results = [await backend.try_acquire("one", *r) for r in requests]
-        await limiter.set_rate(RateType.OVERALL, 5, 3, algorithm=algorithm, keep_state=True)
+        await limiter.set_rate(
+            RateLimiterConfig.build(RateType.OVERALL, 5, 3, algorithm=algorithm), keep_state=True
+        )
         return [*map(lifeless, results), await backend.available_permits("one")]
 
     clock = ManualClock()
@@ -833,4 +847,5 @@ async def test_requests_that_share_one_call_are_decided_as_the_memory_twin_decid
         clock = ManualClock()
         backend = RedisBackend(redis, prefix=f"{prefix}{next(_prefixes)}:", clock=clock)
         assert await run(backend, clock, together) == twin
-    assert any(isinstance(result, Grant) for result in twin) or blocked
+    # A case where every request is refused compared refusals only: not counted as one.
+    assume(any(isinstance(result, Grant) for result in twin) or blocked)

@@ -13,7 +13,7 @@ import redis
 from commands import aiolimit
 from redis.asyncio import Redis
 
-from aiolimit import BackendError, RateLimiter, RateType, RedisBackend
+from aiolimit import BackendError, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 
 try:
     from aiolimit import CredentialsError
@@ -119,7 +119,7 @@ async def test_a_missing_or_wrong_password_says_the_server_needs_credentials(
     backend = RedisBackend(wrong_credentials)
     limiter = RateLimiter(f"locked-{next(_names)}", backend)
     with pytest.raises(CredentialsError) as refused:
-        await limiter.set_rate(RateType.OVERALL, 5, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 5, 60))
     says_credentials(refused.value)
     with_rate = RateLimiter(f"locked-{next(_names)}", backend, rate="5/min")
     for call in (with_rate.acquire, with_rate.try_acquire, lambda: with_rate.reserve()):

@@ -12,7 +12,7 @@ import time
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from tools import LocalRedis
 from tools.audit import busiest_window
 
@@ -65,7 +65,7 @@ async def test_settles_racing_acquires_from_four_processes_keep_rate_plus_max_de
     redis = Redis.from_url(url)
     await redis.flushdb()
     setup = RateLimiter(NAME, RedisBackend(redis))
-    await setup.set_rate(RateType.OVERALL, RATE, 1, max_debt=MAX_DEBT)
+    await setup.set_rate(RateLimiterConfig.build(RateType.OVERALL, RATE, 1, max_debt=MAX_DEBT))
     try:
         with multiprocessing.get_context("spawn").Pool(4) as pool:
             results = await asyncio.to_thread(

@@ -18,6 +18,7 @@ from aiolimit import (
     InvalidArgumentError,
     MemoryBackend,
     NotConfiguredError,
+    RateLimiterConfig,
     RateType,
     RedisBackend,
     ShardedRateLimiter,
@@ -35,7 +36,7 @@ pytest_plugins = ["cluster_fixtures"]
 async def split_rate(rate: int, shards: int) -> list[int]:
     """The shard budgets a ShardedRateLimiter gives a rate."""
     limiter = ShardedRateLimiter("split", MemoryBackend(), shards=shards)
-    await limiter.set_rate(RateType.OVERALL, rate, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 60))
     configs = [await shard.get_config() for shard in limiter.shards]
     return [config.rate for config in configs if config is not None]
 
@@ -72,7 +73,7 @@ async def test_split_rate_never_exceeds_either_rate_while_a_change_is_applied_sh
 async def test_a_rate_below_the_shard_count_is_refused_with_a_clear_error() -> None:
     limiter = ShardedRateLimiter("small", MemoryBackend(), shards=3)
     with pytest.raises(ValueError, match="cannot be split over 3 shards"):
-        await limiter.set_rate(RateType.OVERALL, 2, 1)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     assert await limiter.get_config() is None
 
 
@@ -99,12 +100,12 @@ async def test_min_spacing_is_refused_at_every_set_rate_entry_and_nothing_is_wri
     ]
     for entry in entries:
         with pytest.raises(InvalidArgumentError, match=r"min_spacing.*ShardedRateLimiter"):
-            await entry(RateType.OVERALL, 30, 1, min_spacing=0.1)
+            await entry(RateLimiterConfig.build(RateType.OVERALL, 30, 1, min_spacing=0.1))
     assert await limiter.get_config() is None
-    await limiter.set_rate(RateType.OVERALL, 30, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 30, 1))
     stored = await limiter.get_config()
     with pytest.raises(InvalidArgumentError, match="min_spacing"):
-        await limiter.update_rate(RateType.OVERALL, 60, 1, min_spacing=0.1)
+        await limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 60, 1, min_spacing=0.1))
     assert await limiter.get_config() == stored
     assert stored is not None and stored.min_spacing is None
     assert all([await limiter.try_acquire() for _ in range(4)])  # no spacing applied
@@ -112,7 +113,7 @@ async def test_min_spacing_is_refused_at_every_set_rate_entry_and_nothing_is_wri
 
 async def test_a_zero_min_spacing_is_no_spacing_and_is_accepted(store, name) -> None:
     limiter = ShardedRateLimiter(name, store.backend(), shards=2)
-    await limiter.set_rate(RateType.OVERALL, 10, 1, min_spacing=0)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 1, min_spacing=0))
     config = await limiter.get_config()
     assert config is not None and config.min_spacing is None
 
@@ -156,8 +157,8 @@ looptime = pytest.mark.looptime
 @looptime
 async def test_grants_the_whole_rate_across_shards_before_refusing() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=3)
-    assert await limiter.try_set_rate(RateType.OVERALL, 10, 60)
-    assert not await limiter.try_set_rate(RateType.OVERALL, 99, 60)
+    assert await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 10, 60))
+    assert not await limiter.try_set_rate(RateLimiterConfig.build(RateType.OVERALL, 99, 60))
     config = await limiter.get_config()
     assert config is not None and config.rate == 10
     assert [(await s.get_config()).rate for s in limiter.shards] == [4, 3, 3]  # type: ignore[union-attr]
@@ -171,7 +172,7 @@ async def test_grants_the_whole_rate_across_shards_before_refusing() -> None:
 @looptime
 async def test_a_request_is_served_by_one_shard_only() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
-    await limiter.set_rate(RateType.OVERALL, 11, 60)  # budgets 6 and 5
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 11, 60))  # budgets 6 and 5
     with pytest.raises(ValueError, match="exceed every shard's budget"):
         await limiter.try_acquire(7)
     assert await limiter.try_acquire(6)  # only the first shard can
@@ -186,7 +187,7 @@ async def test_a_request_is_served_by_one_shard_only() -> None:
 @looptime
 async def test_waits_exactly_for_the_shard_that_frees_first() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=3)
-    await limiter.set_rate(RateType.OVERALL, 3, 10)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 3, 10))
     loop = asyncio.get_running_loop()
     first = loop.time()
     for _ in range(3):
@@ -205,7 +206,7 @@ async def test_waits_exactly_for_the_shard_that_frees_first() -> None:
 async def test_concurrent_waiters_never_exceed_the_rate_in_any_window() -> None:
     backend = MemoryBackend()
     limiter = ShardedRateLimiter("api", backend, shards=3)
-    await limiter.set_rate(RateType.OVERALL, 7, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 7, 1))
     loop = asyncio.get_running_loop()
     grants: list[float] = []
 
@@ -225,16 +226,16 @@ async def test_release_update_expire_and_delete_reach_every_shard() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
     with pytest.raises(NotConfiguredError):
         await limiter.try_acquire()
-    assert not await limiter.update_rate(RateType.OVERALL, 4, 60)
-    await limiter.set_rate(RateType.OVERALL, 4, 60)
+    assert not await limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 4, 60))
     assert [await limiter.try_acquire() for _ in range(4)] == [True] * 4
     await limiter.release(3)
     assert await limiter.available_permits() == 3
 
     # keep_state: the one grant still counts after raising the rate to 6 (3 per shard)
-    assert await limiter.update_rate(RateType.OVERALL, 6, 60)
+    assert await limiter.update_rate(RateLimiterConfig.build(RateType.OVERALL, 6, 60))
     assert await limiter.available_permits() == 5
-    await limiter.set_rate(RateType.OVERALL, 6, 60, keep_state=False)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 6, 60), keep_state=False)
     assert await limiter.available_permits() == 6
 
     assert await limiter.expire(30)
@@ -249,7 +250,7 @@ async def test_per_client_budgets_are_split_too() -> None:
     backend = MemoryBackend(client_id="a")
     alice = ShardedRateLimiter("api", backend, shards=2)
     bob = ShardedRateLimiter("api", backend.with_client("b"), shards=2)
-    await alice.set_rate(RateType.PER_CLIENT, 4, 60)
+    await alice.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 4, 60))
     assert [await alice.try_acquire() for _ in range(5)] == [True] * 4 + [False]
     assert [await bob.try_acquire() for _ in range(5)] == [True] * 4 + [False]
 
@@ -267,7 +268,7 @@ async def test_a_shard_whose_backend_fails_is_skipped_until_none_answers() -> No
             return await super().try_acquire(name, permits, max_wait_us)
 
     limiter = ShardedRateLimiter("api", PartlyDown(), shards=3)
-    await limiter.set_rate(RateType.OVERALL, 6, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 6, 60))
     down.add(limiter.shards[0].name)
     assert [await limiter.try_acquire() for _ in range(5)] == [True] * 4 + [False]
     down.update(shard.name for shard in limiter.shards)
@@ -278,7 +279,7 @@ async def test_a_shard_whose_backend_fails_is_skipped_until_none_answers() -> No
 @looptime
 async def test_async_with_takes_one_permit() -> None:
     limiter = ShardedRateLimiter("api", MemoryBackend(), shards=2)
-    await limiter.set_rate(RateType.OVERALL, 2, 60)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 60))
     async with limiter, limiter:
         assert await limiter.available_permits() == 0
 
@@ -298,7 +299,7 @@ async def test_shards_land_on_different_masters(
     backend = RedisBackend(cluster_redis)
     for name in HOSTILE_NAMES[:5]:
         limiter = ShardedRateLimiter(name, backend, shards=shards)
-        await limiter.set_rate(RateType.OVERALL, 30, 30)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 30, 30))
         masters = [masters_of(redis_cluster, backend, s.name) for s in limiter.shards]
         assert all(len(m) == 1 for m in masters), masters
         assert len(set.union(*masters)) == shards, (name, masters)
@@ -316,7 +317,7 @@ async def test_independent_clients_never_exceed_the_rate_across_shards_on_the_cl
     name = "shared {api}"
     clock = ManualClock()
     await ShardedRateLimiter(name, RedisBackend(cluster_redis, clock=clock), shards=3).set_rate(
-        RateType.OVERALL, rate, interval
+        RateLimiterConfig.build(RateType.OVERALL, rate, interval)
     )
     clients = [cluster_client(redis_cluster) for _ in range(3)]
     grants: list[GrantRecord] = []

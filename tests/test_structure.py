@@ -22,14 +22,9 @@ ALLOWED: dict[str, set[str]] = {
     # redis-py's connection: its private fast path is being decided by measurement
     # (issue 36, step 5), by its own change.
     "backends/redis/_wire.py": {"_writer", "_parser"},
-    # A store's with_client views share their store's state, and its helpers call it, by
-    # reaching in: one context per store shared by its views, helpers given values (issue 36,
-    # step 4).
-    "backends/base.py": {"_breakers", "_clocks", "_hand_backs"},
-    "backends/memory/__init__.py": {"_shared"},
-    "backends/redis/__init__.py": {"_clock", "_keys", "_owned", "_types"},
-    "backends/redis/_registry.py": {"_run", "_now_arg"},
-    "backends/redis/_scripts.py": {"_clock", "_now_arg"},
+    # RedisBackend.from_url marks the backend it has just made as the owner of its client
+    # (the constructor takes no such option).
+    "backends/redis/__init__.py": {"_owned"},
 }
 
 # The engine and the callers that hand it requests: time in integer µs on the loop's clock.

@@ -8,7 +8,7 @@ import pytest
 from conftest import Store
 from counting import count_calls
 
-from aiolimit import RateLimited, RateLimiter, RateType, ShardedRateLimiter
+from aiolimit import RateLimited, RateLimiter, RateLimiterConfig, RateType, ShardedRateLimiter
 from aiolimit._calls import CallGuard
 from aiolimit.backends.base import Refusal
 
@@ -33,7 +33,7 @@ async def test_the_decorator_raises_with_the_refusals_retry_in_after_one_attempt
     store: Store, name: str, sharded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     limiter = limiter_on(store, name, sharded)
-    await limiter.set_rate(OVERALL, 2, 60)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 2, 60))
 
     @limiter.limit(timeout=5)
     async def call() -> str:
@@ -55,7 +55,7 @@ async def test_the_call_guard_raises_with_the_refusals_retry_in_after_one_attemp
     store: Store, name: str, sharded: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     limiter = limiter_on(store, name, sharded)
-    await limiter.set_rate(OVERALL, 2, 60)
+    await limiter.set_rate(RateLimiterConfig.build(OVERALL, 2, 60))
     guard = CallGuard(limiter, permits=1, timeout=0, retry=False)
     assert [await limiter.try_acquire(), await limiter.try_acquire()] == [True, True]
     calls = count_calls(monkeypatch, limiter.backend)

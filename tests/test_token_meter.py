@@ -15,6 +15,7 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from flavours import Flavour
 from metering import AIOHTTP_ESTIMATE, ESTIMATE, PROMPT, Ticking, meters
 
 from aiolimit import (
@@ -27,49 +28,49 @@ from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
 
 
-def provider(
-    answers: list[httpx.Response], seen: list[httpx.Request]
-) -> Callable[[httpx.Request], httpx.Response]:
-    def handle(request: httpx.Request) -> httpx.Response:
+def provider(answers: list[Any], seen: list[Any]) -> Callable[[Any], Any]:
+    def handle(request: Any) -> Any:
         seen.append(request)
         return answers.pop(0)
 
     return handle
 
 
-class Chunks(httpx.AsyncByteStream):
+async def chunks(events: bytes) -> AsyncIterator[bytes]:
     """A body sent in chunks, as a provider streams one (not read before it is iterated)."""
-
-    def __init__(self, chunks: list[bytes]) -> None:
-        self.chunks = chunks
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for chunk in self.chunks:
-            yield chunk + b"\n\n"
+    for event in events.split(b"\n\n"):
+        yield event + b"\n\n"
 
 
-def client(requests: RateLimiter, handle: Any, **options: Any) -> httpx.AsyncClient:
-    transport = RateLimitedTransport(requests, httpx.MockTransport(handle), **options)
-    return httpx.AsyncClient(transport=transport, base_url="http://llm.test")
+def client(
+    requests: RateLimiter, handle: Any, flavour: Flavour | None = None, **options: Any
+) -> Any:
+    flavour = flavour or Flavour.of("httpx")
+    transport = flavour.transport(requests, flavour.httpx.MockTransport(handle), **options)
+    return flavour.client(transport, base_url="http://llm.test")
 
 
-async def test_httpx_settles_the_estimate_by_the_usage_the_response_reports(store: Any) -> None:
+async def test_httpx_settles_the_estimate_by_the_usage_the_response_reports(
+    store: Any, flavour: Flavour
+) -> None:
     requests, tokens = await meters(store)
-    seen: list[httpx.Request] = []
-    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}})]
-    async with client(requests, provider(answers, seen), tokens=tokens) as http:
+    seen: list[Any] = []
+    answers = [flavour.httpx.Response(200, json={"usage": {"total_tokens": 30}})]
+    async with client(requests, provider(answers, seen), flavour, tokens=tokens) as http:
         response = await http.post("/v1/chat/completions", json=PROMPT)
     assert response.json() == {"usage": {"total_tokens": 30}}
     assert await tokens.available_permits() == 1000 - 30
     assert await requests.available_permits() == 9
 
 
-async def test_httpx_holds_a_streamed_bodys_estimate_until_it_is_closed(store: Any) -> None:
+async def test_httpx_holds_a_streamed_bodys_estimate_until_it_is_closed(
+    store: Any, flavour: Flavour
+) -> None:
     requests, tokens = await meters(store)
-    events = b'data: {"choices": []}\n\ndata: {"usage": {"total_tokens": 42}}\n\ndata: [DONE]\n\n'
+    events = b'data: {"choices": []}\n\ndata: {"usage": {"total_tokens": 42}}\n\ndata: [DONE]'
     sse = {"content-type": "text/event-stream"}
-    answers = [httpx.Response(200, stream=Chunks(events.split(b"\n\n")), headers=sse)]
-    async with client(requests, provider(answers, []), tokens=tokens) as http:
+    answers = [flavour.httpx.Response(200, content=chunks(events), headers=sse)]
+    async with client(requests, provider(answers, []), flavour, tokens=tokens) as http:
         async with http.stream("POST", "/v1/chat/completions", json=PROMPT) as response:
             assert await tokens.available_permits() == 1000 - ESTIMATE
             async for _ in response.aiter_lines():
@@ -86,11 +87,13 @@ async def test_httpx_without_usage_leaves_the_estimate_standing(store: Any) -> N
     assert await tokens.available_permits() == 1000 - 2 * ESTIMATE
 
 
-async def test_httpx_takes_the_permit_and_the_tokens_all_or_nothing(store: Any) -> None:
+async def test_httpx_takes_the_permit_and_the_tokens_all_or_nothing(
+    store: Any, flavour: Flavour
+) -> None:
     requests, tokens = await meters(store, tokens=ESTIMATE + 50)
-    seen: list[httpx.Request] = []
-    answers = [httpx.Response(200, json={"id": 1})]
-    async with client(requests, provider(answers, seen), tokens=tokens, timeout=0) as http:
+    seen: list[Any] = []
+    answers = [flavour.httpx.Response(200, json={"id": 1})]
+    async with client(requests, provider(answers, seen), flavour, tokens=tokens, timeout=0) as http:
         await http.post("/a", json=PROMPT)  # no usage: the estimate stands
         with pytest.raises(RateLimited):
             await http.post("/b", json=PROMPT)  # the tokens refuse: no permit taken either
@@ -113,22 +116,24 @@ async def test_httpx_settles_for_more_and_a_custom_estimate_and_usage(store: Any
     assert await tokens.available_permits() == 1000 - 700
 
 
-async def test_httpx_a_refused_call_hands_its_tokens_back_before_the_retry(store: Any) -> None:
+async def test_httpx_a_refused_call_hands_its_tokens_back_before_the_retry(
+    store: Any, flavour: Flavour
+) -> None:
     # (a clock that moves: on one held still, a grant at the very instant of one settled to
     # nothing, in a log left empty, is named as that one was, and its settle read as a resend)
     requests, tokens = await meters(store, clock=Ticking())
     answers = [
-        httpx.Response(429, json={"error": "slow down"}, headers={"retry-after": "0"}),
-        httpx.Response(200, json={"usage": {"total_tokens": 30}}),
+        flavour.httpx.Response(429, json={"error": "slow down"}, headers={"retry-after": "0"}),
+        flavour.httpx.Response(200, json={"usage": {"total_tokens": 30}}),
     ]
-    seen: list[httpx.Request] = []
-    async with client(requests, provider(answers, seen), tokens=tokens) as http:
+    seen: list[Any] = []
+    async with client(requests, provider(answers, seen), flavour, tokens=tokens) as http:
         response = await http.post("/a", json=PROMPT)
     assert (response.status_code, len(seen)) == (200, 2)
     assert await tokens.available_permits() == 1000 - 30
 
 
-async def test_httpx_syncs_both_limiters_from_openai_headers(store: Any) -> None:
+async def test_httpx_syncs_both_limiters_from_openai_headers(store: Any, flavour: Flavour) -> None:
     requests, tokens = await meters(store)
     headers = {
         "x-ratelimit-remaining-requests": "3",
@@ -136,8 +141,8 @@ async def test_httpx_syncs_both_limiters_from_openai_headers(store: Any) -> None
         "x-ratelimit-remaining-tokens": "400",
         "x-ratelimit-reset-tokens": "20s",
     }
-    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
-    async with client(requests, provider(answers, []), tokens=tokens) as http:
+    answers = [flavour.httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), flavour, tokens=tokens) as http:
         await http.post("/a", json=PROMPT)
     assert await requests.available_permits() == 3
     assert await tokens.available_permits() == 400

@@ -11,7 +11,7 @@ import asyncio
 import pytest
 from redis.asyncio import Redis
 
-from aiolimit import MemoryBackend, RateLimiter, RateType, RedisBackend
+from aiolimit import MemoryBackend, RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends.base import Backend
 
 INTERVAL = 60  # seconds: a reservation starts an interval after the grant before it
@@ -23,7 +23,7 @@ async def _a_view_s_caller_waiting(
     """A PER_CLIENT limiter (1 per INTERVAL) whose client ``alice`` took her permit, and a
     caller of hers sleeping out the next one (reserved, INTERVAL from now)."""
     limiter = RateLimiter(name, backend)
-    await limiter.set_rate(RateType.PER_CLIENT, 1, INTERVAL)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.PER_CLIENT, 1, INTERVAL))
     view = limiter.for_client("alice")
     assert await view.try_acquire()
     waiter = asyncio.create_task(view.acquire())

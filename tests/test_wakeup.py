@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from aiolimit import MemoryBackend, Observer, RateLimiter, RateType, observe
+from aiolimit import MemoryBackend, Observer, RateLimiter, RateLimiterConfig, RateType, observe
 from aiolimit.backends import Attempt
 from aiolimit.backends._clock import KEPT_FOR, ClockMap
 
@@ -46,7 +46,7 @@ async def waiters_woke(lags: list[float], rate: int = 4) -> list[float]:
     from the first grant."""
     backend = SlowReplies([0.0] * rate + lags)
     limiter = RateLimiter("partner", backend)
-    await limiter.set_rate(RateType.OVERALL, rate, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, rate, 1))
     loop = asyncio.get_running_loop()
     began = loop.time()
     for _ in range(rate):
@@ -118,7 +118,7 @@ async def test_asking_whether_a_block_came_does_not_make_a_waiter_late():
     # round trip (4 ms here) made every waiter that late.
     backend = SlowBlockReads([])
     limiter = RateLimiter("partner", backend)
-    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     loop = asyncio.get_running_loop()
     began = loop.time()
     await limiter.acquire(2)
@@ -129,14 +129,14 @@ async def test_asking_whether_a_block_came_does_not_make_a_waiter_late():
 async def test_a_block_that_came_while_the_waiter_slept_is_still_obeyed():
     backend = SlowBlockReads([])
     limiter = RateLimiter("partner", backend)
-    await limiter.set_rate(RateType.OVERALL, 2, 1)
+    await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 1))
     loop = asyncio.get_running_loop()
     began = loop.time()
     await limiter.acquire(2)
 
     async def block_soon() -> None:
         await asyncio.sleep(0.5)
-        await limiter.block(2.0)  # until 2.5 s
+        await limiter.pause(2.0)  # until 2.5 s
 
     blocking = asyncio.create_task(block_soon())
     await limiter.acquire()  # its slot was 1 s: behind the block now

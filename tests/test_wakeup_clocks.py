@@ -14,7 +14,7 @@ import time
 import pytest
 from conformance import check_after, new_client, now, take
 
-from aiolimit import RateLimiter, RateType
+from aiolimit import RateLimiter, RateLimiterConfig, RateType
 from aiolimit.backends._clock import REMEMBERED, ClockMaps
 
 SKEW = 5.0  # how far ahead the skewed host's clock runs
@@ -34,7 +34,7 @@ async def test_a_clock_one_host_pushed_forward_does_not_wake_another_limiters_wa
     pushed = RateLimiter(f"{name}-pushed", ours)
     other = RateLimiter(f"{name}-other", ours)
     for limiter in (pushed, other):
-        await limiter.set_rate(RateType.OVERALL, 1, 0.5)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 1, 0.5))
     assert await RateLimiter(pushed.name, skewed).try_acquire()
     await pushed.acquire()  # a reservation on the pushed clock, slept out here
     first = await take(other)

@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import BlockingConnectionPool, Connection, ConnectionPool
 
 import aiolimit
-from aiolimit import RateLimiter, RateType, RedisBackend
+from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 from aiolimit.backends.redis import _wire
 from tools import LocalRedis
 
@@ -32,7 +32,7 @@ async def test_a_plain_clients_round_trips_skip_redis_pys_command_path(
     redis = Redis.from_url(redis_server.url, protocol=protocol)
     try:
         limiter = RateLimiter("wire", RedisBackend(redis, prefix="wire:"))
-        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 60, 60))
         await redis.execute_command("FUNCTION", "FLUSH")
         await redis.script_flush()
         monkeypatch.setattr(Redis, "execute_command", refuse)
@@ -65,7 +65,7 @@ async def test_any_other_client_gets_round_trips_through_its_own_pipeline(
     redis = Subclass.from_url(redis_server.url)
     try:
         limiter = RateLimiter("wire-sub", RedisBackend(redis, prefix="wire:"))
-        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 60, 60))
         taken = await asyncio.gather(*(limiter.try_acquire() for _ in range(70)))
         assert taken == [True] * 60 + [False] * 10
         assert Subclass.pipelines > 0
@@ -90,7 +90,7 @@ async def test_a_client_with_health_checks_gets_them_on_its_round_trips(
 
     try:
         limiter = RateLimiter("wire-health", RedisBackend(redis, prefix="wire:"))
-        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 60, 60))
         (connection,) = redis.connection_pool._available_connections
         connection.health_check_interval = 0.001
         monkeypatch.setattr(Connection, "check_health", counted)
@@ -127,7 +127,7 @@ async def test_a_round_trip_past_the_socket_timeout_drops_its_connection(
             redis, prefix="wire:", timeout=None, breaker=aiolimit.BreakerPolicy(first_backoff=0)
         )
         limiter = RateLimiter("wire-stall", backend)
-        await limiter.set_rate(RateType.OVERALL, 60, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 60, 60))
         (connection,) = redis.connection_pool._available_connections
         stall = asyncio.ensure_future(staller.eval(BUSY, 0, 600_000))
         await asyncio.sleep(0.05)
@@ -170,7 +170,7 @@ async def test_round_trips_in_a_burst_share_a_connection_and_give_it_back(
 
     try:
         limiter = RateLimiter("wire-burst", RedisBackend(redis, prefix="wire:"))
-        await limiter.set_rate(RateType.OVERALL, 10_000, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10_000, 60))
         monkeypatch.setattr(ConnectionPool, "get_connection", counted_get)
         monkeypatch.setattr(_wire, "_direct_exchange", counted_exchange)
         await asyncio.gather(*(caller() for _ in range(64)))
@@ -211,7 +211,7 @@ async def test_a_blocking_pools_connection_goes_back_after_each_round_trip(
 
     try:
         limiter = RateLimiter("wire-blocking", RedisBackend(redis, prefix="wire:"))
-        await limiter.set_rate(RateType.OVERALL, 10**9, 60)
+        await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10**9, 60))
         *_, answered = await asyncio.gather(*(caller() for _ in range(16)), own_commands())
         assert answered == 20
         await limiter.delete()

@@ -140,7 +140,7 @@ def _worker(spec: LearnTrial, caller: str, url: str, start_at: float) -> float:
 async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> float:
     from redis.asyncio import Redis
 
-    from aiolimit import Learner, RateLimiter, RedisBackend
+    from aiolimit import Learner, RateLimiter, RateLimiterConfig, RateType, RedisBackend
     from aiolimit.httpx import RateLimitedTransport
 
     redis = Redis.from_url(spec.redis_url)
@@ -153,7 +153,11 @@ async def _work(spec: LearnTrial, caller: str, url: str, start_at: float) -> flo
         else:
             name = f"{spec.prefix}-{caller}"
             limiter = RateLimiter(
-                name, backend, rate=spec.guess, interval=1, margin=spec.margin, keep_alive=3600
+                name,
+                backend,
+                rate=RateLimiterConfig.build(
+                    RateType.OVERALL, spec.guess, 1, margin=spec.margin, keep_alive=3600
+                ),
             )
             learn: bool | Learner = caller in ("learn", "stated")
             if learn and spec.max_hold is not None:

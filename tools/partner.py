@@ -325,14 +325,16 @@ async def stalls(since: float, stop: float, worst: list[float]) -> None:
 async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) -> float:
     from redis.asyncio import Redis
 
-    from aiolimit import RateLimiter, RateType, RedisBackend
+    from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 
     redis = Redis.from_url(spec.redis_url)
     backend = RedisBackend(redis)
     try:
         limiter = RateLimiter(f"{spec.prefix}-{kind}-{client}", backend)
         await limiter.ensure_rate(
-            RateType.OVERALL, spec.rate, spec.interval, margin=spec.margin, keep_alive=3600
+            RateLimiterConfig.build(
+                RateType.OVERALL, spec.rate, spec.interval, margin=spec.margin, keep_alive=3600
+            )
         )
         stop = start_at + spec.duration
         await asyncio.sleep(max(0.0, start_at - time.time()))

@@ -168,16 +168,20 @@ class ReserveSettle:
     def __init__(self, spec: TokenTrial) -> None:
         from redis.asyncio import Redis
 
-        from aiolimit import RateLimiter, RedisBackend
+        from aiolimit import RateLimiter, RateLimiterConfig, RateType, RedisBackend
 
         self.redis = Redis.from_url(spec.redis_url)
         self.backend = RedisBackend(self.redis)
         name, window, margin = f"{spec.prefix}-{spec.strategy}", spec.window, spec.margin
         self.rpm = RateLimiter(
-            f"{name}-requests", self.backend, rate=spec.rpm, interval=window, margin=margin
+            f"{name}-requests",
+            self.backend,
+            rate=RateLimiterConfig.build(RateType.OVERALL, spec.rpm, window, margin=margin),
         )
         self.tpm = RateLimiter(
-            f"{name}-tokens", self.backend, rate=spec.tpm, interval=window, margin=margin
+            f"{name}-tokens",
+            self.backend,
+            rate=RateLimiterConfig.build(RateType.OVERALL, spec.tpm, window, margin=margin),
         )
         # A reservation is placed on what the store knows when it is made: a queue of
         # worst-case reservations far ahead would keep places that settled calls no longer

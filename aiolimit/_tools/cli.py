@@ -1,5 +1,5 @@
 """The ``aiolimit`` command line: ``demo``; ``inspect``, ``list``, ``set-rate``,
-``delete``, ``block``, ``unblock`` and ``watch`` for live limiters on a Redis server; ``acl``,
+``delete``, ``pause``, ``resume`` and ``watch`` for live limiters on a Redis server; ``acl``,
 the least-privilege user they and a limiter need.
 
 Each subcommand is a tool module, or an object in one (``"module:NAME"``), exposing
@@ -41,13 +41,16 @@ COMMANDS = {
         "aiolimit._tools.admin:DELETE",
         "remove a limiter's config and state (a glob's: those it matches, once confirmed)",
     ),
-    "block": ("aiolimit._tools.admin:BLOCK", "no grant to anyone for SECONDS (every process)"),
-    "unblock": ("aiolimit._tools.admin:UNBLOCK", "end a limiter's block now"),
+    "pause": ("aiolimit._tools.admin:PAUSE", "no grant to anyone for SECONDS (every process)"),
+    "resume": ("aiolimit._tools.admin:RESUME", "end a limiter's pause now"),
     "watch": (
         "aiolimit._tools.admin:WATCH",
         "grants/s, the window, the queue and any block, once a second",
     ),
     "acl": ("aiolimit._tools.acl", "the ACL SETUSER line of the least-privilege limiter user"),
+    # Deprecated names, for one release: each says so on stderr, then does its new name's work.
+    "block": ("aiolimit._tools.admin:BLOCK", "deprecated: aiolimit pause"),
+    "unblock": ("aiolimit._tools.admin:UNBLOCK", "deprecated: aiolimit resume"),
 }
 
 

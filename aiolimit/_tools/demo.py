@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import RateLimiter, RateType
+from .. import RateLimiter, RateLimiterConfig, RateType
 from ..backends import Backend, MemoryBackend, RedisBackend
 from ..errors import LimiterError
 from .options import masked, server_options
@@ -264,7 +264,8 @@ async def _demo(args: argparse.Namespace) -> int:
 
     try:
         # set_rate, not try_set_rate: start from a full budget whatever an earlier run left.
-        await limiter.set_rate(RateType.OVERALL, args.rate, args.interval, keep_state=False)
+        config = RateLimiterConfig.build(RateType.OVERALL, args.rate, args.interval)
+        await limiter.set_rate(config, keep_state=False)
         print(
             f"aiolimit demo: {plural(args.workers, 'worker')} "
             f"{'shares' if args.workers == 1 else 'share'} limiter "

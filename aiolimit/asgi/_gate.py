@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 from .._acquire import Acquired, take
 from .._checks import max_wait_of
+from .._concurrency import ConcurrencyLimiter
+from .._lease import Lease
 from .._limiter import RateLimiter
 from .._request import Request, deadline_in
 from .._values import Duration, shown, to_micros
@@ -21,7 +25,6 @@ from ._fields import (
     Item,
     granted_item,
     granted_items,
-    header_fields,
     items_of,
     read_granted_items,
     refused_item,
@@ -29,7 +32,7 @@ from ._fields import (
 from ._rules import Rule, whole_seconds
 from ._types import Scope
 
-__all__ = ["Gate", "RateLimitStats", "Verdict", "record", "record_allowed", "refusal_headers"]
+__all__ = ["Gate", "RateLimitStats", "Verdict", "record", "record_allowed"]
 
 log = logging.getLogger("aiolimit")
 
@@ -81,13 +84,16 @@ _ALLOWED = Verdict(200, 0, [], "")
 
 
 class Gate:
-    """Checks a request against rules: what the middleware and the dependency share. The
-    permits are taken along the one permit path (:func:`aiolimit.acquire_all`'s); each rule is
-    a limiter whose rates are its code's (``RateLimiter(rate=...)``): written at first use,
-    and again whenever the store has lost them, one write for every waiter."""
+    """Checks a request against rules: what every server surface (the ASGI and aiohttp.web
+    middlewares, the FastAPI dependency) shares. The permits are taken along the one permit
+    path (:func:`aiolimit.acquire_all`'s); each rule is a limiter whose rates are its code's
+    (``RateLimiter(rate=...)``): written at first use, and again whenever the store has lost
+    them, one write for every waiter. With ``concurrency``, :meth:`slot` holds a request's
+    slot while it is served."""
 
     __slots__ = (
         "_clients",
+        "_concurrency",
         "_error_retry_after",
         "_failures",
         "_limiters",
@@ -104,6 +110,7 @@ class Gate:
         wait: Duration,
         on_backend_error: str,
         error_retry_after: Duration,
+        concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
         if not isinstance(backend, Backend):
             raise InvalidArgumentError(f"backend must be a Backend, not {shown(backend)}")
@@ -121,16 +128,14 @@ class Gate:
             raise InvalidArgumentError(
                 f"error_retry_after must be > 0 seconds, not {shown(error_retry_after)}"
             )
+        if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
+            raise InvalidArgumentError(
+                f"concurrency must be a ConcurrencyLimiter or None, not {shown(concurrency)}"
+            )
+        self._concurrency = concurrency
         self.rules = tuple(rules)
         self._limiters = {
-            rule.name: RateLimiter(
-                rule.name,
-                backend,
-                rate=rule.rates,
-                rate_type=rule.rate_type,
-                algorithm=rule.algorithm,
-            )
-            for rule in rules
+            rule.name: RateLimiter(rule.name, backend, rate=rule.config) for rule in rules
         }
         self._max_wait = max_wait_of(wait, "wait")
         self._on_backend_error = on_backend_error
@@ -255,7 +260,49 @@ class Gate:
             self._clients[(rule.name, client)] = view
         return view
 
-    def busy(self, name: str) -> Verdict:
+    # -- requests in flight ---------------------------------------------------------------------
+
+    @property
+    def holds_slots(self) -> bool:
+        """Whether requests are served in a slot of a concurrency limiter (:meth:`slot`)."""
+        return self._concurrency is not None
+
+    @contextlib.asynccontextmanager
+    async def slot(self, scope: Scope) -> AsyncIterator[Verdict | None]:
+        """``async with gate.slot(scope) as refused:`` the request's slot of ``concurrency``,
+        taken in FIFO order within ``wait`` and held (renewed; a lost one cancels the block,
+        which then raises :class:`~aiolimit.LeaseLostError`) until the block ends, however it
+        ends. ``refused`` is the verdict that answers the request instead (503: no slot in
+        time, or the store failed and ``"deny"``), recorded as :func:`record` does; else
+        None: held, or nothing to hold (no ``concurrency``; the store failed and ``"allow"``:
+        served unlimited). Take it before :meth:`check`: permits are spent only on a request
+        that can be served."""
+        lease = await self._lease()
+        if isinstance(lease, Verdict):
+            await record(scope, lease)
+            yield lease
+        elif lease is None:
+            yield None
+        else:
+            async with lease:
+                yield None
+
+    async def _lease(self) -> Lease | Verdict | None:
+        """A slot's lease; the verdict that refuses the request; or None: nothing to hold."""
+        concurrency = self._concurrency
+        if concurrency is None:
+            return None
+        wait = self._max_wait
+        try:
+            lease = await concurrency.try_lease(
+                timeout=None if wait is None else timedelta(microseconds=wait)
+            )
+        except LimiterError as exc:
+            verdict = self.failed(exc)
+            return None if verdict.status == 200 else verdict
+        return self._busy(concurrency.name) if lease is None else lease
+
+    def _busy(self, name: str) -> Verdict:
         """No slot of concurrency limiter ``name`` within the wait: 503, back in 1 s."""
         self.stats.busy += 1
         detail = f"Service Unavailable: {name!r} has too many requests in flight; retry after 1 s"
@@ -321,10 +368,3 @@ async def record(scope: Scope, verdict: Verdict) -> None:
         ]
         grants.clear()
     items.extend(verdict.items)
-
-
-def refusal_headers(verdict: Verdict, scope: Scope, legacy: bool) -> list[tuple[bytes, bytes]]:
-    return [
-        (b"retry-after", str(verdict.retry_after).encode()),
-        *header_fields(items_of(scope), legacy),
-    ]

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Sequence
 
 from .._concurrency import ConcurrencyLimiter
-from .._lease import Lease
-from .._types import Duration, shown
+from .._types import Duration
 from ..backends.base import Backend
-from ..errors import InvalidArgumentError, LimiterError
+from ._answer import refusal
 from ._fields import header_fields, items_of, with_fields
-from ._gate import Gate, RateLimitStats, Verdict, record, record_allowed, refusal_headers
+from ._gate import Gate, RateLimitStats, Verdict, record, record_allowed
 from ._rules import Rule
 from ._types import ASGIApp, Message, OnBackendError, Receive, Scope, Send
 
@@ -31,14 +29,16 @@ class RateLimitMiddleware:
     ... ], wait=0.5, on_backend_error="deny")
 
     A refused request is answered ``429`` with ``Retry-After`` (whole seconds, rounded up,
-    at least 1), the RateLimit fields and a JSON body ``{"detail": ...}``; it consumes no
-    permit of any rule. ``wait`` (seconds): a request whose permits are free within it is
-    reserved and served then instead of refused. ``on_backend_error``: when the store
-    fails, ``"deny"`` answers ``503`` with ``Retry-After: error_retry_after``, ``"allow"``
-    lets the request through; either way each outage is logged once (logger ``aiolimit``)
-    and counted in :attr:`stats`. ``headers``: the RateLimit fields on allowed responses
-    too; ``legacy_headers``: also ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset``
-    (Unix time) for the most constraining rule. The fields are written once per response,
+    at least 1), the RateLimit fields and a JSON body ``{"detail": ...}`` (none to a HEAD
+    request), as the aiohttp.web middleware and the FastAPI dependency answer it (one
+    rendering: ``aiolimit.asgi._answer``); it consumes no permit of any rule. ``wait``
+    (seconds): a request whose permits are free within it is reserved and served then
+    instead of refused. ``on_backend_error``: when the store fails, ``"deny"`` answers
+    ``503`` with ``Retry-After: error_retry_after``, ``"allow"`` lets the request through;
+    either way each outage is logged once (logger ``aiolimit``) and counted in
+    :attr:`stats`. ``headers``: the RateLimit fields on allowed responses too;
+    ``legacy_headers``: also ``X-RateLimit-Limit``, ``-Remaining`` and ``-Reset`` (Unix
+    time) for the most constraining rule. The fields are written once per response,
     replacing any of the same name the app set. Websocket connections are checked at
     connect and refused with close code 1008 (1013 when the store fails and ``"deny"``);
     ``lifespan`` passes through, and startup writes the rules' configs.
@@ -52,7 +52,7 @@ class RateLimitMiddleware:
     lease is lost cancels the request (the server answers 500). Websockets are not counted.
     """
 
-    __slots__ = ("_concurrency", "_gate", "_headers", "_legacy", "_wait", "app")
+    __slots__ = ("_gate", "_headers", "_in_slot", "_legacy", "app")
 
     def __init__(
         self,
@@ -68,13 +68,8 @@ class RateLimitMiddleware:
         concurrency: ConcurrencyLimiter | None = None,
     ) -> None:
         self.app = app
-        self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after)
-        if concurrency is not None and not isinstance(concurrency, ConcurrencyLimiter):
-            raise InvalidArgumentError(
-                f"concurrency must be a ConcurrencyLimiter or None, not {shown(concurrency)}"
-            )
-        self._concurrency = concurrency
-        self._wait = wait
+        self._gate = Gate(backend, rules, wait, on_backend_error, error_retry_after, concurrency)
+        self._in_slot = self._gate.holds_slots
         self._headers = headers
         self._legacy = legacy_headers
 
@@ -94,33 +89,18 @@ class RateLimitMiddleware:
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        if kind == "http" and self._concurrency is not None:
-            await self._serve_in_slot(self._concurrency, scope, receive, send)
+        if kind == "http" and self._in_slot:
+            await self._serve_in_slot(scope, receive, send)
             return
         await self._serve(scope, receive, send)
 
-    async def _serve_in_slot(
-        self, concurrency: ConcurrencyLimiter, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        """The request with a slot held (taken first: its permits are taken only when it can
-        be served), or refused without one."""
-        lease: Lease | None = None
-        try:
-            lease = await concurrency.try_lease(timeout=self._wait)
-        except LimiterError as exc:
-            verdict = self._gate.failed(exc)
-            if verdict.status != 200:  # "deny"
-                await self._refuse(verdict, scope, send)
-                return
-        else:
-            if lease is None:
-                await self._refuse(self._gate.busy(concurrency.name), scope, send)
-                return
-        if lease is None:  # the store failed and "allow": served unlimited
-            await self._serve(scope, receive, send)
-            return
-        async with lease:
-            await self._serve(scope, receive, send)
+    async def _serve_in_slot(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The request with its slot held until the app has answered, or refused."""
+        async with self._gate.slot(scope) as refused:
+            if refused is None:
+                await self._serve(scope, receive, send)
+            else:
+                await self._refuse(refused, scope, receive, send)
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -134,7 +114,7 @@ class RateLimitMiddleware:
                 await _refuse_websocket(verdict, receive, send)
             return
         if verdict.status != 200:
-            await self._refuse(verdict, scope, send)
+            await self._refuse(verdict, scope, receive, send)
         elif self._headers:
             legacy = self._legacy
 
@@ -157,15 +137,10 @@ class RateLimitMiddleware:
 
         return receive_then_configure
 
-    async def _refuse(self, verdict: Verdict, scope: Scope, send: Send) -> None:
-        body = json.dumps({"detail": verdict.detail}).encode()
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-            *refusal_headers(verdict, scope, self._legacy),
-        ]
-        await send({"type": "http.response.start", "status": verdict.status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+    def _refuse(
+        self, verdict: Verdict, scope: Scope, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        return refusal(verdict, scope, self._legacy)(scope, receive, send)
 
 
 async def _refuse_websocket(verdict: Verdict, receive: Receive, send: Send) -> None:

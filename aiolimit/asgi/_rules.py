@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .._types import Algorithm, Rate, RateType, accepted, rates_of
+from .._types import Algorithm, Rate, RateLimiterConfig, RateType, accepted, rates_of
 from .._values import check_name, shown
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
@@ -90,6 +90,11 @@ class Rule:
     @property
     def rate_type(self) -> RateType:
         return RateType.OVERALL if self.key is None else RateType.PER_CLIENT
+
+    @property
+    def config(self) -> RateLimiterConfig:
+        """The config of the rule's limiter: its rates, rate type and algorithm."""
+        return RateLimiterConfig.build(self.rate_type, self.rates, algorithm=self.algorithm)
 
     def matches(self, scope: Scope) -> bool:
         """Whether the request's path and method are this rule's (its key is not asked)."""

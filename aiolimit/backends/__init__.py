@@ -1,14 +1,20 @@
 """Where limiter state lives: Redis (shared by processes and hosts) or this process's memory.
 
-``Backend`` is the contract a store implements; ``Grant`` and ``Refusal`` are what its
-``try_acquire`` returns, ``Started`` what its ``start_acquire`` does. ``RedisBackend`` is
-imported when first used, so that ``import aiolimit`` does not import ``redis.asyncio``.
+Two contracts: ``Backend``, the rate store (``RateLimiter`` and the rest), and
+``LeaseStore``, the lease store (``ConcurrencyLimiter``); ``MemoryBackend`` and
+``RedisBackend`` are both. Each store (and every ``with_client`` view of it) has one
+``StoreContext``: its breakers, clock maps and background tasks. ``Grant`` and ``Refusal``
+are what a backend's ``try_acquire`` returns, ``Started`` what its ``start_acquire`` does.
+``RedisBackend`` is imported when first used, so that ``import aiolimit`` does not import
+``redis.asyncio``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._context import Store, StoreContext
+from ._lease import LeaseStore
 from .base import Attempt, Backend, Grant, Refusal, SetMode, Settlement, Started
 from .memory import MemoryBackend
 
@@ -19,12 +25,15 @@ __all__ = [
     "Attempt",
     "Backend",
     "Grant",
+    "LeaseStore",
     "MemoryBackend",
     "RedisBackend",
     "Refusal",
     "SetMode",
     "Settlement",
     "Started",
+    "Store",
+    "StoreContext",
 ]
 
 

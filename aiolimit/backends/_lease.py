@@ -1,16 +1,17 @@
-"""The contract of concurrency limiters' stores (leases), shared by every backend: what one
-attempt returns, and the operations a store fills in (:class:`LeaseStore`, a base of
-:class:`~aiolimit.backends.Backend`). The semantics are lease_lib.lua's, and the memory twin's
+"""The lease store: the contract of concurrency limiters' stores, apart from the rate store's
+(:class:`~aiolimit.backends.Backend`): what one attempt returns, and the operations a store
+fills in (:class:`LeaseStore`). The semantics are lease_lib.lua's, and the memory twin's
 (``memory/_leases.py``): server time only, FIFO tickets, fences that only grow."""
 
 from __future__ import annotations
 
+import abc
 import os
 import secrets
 from datetime import timedelta
 from typing import Literal, NamedTuple, Protocol
 
-from ..errors import BackendError
+from ._context import Store
 
 __all__ = [
     "ConcurrencyConfig",
@@ -133,25 +134,31 @@ class LeaseWaiter(Protocol):
         ...
 
 
-class LeaseStore:
-    """The lease operations of a backend. A store that has no concurrency limiters keeps these
-    defaults, which raise :class:`~aiolimit.BackendError`. Durations are integer us."""
+class LeaseStore(Store):
+    """Where concurrency limiters live: the lease store, the contract a store fills in to
+    serve :class:`~aiolimit.ConcurrencyLimiter` (which refuses, when made, a store that is
+    not one). A store that keeps rates too subclasses :class:`~aiolimit.backends.Backend`
+    as well (``class MyStore(MyLeases, Backend)``, as ``MemoryBackend`` and ``RedisBackend``
+    do); its ``with_client`` views are the same lease store. Durations are integer µs.
+
+    Background work (a cancelled waiter's lease handed back) runs in the store's
+    ``context.tasks``, which :meth:`aclose` waits for; a wake-up mechanism's tasks too.
+    """
 
     __slots__ = ()
 
-    def _no_leases(self) -> BackendError:
-        return BackendError(f"{type(self).__name__} has no concurrency limiters", outage=False)
-
+    @abc.abstractmethod
     async def set_limit(
         self, name: str, max_in_flight: int, lease_us: int, mode: LeaseMode
     ) -> bool:
         """Writes the limit as ``mode`` says (``"try"``, ``"set"``, ``"update"``); whether it
         did. Holders, queue and fence stay."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def get_limit(self, name: str) -> ConcurrencyConfig | None:
-        raise self._no_leases()
+        """The limit and lease time; None when none is set."""
 
+    @abc.abstractmethod
     async def take_lease(
         self, name: str, permits: int, ticket: str, max_wait_us: int | None
     ) -> LeaseGrant | LeaseRefusal:
@@ -160,35 +167,37 @@ class LeaseStore:
         ticket stays queued for at most one lease time (each attempt stamps it again); with
         0 it leaves the queue. ``NotConfiguredError`` without a limit, ``InvalidArgumentError``
         for more permits than it."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def renew_lease(self, name: str, lease_id: str) -> int | None:
         """The lease runs one lease time from now: that time (us); None when it is lost
         (ended, released, flushed). A lost lease is never taken again."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def release_lease(self, name: str, lease_id: str) -> bool:
         """Hands the lease back: True when it was held until now. Idempotent; frees only it."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def cancel_ticket(self, name: str, ticket: str) -> bool:
         """Takes a waiter's ticket out of the queue; whether it was there."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     def lease_waiter(self, name: str, ticket: str) -> LeaseWaiter:
         """Where the waiter of ``ticket`` is woken: made before its first attempt, so that no
         wake-up is missed; closed when it stops waiting."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def leases(self, name: str, most: int = 100) -> LeaseSnapshot | None:
         """The limit, the holders (at most ``most``, earliest expiry first) and the queue."""
-        raise self._no_leases()
 
+    @abc.abstractmethod
     async def delete_limit(self, name: str) -> bool:
-        raise self._no_leases()
+        """Removes the limit, its holders and its queue; whether anything existed."""
 
+    @abc.abstractmethod
     async def expire_limit(self, name: str, ttl_us: int) -> bool:
-        raise self._no_leases()
+        """The whole limiter disappears after ``ttl_us``; False when it has no limit."""
 
+    @abc.abstractmethod
     async def clear_expire_limit(self, name: str) -> bool:
-        raise self._no_leases()
+        """Removes a TTL :meth:`expire_limit` set; returns whether there was one."""

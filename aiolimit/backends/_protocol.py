@@ -24,6 +24,7 @@ from .._types import Rate, RateLimiterConfig
 from ..errors import BackendError, InvalidArgumentError
 
 __all__ = [
+    "CARRIES",
     "COUNTERS_FORMAT",
     "GRANTED_FORMAT",
     "HELD_BUCKETS",
@@ -46,6 +47,7 @@ __all__ = [
     "format_rates",
     "new_life",
     "over_rate_error",
+    "parse_carries",
     "parse_counters",
     "parse_grant",
     "parse_handbacks",
@@ -217,7 +219,10 @@ windows', in :data:`COUNTERS_FORMAT`. It has no TTL of its own and no generation
 it goes with the config (whose ``gen`` names its life all the same: :func:`with_life`), and
 is absent while the state is fresh."""
 
-COUNTERS_FORMAT = "<last> <n 1> <n 2> ... [ ~h<hand-backs>][ ~<rate>:<count>:<ago> ...]"
+COUNTERS_FORMAT = (
+    "<last> <n 1> <n 2> ... [ ~h<hand-backs>][ ~<rate>:<count>:<ago> ...]"
+    "[ ~c<rate>:<count>:<until>:<since> ...]"
+)
 """The state of a token bucket or fixed windows: the latest grant's start (``"-"`` unless
 several rates or a spacing need it), then per rate two numbers: a bucket's full time (us) and
 its remainder (in 1/permits of a us), or the end of a window (us) and the permits in it.
@@ -225,7 +230,13 @@ Once a grant of the budget has been handed back, the count of such hand-backs (a
 carries it, so that a slot taken again never gives a member twice: counters.lua).
 Fixed windows add up to ``HELD_BUCKETS`` earlier windows per rate that held grants: the
 rate's place (from 1), the permits, and how long before the rate's latest window end theirs
-ended (us). A PER_CLIENT client's value key holds ``"<gen> "`` and this."""
+ended (us); then up to ``CARRIES`` floors per rate that a provider's count set
+(``Backend.sync``: carries.lua), each the rate's place, the permits it carries into the window
+``until`` falls in, ``until`` (us) and the time of the sync it counts from (us). A PER_CLIENT
+client's value key holds ``"<gen> "`` and this."""
+
+CARRIES = 2
+"""The floors (carries) fixed windows keep per rate: into the current window, and the next."""
 
 
 def parse_counters(text: str) -> tuple[int | None, list[int]]:
@@ -246,9 +257,16 @@ def parse_windows(text: str) -> list[list[int]]:
     """The earlier windows of fixed windows' state (see :data:`COUNTERS_FORMAT`), as
     ``[rate, count, end]``, oldest first."""
     numbers = parse_counters(text)[1]
-    entries = [entry for entry in text.split(" ~")[1:] if not entry.startswith("h")]
+    entries = [entry for entry in text.split(" ~")[1:] if entry[:1].isdigit()]
     windows = [[int(n) for n in entry.split(":")] for entry in entries]
     return [[i, count, numbers[2 * i - 2] - ago] for i, count, ago in windows]
+
+
+def parse_carries(text: str) -> list[list[int]]:
+    """The floors fixed windows' state carries (see :data:`COUNTERS_FORMAT`), as ``[rate,
+    count, until, since]``."""
+    entries = [entry[1:] for entry in text.split(" ~")[1:] if entry.startswith("c")]
+    return [[int(n) for n in entry.split(":")] for entry in entries]
 
 
 SETTLE_FORMAT = "{0, <handed back>, <charged>, <member>, <cut>}"

@@ -7,13 +7,13 @@ import uuid
 from collections.abc import Generator, Hashable
 from typing import Any, Literal, NamedTuple, Protocol
 
-from .._breaker import DEFAULT_POLICY, Breaker, BreakerPolicy, Breakers
+from .._breaker import Breaker, BreakerPolicy
 from .._types import Rate, RateLimiterConfig
 from .._values import check_text
 from ..errors import BackendError, InvalidArgumentError
-from ._clock import ClockMap, ClockMaps
+from ._clock import ClockMap
+from ._context import Store, StoreContext
 from ._learning import Event, Law, Learned
-from ._lease import LeaseStore
 from ._protocol import parse_grant
 
 __all__ = [
@@ -82,7 +82,7 @@ Attempt = Grant | Refusal
 
 
 class Settlement(NamedTuple):
-    """What :meth:`Backend.settle` did to a grant."""
+    """What a settle did to a grant (``Acquired.settle``'s result; ``Backend.settle``'s)."""
 
     handed_back: int
     """Permits given back (settled for fewer than reserved): only what still counted."""
@@ -90,7 +90,7 @@ class Settlement(NamedTuple):
     """Permits charged beyond the reservation (settled for more), at the settle's time."""
     member: str
     """The grant's member from now on, what a later ``release`` or ``settle`` names (the
-    one given when nothing changed)."""
+    one given when nothing changed; ``""`` for an acquisition that holds no grant)."""
     cut: int = 0
     """Permits asked for but not charged, because the limiter reached ``max_debt``."""
 
@@ -126,8 +126,8 @@ class _InTask:
                 self._backend.hand_back(self._name, attempt.member)
 
 
-class Backend(LeaseStore, abc.ABC):
-    """Where limiter state lives: the contract every store implements.
+class Backend(Store):
+    """Where limiter state lives: the rate store, the contract every store of rates implements.
 
     A backend serves one client id (``client_id``, the budget ``PER_CLIENT`` limiters use);
     ``with_client`` returns a view of the same store for another id. Names are the limiters'
@@ -142,34 +142,38 @@ class Backend(LeaseStore, abc.ABC):
     store fails: with ``outage=False`` when the store answered with an error about the call
     (a key holding foreign data), which a limiter's circuit breaker does not count.
 
+    Concurrency limiters need the other contract, :class:`~aiolimit.backends.LeaseStore`; a
+    store that keeps both (``MemoryBackend``, ``RedisBackend``) subclasses both.
+
     ``breaker``: the back-offs of its limiters' circuit breakers (:class:`BreakerPolicy`;
-    the default when None). A ``with_client`` view shares its backend's breakers, clock
-    maps and hand-backs in progress (:meth:`aclose` of either waits for all of them, those
-    of the thousands of views an ASGI middleware keeps included).
+    the default when None; read back as ``breaker_policy``). A ``with_client`` view is made
+    with ``context=`` its store's :class:`~aiolimit.backends.StoreContext`, and so shares
+    its breakers, clock maps and background tasks (:meth:`aclose` of either waits for all of
+    them, those of the thousands of views an ASGI middleware keeps included).
     """
 
-    __slots__ = ("__weakref__", "_breakers", "_clocks", "_hand_backs", "_random_id", "client_id")
+    __slots__ = ("_random_id", "client_id")
 
-    def __init__(self, client_id: str | None, breaker: BreakerPolicy | None = None) -> None:
+    def __init__(
+        self,
+        client_id: str | None,
+        breaker: BreakerPolicy | None = None,
+        *,
+        context: StoreContext | None = None,
+    ) -> None:
         self.client_id: str = (
             uuid.uuid4().hex if client_id is None else check_text(client_id, "client_id")
         )
         # No id given: each backend (each process) is a client of its own, with its own
         # PER_CLIENT budget; said once (per_client_used), as it is seldom what was meant.
         self._random_id = client_id is None
-        if breaker is not None and not isinstance(breaker, BreakerPolicy):
-            raise InvalidArgumentError(f"breaker must be a BreakerPolicy, not {breaker!r}")
-        self._breakers = Breakers(DEFAULT_POLICY if breaker is None else breaker)
-        # Hand-backs in progress, referenced so they are not garbage collected; aclose()
-        # waits for them. One set for the backend and its with_client views.
-        self._hand_backs: set[asyncio.Future[int]] = set()
-        self._clocks = ClockMaps()  # each clock its limiters run on, mapped (clock_map)
+        super().__init__(breaker, context=context)
 
     @abc.abstractmethod
     def with_client(self, client_id: str) -> Backend:
         """The same store seen by another client id (for ``PER_CLIENT`` limiters): the
         primitive under :meth:`RateLimiter.for_client`, which is how a limiter's user names
-        a client."""
+        a client. The view shares the store's context (made with ``context=self.context``)."""
 
     def per_client_used(self, name: str) -> None:
         """A store calls this when it serves a ``PER_CLIENT`` limiter's budget: on a random
@@ -177,32 +181,13 @@ class Backend(LeaseStore, abc.ABC):
         if self._random_id and not _said_random_client:
             _say_random_client(name, self.client_id)
 
-    @property
-    def breaker(self) -> BreakerPolicy:
-        """The back-offs of its limiters' circuit breakers (the ``breaker`` option)."""
-        return self._breakers.policy
-
-    def _share_with(self, view: Backend) -> None:
-        """Gives a ``with_client`` view what this backend owns for the store (see above)."""
-        view._breakers = self._breakers
-        view._hand_backs = self._hand_backs
-        view._clocks = self._clocks
-
     def clock_of(self, name: str) -> Hashable:
         """Which clock stamps ``name``'s grants: by default its own (one client may push it)."""
         return name
 
     def clock_map(self, name: str) -> ClockMap:
         """The limiter ``name``'s clock seen from this process's (``aiolimit._wakeup``)."""
-        return self._clocks.of(self.clock_of(name))
-
-    @property
-    def store_id(self) -> Hashable:
-        """Where the state lives: backends with equal ``store_id`` share every limiter's state
-        (a backend and its ``with_client`` views do), so a name on them is one limiter;
-        :func:`aiolimit.acquire_all` takes a limiter once. This default, for a store that does
-        not say: the backend's class (every backend of it one store)."""
-        return type(self)
+        return self.context.clocks.of(self.clock_of(name))
 
     def slot(self, name: str) -> int | None:
         """Where the name's state lives, for stores spread over several nodes (Redis Cluster:
@@ -332,34 +317,28 @@ class Backend(LeaseStore, abc.ABC):
         """Releases exactly the grant ``member`` in the background: the grant of a caller
         that was cancelled before it could use it. A failure is logged, never raised."""
         permits = parse_grant(member)[0]
-        task = asyncio.ensure_future(self.release(name, permits, member))
-        self._hand_backs.add(task)
-        task.add_done_callback(self._hand_back_done)
-
-    def _hand_back_done(self, task: asyncio.Future[int]) -> None:
-        self._hand_backs.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            hand_backs_failed(error)
+        self.context.tasks.spawn(
+            self.release(name, permits, member), "a hand-back", failed=hand_backs_failed
+        )
 
     async def aclose(self) -> None:
-        """Waits (at most 5 s) for the hand-backs still under way (of this backend and of
-        every ``with_client`` view of it), so that a process that shuts down leaves no
-        cancelled caller's permits taken, and logs those that failed.
+        """Waits (at most 5 s) for the store's background tasks, its hand-backs among them
+        (of this backend and of every ``with_client`` view of it), so that a process that
+        shuts down leaves no cancelled caller's permits taken, and logs those that failed.
         The Redis client stays open: it belongs to whoever made it."""
-        if self._hand_backs:
-            await asyncio.wait(set(self._hand_backs), timeout=5)
+        await super().aclose()
         _failed_hand_backs.report()
 
 
-def breaker_of(backend: Backend, name: str) -> Breaker:
+def breaker_of(backend: Store, name: str) -> Breaker:
     """The circuit breaker of limiter ``name`` on ``backend`` (made on first use), shared by
     every limiter object of that name on the backend and its ``with_client`` views: to read
     (``is_open``, ``failed_fast``). Each name has its own, so a failing node of a cluster (or
-    shard) does not fail the others' calls; its back-offs are the backend's ``breaker``
-    option."""
-    if not isinstance(backend, Backend):
+    shard) does not fail the others' calls; its back-offs are the backend's
+    ``breaker_policy`` (its ``breaker`` option)."""
+    if not isinstance(backend, Store):
         raise InvalidArgumentError(f"backend must be a Backend, not {type(backend).__name__}")
-    return backend._breakers.get(name)
+    return backend.context.breakers.get(name)
 
 
 class _FailedHandBacks:

@@ -24,7 +24,7 @@ from typing import Any
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from aiolimit import RateLimiter, RedisBackend
+from aiolimit import RateLimiter, RateLimiterConfig, RedisBackend
 
 from ..server import LocalRedis
 from .arguments import add_arguments, check
@@ -181,13 +181,14 @@ def _drain(queue: Any, timeout: float) -> Iterator[WorkerResult]:
 async def _set_rate(url: str, name: str, rate_type: str, limits: Limits) -> None:
     redis = Redis.from_url(url)
     try:
-        await RateLimiter(name, RedisBackend(redis)).set_rate(
+        config = RateLimiterConfig.build(
             rate_type,
             limits.rates,
             algorithm=limits.algorithm,
             min_spacing=limits.min_spacing or None,
-            keep_state=False,  # a run starts from full budgets, whatever an earlier one left
         )
+        # A run starts from full budgets, whatever an earlier one left.
+        await RateLimiter(name, RedisBackend(redis)).set_rate(config, keep_state=False)
     finally:
         await redis.aclose()
 

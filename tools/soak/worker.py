@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 
-from aiolimit import NotConfiguredError, Rate, RateLimiter, RateType
+from aiolimit import NotConfiguredError, Rate, RateLimiter, RateLimiterConfig, RateType
 
 from .stamping import StampingBackend
 
@@ -242,10 +242,12 @@ async def _configure(config: WorkerConfig, limiter: RateLimiter) -> None:
     try:
         rates = Rate.parse(config.rates) if config.rates else [Rate(config.rate, config.interval)]
         await limiter.try_set_rate(
-            RateType(config.rate_type),
-            rates,
-            algorithm=config.algorithm,
-            min_spacing=config.min_spacing or None,
+            RateLimiterConfig.build(
+                RateType(config.rate_type),
+                rates,
+                algorithm=config.algorithm,
+                min_spacing=config.min_spacing or None,
+            )
         )
     except Exception:
         await asyncio.sleep(0.02)

@@ -1,5 +1,5 @@
 """Operating live limiters on a Redis server: ``aiolimit inspect``, ``list``, ``set-rate``,
-``delete``, ``block``, ``unblock`` and ``watch``. Each command's ``run`` returns the exit
+``delete``, ``pause``, ``resume`` and ``watch``. Each command's ``run`` returns the exit
 code: 0, 1 (``set-rate``: the server stored another config than the one asked for;
 ``delete``: what a glob matched was not confirmed) or 2 (bad input, no such limiter, the
 server unreachable or refusing), with a one-line message on stderr and never a traceback.
@@ -16,9 +16,20 @@ docs/deployments.md.
 - ``show.py``: ``inspect`` and ``list``; ``watch.py``; ``change.py``: the commands that write.
 """
 
-from .change import BLOCK, DELETE, SET_RATE, UNBLOCK
+from .change import BLOCK, DELETE, PAUSE, RESUME, SET_RATE, UNBLOCK
 from .connect import Command
 from .show import INSPECT, LIST
 from .watch import WATCH
 
-__all__ = ["BLOCK", "DELETE", "INSPECT", "LIST", "SET_RATE", "UNBLOCK", "WATCH", "Command"]
+__all__ = [
+    "BLOCK",
+    "DELETE",
+    "INSPECT",
+    "LIST",
+    "PAUSE",
+    "RESUME",
+    "SET_RATE",
+    "UNBLOCK",
+    "WATCH",
+    "Command",
+]

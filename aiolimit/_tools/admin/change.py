@@ -1,6 +1,6 @@
-"""The commands that change a live limiter: ``set-rate``, ``delete``, ``block`` and
-``unblock``. ``set-rate``, ``block`` and ``unblock`` go through
-:class:`~aiolimit.RateLimiter`, as an application would.
+"""The commands that change a live limiter: ``set-rate``, ``delete``, ``pause`` and
+``resume`` (``block`` and ``unblock``, their deprecated names, still run them). ``set-rate``,
+``pause`` and ``resume`` go through :class:`~aiolimit.RateLimiter`, as an application would.
 
 ``delete`` takes a name, or a glob as ``list`` reads it (any ``*``, ``?`` or ``[`` makes one;
 ``--exact`` says a name): the limiters a glob matches are listed, then deleted once confirmed
@@ -24,11 +24,11 @@ from ...backends.redis import RedisBackend
 from ...errors import BackendError, NotConfiguredError
 from ..options import masked
 from ..text import plural, seconds, shown
-from .connect import Abort, command, name_argument, no_limiter, seconds_argument
+from .connect import Abort, Body, command, name_argument, no_limiter, seconds_argument
 from .glob import SYNTAX, Found, is_glob, limiters, redis_escape
 from .show import rates
 
-__all__ = ["BLOCK", "DELETE", "SET_RATE", "UNBLOCK"]
+__all__ = ["BLOCK", "DELETE", "PAUSE", "RESUME", "SET_RATE", "UNBLOCK"]
 
 
 def _described(config: RateLimiterConfig) -> str:
@@ -103,19 +103,11 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     asked = RateLimiterConfig.build(
         rate_type,
         Rate.parse(args.rates),
-        None,
-        args.keep_alive,
+        keep_alive=args.keep_alive,
         algorithm=algorithm,
         min_spacing=args.min_spacing,
     )
-    await limiter.set_rate(
-        asked.rate_type,
-        asked.rates,
-        algorithm=asked.algorithm,
-        min_spacing=asked.min_spacing,
-        keep_alive=asked.keep_alive,
-        keep_state=args.keep_state,
-    )
+    await limiter.set_rate(asked, keep_state=args.keep_state)
     stored = await limiter.get_config()
     if stored is None:
         raise Abort(f"the config of '{shown(args.name)}' was gone right after it was set")
@@ -131,7 +123,7 @@ async def _set_rate(args: argparse.Namespace, backend: RedisBackend) -> int:
     return 0
 
 
-# -- delete, block, unblock ---------------------------------------------------------------------
+# -- delete, pause, resume ----------------------------------------------------------------------
 
 
 def _delete_arguments(parser: argparse.ArgumentParser) -> None:
@@ -225,37 +217,49 @@ def _confirmed(question: str) -> bool:
     return sys.stdin.readline().strip().lower() in ("y", "yes")
 
 
-def _block_arguments(parser: argparse.ArgumentParser) -> None:
+def _pause_arguments(parser: argparse.ArgumentParser) -> None:
     name_argument(parser)
     parser.add_argument(
         "seconds", type=seconds_argument, help="no grant to anyone before this many seconds"
     )
 
 
-async def _block(args: argparse.Namespace, backend: RedisBackend) -> int:
+async def _pause(args: argparse.Namespace, backend: RedisBackend) -> int:
     limiter = RateLimiter(args.name, backend)
     try:
-        await limiter.block(args.seconds)
+        await limiter.pause(args.seconds)
     except NotConfiguredError:
         raise no_limiter(args) from None
     left = await backend.block(args.name, None)
-    print(f"blocked {shown(args.name)}: no grant for {seconds(left / 1e6)}")
+    print(f"paused {shown(args.name)}: no grant for {seconds(left / 1e6)}")
     return 0
 
 
-async def _unblock(args: argparse.Namespace, backend: RedisBackend) -> int:
+async def _resume(args: argparse.Namespace, backend: RedisBackend) -> int:
     limiter = RateLimiter(args.name, backend)
     if await limiter.get_config() is None:
         raise no_limiter(args)
     try:
-        cleared = await limiter.unblock()
+        ended = await limiter.resume()
     except NotConfiguredError:
         raise no_limiter(args) from None
-    print(f"unblocked {shown(args.name)}" if cleared else f"{shown(args.name)} was not blocked")
+    print(f"resumed {shown(args.name)}" if ended else f"{shown(args.name)} was not paused")
     return 0
+
+
+def _renamed(old: str, new: str, body: Body) -> Body:
+    """``body`` under its deprecated name ``old``: a note on stderr, then ``new``'s work."""
+
+    async def run(args: argparse.Namespace, backend: RedisBackend) -> int:
+        print(f"aiolimit {old} is deprecated: use aiolimit {new}", file=sys.stderr)
+        return await body(args, backend)
+
+    return run
 
 
 SET_RATE = command("set-rate", _set_rate_arguments, _set_rate)
 DELETE = command("delete", _delete_arguments, _delete)
-BLOCK = command("block", _block_arguments, _block)
-UNBLOCK = command("unblock", name_argument, _unblock)
+PAUSE = command("pause", _pause_arguments, _pause)
+RESUME = command("resume", name_argument, _resume)
+BLOCK = command("block", _pause_arguments, _renamed("block", "pause", _pause))
+UNBLOCK = command("unblock", name_argument, _renamed("unblock", "resume", _resume))

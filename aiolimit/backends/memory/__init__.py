@@ -12,6 +12,7 @@ from ..._breaker import BreakerPolicy
 from ..._types import RateLimiterConfig, RateType
 from ..._values import clock_micros
 from ...errors import InvalidArgumentError, NotConfiguredError
+from .._context import StoreContext
 from .._protocol import (
     check_settle,
     check_sync,
@@ -69,17 +70,27 @@ class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
         clock: Callable[[], float] = _loop_clock,
         breaker: BreakerPolicy | None = None,
     ) -> None:
-        super().__init__(client_id, breaker)
+        context = StoreContext(breaker)
         if not callable(clock):
             raise InvalidArgumentError(f"clock must be a callable returning seconds, not {clock!r}")
+        self._open(client_id, context, clock, Store())
+
+    def _open(
+        self,
+        client_id: str | None,
+        context: StoreContext,
+        clock: Callable[[], float],
+        shared: Store,
+    ) -> None:
+        """Made on the store ``shared`` with its ``context``: a new one, or a view's."""
+        super().__init__(client_id, context=context)
         self._clock = clock
-        self._shared = Store()
+        self._shared = shared
 
     def with_client(self, client_id: str) -> MemoryBackend:
-        other = MemoryBackend(client_id=client_id, clock=self._clock)
-        other._shared = self._shared
-        self._share_with(other)
-        return other
+        view = MemoryBackend.__new__(MemoryBackend)
+        view._open(client_id, self.context, self._clock, self._shared)
+        return view
 
     @property
     def store_id(self) -> Hashable:

@@ -18,7 +18,7 @@ class Counters(Group):
     """A budget kept as numbers: ``state.n`` holds two per rate, ``state.last`` the latest
     grant's start."""
 
-    __slots__ = ("dirty", "handed", "state")
+    __slots__ = ("dirty", "handed", "state", "tail_until")
 
     in_hash = True  # (an OVERALL budget's numbers are a field of its config: counters.lua)
 
@@ -28,6 +28,8 @@ class Counters(Group):
         super().__init__(limiter, config, key, write)
         self.dirty = False
         self.handed: int | None = None  # the latest start handed back by this call (counters.lua)
+        # Until when what the algorithm keeps besides its numbers counts (0: nothing), for save.
+        self.tail_until = 0
         assert limiter.config is not None
         state = limiter.config.state if self.state_in_config(config) else limiter.budgets.get(key)
         size = 2 * len(config.rates)
@@ -150,6 +152,7 @@ class Counters(Group):
         until = state.last + config.min_spacing_us if state.last is not None else 0
         for i, rate in enumerate(config.rates):
             until = max(until, self.rate_until(rate, n[2 * i], n[2 * i + 1], now))
+        until = max(until, self.tail_until)
         if state.handbacks:
             # (a grant at this very time, or at a handed-back grant's start, must see the count)
             until = max(until, now + 1)
@@ -229,11 +232,12 @@ class Counters(Group):
     def rate_charge(self, rate: Rate, a: int, b: int, extra: int, now: int) -> tuple[int, int]:
         """The numbers once ``extra`` permits are taken at ``now``, whatever is free."""
 
-    @abc.abstractmethod
     def rate_sync(
         self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
     ) -> tuple[int, int]:
-        """The numbers once the rate allows at most ``remaining`` more until the reset."""
+        """The numbers once the rate allows at most ``remaining`` more until the reset (for
+        ``sync``; fixed windows keep a floor beside their numbers: _carries.py)."""
+        raise NotImplementedError(f"{type(self).__name__} syncs otherwise")
 
     def was_handed(self, start: int) -> None:
         self.handed = start if self.handed is None else max(self.handed, start)

@@ -2,7 +2,8 @@
 holding grants (``a``; windows are aligned to multiples of the interval since the epoch, so
 its end says which it is under any interval) and the permits in it (``b``); besides, per
 rate, up to ``HELD_BUCKETS`` earlier windows that held grants (``Budget.held``: ``[rate,
-count, end]``, oldest first), which a longer interval counts in the window that covers them."""
+count, end]``, oldest first), which a longer interval counts in the window that covers them; and
+a sync's floor past a window's end (``Budget.carried``: ``_carries.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 
 from ..._types import MAX_RATES, Rate, RateLimiterConfig
 from .._protocol import HELD_BUCKETS
-from ._counters import Counters
+from ._carries import Carried, loaded
 from ._held import kept_until
 from ._state import Config, Limiter
 
@@ -20,7 +21,7 @@ def window_of(end: int, interval: int) -> int:
     return (end - 1) // interval
 
 
-class FixedWindow(Counters):
+class FixedWindow(Carried):
     __slots__ = ()
 
     def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
@@ -30,6 +31,7 @@ class FixedWindow(Counters):
             self.state_in_config(self.config)
             and not self.fresh
             and windows_outlived(self, old.config.rates, now)
+            and not self.carrying(now)
         ):
             self.fresh, stored.state = True, None  # forgotten, as an expired key
         return False
@@ -51,8 +53,9 @@ class FixedWindow(Counters):
                 n[2 * i - 1] += count
             else:
                 held.append([i, count, end])
-        if held != state.held:
-            self.state = replace(state, n=n, held=held)
+        carried = loaded(state.carried, rates)
+        if held != state.held or carried != state.carried:
+            self.state = replace(state, n=n, held=held, carried=carried)
 
     def commit(self, permits: int, start: int) -> str:
         # Keeps the windows the grant leaves behind: per rate at most HELD_BUCKETS.
@@ -138,22 +141,6 @@ class FixedWindow(Counters):
             count = extra
         ahead = max(0, -(-(count - rate.permits) // rate.permits))
         return (window + ahead + 1) * rate.interval_us, count - ahead * rate.permits
-
-    def rate_sync(
-        self, rate: Rate, a: int, b: int, remaining: int, reset_us: int, now: int
-    ) -> tuple[int, int]:
-        # The window the reset falls in (at most one interval on) holds at least rate -
-        # remaining; when that is the next window, the current one allows nothing more
-        # (fixed_window.lua).
-        least, interval = rate.permits - remaining, rate.interval_us
-        if reset_us <= 0 or least <= 0:
-            return a, b
-        window, last = window_of(a, interval), now // interval
-        if now + min(reset_us, interval) > (last + 1) * interval:
-            last += 1
-        if window > last or (window == last and b >= least):
-            return a, b
-        return (last + 1) * interval, least
 
 
 def windows_outlived(windows: FixedWindow, old: tuple[Rate, ...], now: int) -> bool:

@@ -73,6 +73,9 @@ class Budget:
     n: list[int] = field(default_factory=list)
     epoch: int = 0  # a PER_CLIENT token bucket's: the rates epoch that wrote it
     handbacks: int = 0  # TOKEN_BUCKET and FIXED_WINDOW: grants handed back (counters.lua)
+    # FIXED_WINDOW: a sync's floor past a window's end, [rate, count, until, since] each
+    # (carries.lua).
+    carried: list[list[int]] = field(default_factory=list)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

@@ -7,31 +7,29 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from collections.abc import Callable, Coroutine, Hashable, Sequence
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
 from ..._types import Rate, RateLimiterConfig, RateType
-from ..._values import Duration, check_text, clock_micros
+from ..._values import Duration, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .._context import StoreContext
 from .._learning import Event, Law, Learned
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
-from ._coalescer import Key, coalescer
+from ._coalescer import Key
 from ._compat import ANY, check_client, node_of, server_of, slot
-from ._deadlines import call_timeout
 from ._errors import call_error, trouble_error
-from ._keys import Keys, Recent
-from ._leases import RedisLeases, end_wakers
+from ._keys import Keys
+from ._leases import RedisLeases
 from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
+from ._server import Clock, Server
 
 __all__ = ["RedisBackend"]
-
-Clock = Literal["server", "client"] | Callable[[], float]
 
 R = TypeVar("R")
 _PER_CLIENT = RateType.PER_CLIENT  # (read off its class, a member costs a lookup a call)
@@ -68,10 +66,12 @@ class RedisBackend(RedisLeases, Backend):
         "_clock",
         "_deadlines",
         "_keys",
+        "_now",
         "_owned",
         "_pipe",
         "_prefix",
         "_redis",
+        "_server",
         "_types",
     )
 
@@ -86,27 +86,20 @@ class RedisBackend(RedisLeases, Backend):
         breaker: BreakerPolicy | None = None,
     ) -> None:
         check_client(redis)
-        super().__init__(client_id, breaker)
-        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix:
-            raise InvalidArgumentError(f"prefix must be a str without braces, not {prefix!r}")
-        if prefix:
-            check_text(prefix, "prefix")
-        timeout_s = call_timeout(timeout)
-        if clock == "client":
-            clock = time.time
-        elif clock != "server" and not callable(clock):
-            raise InvalidArgumentError(
-                f"clock must be 'server', 'client' or a callable, not {clock!r}"
-            )
-        self._redis = redis
-        self._owned = False  # (from_url: its client is closed with it)
-        self._pipe = coalescer(redis)
-        self._clock: Callable[[], float] | None = None if clock == "server" else clock
-        self._prefix = prefix
-        self._deadlines = self._pipe.deadlines(timeout_s)  # its callers' (one per timeout)
-        self._keys: Recent[str, Keys] = Recent()
-        # The rate type each limiter had when last seen, to pass only the keys a call touches.
-        self._types: Recent[str, RateType] = Recent()
+        context = StoreContext(breaker)
+        self._open(client_id, context, Server.of(redis, clock, prefix, timeout))
+
+    def _open(self, client_id: str | None, context: StoreContext, server: Server) -> None:
+        """Sets up a backend on ``server`` with the store's ``context``: a new store's first,
+        or a view of it (which shares both)."""
+        super().__init__(client_id, context=context)
+        self._server = server
+        self._owned = False  # (from_url: its client is closed with it; never a view's)
+        # (each also an attribute of its own: the hot path reads them)
+        self._redis, self._pipe, self._clock = server.redis, server.pipe, server.clock
+        self._prefix, self._deadlines = server.prefix, server.deadlines
+        self._keys, self._types = server.keys, server.types
+        self._now: Callable[[], str] | None = None if self._clock is None else self._now_arg
 
     @classmethod
     def from_url(
@@ -147,17 +140,9 @@ class RedisBackend(RedisLeases, Backend):
         return backend
 
     def with_client(self, client_id: str) -> RedisBackend:
-        other = RedisBackend(
-            self._redis, client_id=client_id, prefix=self._prefix, timeout=self.timeout
-        )
-        other._clock = self._clock
-        self._share_with(other)
-        # One store, one key layout: the view shares what this backend learnt of each limiter
-        # (its keys and rate type), so its first call on a PER_CLIENT limiter is one round
-        # trip, not two. An ASGI middleware makes a view per request.
-        other._keys = self._keys
-        other._types = self._types
-        return other
+        view = RedisBackend.__new__(RedisBackend)
+        view._open(client_id, self.context, self._server)
+        return view
 
     @property
     def store_id(self) -> Hashable:
@@ -176,10 +161,9 @@ class RedisBackend(RedisLeases, Backend):
         return self._redis
 
     async def aclose(self) -> None:
-        """Waits for the hand-backs under way (:meth:`Backend.aclose`); closes the client
+        """Waits for the store's background work (:meth:`Backend.aclose`); closes the client
         only when :meth:`from_url` made it."""
         await super().aclose()
-        await end_wakers()  # (a lease waiter's BLPOP ending: no task left pending)
         if self._owned:
             self._owned = False
             await self._redis.aclose()
@@ -292,13 +276,13 @@ class RedisBackend(RedisLeases, Backend):
     def try_acquire(  # (a coroutine function in all but name: one frame fewer per call)
         self, name: str, permits: int, max_wait_us: int | None = 0
     ) -> Coroutine[Any, Any, Grant | Refusal]:
-        call = scripts.AcquireCall(self, name, permits, max_wait_us)
+        call = scripts.AcquireCall(name, permits, max_wait_us, self.client_id, self._now, self)
         return self._budget_call(
             name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=call.hand_back
         )
 
     def start_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Started:
-        call = scripts.AcquireCall(self, name, permits, max_wait_us)
+        call = scripts.AcquireCall(name, permits, max_wait_us, self.client_id, self._now, self)
         known = self._types.get(name)
         rate_type = RateType.OVERALL if known is None else known
         orphan = call.hand_back
@@ -416,9 +400,9 @@ class RedisBackend(RedisLeases, Backend):
         if reply.written:
             self._types[name] = config.rate_type
         if reply.follow is Follow.REFRESH:
-            await refresh_clients(self, keys)
+            await refresh_clients(self._run, self._now_arg, keys)
         elif reply.follow is Follow.RETIRE:
-            await retire_clients(self, keys, keys.retired(generation))
+            await retire_clients(self._run, self._now_arg, keys, keys.retired(generation))
         return reply.written
 
     async def learn(
@@ -472,7 +456,7 @@ class RedisBackend(RedisLeases, Backend):
             scripts.DELETE, (keys.config, keys.value, keys.permits, keys.registry, retired), ()
         )
         if reply.retire:
-            await retire_clients(self, keys, retired)
+            await retire_clients(self._run, self._now_arg, keys, retired)
         return reply.existed
 
     async def expire(self, name: str, ttl_us: int) -> bool:
@@ -484,7 +468,7 @@ class RedisBackend(RedisLeases, Backend):
             (ttl_ms, self._now_arg()),
         )
         if found:
-            await refresh_clients(self, keys)
+            await refresh_clients(self._run, self._now_arg, keys)
         return found
 
     async def clear_expire(self, name: str) -> bool:
@@ -492,5 +476,5 @@ class RedisBackend(RedisLeases, Backend):
         had_ttl = await self._run(
             scripts.CLEAR_EXPIRE, (keys.config, keys.value, keys.permits), (self._now_arg(),)
         )
-        await refresh_clients(self, keys)
+        await refresh_clients(self._run, self._now_arg, keys)
         return had_ttl

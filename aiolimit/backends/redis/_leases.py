@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
 from ...errors import NotConfiguredError
+from .._context import Background, StoreContext
 from .._lease import (
     ConcurrencyConfig,
     LeaseGrant,
@@ -25,7 +26,7 @@ from ._compat import ANY
 from ._keys import Keys
 from ._script import ReadCommand, Script
 
-__all__ = ["RedisLeases", "end_wakers", "lease_keys"]
+__all__ = ["RedisLeases", "lease_keys"]
 
 log = logging.getLogger("aiolimit")
 R = TypeVar("R")
@@ -45,6 +46,9 @@ class _Runs(Protocol):
     @property
     def redis(self) -> Any: ...
 
+    @property
+    def context(self) -> StoreContext: ...
+
     def keys(self, name: str) -> Keys: ...
 
     async def _run(
@@ -53,10 +57,11 @@ class _Runs(Protocol):
 
 
 class _Waiter:
-    __slots__ = ("_waker", "ticket", "woken")
+    __slots__ = ("_tasks", "_waker", "ticket", "woken")
 
-    def __init__(self, waker: _Waker, ticket: str) -> None:
+    def __init__(self, waker: _Waker, ticket: str, tasks: Background) -> None:
         self._waker, self.ticket, self.woken = waker, ticket, asyncio.Event()
+        self._tasks = tasks  # (its store's: aclose() waits for the BLPOP's end)
 
     async def wait(self, timeout: float) -> bool:
         try:
@@ -72,19 +77,7 @@ class _Waiter:
             # Its BLPOP ends in the background: the client library lets go of a BLPOP
             # cancelled while it connects only when its block is up (a second), which a
             # caller granted at once must not wait for.
-            _ending.add(ending)
-            ending.add_done_callback(_ending.discard)
-
-
-_ending: set[asyncio.Task[None]] = set()  # wakers' tasks ending (referenced until they end)
-
-
-async def end_wakers() -> None:
-    """Waits (at most one BLPOP block) for this loop's wakers still ending (``aclose``)."""
-    loop = asyncio.get_running_loop()
-    ending = {task for task in _ending if task.get_loop() is loop}
-    if ending:
-        await asyncio.wait(ending, timeout=WAKE_BLOCK_S + 1)
+            self._tasks.spawn(ending, "a lease waker's end")
 
 
 class _Waker:
@@ -99,8 +92,8 @@ class _Waker:
         self.waiters: dict[str, _Waiter] = {}
         self._task: asyncio.Task[None] | None = None
 
-    def add(self, ticket: str) -> _Waiter:
-        waiter = self.waiters[ticket] = _Waiter(self, ticket)
+    def add(self, ticket: str, tasks: Background) -> _Waiter:
+        waiter = self.waiters[ticket] = _Waiter(self, ticket, tasks)
         if self._task is None:
             self._task = asyncio.create_task(self._run())
         return waiter
@@ -184,7 +177,7 @@ class RedisLeases(LeaseStore):
         waker = by_key.get(key)
         if waker is None:
             waker = by_key[key] = _Waker(self.redis, key)
-        return waker.add(ticket)
+        return waker.add(ticket, self.context.tasks)
 
     async def leases(self: _Runs, name: str, most: int = 100) -> LeaseSnapshot | None:
         return await self._run(scripts.READ, lease_keys(self.keys(name)), (most,))

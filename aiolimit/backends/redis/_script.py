@@ -26,13 +26,15 @@ LIBRARY = (
     "sliding_window",
     "counters",
     "token_bucket",
+    "carries",
     "fixed_window",
 )
 """The files every script starts with, in order: the core (``lib``, then ``groups``), then
 each algorithm, which adds its functions to the core's ``ALGORITHMS`` table (``held`` is what
 a sliding window keeps of reclaimed grants, ``sliding_walk`` how it finds a waiter's slot,
 ``sliding_log`` the log of one rate, ``counters`` what the token bucket and fixed windows
-share). Adding an algorithm adds its file here."""
+share, ``carries`` the provider's floors fixed windows keep). Adding an algorithm adds its
+file here."""
 
 
 def lua_source(*names: str) -> str:

@@ -5,11 +5,11 @@ anywhere else."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import IntEnum
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from ..._types import Algorithm, Rate, RateLimiterConfig, RateType
 from ...errors import BackendError
@@ -153,29 +153,45 @@ def _attempt(reply: Any) -> Grant | Refusal | Trouble:
     return _trouble(Reply(int(code)), raw.partition(b" ")[2].decode())
 
 
+class HandsBack(Protocol):
+    """Where a grant made for a caller that has gone is handed back (``Backend.hand_back``)."""
+
+    def hand_back(self, name: str, member: str) -> None: ...
+
+
 class AcquireCall:
     """One caller's acquire: the object is the callable of its arguments by rate type (what
-    ``RedisBackend._budget_call`` takes), and :meth:`hand_back` hands back its grant when the
-    caller was cancelled while it was in flight. (One object, not two closures and their
-    cells: fewer objects for the garbage collector while the round trip is out.)"""
+    ``RedisBackend._budget_call`` takes), and :meth:`hand_back` hands back its grant (to
+    ``store``) when the caller was cancelled while it was in flight. ``now``: the client's
+    clock reading as sent (None: the server's ``TIME``). (One object, not two closures and
+    their cells: fewer objects for the garbage collector while the round trip is out.)"""
 
-    __slots__ = ("backend", "max_wait_us", "name", "permits")
+    __slots__ = ("client_id", "max_wait_us", "name", "now", "permits", "store")
 
-    def __init__(self, backend: Any, name: str, permits: int, max_wait_us: int | None) -> None:
-        self.backend = backend
+    def __init__(
+        self,
+        name: str,
+        permits: int,
+        max_wait_us: int | None,
+        client_id: str,
+        now: Callable[[], str] | None,
+        store: HandsBack,
+    ) -> None:
         self.name = name
         self.permits = permits
         self.max_wait_us = max_wait_us
+        self.client_id = client_id
+        self.now = now
+        self.store = store
 
     def __call__(self, rate_type: RateType) -> list[Any]:
-        backend = self.backend
-        now = "" if backend._clock is None else backend._now_arg()  # ('': the server's TIME)
-        return [acquire_request(self.permits, now, self.max_wait_us, rate_type, backend.client_id)]
+        now = "" if self.now is None else self.now()  # ('': the server's TIME)
+        return [acquire_request(self.permits, now, self.max_wait_us, rate_type, self.client_id)]
 
     def hand_back(self, reply: Any) -> None:
         attempt = ACQUIRE.decode(reply)
         if isinstance(attempt, Grant):
-            self.backend.hand_back(self.name, attempt.member)
+            self.store.hand_back(self.name, attempt.member)
 
 
 def _merge_acquires(

@@ -140,8 +140,9 @@ local function save_counters(group, rule, now)
     return 0
   end
   local config, n = group.config, group.n
-  -- The state matters until every rate allows its full count again, and the spacing has passed.
-  local until_ = group.last and (group.last + config.spacing) or 0
+  -- The state matters until every rate allows its full count again, the spacing has passed,
+  -- and what the algorithm keeps besides no longer counts (group.tail_until: carries.lua).
+  local until_ = max(group.last and (group.last + config.spacing) or 0, group.tail_until or 0)
   local rates = config.rates
   for i = 1, #rates do
     until_ = max(until_, rule.until_(rates[i], n[2 * i - 1], n[2 * i], config, now))
@@ -206,7 +207,7 @@ end
 --   charge(r, a, b, extra, now)      a, b once `extra` permits are taken at `now`, whatever
 --                                    is free (a debt; settle.lua bounds it)
 --   sync(r, a, b, remaining, reset_us, now)  a, b once the rate allows at most `remaining`
---                                    more until now + reset_us
+--                                    more until now + reset_us (fixed windows: carries.lua)
 --   room(r, a, b, now)               (optional) `left`, less every permit reserved ahead:
 --                                    what a debt is measured from (without it: `left`)
 --   synced(group, i, a)              (on the algorithm, optional) rate i takes the new

@@ -5,7 +5,8 @@
 -- Besides, per rate, up to HELD_BUCKETS earlier windows that held grants (group.held:
 -- {rate, count, end}, oldest first), kept as the value's tail " ~<rate>:<count>:<ago>", `ago`
 -- the rate's latest window end minus theirs: a longer interval (set_rate with keep_state)
--- counts those that fall in its window with the latest one (see `load`).
+-- counts those that fall in its window with the latest one (see `load`). After them, a
+-- provider's floors (sync.lua), as carries.lua keeps them.
 
 -- The number of the window that ends at `window_end` (-1: none yet).
 local function window_of(r, window_end)
@@ -75,7 +76,7 @@ local fixed_rule = {
     local back = min(wanted, count)
     return back, window_end, count - back
   end,
-  -- (settle.lua, sync.lua: see `settling` in counters.lua)
+  -- (settle.lua: see `settling` in counters.lua)
   room = function(r, window_end, count, now)
     -- `left`, less the permits of the windows ahead (reservations, or a debt).
     local window, current = window_of(r, window_end), floor(now / r.interval)
@@ -97,24 +98,7 @@ local fixed_rule = {
     local ahead = max(0, ceil((count - r.rate) / r.rate))
     return (window + ahead + 1) * r.interval, count - ahead * r.rate
   end,
-  sync = function(r, window_end, count, remaining, reset_us, now)
-    -- The window the reset falls in (at most one interval on) holds at least rate -
-    -- remaining. When that is the next window, the current one allows nothing more (one
-    -- window is all the numbers keep: a window ahead is full before it); a window further
-    -- ahead: the next one is full already.
-    local least = r.rate - remaining
-    if reset_us <= 0 or least <= 0 then
-      return window_end, count
-    end
-    local window, last = window_of(r, window_end), floor(now / r.interval)
-    if now + min(reset_us, r.interval) > (last + 1) * r.interval then
-      last = last + 1
-    end
-    if window > last or (window == last and count >= least) then
-      return window_end, count
-    end
-    return (last + 1) * r.interval, least
-  end,
+  -- (sync: carries.lua)
 }
 local fixed = counters(fixed_rule)
 ALGORITHMS.FIXED_WINDOW = fixed
@@ -184,6 +168,7 @@ function fixed.load(group, write)
   if group.fresh then
     group.tail = nil
   end
+  take_carries(group) -- (the tail's last entries)
   local tail, rates = group.tail, group.config.rates
   if tail and #rates == 1 then
     -- One rate, and a tail of one or two entries of it (not of rates the config had before),
@@ -275,7 +260,15 @@ function fixed.save(group, now)
     end
     group.tail = #parts > 0 and table.concat(parts) or nil
   end
-  return save(group, now)
+  local tail = group.tail
+  local carried, until_ = carries_text(group, now) -- (written after the earlier windows)
+  if carried ~= '' then
+    group.tail = (tail or '') .. carried
+  end
+  group.tail_until = until_
+  local ttl = save(group, now)
+  group.tail = tail
+  return ttl
 end
 
 -- set_rate with keep_state, an OVERALL limiter: its state (in the config, without a TTL)
@@ -292,8 +285,12 @@ local function windows_outlived(group, olds, now)
 end
 
 function fixed.rates_changed(group, olds, old_epochs, now)
-  if group.config.in_hash and not group.fresh and windows_outlived(group, olds, now) then
+  local config = group.config
+  if config.in_hash and not group.fresh and windows_outlived(group, olds, now)
+    and not carrying(group, now) then
     group.fresh = true -- (the new config has no state field: nothing to remove)
   end
   return false
 end
+
+carry_floors(fixed) -- (a provider's floor: carries.lua)

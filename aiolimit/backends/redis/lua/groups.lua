@@ -52,7 +52,7 @@ local function load_group(config, value_key, permits_key, write)
     config = config, value_key = value_key, permits_key = permits_key,
     algorithm = ALGORITHMS[config.algorithm],
     fresh = false, dirty = false, n = false, last = false, tail = false, held = false, budgets = false,
-    handbacks = false, handed = false,
+    handbacks = false, handed = false, carries = false, tail_until = false,
     -- (batch.lua's)
     now = false, registry_key = false, latest = false, client_id = false,
     closed = false,

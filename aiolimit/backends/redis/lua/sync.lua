@@ -15,9 +15,10 @@
 -- before one interval after the reset; a sliding window's log counts at least rate -
 -- remaining until the reset, in one entry scored to leave the window then (what it lacks,
 -- and the grants that would leave before the reset: `take_leaving`, at most WALK_STEPS read),
--- and fixed windows count at least rate - remaining in the window the reset falls in (the
--- next one: the current one then allows nothing more): both for at most one interval of the
--- rate (a reset further on counts until then). One bounded call.
+-- and fixed windows carry the floor into the window the reset falls in (carries.lua): past
+-- the current window's end, the current one allows no more than `remaining` and the next
+-- starts from rate - remaining and every grant since, until the reset: both for at most one
+-- interval of the rate (a reset further on counts until then). One bounded call.
 -- Returns {0, 0}, {-1} without config, {-3, type} for the other rate type.
 
 local config, trouble = budget_config(KEYS[1], ARGV[4])
