@@ -4,6 +4,7 @@
     python benchmarks/client_cpu.py --measure instructions           # valgrind, ~5 minutes
     python benchmarks/client_cpu.py --measure backend                # no server, ~10 s
     python benchmarks/client_cpu.py --checkout /tmp/aiolimit-main --checkout . --rounds 5
+    python benchmarks/client_cpu.py --options protocol=2             # clients in RESP2
 
 ``--measure grant`` (the default): 64 tasks take one permit at a time from ``--limiters``
 token-bucket limiters that never refuse, through aiolimit and through the bare client of
@@ -20,7 +21,9 @@ requests on 32 limiters that share a round trip, with no server: the request mad
 the acquire_many call built, the round trip packed, a canned reply split, each caller's
 future settled and its reply decoded. µs per request, the best of 7 repeats of 300 batches.
 
-Every measure takes ``--checkout PATH`` (repeatable) for aiolimit's rows. Starts its own
+Every measure takes ``--checkout PATH`` (repeatable) for aiolimit's rows. The clients are
+redis-py's ``Redis.from_url`` with its defaults (redis-py 8: RESP3, a 5 s socket timeout),
+or with ``--options`` (a URL query: ``protocol=2&socket_timeout=1``). Starts its own
 redis-server on a free 127.0.0.1 port.
 """
 
@@ -137,6 +140,8 @@ def instructions(args: argparse.Namespace, url: str, variant: Variant) -> float:
 
 
 def child_args(args: argparse.Namespace, url: str) -> list[str]:
+    if args.options:  # redis-py reads them off the URL
+        url += f"/0?{args.options}"
     return [
         "--measure", args.measure, "--url", url, "--limiters", str(args.limiters),
         "--algorithm", args.algorithm, "--duration", str(args.duration),
@@ -150,6 +155,9 @@ def main() -> None:
     cli.add_argument("--limiters", type=int, default=10_000, help="(10000)")
     cli.add_argument("--algorithm", default="token_bucket", help="(token_bucket)")
     cli.add_argument("--grants", type=int, default=10_000, help="with instructions (10000)")
+    cli.add_argument(
+        "--options", default="", help="the clients' redis-py options as a URL query (protocol=2)"
+    )
     cli.add_argument("--client", choices=["aiolimit", "bare"], help=argparse.SUPPRESS)
     cli.add_argument("--url", help=argparse.SUPPRESS)
     cli.add_argument("--grants-only", type=int, help=argparse.SUPPRESS)
@@ -174,6 +182,8 @@ def heading(args: argparse.Namespace, about: str) -> str:
     if args.measure == "backend":
         return f"Machine: {about}. {BATCH} requests a round trip, no server; best of 7 repeats."
     what = f"{args.limiters:,} {args.algorithm} limiters, 64 tasks, one permit each time"
+    if args.options:
+        what += f", clients with {args.options}"
     if args.measure == "instructions":
         return f"Machine: {about}. {what}; valgrind, {args.grants:,} grants."
     return f"Machine: {about}. {what}; medians of {args.rounds} rounds of {args.duration:g} s."

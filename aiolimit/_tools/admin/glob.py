@@ -16,7 +16,6 @@ with a config's fields (a client's key whose id ends in ``}:config`` is no limit
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
@@ -219,12 +218,16 @@ def _owner(stored: str) -> str:
 async def _configs_among(redis: Any, candidates: list[tuple[Any, str]]) -> list[str]:
     """The names of ``candidates`` (key, name) whose key is a hash with a config's fields."""
 
-    async def is_config(key: Any) -> bool:
-        try:
-            fields = await redis.hmget(key, *_CONFIG_FIELDS)
-        except ResponseError:  # WRONGTYPE: not a hash
-            return False
-        return None not in fields
-
-    checked = await asyncio.gather(*(is_config(key) for key, _ in candidates))
-    return [name for (_, name), config in zip(candidates, checked, strict=True) if config]
+    if not candidates:
+        return []
+    # One pipeline, not a command each at once: that would take a connection each, past
+    # what a client's pool allows ("Too many connections").
+    pipe = redis.pipeline(transaction=False)
+    for key, _ in candidates:
+        pipe.hmget(key, *_CONFIG_FIELDS)
+    replies = await pipe.execute(raise_on_error=False)
+    return [
+        name
+        for (_, name), fields in zip(candidates, replies, strict=True)
+        if not isinstance(fields, ResponseError) and None not in fields  # (WRONGTYPE: no hash)
+    ]

@@ -197,30 +197,6 @@ def release_log(budget: Budget, permits: int, member: str | None, now: int) -> i
     return released
 
 
-def take_leaving(budget: Budget, least: int, at: int) -> tuple[int, bool]:
-    """sync: of the grants that leave the window before ``at`` + one interval, the permits
-    the log needs to hold ``least`` until then, taken out of their entries (sliding_log.lua's
-    ``take_leaving``); and whether more such grants may lie beyond those read."""
-    grants, head = budget.grants, budget.head
-    count = min(budget.rank_after(at) - head, WALK_STEPS)
-    free, taken = max(0, budget.used - least), 0
-    kept: list[tuple[int, str, int]] = []
-    for score, logged, permits in grants[head : head + count]:
-        if free >= permits:
-            free -= permits
-            kept.append((score, logged, permits))
-            continue
-        if free:
-            kept.append((score, format_member(free, parse_member(logged)[1]), free))
-        budget.moved(score, free - permits)
-        taken, free = taken + permits - free, 0
-    if taken:
-        del grants[head : head + count]
-        for entry in kept:
-            budget.add(entry)
-    return taken, count == WALK_STEPS
-
-
 class SlidingLog(Group):
     """A log per rate (``budgets``; ``stored`` says which exist): the first rate's in
     ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
@@ -377,7 +353,8 @@ class SlidingLog(Group):
         return format_grant(permits + extra, start, seq)
 
     def sync(self, remaining: int, reset_us: int, now: int) -> None:
-        # Each log counts at least rate - remaining until the reset (sliding_window.lua).
+        # Each log counts at least rate - remaining until the reset, its grants as they
+        # are (sliding_window.lua).
         if reset_us <= 0:
             return
         seq = max(b.seq for b in self.budgets) + 1
@@ -386,14 +363,13 @@ class SlidingLog(Group):
             if least <= 0:
                 continue
             at = now + min(reset_us, rate.interval_us) - rate.interval_us
-            taken, cut = take_leaving(budget, least, at) if self.stored[i] else (0, False)
-            extra = max(0, least - (taken if cut else self.used[i]))
-            if taken + extra == 0:
+            extra = least - self.used[i]
+            if extra <= 0:
                 continue
-            budget.add((at, format_member(taken + extra, seq), taken + extra))
+            budget.add((at, format_member(extra, seq), extra))
             budget.seq = seq
             budget.used += extra
             self.used[i] = budget.used
-            budget.moved(at, taken + extra)
+            budget.moved(at, extra)
             self.touched[i] = self.stored[i] = True
             self.fresh = False

@@ -1,12 +1,16 @@
 """How a round trip reaches Redis: the commands of one round trip, in one write.
 
 On a plain redis-py (or valkey-py) asyncio client, the commands are packed here (they are
-bytes already: the coalescer encodes every request as it is made) and written straight to a
-pooled connection, and the replies read back in order: redis-py's pipeline would encode every
-argument again and keep a command stack, callbacks and per-call bookkeeping that a round trip
-of scripts has no use for. Its connection handling is kept: the pool, the client's retry
-policy (a lost connection is retried as a pipeline's would be, and the connection dropped),
-health checks, the socket timeout. Any other client (a cluster, a single-connection client, a
+bytes already: the coalescer encodes every request as it is made) and written to a pooled
+connection in one ``send_packed_command``, and the replies read back in order with its
+``read_response``: redis-py's pipeline would encode every argument again and keep a command
+stack, callbacks and per-call bookkeeping that a round trip of scripts has no use for. Only
+the connection's public methods, so its library keeps doing what they do: health checks, the
+socket timeout (and its relaxing during a maintenance, redis-py 8), RESP3 push messages,
+(re)connecting; writing to its stream and reading its parser directly saved too little to be
+worth depending on redis-py's private attributes (docs/benchmarks.md). The pool and the
+client's retry policy are kept too (a lost connection is retried as a pipeline's would be,
+and the connection dropped). Any other client (a cluster, a single-connection client, a
 subclass or a stand-in) gets the same commands through its own ``execute_command`` and
 ``pipeline``.
 """
@@ -112,8 +116,6 @@ class _Connections:
         connection = await self._connection()
 
         async def once() -> list[Any]:
-            if _direct(connection):
-                return await _direct_exchange(connection, packed, len(commands))
             await connection.send_packed_command(packed)
             replies: list[Any] = []
             for _ in commands:
@@ -142,61 +144,6 @@ class _Connections:
         kept, self._kept = self._kept, []
         for connection in kept:
             await asyncio.shield(self._pool.release(connection))
-
-
-def _direct(connection: Any) -> bool:
-    """Whether a round trip may use ``connection``'s stream and reply parser itself: a
-    connected connection with the insides redis-py's (and valkey-py's) have had since 5.0,
-    and no health checks to run. A connection to (re)connect goes through its own send,
-    which connects as its library does (a retry inside the client's retry policy would
-    multiply the time to give up on a server that is down)."""
-    return (
-        not connection.health_check_interval
-        and hasattr(connection, "_writer")
-        and hasattr(connection, "_parser")
-        and connection.is_connected
-    )
-
-
-async def _direct_exchange(connection: Any, packed: bytes, count: int) -> list[Any]:
-    """One round trip on ``connection``'s own stream, read with its own parser (so RESP2,
-    RESP3 and hiredis replies read as they always do), under one timer for the whole round
-    trip: the connection's socket timeout, as its own send and read would keep, without
-    their task and timeout context per command. Errors are the client's own, and drop the
-    connection, as its own send and read do."""
-    writer = connection._writer
-    loop = asyncio.get_running_loop()
-    timer = None
-    expired: list[bool] = []
-    if connection.socket_timeout:
-
-        def expire() -> None:
-            expired.append(True)
-            writer.transport.abort()  # the read in progress fails at once
-
-        timer = loop.call_later(connection.socket_timeout, expire)
-    try:
-        writer.write(packed)
-        if writer.transport.get_write_buffer_size():
-            await writer.drain()
-        parser = connection._parser
-        replies: list[Any] = []
-        for _ in range(count):
-            try:  # an error reply is that command's reply (the parsers return it, mostly)
-                replies.append(await parser.read_response())
-            except _REPLY_ERRORS as exc:
-                replies.append(exc)
-        return replies
-    except BaseException as exc:
-        await connection.disconnect(nowait=True)
-        if expired:
-            raise redis_errors.TimeoutError("Timeout reading from the Redis server") from None
-        if isinstance(exc, OSError):
-            raise redis_errors.ConnectionError(f"Error on the Redis connection: {exc}") from exc
-        raise
-    finally:
-        if timer is not None:
-            timer.cancel()
 
 
 async def _through_client(redis: Any, commands: Sequence[tuple[Any, ...]]) -> list[Any]:

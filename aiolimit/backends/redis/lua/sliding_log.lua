@@ -237,38 +237,6 @@ local function release_log(budget, wanted, member, now)
   return count
 end
 
--- sync.lua: the log is to count at least `least` permits until `at` + one interval. Grants
--- scored at or before `at` leave the window before then: the oldest of them still leave
--- while the log holds `least` without them; the permits of the rest are taken out of their
--- entries (each split where it must be) for the caller to log at `at`. Reads at most
--- WALK_STEPS entries. Returns the permits taken, and whether more such grants may lie beyond
--- those read (then the caller counts none of them as staying: a floor higher than asked,
--- never lower).
-local function take_leaving(budget, least, at)
-  flush_log(budget)
-  local key = budget.permits_key
-  local entries = redis.call('ZRANGEBYSCORE', key, '-inf', fmt(at), 'WITHSCORES', 'LIMIT', '0', WALK_LIMIT)
-  local free, taken, gone = max(0, budget.used - least), 0, {}
-  for i = 1, #entries, 2 do
-    local m, score = entries[i], tonumber(entries[i + 1])
-    local permits = member_permits(m)
-    if free >= permits then
-      free = free - permits
-    else
-      gone[#gone + 1] = m
-      if free > 0 then
-        redis.call('ZADD', key, fmt(score), fmt(free) .. ':' .. member_id(m))
-      end
-      cursor_moved(budget, score, free - permits)
-      taken, free = taken + permits - free, 0
-    end
-  end
-  if #gone > 0 then
-    redis.call('ZREM', key, unpack(gone))
-  end
-  return taken, #entries == 2 * WALK_STEPS
-end
-
 -- The newest grant's start in any of the group's logs (nil: none logged).
 local function newest_start(group)
   local last

@@ -221,11 +221,10 @@ function sliding.charge(group, member, extra, now)
 end
 
 -- Each rate allows at most `remaining` more permits until now + reset_us (at most one
--- interval on): its log counts at least rate - remaining until then, in one entry scored to
--- leave the window at the reset. Into it go what the log lacks of that, and the grants that
--- would leave the window before the reset where the log would hold less without them
--- (`take_leaving`): a grant taken so from its entry is no longer found by its member (a
--- later settle or release of it hands nothing back).
+-- interval on), as the log holds now: an entry of what it allows beyond that, scored to leave
+-- the window at the reset. The grants logged stay as they are, each found by its member, so
+-- that a settle for less hands back what the provider hands back on completion; one that
+-- leaves the window before the reset frees its permits then.
 function sliding.sync(group, remaining, reset_us, now)
   if reset_us <= 0 then
     return
@@ -240,16 +239,12 @@ function sliding.sync(group, remaining, reset_us, now)
     local least = budget.rate - remaining
     if least > 0 then
       local at = now + min(reset_us, budget.interval) - budget.interval
-      local taken, cut = 0, false
-      if not budget.fresh then
-        taken, cut = take_leaving(budget, least, at)
-      end
-      local extra = max(0, least - (cut and taken or budget.used))
-      if taken + extra > 0 then
+      local extra = least - budget.used
+      if extra > 0 then
         flush_log(budget)
-        redis.call('ZADD', budget.permits_key, fmt(at), fmt(taken + extra) .. ':' .. fmt(seq))
+        redis.call('ZADD', budget.permits_key, fmt(at), fmt(extra) .. ':' .. fmt(seq))
         budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + extra, true, nil
-        cursor_moved(budget, at, taken + extra)
+        cursor_moved(budget, at, extra)
       end
     end
   end

@@ -12,10 +12,9 @@
 -- ARGV[5] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
 --
 -- Per algorithm (`sync`): a token bucket is full no earlier than `remaining` tokens' refill
--- before one interval after the reset; a sliding window's log counts at least rate -
--- remaining until the reset, in one entry scored to leave the window then (what it lacks,
--- and the grants that would leave before the reset: `take_leaving`, at most WALK_STEPS read),
--- and fixed windows carry the floor into the window the reset falls in (carries.lua): past
+-- before one interval after the reset; a sliding window's log holds at least rate -
+-- remaining as it is now, with an entry of what it lacks scored to leave the window at the
+-- reset (grants that leave before the reset free their permits then), and fixed windows carry the floor into the window the reset falls in (carries.lua): past
 -- the current window's end, the current one allows no more than `remaining` and the next
 -- starts from rate - remaining and every grant since, until the reset: both for at most one
 -- interval of the rate (a reset further on counts until then). One bounded call.
