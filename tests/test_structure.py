@@ -19,9 +19,6 @@ NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
 # Reads of another object's private attributes still allowed, by file, each with its reason.
 ALLOWED: dict[str, set[str]] = {
-    # redis-py's connection: its private fast path is being decided by measurement
-    # (issue 36, step 5), by its own change.
-    "backends/redis/_wire.py": {"_writer", "_parser"},
     # RedisBackend.from_url marks the backend it has just made as the owner of its client
     # (the constructor takes no such option).
     "backends/redis/__init__.py": {"_owned"},
