@@ -12,8 +12,8 @@ asked again (``_code_config``); for a limiter whose code gives none, the error i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Coroutine, Sequence
+from typing import Any, cast
 
 from ._breaker import charge, enter_all
 from ._code_config import asked_again
@@ -42,27 +42,12 @@ async def ask(
     return await attempt_all(limiters, permits, max_wait)
 
 
-async def attempt_one(limiter: Limited, permits: int, max_wait: int | None) -> Attempt:
-    """One limiter's attempt, through its breaker (Breaker.guard written out: one coroutine
-    fewer per call)."""
-    breaker = limiter.breaker
-    try:
-        breaker.enter()
-    except BackendError:
-        # Failing fast still yields: else a caller retrying at once in a loop would hold
-        # the event loop for the whole back-off.
-        await asyncio.sleep(0)
-        raise
-    try:
-        attempt = await limiter.backend.try_acquire(limiter.name, permits, max_wait)
-    except BackendError as exc:
-        breaker.failed(exc)
-        raise
-    except BaseException:
-        breaker.left()
-        raise
-    breaker.answered()
-    return attempt
+def attempt_one(
+    limiter: Limited, permits: int, max_wait: int | None
+) -> Coroutine[Any, Any, Attempt]:
+    """One limiter's attempt, through its breaker (:meth:`Breaker.guard`). (A coroutine
+    function in all but name: one frame fewer per call.)"""
+    return limiter.breaker.guard(limiter.backend.try_acquire(limiter.name, permits, max_wait))
 
 
 async def attempt_all(
@@ -78,7 +63,7 @@ async def attempt_all(
     try:
         breakers = enter_all([limiter.breaker for limiter in limiters])
     except BackendError:
-        await asyncio.sleep(0)  # failing fast still yields, as in attempt_one
+        await asyncio.sleep(0)  # failing fast still yields, as Breaker.guard does
         raise
     started: list[Started | Exception] = []
     outcomes: list[Attempt | Exception] = []

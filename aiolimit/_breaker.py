@@ -77,9 +77,7 @@ class Breaker:
         "__weakref__",
         "_backoff",
         "_failure",
-        "_keeper",
         "_loop",
-        "_name",
         "_open_until",
         "_probing",
         "failed_fast",
@@ -98,8 +96,6 @@ class Breaker:
         self._probing = False
         self._failure: BackendError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._keeper: Breakers | None = None  # the registry that keeps it while it is open
-        self._name = ""  # its limiter's name there
 
     @property
     def first_backoff(self) -> float:
@@ -137,13 +133,18 @@ class Breaker:
         ) from (self._failure.__cause__ or self._failure if self._failure else None)
 
     async def guard(self, call: Awaitable[_T]) -> _T:
-        """Awaits ``call`` (a call to the store) through the breaker."""
-        try:
-            self.enter()
-        except BackendError:
-            if inspect.iscoroutine(call):
-                call.close()  # never sent
-            raise
+        """Awaits ``call`` (a call to the store) through the breaker: every call to the store
+        goes through here. (While it is closed, the common case, nothing else is called.)"""
+        if self._open_until is not None:
+            try:
+                self.enter()
+            except BackendError:
+                if inspect.iscoroutine(call):
+                    call.close()  # never sent
+                # Failing fast still yields: else a caller retrying at once in a loop would
+                # hold the event loop for the whole back-off.
+                await asyncio.sleep(0)
+                raise
         try:
             result = await call
         except BackendError as exc:
@@ -152,7 +153,8 @@ class Breaker:
         except BaseException:
             self.left()
             raise
-        self.answered()
+        if self._open_until is not None:  # (answered)
+            self._close()
         return result
 
     def answered(self) -> None:
@@ -181,8 +183,7 @@ class Breaker:
         self._open_until = loop.time() + self._backoff
         self._probing = False
         self._failure = error
-        if self._keeper is not None:
-            self._keeper.keep(self)
+        self._opened(self._open_until + policy.max_backoff)
         log.debug("circuit breaker: calls fail at once for %.2f s (%s)", self._backoff, error)
 
     def left(self) -> None:
@@ -195,17 +196,14 @@ class Breaker:
         self._failure = None
         self._backoff = 0.0
         self.failed_fast = 0
-        if self._keeper is not None:
-            self._keeper.forget(self)
+        self._closed()
 
-    def _stale(self, now: float) -> bool:
-        """Whether nothing but the back-off's length is left to remember: open, no probe
-        under way, the back-off over for ``max_backoff`` (the next call probes anyway)."""
-        return (
-            self._open_until is not None
-            and not self._probing
-            and now >= self._open_until + self.max_backoff
-        )
+    def _opened(self, stale_at: float) -> None:
+        """It opened (or stays open longer); from ``stale_at`` on (loop time), nothing but
+        the back-off's length is left to remember (the next call probes anyway)."""
+
+    def _closed(self) -> None:
+        """It closed."""
 
 
 def enter_all(breakers: Sequence[Breaker]) -> list[Breaker]:
@@ -260,7 +258,8 @@ class Breakers:
         self.policy = policy
         # (made at first use: a backend's with_client views share their backend's)
         self._named: weakref.WeakValueDictionary[str, Breaker] | None = None
-        self._kept: dict[str, Breaker] = {}  # the open ones, kept even when nobody holds them
+        # The open ones, kept even when nobody holds them, with when they go stale.
+        self._kept: dict[str, tuple[Breaker, float]] = {}
         self._kept_most = _KEPT_MOST
 
     def get(self, name: str) -> Breaker:
@@ -270,23 +269,40 @@ class Breakers:
             named = self._named = weakref.WeakValueDictionary()
         breaker = named.get(name)
         if breaker is None:
-            breaker = Breaker(self.policy)
-            breaker._keeper, breaker._name = self, name
-            named[name] = breaker
+            breaker = named[name] = _Kept(self.policy, self, name)
         return breaker
 
-    def keep(self, breaker: Breaker) -> None:
-        """``breaker`` has opened: kept until it closes (or is long past its back-off)."""
-        self._kept[breaker._name] = breaker
+    def keep(self, name: str, breaker: Breaker, stale_at: float) -> None:
+        """``breaker`` of ``name`` has opened: kept until it closes, or until ``stale_at``
+        (loop time) once many are kept."""
+        self._kept[name] = (breaker, stale_at)
         if len(self._kept) >= self._kept_most:
             now = asyncio.get_running_loop().time()
-            self._kept = {n: b for n, b in self._kept.items() if not b._stale(now)}
+            self._kept = {n: kept for n, kept in self._kept.items() if now < kept[1]}
             self._kept_most = max(_KEPT_MOST, 2 * len(self._kept))
 
-    def forget(self, breaker: Breaker) -> None:
-        """``breaker`` has closed: only its holders keep it now."""
-        if self._kept.get(breaker._name) is breaker:
-            del self._kept[breaker._name]
+    def forget(self, name: str, breaker: Breaker) -> None:
+        """``breaker`` of ``name`` has closed: only its holders keep it now."""
+        kept = self._kept.get(name)
+        if kept is not None and kept[0] is breaker:
+            del self._kept[name]
+
+
+class _Kept(Breaker):
+    """A backend's breaker of one name: its registry keeps it while it is open."""
+
+    __slots__ = ("_keeper", "_name")
+
+    def __init__(self, policy: BreakerPolicy, keeper: Breakers, name: str) -> None:
+        super().__init__(policy)
+        self._keeper = keeper
+        self._name = name
+
+    def _opened(self, stale_at: float) -> None:
+        self._keeper.keep(self._name, self, stale_at)
+
+    def _closed(self) -> None:
+        self._keeper.forget(self._name, self)
 
 
 # Open breakers a backend keeps before it drops those long past their back-off (when every

@@ -26,17 +26,17 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from datetime import timezone
 
 from . import _observe
-from ._acquire import Acquired
+from ._acquire import Acquired, InFlight, take
 from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
-from ._inflight import InFlight, acquire_in_flight
 from ._learn import Learner, call_learning
 from ._limiter import RateLimiter
 from ._meter import TokenMeter, sync_from
+from ._request import Request, deadline_in, seconds
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
 from .errors import InvalidArgumentError, RateLimited
@@ -138,12 +138,12 @@ class CallGuard:
         self._max_wait = max_wait = max_wait_of(timeout)
         self.limiter = limiter
         self.permits = check_permits(permits)
-        self.timeout = None if max_wait is None else max_wait / 1e6
+        self.timeout = None if max_wait is None else seconds(max_wait)
         self.retry = retry
         max_pause_us = to_micros(max_pause, "max_pause")
         if max_pause_us < 0:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
-        self.max_pause = max_pause_us / 1e6
+        self.max_pause = seconds(max_pause_us)
         self.meter = meter
         self.refusals = Refusals()
         self.learning = call_learning(learn, limiter, None if meter is None else meter.learns)
@@ -153,30 +153,19 @@ class CallGuard:
         request's estimated tokens when metered, and with ``concurrency`` first for a slot
         (an :class:`InFlight`, whose slot the caller holds while the call is in flight);
         :class:`RateLimited` when that would take longer than the timeout."""
-        if self.concurrency is None:
-            acquired = await self._take(self._max_wait, request)
-        else:
-            acquired = await acquire_in_flight(
-                [(self.concurrency, 1)],
-                lambda max_wait: self._take(max_wait, request),
-                self._max_wait,
-            )
+        slots = () if self.concurrency is None else ((self.concurrency, 1),)
+        wanted = Request((self.limiter,), (self.permits,), deadline_in(self._max_wait), slots)
+        if self.meter is not None:
+            acquired = await self.meter.take(wanted, request)
+        else:  # (a learning client reserves only a little ahead: see _learn)
+            learning = self.learning
+            acquired = await take(wanted, None if learning is None else learning.paced)
         if not acquired:
             if isinstance(acquired, InFlight):
                 raise acquired.refusal()
             raise RateLimited(self.limiter.name, acquired.retry_after)
         last_grant.set(acquired)
         return acquired
-
-    def _take(self, max_wait: int | None, request: object = None) -> Awaitable[Acquired]:
-        """The call's permits, and its estimated tokens when metered."""
-        limiter = self.limiter
-        if self.meter is None:
-            if self.learning is not None:  # (reserving only a little ahead: see _learn)
-                return self.learning.take(lambda wait: limiter._take(self.permits, wait), max_wait)
-            return limiter._take(self.permits, max_wait)
-        assert isinstance(limiter, RateLimiter)  # (TokenMeter checked it)
-        return self.meter.take(limiter, self.permits, max_wait, request)
 
     async def unsent(self, acquired: Acquired) -> None:
         """The call never reached the partner (no connection could be made): what it took

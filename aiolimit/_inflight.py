@@ -16,7 +16,8 @@ on calls that then wait for a slot, and reach the partner in a burst when slots 
 Several concurrency limiters are taken in one order (their store and name), so that two
 callers never each hold the slot the other waits for.
 
-Above the engine (``_acquire``): it knows a concurrency limiter only as :class:`Leasing`.
+The engine (``_acquire``) hands a request with slots here; a concurrency limiter is known
+only as :class:`~aiolimit._request.Leasing`.
 """
 
 from __future__ import annotations
@@ -25,33 +26,19 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import Protocol, TypeVar
+from typing import TypeVar
 
-from ._acquire import Acquired
+from ._acquired import Acquired, Outcome
+from ._attempts import grants_of, release_grants
 from ._lease import Lease
-from ._types import Duration
-from .backends.base import Refusal, hand_backs_failed
+from ._request import Request, left_of, now_us, seconds
+from ._settling import Limited
+from .backends.base import Attempt, Refusal, hand_backs_failed
 from .errors import RateLimited
 
-__all__ = ["InFlight", "Leasing", "acquire_in_flight", "hold_while"]
+__all__ = ["InFlight", "hold_while", "in_flight"]
 
 T = TypeVar("T")
-
-# Every slot of the engine's Acquired: an InFlight takes over the engine's answer as it is.
-_ENGINE_SLOTS = tuple(
-    slot for cls in Acquired.__mro__ for slot in getattr(cls, "__slots__", ()) if slot
-)
-
-
-class Leasing(Protocol):
-    """What an acquisition needs of a concurrency limiter."""
-
-    @property
-    def name(self) -> str: ...
-
-    async def try_lease(
-        self, permits: int = 1, *, timeout: Duration | None = 0
-    ) -> Lease | None: ...
 
 
 class InFlight(Acquired):
@@ -66,11 +53,18 @@ class InFlight(Acquired):
 
     __slots__ = ("_exits", "leases", "refused_by")
 
-    def __init__(self, acquired: Acquired, leases: Sequence[Lease], refused_by: str | None) -> None:
-        for slot in _ENGINE_SLOTS:
-            if hasattr(acquired, slot):
-                setattr(self, slot, getattr(acquired, slot))
-        self.leases = tuple(leases)
+    def __init__(
+        self,
+        limiters: tuple[Limited, ...],
+        permits: tuple[int, ...],
+        attempts: tuple[Attempt, ...],
+        waited: float,
+        owners: tuple[Limited, ...],
+        leases: tuple[Lease, ...],
+        refused_by: str | None,
+    ) -> None:
+        super().__init__(limiters, permits, attempts, waited, owners)
+        self.leases = leases
         """The slots held (none when refused)."""
         self.refused_by = refused_by
         """The concurrency limiter that had no slot within the timeout (None: it had)."""
@@ -141,37 +135,22 @@ class InFlight(Acquired):
         if exits is not None:
             await exits.__aexit__(exc_type, exc, tb)
 
-    def _detach(self) -> None:
-        """The leases outlive the entering task's frame (``Lease._detach``)."""
-        for lease in self.leases:
-            lease._detach()
 
-
-async def acquire_in_flight(
-    leasing: Sequence[tuple[Leasing, int]],
-    take: Callable[[int | None], Awaitable[Acquired]] | None,
-    max_wait: int | None,
-) -> InFlight:
-    """The slots of ``leasing`` (in that order), then ``take(the µs left of max_wait)`` for
-    the rate permits (None: none), all or nothing; see the module. Each slot is renewed
-    from the moment it is taken until it is handed over; one lost meanwhile raises
-    :class:`~aiolimit.LeaseLostError`, after everything taken went back."""
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-
-    def left() -> int | None:
-        if max_wait is None:
-            return None
-        return max(0, max_wait - int((loop.time() - began) * 1e6))
-
+async def in_flight(request: Request, rates: Callable[[], Awaitable[Outcome]]) -> InFlight:
+    """The slots of ``request`` (in its order), then ``rates()`` for its rate permits (none:
+    not called), each step with what is left of the request's deadline, all or nothing; see
+    the module. Each slot is renewed from the moment it is taken until it is handed over;
+    one lost meanwhile raises :class:`~aiolimit.LeaseLostError`, after everything taken went
+    back."""
+    began = now_us()
     leases: list[Lease] = []
     refused_by: str | None = None
-    acquired: Acquired | None = None
+    outcome: Outcome | None = None
     try:
         async with contextlib.AsyncExitStack() as renewed:
-            for limiter, permits in leasing:
-                wait = left()
-                timeout = None if wait is None else wait / 1e6
+            for limiter, permits in request.slots:
+                left = left_of(request.deadline)
+                timeout = None if left is None else seconds(left)
                 lease = await limiter.try_lease(permits, timeout=timeout)
                 if lease is None:
                     refused_by = limiter.name
@@ -179,21 +158,26 @@ async def acquire_in_flight(
                 leases.append(lease)
                 await renewed.enter_async_context(lease.renewing())
             else:
-                leased_in = loop.time() - began
-                acquired = Acquired((), (), (), 0.0) if take is None else await take(left())
+                leased_in = now_us() - began
+                outcome = await rates() if request.limiters else Outcome((), (), 0)
     except BaseException:  # (a lease lost meanwhile: LeaseLostError)
         await _let_go(leases)
-        if acquired is not None and acquired.granted:
-            await acquired.release()
+        if outcome is not None and outcome.granted:
+            await release_grants(grants_of(outcome.limiters, outcome.attempts))
         raise
-    if acquired is None or not acquired.granted:
+    if outcome is None:  # no slot within the deadline: nothing asked
         await _let_go(leases)
-        if acquired is None:
-            return InFlight(Acquired((), (), (), 0.0), (), refused_by)
-        return InFlight(acquired, (), None)
-    held = InFlight(acquired, leases, None)
-    held.waited += leased_in
-    return held
+        return InFlight((), (), (), 0.0, (), (), refused_by)
+    owners = request.owners or request.limiters
+    if not outcome.granted:
+        await _let_go(leases)
+        waited = seconds(outcome.waited)
+        return InFlight(
+            outcome.limiters, request.permits, outcome.attempts, waited, owners, (), None
+        )
+    waited = seconds(leased_in + outcome.waited)
+    held = tuple(leases)
+    return InFlight(outcome.limiters, request.permits, outcome.attempts, waited, owners, held, None)
 
 
 async def hold_while(acquired: Acquired, call: Awaitable[T]) -> T:
@@ -208,7 +192,8 @@ async def hold_while(acquired: Acquired, call: Awaitable[T]) -> T:
     except BaseException as exc:
         await acquired.__aexit__(type(exc), exc, exc.__traceback__)
         raise
-    acquired._detach()
+    for lease in acquired.leases:  # they outlive this frame: the response's body comes later
+        lease.detach()
     return result
 
 

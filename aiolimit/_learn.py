@@ -21,21 +21,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Mapping
 
 from . import _observe
+from ._acquire import Acquired, Outcome, outcome_of
 from ._limiter import RateLimiter
 from ._quota_headers import stated_limit
+from ._request import Request, deadline_in, left_of, micros, seconds
 from ._types import Duration, Rate, Rates, rates_of, shown, to_micros
 from .backends._learning import FOREVER_HOLD, MILLION, Event, Law, Learned
 from .backends.base import Grant
 from .errors import InvalidArgumentError, LimiterError
 
-if TYPE_CHECKING:
-    from ._acquire import Acquired
-
-__all__ = ["HORIZON", "REFUSALS", "CallLearning", "Learned", "Learner", "call_learning", "paced"]
+__all__ = ["HORIZON", "REFUSALS", "CallLearning", "Learned", "Learner", "call_learning"]
 
 log = logging.getLogger("aiolimit")
 
@@ -194,29 +192,23 @@ def _decided_at(acquired: Acquired | None) -> int | None:
     return max(decided, default=None)
 
 
-async def paced(
-    take: Callable[[int | None], Awaitable[Acquired]],
-    max_wait: int | None,
-    lock: asyncio.Lock,
-) -> Acquired:
-    """``take(max_wait)`` as a learning client takes permits: reserving at most ``HORIZON``
-    ahead, this process's callers one at a time and in order (``lock``), so that a rate the
-    store changes holds for the next call already."""
-    loop = asyncio.get_running_loop()
-    limit = None if max_wait is None else max_wait / 1e6
-    deadline = None if limit is None else loop.time() + limit
+async def _paced(request: Request, lock: asyncio.Lock) -> Outcome:
+    """``request`` asked as a learning client asks: reserving at most ``HORIZON`` ahead,
+    this process's callers one at a time and in order (``lock``), so that a rate the store
+    changes holds for the next call already."""
+    left = left_of(request.deadline)
     try:
-        await asyncio.wait_for(lock.acquire(), limit)
+        await asyncio.wait_for(lock.acquire(), None if left is None else seconds(left))
     except TimeoutError:
-        return await take(0)  # (the timeout came first: one last ask)
+        return await outcome_of(request.until(deadline_in(0)))  # (one last ask)
     try:
         while True:
-            left = None if deadline is None else max(deadline - loop.time(), 0.0)
-            ask = HORIZON if left is None else min(HORIZON, left)
-            acquired = await take(round(ask * 1e6))
-            if acquired or (left is not None and acquired.retry_after > left):
-                return acquired
-            await asyncio.sleep(max(acquired.retry_after - HORIZON / 2, 0.001))
+            left = left_of(request.deadline)
+            ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+            outcome = await outcome_of(request.until(deadline_in(ahead)))
+            if outcome.granted or (left is not None and outcome.retry_in > left):
+                return outcome
+            await asyncio.sleep(max(seconds(outcome.retry_in) - HORIZON / 2, 0.001))
     finally:
         lock.release()
 
@@ -232,17 +224,18 @@ class CallLearning:
         self.requests, self.tokens = requests, tokens
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
-    def take(
-        self, take: Callable[[int | None], Awaitable[Acquired]], max_wait: int | None
-    ) -> Awaitable[Acquired]:
+    def paced(self, request: Request) -> Awaitable[Outcome]:
+        """How a learning client's call takes its permits (the engine's rate step, for
+        ``take(request, learning.paced)``): the learners begun, then ``request`` asked no
+        further ahead than ``HORIZON``, one caller of this process at a time."""
         loop = asyncio.get_running_loop()
         lock = self._locks.get(loop)
         if lock is None:
             self._locks = {k: v for k, v in self._locks.items() if not k.is_closed()}
             lock = self._locks[loop] = asyncio.Lock()
-        return self._begin_then(paced(take, max_wait, lock))
+        return self._begin_then(_paced(request, lock))
 
-    async def _begin_then(self, taking: Awaitable[Acquired]) -> Acquired:
+    async def _begin_then(self, taking: Awaitable[Outcome]) -> Outcome:
         try:
             for learner in (self.requests, self.tokens):
                 if learner is not None:

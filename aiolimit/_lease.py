@@ -177,11 +177,15 @@ class Lease:
         if holder is not None:
             await self._cancelled_by_loss(holder, exc_type, exc)
 
-    def _detach(self) -> None:
+    def detach(self) -> None:
         """The holder goes on without the lease's guard: the lease is still renewed until it
         is released, but a loss no longer cancels the holder (it is found at ``__aexit__``,
         which raises :class:`~aiolimit.LeaseLostError`, or in :attr:`lost`). For a lease held
-        past the task's own frame: an HTTP response whose body is read later."""
+        past the task's own frame: an HTTP response whose body is read later.
+
+        >>> await lease.__aenter__()           # held for this task: a loss cancels it
+        >>> response = await send(request)
+        >>> lease.detach()                     # renewed until __aexit__, when the body closes"""
         self._holder = None
 
     async def __aexit__(

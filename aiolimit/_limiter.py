@@ -8,11 +8,10 @@ slot starts. Everything else a limiter does lives in the base (``_base._Limiter`
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Hashable, Iterable
+from collections.abc import Coroutine, Hashable, Iterable
 from typing import Any, NoReturn, overload
 
-from . import _observe
-from ._acquire import Acquired, acquire, give_back, try_one
+from ._acquire import Acquired, give_back, take, try_one
 from ._awaiting import Awaiting, awaiting
 from ._base import _Limiter
 from ._breaker import Breaker
@@ -20,13 +19,14 @@ from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
 from ._concurrency import ConcurrencyLimiter
 from ._coroutine import returns_coroutine
-from ._inflight import InFlight, acquire_in_flight
+from ._inflight import InFlight
+from ._request import Request, deadline_in
 from ._setting import rate_in_code
 from ._types import Duration, RateLimiterConfig, shown
 from .backends.base import Backend
 from .errors import InvalidArgumentError
 
-__all__ = ["RateLimiter", "acquire_all"]
+__all__ = ["RateLimiter", "acquire_all", "view_of"]
 
 _new = object.__new__  # (an Awaiting made without a Python frame: try_acquire's hot path)
 
@@ -70,26 +70,6 @@ class RateLimiter(_Limiter):
     ) -> None:
         super().__init__(name, backend, rate_in_code(rate, legacy_options, "RateLimiter"))
 
-    @classmethod
-    def _view(
-        cls,
-        name: str,
-        backend: Backend,
-        breaker: Breaker,
-        rate_in_code: CodeConfig[RateLimiterConfig],
-    ) -> RateLimiter:
-        """A limiter on ``backend`` without checking the name: a shard of a
-        ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
-        limiter can share its state) or a client's view of a limiter; the rate its code gives
-        is its limiter's (written once for all)."""
-        limiter = cls.__new__(cls)
-        limiter.name = name
-        limiter.backend = backend
-        limiter.breaker = breaker
-        limiter._names = [name]
-        limiter.rate_in_code = rate_in_code
-        return limiter
-
     def for_client(self, client_id: str) -> RateLimiter:
         """This limiter as client ``client_id`` sees it: for a ``PER_CLIENT`` limiter, that
         client's budget (the backend's ``with_client`` view; one circuit breaker for all).
@@ -98,7 +78,7 @@ class RateLimiter(_Limiter):
         >>> await aiolimit.acquire_all([(everyone, 1), (per_user.for_client(user_id), 1)])
         """
         backend = self.backend.with_client(client_id)
-        return RateLimiter._view(self.name, backend, self.breaker, self.rate_in_code)
+        return view_of(self.name, backend, self.breaker, self.rate_in_code)
 
     def __repr__(self) -> str:
         return f"RateLimiter({self.name!r}, {type(self.backend).__name__})"
@@ -133,10 +113,8 @@ class RateLimiter(_Limiter):
 
     _stored_then_try.__qualname__ = "RateLimiter.try_acquire"  # (its never-awaited warning)
 
-    async def _take(self, permits: int, max_wait: int | None) -> Acquired:
-        if not self.rate_in_code.stored:
-            await self.rate_in_code.store()
-        return await acquire([self], [permits], max_wait, _observe.current)
+    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
+        return take(Request((self,), (permits,), deadline_in(max_wait)))
 
     async def _hand_back_latest(self, permits: int) -> None:
         await give_back(self, permits)
@@ -225,18 +203,28 @@ async def _acquire_all(
         raise InvalidArgumentError("a limiter appears twice in one acquire_all")
     if len({_slots_of(sem) for sem, _ in leasing}) != len(leasing):
         raise InvalidArgumentError("a concurrency limiter appears twice in one acquire_all")
-    max_wait = max_wait_of(timeout)
-    for limiter in limiters:  # a rate given at construction, not stored yet
-        if not limiter.rate_in_code.stored:
-            await limiter.rate_in_code.store()
-    if not leasing:
-        return await acquire(limiters, permits, max_wait, _observe.current)
     leasing.sort(key=lambda pair: _slots_of(pair[0]))  # one order for all: no deadlock
+    deadline = deadline_in(max_wait_of(timeout))
+    return await take(Request(tuple(limiters), tuple(permits), deadline, tuple(leasing)))
 
-    def take(left: int | None) -> Awaitable[Acquired]:
-        return acquire(limiters, permits, left, _observe.current)
 
-    return await acquire_in_flight(leasing, take if limiters else None, max_wait)
+def view_of(
+    name: str,
+    backend: Backend,
+    breaker: Breaker,
+    rate_in_code: CodeConfig[RateLimiterConfig],
+) -> RateLimiter:
+    """A limiter on ``backend`` made from its parts, the name not checked: a shard of a
+    ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
+    limiter can share its state) or a client's view of a limiter; the rate its code gives is
+    its limiter's (written once for all)."""
+    limiter = RateLimiter.__new__(RateLimiter)
+    limiter.name = name
+    limiter.backend = backend
+    limiter.breaker = breaker
+    limiter._names = [name]
+    limiter.rate_in_code = rate_in_code
+    return limiter
 
 
 def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:

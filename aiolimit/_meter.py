@@ -2,13 +2,13 @@
 settled once the response says what it really cost (``CallGuard(..., tokens=...)``).
 
 >>> meter = TokenMeter(tokens, estimate=estimate_tokens, usage=usage_tokens)
->>> acquired = await meter.take(requests, 1, max_wait, body)   # both, all or nothing
+>>> acquired = await meter.take(call, body)     # the call's request and its tokens, or none
 >>> ...                                                          # the call
 >>> await meter.settle(acquired, response)                      # usage: fewer or more
 
-The request's permit and the estimate are taken in one :func:`aiolimit.acquire_all`: a call
-that cannot have both takes neither. A process's calls ask one at a time, in order, and
-reserve no further ahead than ``HORIZON``, else ask again after a short while: an
+The request's permit and the estimate are taken in one request to the engine, all or
+nothing: a call that cannot have both takes neither. A process's calls ask one at a time, in
+order, and reserve no further ahead than ``HORIZON``, else ask again after a short while: an
 estimate is a worst case, and reservations queued far ahead would keep the places their
 settled calls no longer need (a reservation is placed on what the store knew when it was
 made, and is not moved earlier by later refunds). After the response is read,
@@ -32,10 +32,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
-from ._acquire import Acquired
-from ._limiter import RateLimiter, acquire_all
+from ._acquire import Acquired, Outcome, outcome_of, take
+from ._limiter import RateLimiter
 from ._quota_headers import quota
-from ._settling import check_settle_permits
+from ._request import Request, deadline_in, left_of, micros, seconds
+from ._settling import Limited, check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown
 from .backends.base import Refusal
@@ -210,35 +211,36 @@ class TokenMeter:
             weakref.WeakKeyDictionary()
         )
 
-    async def take(
-        self, requests: RateLimiter, permits: int, max_wait: int | None, request: object
-    ) -> Acquired:
-        """The request's permits and its estimated tokens, all or nothing (an estimate of 0:
-        the request's permits only, nothing to settle)."""
+    async def take(self, call: Request, request: object) -> Acquired:
+        """``call`` (the request's permits, its slots) and its estimated tokens, all or
+        nothing (an estimate of 0: the request's permits only, nothing to settle)."""
         tokens = self.wanted(self.estimate(request))
         if not tokens:
-            return await requests._take(permits, max_wait)
+            return await take(call)
+        return await take(call.adding(tokens), lambda asked: self._paced(asked, call.limiters))
+
+    async def _paced(self, request: Request, own: tuple[Limited, ...]) -> Outcome:
+        """``request`` asked in this process's turn, no further ahead than ``HORIZON``, until
+        granted or past its deadline (``own``: the call's limiters, beside the tokens')."""
         loop = asyncio.get_running_loop()
-        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
         turns = self._turns.get(loop)
         if turns is None:
             turns = self._turns[loop] = _Turns()
-        wanted = [(requests, permits), *tokens]
-        if not await turns.wait(deadline):  # (the timeout came first: one last ask)
-            return await acquire_all(wanted, timeout=0)
+        if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
+            return await outcome_of(request.until(deadline_in(0)))
         pause = HORIZON
         try:
             while True:
-                left = None if deadline is None else max(deadline - loop.time(), 0.0)
-                ask = HORIZON if left is None else min(HORIZON, left)
-                acquired = await acquire_all(wanted, timeout=ask)
-                if acquired or (left is not None and acquired.retry_after > left):
-                    return acquired
-                held_by = acquired.attempts[0]  # (the request's own limiter)
-                if isinstance(held_by, Refusal):  # a refund of tokens would not help
-                    await asyncio.sleep(held_by.retry_in / 1e6)
+                left = left_of(request.deadline)
+                ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+                outcome = await outcome_of(request.until(deadline_in(ahead)))
+                if outcome.granted or (left is not None and outcome.retry_in > left):
+                    return outcome
+                held = [a for a in map(outcome.answer_of, own) if isinstance(a, Refusal)]
+                if held:  # by the call's own limiter: a refund of tokens would not help
+                    await asyncio.sleep(seconds(max(refusal.retry_in for refusal in held)))
                 else:
-                    woken = await turns.pause(min(acquired.retry_after, pause))
+                    woken = await turns.pause(min(seconds(outcome.retry_in), pause))
                     pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
         finally:
             turns.next()
@@ -272,8 +274,12 @@ class TokenMeter:
             await self._settle(acquired, response)
         await self.cap(headers)
 
+    def _took_tokens(self, acquired: Acquired) -> bool:
+        """Whether ``acquired`` holds tokens of this meter's (an estimate of 0: none)."""
+        return self.tokens in acquired.owners
+
     async def _settle(self, acquired: Acquired, response: object) -> None:
-        if len(acquired.limiters) < 2:
+        if not self._took_tokens(acquired):
             return  # an estimate of 0: no tokens taken
         try:
             used = self.usage(response)
@@ -288,7 +294,7 @@ class TokenMeter:
         """The tokens' grant settled as ``used`` (None: the estimate stands): a response's
         usage, or an event stream's, read as it passed (its response's rate-limit headers
         were taken when it came)."""
-        if used is None or len(acquired.limiters) < 2:
+        if used is None or not self._took_tokens(acquired):
             return  # (an estimate of 0: no tokens taken)
         try:
             settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
@@ -309,13 +315,13 @@ class TokenMeter:
         its tokens go back, exactly this call's grants; the call of this process asking
         next asks again at once."""
         await acquired.release()
-        if len(acquired.limiters) > 1:
+        if self._took_tokens(acquired):
             self._wake()
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""
-        if len(acquired.limiters) == 2:
+        if self._took_tokens(acquired):
             try:
                 if (await acquired.settle(0, limiter=self.tokens)).handed_back:
                     self._wake()
@@ -385,16 +391,17 @@ class _Turns:
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
-    async def wait(self, deadline: float | None) -> bool:
-        """Waits for this caller's turn until ``deadline`` (loop time; None: for as long as
-        it takes); whether it came (then :meth:`next` passes it on)."""
+    async def wait(self, deadline: int | None) -> bool:
+        """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
+        as long as it takes); whether it came (then :meth:`next` passes it on)."""
         if not self._busy:
             self._busy = True
             return True
         loop = asyncio.get_running_loop()
         turn: asyncio.Future[None] = loop.create_future()
         self._waiting.append(turn)
-        timeout = None if deadline is None else max(deadline - loop.time(), 0.0)
+        left = left_of(deadline)
+        timeout = None if left is None else seconds(left)
         try:
             await asyncio.wait((turn,), timeout=timeout)
         except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
@@ -553,6 +560,9 @@ class KindsMeter(TokenMeter):
     @property
     def learns(self) -> RateLimiter | None:
         return None
+
+    def _took_tokens(self, acquired: Acquired) -> bool:
+        return any(limiter in acquired.owners for limiter in self.kinds.values())
 
     def tail(self) -> UsageTail:
         return UsageTail(usage_by_kind)

@@ -5,17 +5,16 @@ from __future__ import annotations
 import asyncio
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import replace
 from typing import Any
 
-from . import _observe
-from ._acquire import Acquired, acquire, acquire_unreported, give_back, observed
+from ._acquire import Acquired, Outcome, give_back, outcome_of, take
 from ._awaiting import awaited
 from ._base import _Limiter, most_telling
 from ._checks import check_permits, check_sync, max_wait_of
-from ._limiter import RateLimiter
-from ._observe import Observer
+from ._limiter import RateLimiter, view_of
+from ._request import Request, deadline_in, left_of
 from ._setting import rate_in_code
 from ._types import Duration, Rate, RateLimiterConfig
 from .backends.base import Backend, breaker_of
@@ -147,8 +146,7 @@ class ShardedRateLimiter(_Limiter):
         super().__init__(name, backend, given)
         self._names = _shard_names(self.name, shards, backend)
         self._shards = [  # a shard's lost config is this limiter's: it writes every shard
-            RateLimiter._view(n, backend, breaker_of(backend, n), self.rate_in_code)
-            for n in self._names
+            view_of(n, backend, breaker_of(backend, n), self.rate_in_code) for n in self._names
         ]
         self._next = random.randrange(shards)
         self._last = 0  # the shard of this object's latest grant, where release starts
@@ -201,66 +199,55 @@ class ShardedRateLimiter(_Limiter):
         """
         return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
 
-    async def _take(self, permits: int, max_wait: int | None) -> Acquired:
+    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
         """The shard's acquisition (a refusal: the shard that could grant soonest), reported
-        under this limiter's name."""
-        if not self.rate_in_code.stored:  # the rate in code, before the first call
-            await self.rate_in_code.store()
-        observer = _observe.current
-        choosing = self._choose(permits, max_wait, observer)
-        acquired = await (
-            choosing if observer is None else observed(choosing, [self.name], [permits], observer)
-        )
-        acquired.owners = (self,)  # its settle names this limiter, and goes to the shard
-        return acquired
+        under this limiter's name (the engine asks :meth:`serve`)."""
+        return take(Request((self,), (permits,), deadline_in(max_wait)))
 
-    async def _choose(
-        self, permits: int, max_wait: int | None, observer: Observer | None
-    ) -> Acquired:
-        """A grant at once from the first shard that has one, else the wait on the shard
-        whose wait is shortest (the observer sees its caller queued there), else the
-        refusal of that shard."""
-        loop = asyncio.get_running_loop()
-        deadline = None if max_wait is None else loop.time() + max_wait / 1e6
+    async def serve(self, request: Request) -> Outcome:
+        """How the engine takes a request of this limiter's (``try_acquire``, ``reserve``,
+        the HTTP clients): a grant at once from the first shard that has one, else the wait
+        on the shard whose wait is shortest (the observer sees its caller queued there, under
+        this limiter's name), else the refusal of that shard."""
+        permits = request.permits
         count = len(self._shards)
         start = self._next
         self._next = (start + 1) % count
-        refused: dict[int, Acquired] = {}  # shard -> its refusal
+        refused: dict[int, Outcome] = {}  # shard -> its refusal
         queued: list[int] = []  # shards where tasks of this process already wait
         errors: list[LimiterError] = []  # why the other shards cannot serve this request
+        at_once = deadline_in(0)
         for i in [(start + k) % count for k in range(count)]:
             if self._waiting[i]:
                 queued.append(i)  # do not pass the tasks waiting there
                 continue
             try:
-                acquired = await acquire([self._shards[i]], [permits], 0, None)
+                outcome = await outcome_of(Request((self._shards[i],), permits, at_once))
             except (NotConfiguredError, InvalidArgumentError, BackendError) as exc:
                 errors.append(exc)  # no config, permits > this shard's budget, node down
                 continue
-            if acquired.granted:
+            if outcome.granted:
                 self._last = i
-                return acquired
-            refused[i] = acquired
+                return outcome
+            refused[i] = outcome
         if not refused and not queued:
-            raise most_telling(errors, permits, count)
+            raise most_telling(errors, permits[0], count)
         if refused:
-            best = min(refused, key=lambda i: refused[i].retry_after)
-            if max_wait == 0 or (
-                deadline is not None and loop.time() + refused[best].retry_after > deadline
-            ):
+            best = min(refused, key=lambda i: refused[i].retry_in)
+            left = left_of(request.deadline)
+            if left == 0 or (left is not None and refused[best].retry_in > left):
                 return refused[best]
         else:  # every shard that answers has waiters here: queue behind the fewest
             best = min(queued, key=self._waiting.__getitem__)
-        remaining = None if deadline is None else max_wait_of(max(deadline - loop.time(), 0.0))
         self._waiting[best] += 1
         try:
-            shard = self._shards[best]
-            acquired = await acquire_unreported(shard, permits, remaining, observer, self.name)
+            shard = Request((self._shards[best],), permits, request.deadline, owners=(self,))
+            outcome = await outcome_of(shard)
         finally:
             self._waiting[best] -= 1
-        if acquired.granted:
+        if outcome.granted:
             self._last = best
-        return acquired
+        return outcome
 
     async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
         """A provider's count as a cap (:meth:`RateLimiter.cap_remaining`), split over the

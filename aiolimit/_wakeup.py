@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ._observe import Observer
+from ._request import seconds
 
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
@@ -55,7 +56,7 @@ async def sleep_out(
     back. The observer sees each limiter's caller waiting meanwhile, and how late it woke."""
     loop = asyncio.get_running_loop()
     now = loop.time()
-    wake = now + starts_in / 1e6
+    wake = now + seconds(starts_in)
     mapped = -math.inf
     for limiter, grant in grants:
         if grant.starts_in > 0:

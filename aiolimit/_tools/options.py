@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 __all__ = [
@@ -55,7 +55,13 @@ def default_url() -> str:
     return os.environ.get(URL_VARIABLE) or DEFAULT_URL
 
 
-def add_global(parser: argparse._ActionsContainer, dest: str, help: str | None = None) -> None:
+class Arguments(Protocol):
+    """Where options are added: a parser, or a group of one."""
+
+    def add_argument(self, *flags: str, **options: Any) -> Any: ...
+
+
+def add_global(parser: Arguments, dest: str, help: str | None = None) -> None:
     """Adds one of :data:`GLOBAL`, set only when given (so that a value given before the
     command is not overwritten by the command's default)."""
     flags, options = GLOBAL[dest]

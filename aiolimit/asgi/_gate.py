@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from .. import _observe
-from .._acquire import Acquired, acquire
+from .._acquire import Acquired, take
 from .._checks import max_wait_of
 from .._concurrency import ConcurrencyLimiter
 from .._lease import Lease
 from .._limiter import RateLimiter
+from .._request import Request, deadline_in
 from .._values import Duration, shown, to_micros
 from ..backends.base import Backend, Grant, Refusal
 from ..errors import InvalidArgumentError, LimiterError
@@ -155,7 +155,7 @@ class Gate:
                 *(limiter.rate_in_code.store() for limiter in self._limiters.values())
             )
         except LimiterError as exc:
-            self._failed(exc)
+            self.failed(exc)
         else:
             self._answered()
 
@@ -196,7 +196,7 @@ class Gate:
         except InvalidArgumentError:  # a stored config with a lower rate than the permits
             return self._over_budget(requests)
         except LimiterError as exc:
-            return self._failed(exc)
+            return self.failed(exc)
         self._failures = 0
         attempts = acquired.attempts
         if not acquired.granted:
@@ -212,21 +212,15 @@ class Gate:
 
     def _acquire(self, requests: list[_Request]) -> Coroutine[Any, Any, Acquired]:
         """The permits of every request at once, through the one permit path (the permits are
-        checked already: by the rule, or by ``Rule.permits_of``); the rules' configs are
-        written first where this process has not yet (the engine writes a lost one again).
-        (A coroutine function in all but name.)"""
+        checked already: by the rule, or by ``Rule.permits_of``; the engine writes the rules'
+        configs first where this process has not yet, and a lost one again). (A coroutine
+        function in all but name.)"""
         limiters = []
         permits = []
         for _, limiter, count in requests:  # (a loop: no generators, no comprehensions)
-            if not limiter.rate_in_code.stored:
-                return self._acquire_stored(requests)
             limiters.append(limiter)
             permits.append(count)
-        return acquire(limiters, permits, self._max_wait, _observe.current)
-
-    async def _acquire_stored(self, requests: list[_Request]) -> Acquired:
-        await asyncio.gather(*(r.limiter.rate_in_code.store() for r in requests))
-        return await self._acquire(requests)
+        return take(Request(tuple(limiters), tuple(permits), deadline_in(self._max_wait)))
 
     def _refused(self, pairs: list[tuple[_Request, Grant | Refusal]]) -> Verdict:
         refused = [(r, a) for r, a in pairs if isinstance(a, Refusal)]
@@ -304,7 +298,7 @@ class Gate:
                 timeout=None if wait is None else timedelta(microseconds=wait)
             )
         except LimiterError as exc:
-            verdict = self._failed(exc)
+            verdict = self.failed(exc)
             return None if verdict.status == 200 else verdict
         return self._busy(concurrency.name) if lease is None else lease
 
@@ -316,7 +310,9 @@ class Gate:
 
     # -- store failures -------------------------------------------------------------------------
 
-    def _failed(self, exc: LimiterError) -> Verdict:
+    def failed(self, exc: LimiterError) -> Verdict:
+        """The verdict when the store failed (``exc``): 503, or let through, as
+        ``on_backend_error`` says; an outage is logged once, when it starts."""
         self.stats.backend_errors += 1
         if not self._failures:
             self.stats.outages += 1
