@@ -18,11 +18,7 @@ ROOT = Path(aiolimit.__file__).resolve().parent
 NAMEDTUPLE_API = {"_replace", "_asdict", "_fields", "_make", "_field_defaults"}
 
 # Reads of another object's private attributes still allowed, by file, each with its reason.
-ALLOWED: dict[str, set[str]] = {
-    # RedisBackend.from_url marks the backend it has just made as the owner of its client
-    # (the constructor takes no such option).
-    "backends/redis/__init__.py": {"_owned"},
-}
+ALLOWED: dict[str, set[str]] = {}
 
 # The engine and the callers that hand it requests: time in integer µs on the loop's clock.
 ENGINE = [

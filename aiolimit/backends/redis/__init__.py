@@ -59,7 +59,9 @@ class RedisBackend(RedisLeases, Backend):
 
     ``redis`` is an asyncio client (``redis.asyncio.Redis``, ``RedisCluster``, valkey-py's);
     a URL or a synchronous client is refused with a TypeError: for a URL, use
-    :meth:`from_url`. The client stays open after :meth:`aclose`: it is yours.
+    :meth:`from_url`. The client stays open after :meth:`aclose`: it is yours
+    (``close_client=True`` hands it to the backend, which closes it then, as for
+    :meth:`from_url`'s).
     """
 
     __slots__ = (
@@ -84,10 +86,12 @@ class RedisBackend(RedisLeases, Backend):
         prefix: str = "aiolimit:",
         timeout: Duration | None = 5.0,
         breaker: BreakerPolicy | None = None,
+        close_client: bool = False,
     ) -> None:
         check_client(redis)
         context = StoreContext(breaker)
         self._open(client_id, context, Server.of(redis, clock, prefix, timeout))
+        self._owned = close_client  # (aclose() closes the client too: from_url's own)
 
     def _open(self, client_id: str | None, context: StoreContext, server: Server) -> None:
         """Sets up a backend on ``server`` with the store's ``context``: a new store's first,
@@ -135,8 +139,8 @@ class RedisBackend(RedisLeases, Backend):
             prefix=prefix,
             timeout=timeout,
             breaker=breaker,
+            close_client=True,
         )
-        backend._owned = True
         return backend
 
     def with_client(self, client_id: str) -> RedisBackend:
