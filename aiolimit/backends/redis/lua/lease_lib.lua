@@ -13,7 +13,10 @@
 --   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, as long
 --                    as that lease is held and its waiter has not asked for it (the lease id
 --                    is "<ticket's permits>:<fence>")
---   T:wake:<process>  LIST  wake-ups for that process's waiters, for its waker's BLPOP
+--   T:wake:<process>  CHANNEL  wake-ups for that process's waiters (tickets ending in ':p'),
+--                    published to its subscriber; LIST  those nobody heard, read by the
+--                    subscriber once subscribed, and the wake-ups of tickets ending in ':h'
+--                    (a cluster client's, an older client's), for its waker's BLPOP
 -- Times are the server's TIME: no client clock is read. A fence is max(last + 1, now in us):
 -- it only grows while the server's clock does not go back past its own earlier readings, even
 -- when every key is lost (FLUSHALL, a restart without persistence), as the next fence given is
@@ -23,12 +26,12 @@
 -- (`promote`), as many as fit; a head that does not fit stops it, so a 2-permit waiter is not
 -- passed by 1-permit arrivals, and a newcomer is granted at once only when nobody waits.
 -- The script that frees the slot hands the lease over (`wake`): to a waiter of the calling
--- process in its own reply, to another process through that process's wake list, the lease
--- id in the wake-up ("<ticket> <lease id> <lease us>") for a ticket ending in ':h', the
--- ticket alone for an older client's (which asks for its lease: a take collects it, and
--- renews it). The grant stays in T:granted until its lease is dropped or collected, so a
--- waiter whose wake-up was lost still finds it when it asks. One that never comes (killed)
--- holds it until its lease ends, like any holder.
+-- process in its own reply, to another process on that process's wake channel (a ticket
+-- ending in ':p') or list (':h'), the lease id in the wake-up ("<ticket> <lease id> <lease
+-- us>"), the ticket alone on the list for an older client's (which asks for its lease: a take
+-- collects it, and renews it). The grant stays in T:granted until its lease is dropped or
+-- collected, so a waiter whose wake-up was lost still finds it when it asks. One that never
+-- comes (killed) holds it until its lease ends, like any holder.
 -- An attempt is LEASE.take, a release LEASE.release: one a call (lease_take, lease_release),
 -- or several made together in one call (lease_many), which reads and writes the state once.
 -- Every loop is bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets
@@ -204,7 +207,10 @@ function LEASE.promote(state, keys, now, process, handed, reclaim)
 end
 
 -- Tells the waiter of `ticket` that it holds lease `id`: in the caller's reply (`handed`)
--- when its process is `process`, else through its process's wake list.
+-- when its process is `process`, else on its process's wake channel (a ticket ending in
+-- ':p': one PUBLISH, nothing kept), else on its process's wake list; there too when the
+-- channel reached no one (the process's subscriber is subscribing or reconnecting: it reads
+-- the list once subscribed).
 function LEASE.wake(state, ticket, id, process, handed)
   local owner = match(ticket, '^%d+:([^:]+):')
   if owner == process then
@@ -212,13 +218,20 @@ function LEASE.wake(state, ticket, id, process, handed)
     handed[#handed + 1] = id
     return
   end
+  local wake = string.sub(state.key, 1, -4) .. 'wake:' .. owner -- (T:sem without 'sem')
+  local kind = string.sub(ticket, -2)
   local message = ticket
-  if string.sub(ticket, -2) == ':h' then
+  if kind == ':p' or kind == ':h' then
     message = ticket .. ' ' .. id .. ' ' .. fmt(state.lease)
   end
-  local list = string.sub(state.key, 1, -4) .. 'wake:' .. owner -- (T:sem without 'sem')
-  redis.call('LPUSH', list, message)
-  redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
+  if kind == ':p' then
+    local heard = redis.pcall('PUBLISH', wake, message) -- (an error reply is a table)
+    if type(heard) == 'number' and heard > 0 then
+      return
+    end
+  end
+  redis.call('LPUSH', wake, message)
+  redis.call('PEXPIRE', wake, LEASE.WAKE_TTL_MS)
 end
 
 -- A new holder of `permits`, its lease ending at `lease_ends` (text); its fence, as text.
