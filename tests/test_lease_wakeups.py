@@ -108,6 +108,30 @@ async def test_a_wake_up_sent_while_the_subscriber_reconnects_is_not_lost(redis,
     await lease.release()
 
 
+async def test_a_wake_up_heard_but_lost_with_the_connection_is_asked_for_once_reconnected(
+    redis, name, monkeypatch
+):
+    # The server counted the subscriber as hearing it, but the message went with the
+    # connection (dropped here): subscribed again, the waiter asks and collects its lease,
+    # long before its next look.
+    drop = monkeypatch.setattr
+    drop(_wakeups, "woken", lambda message: ("not-a-ticket", None))
+    backend, sem, holder, waiter = await queued_waiter(redis, name)
+    loop = asyncio.get_running_loop()
+    freed = loop.time()
+    await release_elsewhere(backend, name, holder)
+    await asyncio.sleep(0.1)  # (heard, and dropped)
+    monkeypatch.undo()
+    assert not waiter.done()
+    await redis.client_kill_filter(_type="pubsub")
+    lease = await asyncio.wait_for(waiter, 8)
+    took = loop.time() - freed
+    assert lease is not None and lease.fence > holder.fence
+    await lease.renew()
+    assert took < 3.0, f"woken after {took:.3f} s"
+    await lease.release()
+
+
 async def test_a_lost_wake_up_is_made_good_by_the_waiters_next_look(redis, name, monkeypatch):
     # A message that never arrives (dropped here): the waiter asks again at its next look
     # (a third of the lease), and collects the lease granted to it meanwhile.

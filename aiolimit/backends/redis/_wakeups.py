@@ -92,6 +92,14 @@ class Waiter:
             self._tasks.spawn(ending, "a lease waker's end")
 
 
+class _Channel:
+    __slots__ = ("heard", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: dict[str, Waiter] = {}  # (its waiters here)
+        self.heard = False  # (it was subscribed: a new subscription is a reconnection)
+
+
 class Subscriber:
     """This process's wake channels on one client (``T:wake:<process>``, one per limiter with
     waiters here): one pub/sub connection and one task reading it, while there are waiters.
@@ -102,7 +110,7 @@ class Subscriber:
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
-        self.channels: dict[str, dict[str, Waiter]] = {}  # (channel -> its waiters here)
+        self.channels: dict[str, _Channel] = {}
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._sent: set[str] = set()  # (the channels asked for on the connection)
@@ -111,7 +119,8 @@ class Subscriber:
         """The server refused a subscription (an ACL without the channels): no more."""
 
     def add(self, channel: str, ticket: str, tasks: Background) -> Waiter:
-        waiter = self.channels.setdefault(channel, {})[ticket] = Waiter(self, ticket, tasks)
+        waiters = self.channels.setdefault(channel, _Channel()).waiters
+        waiter = waiters[ticket] = Waiter(self, ticket, tasks)
         return waiter
 
     def listen(self, tasks: Background) -> None:
@@ -128,10 +137,10 @@ class Subscriber:
     def remove(self, waiter: Waiter) -> Awaitable[None] | None:
         """Forgets the waiter; what it leaves to be done (awaited in the background): the
         reader ended when it was the last waiter, its channel dropped when the last there."""
-        for name, waiters in list(self.channels.items()):
-            if waiters.get(waiter.ticket) is waiter:
-                del waiters[waiter.ticket]
-                if not waiters:
+        for name, channel in list(self.channels.items()):
+            if channel.waiters.get(waiter.ticket) is waiter:
+                del channel.waiters[waiter.ticket]
+                if not channel.waiters:
                     del self.channels[name]
         reader = self._reader
         if reader is None:
@@ -171,29 +180,46 @@ class Subscriber:
             await pubsub.aclose()
 
     async def _deliver(self, message: dict[str, Any]) -> None:
-        kind, channel = message["type"], message["channel"]
+        kind, name = message["type"], message["channel"]
         if kind == "message":
             _wake(message["data"])
+            return
+        channel = self.channels.get(name.decode() if isinstance(name, bytes) else name)
+        if channel is None:
+            return
+        if kind == "unsubscribe":
+            channel.heard = False
         elif kind == "subscribe":
-            # Subscribed (again, when the client library re-made the connection): what was
-            # published meanwhile reached nobody, and waits on the list.
-            redis = self._redis
-            for _ in range(DRAIN_ROUNDS):
-                popped = await redis.lpop(channel, DRAIN_BATCH) or []
-                for wake_up in popped:
-                    _wake(wake_up)
-                if len(popped) < DRAIN_BATCH:
-                    break
+            # What was published while the channel was not subscribed reached nobody, and
+            # waits on the list. Subscribed again (the client library re-made the
+            # connection): a message sent just before the connection failed may be lost
+            # too, so every waiter asks (``take_lease`` collects a lease granted meanwhile).
+            if channel.heard:
+                for waiter in channel.waiters.values():
+                    waiter.hand(None)
+            channel.heard = True
+            await self._drain(name)
+
+    async def _drain(self, channel: Any) -> None:
+        """The wake-ups published to ``channel`` while nobody heard, off its list."""
+        redis = self._redis
+        for _ in range(DRAIN_ROUNDS):
+            popped = await redis.lpop(channel, DRAIN_BATCH) or []
+            for wake_up in popped:
+                _wake(wake_up)
+            if len(popped) < DRAIN_BATCH:
+                return
 
     def _cut_off(self, exc: BaseException) -> None:
         """The connection failed (the client library subscribes again when it re-makes it);
         a refusal (NOPERM) ends the subscriber, and its waiters ask now."""
         log.debug("lease wake channels: %s", exc)
         self._sent = set()
-        if isinstance(exc, NO_PERMISSION):
-            self.refused = True
-            for waiters in self.channels.values():
-                for waiter in waiters.values():
+        self.refused = isinstance(exc, NO_PERMISSION)
+        for channel in self.channels.values():
+            channel.heard = not self.refused  # (each waiter asks once subscribed again)
+            if self.refused:
+                for waiter in channel.waiters.values():
                     waiter.hand(None)
 
 
