@@ -79,7 +79,9 @@ class LeaseRefusal(NamedTuple):
     """No lease now. With a wait, the caller's ticket stays queued (in FIFO order)."""
 
     retry_in: int | None
-    """Microseconds until the earliest holder's lease ends (None: nobody holds one)."""
+    """Microseconds until the earliest holder's lease may end, at most (None: nobody holds
+    one). A store may answer sooner than it ends (Redis: the least lease end it knows of
+    without reading its holders): the waiter looks again then."""
     free: int
     """Slots free now (negative after the limit was lowered below what is held)."""
     ahead: int | None
