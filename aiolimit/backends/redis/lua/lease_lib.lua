@@ -384,12 +384,23 @@ end
 -- granted, those of `process` handed their leases in the reply: {held (1 when it was held
 -- until now), lease us, ticket, lease id, ...}, or {0} when it had gone already.
 function LEASE.release(state, keys, now, id, process)
-  local expires = state and redis.call('ZSCORE', keys[2], id)
-  if not expires then
+  if not state then
     return { 0 }
   end
-  LEASE.drop_holder(state, keys, id)
-  local reply = { expires + 0 > now and 1 or 0, state.lease }
+  local held = 1
+  if state.hdue and state.hdue > now then -- (no lease has ended: one held is held until now)
+    if not LEASE.drop_holder(state, keys, id) then
+      return { 0 }
+    end
+  else
+    local expires = redis.call('ZSCORE', keys[2], id)
+    if not expires then
+      return { 0 }
+    end
+    LEASE.drop_holder(state, keys, id)
+    held = expires + 0 > now and 1 or 0
+  end
+  local reply = { held, state.lease }
   LEASE.promote(state, keys, now, process, reply, false)
   return reply
 end
