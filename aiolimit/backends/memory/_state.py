@@ -76,6 +76,9 @@ class Budget:
     # FIXED_WINDOW: a sync's floor past a window's end, [rate, count, until, since] each
     # (carries.lua).
     carried: list[list[int]] = field(default_factory=list)
+    # SLIDING_WINDOW: how much longer a provider's count holds the window, until when,
+    # [lag, until] each (sliding_floors.lua).
+    lags: list[list[int]] = field(default_factory=list)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]
