@@ -10,6 +10,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from ..._types import Rate, RateLimiterConfig
+from ..._values import millis_up
 
 FOREVER = float("inf")
 HIGH = "\U0010ffff"  # sorts after every member
@@ -23,7 +24,7 @@ _order = itertools.count()  # tells apart heap entries of one time (slots do not
 
 def ms(us: int) -> int:
     """A duration rounded up to whole milliseconds, as Redis keeps TTLs."""
-    return -(-us // 1000) * 1000
+    return millis_up(us) * 1000
 
 
 @dataclass
