@@ -71,7 +71,7 @@ async def queued_waiter(
 
 
 async def test_a_slot_handed_to_another_process_wakes_it_by_pub_sub_without_a_blpop(redis, name):
-    backend, sem, holder, waiter = await queued_waiter(redis, name)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
     await redis.config_resetstat()
     loop = asyncio.get_running_loop()
     freed = loop.time()
@@ -116,7 +116,7 @@ async def test_a_wake_up_heard_but_lost_with_the_connection_is_asked_for_once_re
     # long before its next look.
     drop = monkeypatch.setattr
     drop(_wakeups, "woken", lambda message: ("not-a-ticket", None))
-    backend, sem, holder, waiter = await queued_waiter(redis, name)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
     loop = asyncio.get_running_loop()
     freed = loop.time()
     await release_elsewhere(backend, name, holder)
@@ -137,7 +137,7 @@ async def test_a_lost_wake_up_is_made_good_by_the_waiters_next_look(redis, name,
     # (a third of the lease), and collects the lease granted to it meanwhile.
     monkeypatch.setattr(_wakeups, "woken", lambda message: ("not-a-ticket", None))
     lease_s = 1.5
-    backend, sem, holder, waiter = await queued_waiter(redis, name, lease_s)
+    backend, _, holder, waiter = await queued_waiter(redis, name, lease_s)
     loop = asyncio.get_running_loop()
     freed = loop.time()
     await release_elsewhere(backend, name, holder)
@@ -149,7 +149,7 @@ async def test_a_lost_wake_up_is_made_good_by_the_waiters_next_look(redis, name,
 
 
 async def test_a_process_with_no_waiters_left_is_not_subscribed(redis, name):
-    backend, sem, holder, waiter = await queued_waiter(redis, name)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
     await holder.release()  # (handed in the reply: this process's waiter)
     lease = await asyncio.wait_for(waiter, 5)
     assert lease is not None

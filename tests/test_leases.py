@@ -181,9 +181,7 @@ async def test_a_waiter_wakes_at_the_earliest_lease_expiry(store, name):
     assert 0.3 <= now() - started < 2.0
 
 
-async def test_a_lease_renewed_after_the_lease_time_was_lowered_ends_at_the_new_time(
-    store, name
-):
+async def test_a_lease_renewed_after_the_lease_time_was_lowered_ends_at_the_new_time(store, name):
     # The scripts skip reading the holders while no lease can have ended: a renewal under a
     # lowered lease time makes a lease end sooner than any they knew of.
     sem = await limiter(store, name, 1, lease=LEASE)

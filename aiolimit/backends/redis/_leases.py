@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 
 from ..._values import millis_up
 from ...errors import NotConfiguredError
-from .._context import Background, StoreContext
+from .._context import StoreContext
 from .._lease import (
     ConcurrencyConfig,
     LeaseGrant,

@@ -23,7 +23,7 @@ from .._lease import LeaseGrant
 from ._compat import ANY, NO_PERMISSION
 from ._lease_scripts import woken
 
-__all__ = ["Subscriber", "Waker", "Waiter", "hand_over"]
+__all__ = ["Subscriber", "Waiter", "Waker", "hand_over"]
 
 log = logging.getLogger("aiolimit")
 
