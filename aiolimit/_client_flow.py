@@ -1,0 +1,279 @@
+"""One outgoing call's steps, written once for both HTTP clients as values (httpx's
+``Auth.auth_flow`` is the model): the flow takes the permits and settles them, yields what
+the client is to do with its library's objects, and is told what came back.
+
+>>> calls = ClientCalls(limiter, permits=1, timeout=None, retry=True, ...)   # per client
+>>> response = await drive(calls.flow(request, unsent, resendable), exchange)
+
+``exchange`` (an :class:`Exchange`) is the library's part: send the request, close a
+response. :func:`drive` meets the flow's steps in this order:
+
+- :class:`Send`: send the request now (its permits taken; its slot, if any, held: a lost
+  slot cancels the send). The flow is told the :class:`Answer` (status, headers), or the
+  error is thrown into it: a request that never left hands back what it took.
+- ``DISCARD``: a ``429``/``503`` with ``Retry-After`` paused every caller and the request
+  goes once more: the answer is closed unread; its tokens go back, and a permit of its own
+  is taken after the pause (then ``Send`` again).
+- :class:`Settle` (with ``tokens=``): the call's tokens settle by its body, read now
+  (:meth:`Settle.read`) or as the caller reads it (:meth:`Settle.tap`, :meth:`Settle.events`:
+  a :class:`~aiolimit._body_tap.BodyTap` that the library's stream wrapper feeds).
+
+Whatever fails, or a caller cancelled meanwhile, the response the client holds is closed
+(``Exchange.close``): its connection goes back, and with it its slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any, Generic, NamedTuple, Protocol, TypeAlias, TypeVar
+
+from ._acquired import Acquired
+from ._body_tap import BodyTap, KeptBody
+from ._calls import DEFAULT_MAX_PAUSE, CallGuard
+from ._concurrency import ConcurrencyLimiter
+from ._inflight import InFlight
+from ._learn import Learner
+from ._limiter import RateLimiter
+from ._meter import TokenMeter, Used, meter_of
+from ._sharded import ShardedRateLimiter
+from ._types import Duration
+from .backends._context import Background
+
+__all__ = [
+    "DEFAULT_MAX_PAUSE",
+    "DISCARD",
+    "Answer",
+    "ClientCalls",
+    "Exchange",
+    "Flow",
+    "Held",
+    "Send",
+    "Settle",
+    "drive",
+]
+
+R = TypeVar("R")
+
+
+class Answer(NamedTuple):
+    """What came back for a request: its status and headers (case-insensitive)."""
+
+    status: int
+    headers: Mapping[str, str]
+
+
+class Held:
+    """A call's concurrency slot, held from the answer until its body is closed (by the
+    library's stream wrapper, or its callback)."""
+
+    __slots__ = ("_acquired", "_tasks")
+
+    def __init__(self, acquired: InFlight, tasks: Background) -> None:
+        self._acquired, self._tasks = acquired, tasks
+
+    def check(self) -> None:
+        """:class:`~aiolimit.LeaseLostError` when the slot was lost (while the body is read)."""
+        self._acquired.check()
+
+    async def release(self) -> None:
+        """The body is closed: the slot goes back (LeaseLostError if it was lost)."""
+        await self._acquired.__aexit__(None, None, None)
+
+    def release_soon(self) -> None:
+        """:meth:`release` from a plain callback, in the store's background (its
+        ``aclose()`` waits for it)."""
+        self._tasks.spawn(self.release(), "a response's concurrency slot")
+
+
+class Send(NamedTuple):
+    """Send the request now; ``held``: the slot to hold until the answer's body is closed."""
+
+    held: Held | None
+
+
+class _Discard:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DISCARD"
+
+
+DISCARD = _Discard()
+"""Close the answer unread: the request goes once more."""
+
+
+class Settle:
+    """The call's tokens, to settle by its answer's body (the flow's last step)."""
+
+    __slots__ = ("_acquired", "_headers", "_meter")
+
+    def __init__(self, meter: TokenMeter, acquired: Acquired, headers: Mapping[str, str]) -> None:
+        self._meter, self._acquired, self._headers = meter, acquired, headers
+
+    async def read(self, response: object) -> None:
+        """Settled now by ``usage(response)``, its body read (None: not readable, the
+        estimate stands); then the provider's counts of tokens left taken as floors."""
+        await self._meter.settle(self._acquired, response, self._headers)
+
+    def tap(self, reread: Callable[[bytes], object]) -> BodyTap:
+        """For a body the caller reads later: up to ``MAX_BODY`` of it kept; once it ends,
+        ``usage(reread(body))`` settles (longer: the estimate stands), then the floors."""
+        meter, acquired, headers = self._meter, self._acquired, self._headers
+
+        def ending(body: object) -> Awaitable[None]:
+            response = None if body is None else reread(body)  # type: ignore[arg-type]
+            return meter.settle(acquired, response, headers)
+
+        return BodyTap(KeptBody(), ending, meter.tokens.backend.context.tasks)
+
+    async def events(self) -> BodyTap:
+        """For an event stream the caller reads later: the floors now; once it ends, the
+        usage of its last event that carries one settles (none: the estimate stands)."""
+        meter, acquired = self._meter, self._acquired
+        await meter.settle(acquired, None, self._headers)
+
+        def ending(used: object) -> Awaitable[None] | None:
+            return None if used is None else meter.settle_used(acquired, used)
+
+        return BodyTap(meter.tail(), ending, meter.tokens.backend.context.tasks)
+
+
+Step: TypeAlias = "Send | _Discard | Settle"
+Flow: TypeAlias = AsyncGenerator[Step, "Answer | None"]
+
+
+async def _flow(
+    guard: CallGuard, request: object, unsent: tuple[type[BaseException], ...], resendable: bool
+) -> Flow:
+    """One call's steps (see the module): permits, send, sync and pause, once more after a
+    pause, settle."""
+    again = guard.retry and resendable
+    while True:
+        acquired = await guard.before_call(request)
+        slot = acquired if isinstance(acquired, InFlight) else None
+        held = None
+        if slot is not None and guard.concurrency is not None:
+            await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
+            held = Held(slot, guard.concurrency.backend.context.tasks)
+        try:
+            answer = yield Send(held)
+        except BaseException as exc:
+            if slot is not None and held is not None:
+                await slot.__aexit__(type(exc), exc, exc.__traceback__)
+            if isinstance(exc, unsent):  # the partner never saw it: all goes back
+                await guard.unsent(acquired)
+            raise
+        assert answer is not None
+        if slot is not None and held is not None:  # held past this step: until the body closes
+            slot.detach()
+        await guard.after_headers(answer.headers, answer.status, acquired)
+        paused = await guard.pause_for(answer.status, answer.headers.get("retry-after"))
+        if not (paused and again):
+            break
+        again = False
+        yield DISCARD
+        if guard.meter is not None:
+            await guard.meter.unused(acquired, answer.headers)  # it used no tokens
+    if guard.meter is not None:
+        yield Settle(guard.meter, acquired, answer.headers)
+
+
+class Exchange(Protocol, Generic[R]):
+    """A library's part of one call (``R``: its response): what :func:`drive` does for the
+    flow's steps."""
+
+    async def send(self, send: Send) -> R:
+        """The request sent; with ``send.held``, the slot held until the body is closed."""
+
+    def answer(self, response: R) -> Answer: ...
+
+    async def discard(self, response: R) -> None:
+        """A response not returned: closed unread (the request is sent again)."""
+
+    async def settle(self, response: R, settle: Settle) -> None:
+        """The call's tokens settled by the response's body, now or as it is read."""
+
+    async def close(self, response: R) -> None:
+        """A step failed (or the caller was cancelled): the response is closed, since no
+        one else will (its connection and its slot go back)."""
+
+
+async def drive(flow: Flow, exchange: Exchange[R]) -> R:
+    """Runs ``flow`` with ``exchange`` doing its steps; the response for the caller."""
+    response: R | None = None
+    try:
+        step = await flow.asend(None)
+        while True:
+            reply: Answer | None = None
+            try:
+                if isinstance(step, Send):
+                    response = await exchange.send(step)
+                    reply = exchange.answer(response)
+                elif isinstance(step, Settle):
+                    assert response is not None
+                    await exchange.settle(response, step)
+                else:  # DISCARD
+                    assert response is not None
+                    discarded, response = response, None
+                    await exchange.discard(discarded)
+            except BaseException as exc:  # the flow's to judge (what never left goes back)
+                step = await flow.athrow(exc)
+            else:
+                step = await flow.asend(reply)
+    except StopAsyncIteration:
+        assert response is not None
+        return response
+    except BaseException:
+        if response is not None:
+            await exchange.close(response)
+        raise
+
+
+class ClientCalls:
+    """What an HTTP client's options make, once per client: :meth:`flow`, each call's."""
+
+    __slots__ = ("_guard",)
+
+    def __init__(
+        self,
+        limiter: RateLimiter | ShardedRateLimiter,
+        *,
+        permits: int,
+        timeout: Duration | None,
+        retry: bool,
+        max_pause: Duration,
+        tokens: RateLimiter | Mapping[str, RateLimiter] | None,
+        estimate: Callable[[Any], int | Mapping[str, int]] | None,
+        usage: Callable[[Any], Used | Awaitable[Used]] | None,
+        concurrency: ConcurrencyLimiter | None,
+        learn: bool | Learner,
+        defaults: tuple[Callable[[Any], object], Callable[[Any], object]],
+        kinds_defaults: tuple[Callable[[Any], object], Callable[[Any], object]],
+    ) -> None:
+        meter = meter_of(tokens, limiter, estimate, usage, defaults, kinds_defaults)
+        self._guard = CallGuard(
+            limiter,
+            permits=permits,
+            timeout=timeout,
+            retry=retry,
+            max_pause=max_pause,
+            concurrency=concurrency,
+            meter=meter,
+            learn=learn,
+        )
+
+    @property
+    def limiter(self) -> RateLimiter | ShardedRateLimiter:
+        return self._guard.limiter
+
+    @property
+    def metered(self) -> bool:
+        """Whether calls settle tokens (``tokens=``)."""
+        return self._guard.meter is not None
+
+    def flow(
+        self, request: object, unsent: tuple[type[BaseException], ...], resendable: bool
+    ) -> Flow:
+        """``request``'s flow: ``unsent``, the library's errors of a request that never
+        left; ``resendable``, whether its body can be sent again after a pause."""
+        return _flow(self._guard, request, unsent, resendable)
