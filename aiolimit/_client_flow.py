@@ -5,11 +5,11 @@ the client is to do with its library's objects, and is told what came back.
 >>> calls = ClientCalls(limiter, permits=1, timeout=None, retry=True, ...)   # per client
 >>> response = await drive(calls.flow(request, unsent, resendable), exchange)
 
-``exchange`` (an :class:`Exchange`) is the library's part: send the request, close a
-response. :func:`drive` meets the flow's steps in this order:
+``exchange`` (an :class:`Exchange`) is the library's part of one call: it sends the request,
+holds the response, closes it. :func:`drive` meets the flow's steps in this order:
 
 - :class:`Send`: send the request now (its permits taken; its slot, if any, held: a lost
-  slot cancels the send). The flow is told the :class:`Answer` (status, headers), or the
+  slot cancels the send). The flow is told the :data:`Answer` (status, headers), or the
   error is thrown into it: a request that never left hands back what it took.
 - ``DISCARD``: a ``429``/``503`` with ``Retry-After`` paused every caller and the request
   goes once more: the answer is closed unread; its tokens go back, and a permit of its own
@@ -42,6 +42,7 @@ from .backends._context import Background
 __all__ = [
     "DEFAULT_MAX_PAUSE",
     "DISCARD",
+    "SEND",
     "Answer",
     "ClientCalls",
     "Exchange",
@@ -52,14 +53,11 @@ __all__ = [
     "drive",
 ]
 
-R = TypeVar("R")
+R = TypeVar("R", covariant=True)
 
 
-class Answer(NamedTuple):
-    """What came back for a request: its status and headers (case-insensitive)."""
-
-    status: int
-    headers: Mapping[str, str]
+Answer: TypeAlias = "tuple[int, Mapping[str, str]]"
+"""What came back for a request: its status and its headers (case-insensitive)."""
 
 
 class Held:
@@ -89,6 +87,10 @@ class Send(NamedTuple):
     """Send the request now; ``held``: the slot to hold until the answer's body is closed."""
 
     held: Held | None
+
+
+SEND = Send(None)
+"""Send the request now (no slot)."""
 
 
 class _Discard:
@@ -142,90 +144,52 @@ Step: TypeAlias = "Send | _Discard | Settle"
 Flow: TypeAlias = AsyncGenerator[Step, "Answer | None"]
 
 
-async def _flow(
-    guard: CallGuard, request: object, unsent: tuple[type[BaseException], ...], resendable: bool
-) -> Flow:
-    """One call's steps (see the module): permits, send, sync and pause, once more after a
-    pause, settle."""
-    again = guard.retry and resendable
-    while True:
-        acquired = await guard.before_call(request)
-        slot = acquired if isinstance(acquired, InFlight) else None
-        held = None
-        if slot is not None and guard.concurrency is not None:
-            await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
-            held = Held(slot, guard.concurrency.backend.context.tasks)
-        try:
-            answer = yield Send(held)
-        except BaseException as exc:
-            if slot is not None and held is not None:
-                await slot.__aexit__(type(exc), exc, exc.__traceback__)
-            if isinstance(exc, unsent):  # the partner never saw it: all goes back
-                await guard.unsent(acquired)
-            raise
-        assert answer is not None
-        if slot is not None and held is not None:  # held past this step: until the body closes
-            slot.detach()
-        await guard.after_headers(answer.headers, answer.status, acquired)
-        paused = await guard.pause_for(answer.status, answer.headers.get("retry-after"))
-        if not (paused and again):
-            break
-        again = False
-        yield DISCARD
-        if guard.meter is not None:
-            await guard.meter.unused(acquired, answer.headers)  # it used no tokens
-    if guard.meter is not None:
-        yield Settle(guard.meter, acquired, answer.headers)
-
-
 class Exchange(Protocol, Generic[R]):
-    """A library's part of one call (``R``: its response): what :func:`drive` does for the
-    flow's steps."""
+    """A library's part of one call: what :func:`drive` does for the flow's steps, with the
+    response it holds (``R``: its library's)."""
 
-    async def send(self, send: Send) -> R:
-        """The request sent; with ``send.held``, the slot held until the body is closed."""
+    @property
+    def response(self) -> R | None:
+        """The response held (None: none yet, or discarded)."""
 
-    def answer(self, response: R) -> Answer: ...
+    async def send(self, held: Held | None) -> Answer:
+        """The request sent, its response held; with ``held``, the slot held until the
+        response's body is closed."""
 
-    async def discard(self, response: R) -> None:
-        """A response not returned: closed unread (the request is sent again)."""
+    async def discard(self) -> None:
+        """The response closed unread and let go (the request is sent again)."""
 
-    async def settle(self, response: R, settle: Settle) -> None:
+    async def settle(self, settle: Settle) -> None:
         """The call's tokens settled by the response's body, now or as it is read."""
 
-    async def close(self, response: R) -> None:
-        """A step failed (or the caller was cancelled): the response is closed, since no
-        one else will (its connection and its slot go back)."""
+    async def close(self) -> None:
+        """A step failed (or the caller was cancelled): the response held, if any, is
+        closed, since no one else will (its connection and its slot go back)."""
 
 
 async def drive(flow: Flow, exchange: Exchange[R]) -> R:
     """Runs ``flow`` with ``exchange`` doing its steps; the response for the caller."""
-    response: R | None = None
     try:
         step = await flow.asend(None)
         while True:
             reply: Answer | None = None
             try:
                 if isinstance(step, Send):
-                    response = await exchange.send(step)
-                    reply = exchange.answer(response)
+                    reply = await exchange.send(step.held)
                 elif isinstance(step, Settle):
-                    assert response is not None
-                    await exchange.settle(response, step)
+                    await exchange.settle(step)
                 else:  # DISCARD
-                    assert response is not None
-                    discarded, response = response, None
-                    await exchange.discard(discarded)
+                    await exchange.discard()
             except BaseException as exc:  # the flow's to judge (what never left goes back)
                 step = await flow.athrow(exc)
             else:
                 step = await flow.asend(reply)
     except StopAsyncIteration:
+        response = exchange.response
         assert response is not None
         return response
     except BaseException:
-        if response is not None:
-            await exchange.close(response)
+        await exchange.close()
         raise
 
 
@@ -271,9 +235,39 @@ class ClientCalls:
         """Whether calls settle tokens (``tokens=``)."""
         return self._guard.meter is not None
 
-    def flow(
+    async def flow(
         self, request: object, unsent: tuple[type[BaseException], ...], resendable: bool
     ) -> Flow:
-        """``request``'s flow: ``unsent``, the library's errors of a request that never
-        left; ``resendable``, whether its body can be sent again after a pause."""
-        return _flow(self._guard, request, unsent, resendable)
+        """``request``'s steps (see the module): permits, send, sync and pause, once more
+        after a pause, settle. ``unsent``: the library's errors of a request that never
+        left; ``resendable``: whether its body can be sent again after a pause."""
+        guard = self._guard
+        again = guard.retry and resendable
+        while True:
+            acquired = await guard.before_call(request)
+            slot = acquired if isinstance(acquired, InFlight) else None
+            held = None
+            if slot is not None and guard.concurrency is not None:
+                await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
+                held = Held(slot, guard.concurrency.backend.context.tasks)
+            try:
+                answer = yield SEND if held is None else Send(held)
+            except BaseException as exc:
+                if slot is not None and held is not None:
+                    await slot.__aexit__(type(exc), exc, exc.__traceback__)
+                if isinstance(exc, unsent):  # the partner never saw it: all goes back
+                    await guard.unsent(acquired)
+                raise
+            assert answer is not None
+            status, headers = answer
+            if slot is not None and held is not None:  # held on: until the body is closed
+                slot.detach()
+            await guard.after_headers(headers, status, acquired)
+            if not (await guard.pause_for(status, headers.get("retry-after")) and again):
+                break
+            again = False
+            yield DISCARD
+            if guard.meter is not None:
+                await guard.meter.unused(acquired, headers)  # it used no tokens
+        if guard.meter is not None:
+            yield Settle(guard.meter, acquired, headers)

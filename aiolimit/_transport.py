@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ._body_tap import BodyTap
-from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Send, Settle, drive
+from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, drive
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner
 from ._limiter import RateLimiter
@@ -160,33 +160,33 @@ class LimitedTransport:
 class _Exchange:
     """One request's part of the flow, on the inner transport (:class:`_client_flow.Exchange`)."""
 
-    __slots__ = ("flavour", "request", "transport")
+    __slots__ = ("flavour", "request", "response", "transport")
 
     def __init__(self, transport: AsyncTransport, request: Any, flavour: Flavour) -> None:
         self.transport, self.request, self.flavour = transport, request, flavour
+        self.response: Any = None
 
-    async def send(self, send: Send) -> Any:
+    async def send(self, held: Held | None) -> Answer:
         response = await self.transport.handle_async_request(self.request)
-        if send.held is not None:  # the slot held until the body is closed
+        if held is not None:  # the slot held until the body is closed
             response = self.flavour.Response(
                 response.status_code,
                 headers=response.headers,
-                stream=self.flavour.Body(response.stream, send.held),
+                stream=self.flavour.Body(response.stream, held),
                 extensions=response.extensions,
             )
-        return response
+        self.response = response
+        return response.status_code, response.headers
 
-    def answer(self, response: Any) -> Answer:
-        return Answer(response.status_code, response.headers)
-
-    async def discard(self, response: Any) -> None:
+    async def discard(self) -> None:
+        response, self.response = self.response, None
         await response.aclose()
 
-    async def settle(self, response: Any, settle: Settle) -> None:
+    async def settle(self, settle: Settle) -> None:
         """``usage`` sees the response with the body it read (a copy; a body longer than
         MAX_BODY: the estimate stands): now, if read already (a response made with its
         content), else once the caller has closed it."""
-        flavour, request = self.flavour, self.request
+        flavour, request, response = self.flavour, self.request, self.response
 
         def reread(body: bytes) -> Any:
             return flavour.Response(
@@ -198,9 +198,10 @@ class _Exchange:
         else:
             response.stream = flavour.Body(response.stream, None, settle.tap(reread))
 
-    async def close(self, response: Any) -> None:
-        with contextlib.suppress(Exception):  # (the step's error is the one to see)
-            await asyncio.shield(response.aclose())
+    async def close(self) -> None:
+        if self.response is not None:
+            with contextlib.suppress(Exception):  # (the step's error is the one to see)
+                await asyncio.shield(self.response.aclose())
 
 
 def _body(request: Any) -> bytes:

@@ -35,7 +35,7 @@ except ImportError as exc:
 from collections.abc import Awaitable, Callable, Mapping
 
 from ._aiohttp_stream import meter_stream
-from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Send, Settle, drive
+from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, drive
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner
 from ._limiter import RateLimiter
@@ -120,31 +120,33 @@ class _Exchange:
     """One request's part of the flow, through the next handler
     (:class:`_client_flow.Exchange`)."""
 
-    __slots__ = ("handler", "request", "streams")
+    __slots__ = ("handler", "request", "response", "streams")
 
     def __init__(self, handler: ClientHandlerType, request: ClientRequest, streams: bool) -> None:
         self.handler, self.request, self.streams = handler, request, streams
+        self.response: ClientResponse | None = None
 
-    async def send(self, send: Send) -> ClientResponse:
+    async def send(self, held: Held | None) -> Answer:
         """The request sent; with a slot, held until aiohttp lets the connection go."""
         response = await self.handler(self.request)
-        held = send.held
         if held is not None:
             connection = response.connection
             if connection is None:  # released already (no body, or read to its end)
                 await held.release()
             else:  # (a plain callback: the slot goes back in the store's background)
                 connection.add_callback(held.release_soon)
-        return response
+        self.response = response
+        return response.status, response.headers
 
-    def answer(self, response: ClientResponse) -> Answer:
-        return Answer(response.status, response.headers)
-
-    async def discard(self, response: ClientResponse) -> None:
+    async def discard(self) -> None:
+        response, self.response = self.response, None
+        assert response is not None
         response.release()
 
-    async def settle(self, response: ClientResponse, settle: Settle) -> None:
+    async def settle(self, settle: Settle) -> None:
         """The call's tokens settled by its usage (an event stream's: once it is read)."""
+        response = self.response
+        assert response is not None
         if self.streams and response.content_type == "text/event-stream":
             meter_stream(response, await settle.events())  # the usage once the caller read it
             return
@@ -153,8 +155,9 @@ class _Exchange:
             await response.read()  # (kept: the caller's read() gives the same bytes)
         await settle.read(response if readable else None)
 
-    async def close(self, response: ClientResponse) -> None:
-        response.close()
+    async def close(self) -> None:
+        if self.response is not None:
+            self.response.close()
 
 
 def _readable(response: ClientResponse) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from metering import Ticking, meters
 
-from aiolimit._client_flow import DISCARD, Answer, ClientCalls, Flow, Send, Settle
+from aiolimit._client_flow import DISCARD, SEND, Answer, ClientCalls, Flow, Send, Settle
 
 
 def calls(requests: Any, **options: Any) -> ClientCalls:
@@ -47,7 +47,7 @@ async def steps(flow: Flow, answers: list[Answer]) -> list[object]:
 async def test_a_served_call_is_one_send_and_one_permit(store: Any) -> None:
     requests, _ = await meters(store, clock=Ticking())
     flow = calls(requests).flow("request", (ConnectionError,), True)
-    assert await steps(flow, [Answer(200, {})]) == [Send(None)]
+    assert await steps(flow, [(200, {})]) == [SEND]
     assert await requests.available_permits() == 10 - 1
 
 
@@ -56,15 +56,15 @@ async def test_a_429_with_retry_after_is_discarded_and_sent_once_more_on_a_permi
 ) -> None:
     requests, _ = await meters(store, clock=Ticking())
     flow = calls(requests).flow("request", (ConnectionError,), True)
-    refused = Answer(429, {"retry-after": "0"})
-    assert await steps(flow, [refused, refused]) == [Send(None), DISCARD, Send(None)]
+    refused = (429, {"retry-after": "0"})
+    assert await steps(flow, [refused, refused]) == [SEND, DISCARD, SEND]
     assert await requests.available_permits() == 10 - 2
 
 
 async def test_a_body_that_cannot_be_sent_again_is_not_discarded(store: Any) -> None:
     requests, _ = await meters(store, clock=Ticking())
     flow = calls(requests).flow("request", (ConnectionError,), False)
-    assert await steps(flow, [Answer(429, {"retry-after": "0"})]) == [Send(None)]
+    assert await steps(flow, [(429, {"retry-after": "0"})]) == [SEND]
 
 
 async def test_an_error_thrown_in_hands_back_only_what_never_left(store: Any) -> None:
@@ -82,7 +82,7 @@ async def test_with_tokens_the_last_step_settles_them_by_the_body(store: Any) ->
     requests, tokens = await meters(store, clock=Ticking())
     flow = calls(requests, tokens=tokens).flow("request", (ConnectionError,), True)
     assert isinstance(await flow.asend(None), Send)
-    settle = await flow.asend(Answer(200, {}))
+    settle = await flow.asend((200, {}))
     assert isinstance(settle, Settle)
     assert await tokens.available_permits() == 1000 - 300
     await settle.read(40)  # (the usage given: the response itself)
