@@ -40,8 +40,11 @@ from ._types import Duration
 from .backends._context import Background
 
 __all__ = [
+    "CONNECTED",
+    "CONNECTING",
     "DEFAULT_MAX_PAUSE",
     "DISCARD",
+    "PROCEED",
     "SEND",
     "Answer",
     "ClientCalls",
@@ -50,6 +53,7 @@ __all__ = [
     "Held",
     "Send",
     "Settle",
+    "Tell",
     "drive",
 ]
 
@@ -93,15 +97,27 @@ SEND = Send(None)
 """Send the request now (no slot)."""
 
 
-class _Discard:
-    __slots__ = ()
+class _Named:
+    __slots__ = ("_name",)
+
+    def __init__(self, name: str) -> None:
+        self._name = name
 
     def __repr__(self) -> str:
-        return "DISCARD"
+        return self._name
 
 
-DISCARD = _Discard()
+DISCARD = _Named("DISCARD")
 """Close the answer unread: the request goes once more."""
+
+CONNECTING = _Named("CONNECTING")
+"""Told during a send (by the library's trace): a new connection is being made for it."""
+
+CONNECTED = _Named("CONNECTED")
+"""Told during a send: the connection is ready, the request is about to be written."""
+
+PROCEED = _Named("PROCEED")
+"""The flow's step after ``CONNECTING`` or ``CONNECTED``: the send goes on."""
 
 
 class Settle:
@@ -140,8 +156,11 @@ class Settle:
         return BodyTap(meter.tail(), ending, meter.tokens.backend.context.tasks)
 
 
-Step: TypeAlias = "Send | _Discard | Settle"
-Flow: TypeAlias = AsyncGenerator[Step, "Answer | None"]
+Step: TypeAlias = "Send | _Named | Settle"
+Told: TypeAlias = "Answer | _Named | None"
+Flow: TypeAlias = AsyncGenerator[Step, Told]
+Tell = Callable[[_Named], Awaitable[None]]
+"""What a library's trace calls during a send: the flow told ``CONNECTING``, ``CONNECTED``."""
 
 
 class Exchange(Protocol, Generic[R]):
@@ -152,9 +171,11 @@ class Exchange(Protocol, Generic[R]):
     def response(self) -> R | None:
         """The response held (None: none yet, or discarded)."""
 
-    async def send(self, held: Held | None) -> Answer:
+    async def send(self, held: Held | None, tell: Tell) -> Answer:
         """The request sent, its response held; with ``held``, the slot held until the
-        response's body is closed."""
+        response's body is closed. Where the library reports its connections (a trace),
+        ``tell(CONNECTING)`` as a new one is made and ``tell(CONNECTED)`` once it is ready,
+        before the request is written (the flow takes the permit then)."""
 
     async def discard(self) -> None:
         """The response closed unread and let go (the request is sent again)."""
@@ -169,18 +190,31 @@ class Exchange(Protocol, Generic[R]):
 
 async def drive(flow: Flow, exchange: Exchange[R]) -> R:
     """Runs ``flow`` with ``exchange`` doing its steps; the response for the caller."""
+
+    ended = False  # (the flow raised mid-send: the send raises the same, not to be thrown in)
+
+    async def tell(event: _Named) -> None:
+        nonlocal ended
+        try:
+            await flow.asend(event)
+        except BaseException:
+            ended = True
+            raise
+
     try:
         step = await flow.asend(None)
         while True:
             reply: Answer | None = None
             try:
                 if isinstance(step, Send):
-                    reply = await exchange.send(step.held)
+                    reply = await exchange.send(step.held, tell)
                 elif isinstance(step, Settle):
                     await exchange.settle(step)
                 else:  # DISCARD
                     await exchange.discard()
             except BaseException as exc:  # the flow's to judge (what never left goes back)
+                if ended:
+                    raise
                 step = await flow.athrow(exc)
             else:
                 step = await flow.asend(reply)
@@ -250,16 +284,27 @@ class ClientCalls:
             if slot is not None and guard.concurrency is not None:
                 await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
                 held = Held(slot, guard.concurrency.backend.context.tasks)
+            taken: Acquired | None = acquired
             try:
-                answer = yield SEND if held is None else Send(held)
+                told = yield SEND if held is None else Send(held)
+                while told is CONNECTING or told is CONNECTED:  # (a trace, mid-send)
+                    if held is None and told is CONNECTING and taken is not None:
+                        await guard.unsent(taken)  # a new connection's set-up is not in the grant
+                        taken = None
+                    elif told is CONNECTED and taken is None:
+                        taken = await guard.before_call(request)  # as the request is written
+                    told = yield PROCEED
             except BaseException as exc:
                 if slot is not None and held is not None:
                     await slot.__aexit__(type(exc), exc, exc.__traceback__)
-                if isinstance(exc, unsent):  # the partner never saw it: all goes back
-                    await guard.unsent(acquired)
+                if taken is not None and isinstance(exc, unsent):  # the partner never saw it
+                    await guard.unsent(taken)  # all goes back
                 raise
-            assert answer is not None
-            status, headers = answer
+            if taken is None:  # (a library that told of a connection but not that it was ready)
+                taken = await guard.before_call(request)
+            acquired = taken
+            assert isinstance(told, tuple)
+            status, headers = told
             if slot is not None and held is not None:  # held on: until the body is closed
                 slot.detach()
             await guard.after_headers(headers, status, acquired)

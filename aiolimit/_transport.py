@@ -20,7 +20,17 @@ from types import ModuleType
 from typing import Any, Protocol
 
 from ._body_tap import BodyTap
-from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, drive
+from ._client_flow import (
+    CONNECTED,
+    CONNECTING,
+    DEFAULT_MAX_PAUSE,
+    Answer,
+    ClientCalls,
+    Held,
+    Settle,
+    Tell,
+    drive,
+)
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner
 from ._limiter import RateLimiter
@@ -107,7 +117,7 @@ class LimitedTransport:
     """Wraps ``transport`` (default: the ``AsyncHTTPTransport()`` of the first request's
     flavour, made then); see :class:`aiolimit.httpx.RateLimitedTransport`, its options."""
 
-    __slots__ = ("_calls", "_transport")
+    __slots__ = ("_calls", "_own", "_transport")
 
     def __init__(
         self,
@@ -139,6 +149,9 @@ class LimitedTransport:
             kinds_defaults=(_estimate_by_kind, _usage_by_kind),
         )
         self._transport = transport
+        # The transport it makes itself speaks HTTP/1.1 through httpcore, which reports its
+        # connections (the trace extension): a permit is taken once the connection is ready.
+        self._own = transport is None
 
     @property
     def limiter(self) -> RateLimiter | ShardedRateLimiter:
@@ -150,7 +163,7 @@ class LimitedTransport:
             self._transport = flavour.default_transport()
         resendable = isinstance(request.stream, flavour.ByteStream)
         flow = self._calls.flow(request, flavour.unsent, resendable)
-        return await drive(flow, _Exchange(self._transport, request, flavour))
+        return await drive(flow, _Exchange(self._transport, request, flavour, self._own))
 
     async def aclose(self) -> None:
         if self._transport is not None:
@@ -160,14 +173,20 @@ class LimitedTransport:
 class _Exchange:
     """One request's part of the flow, on the inner transport (:class:`_client_flow.Exchange`)."""
 
-    __slots__ = ("flavour", "request", "response", "transport")
+    __slots__ = ("flavour", "request", "response", "traced", "transport")
 
-    def __init__(self, transport: AsyncTransport, request: Any, flavour: Flavour) -> None:
+    def __init__(
+        self, transport: AsyncTransport, request: Any, flavour: Flavour, traced: bool
+    ) -> None:
         self.transport, self.request, self.flavour = transport, request, flavour
+        self.traced = traced  # (httpcore underneath, HTTP/1.1: its trace tells the connection)
         self.response: Any = None
 
-    async def send(self, held: Held | None) -> Answer:
-        response = await self.transport.handle_async_request(self.request)
+    async def send(self, held: Held | None, tell: Tell) -> Answer:
+        if self.traced and held is None:  # (a slot is taken with the permit: not moved)
+            response = await _Trace.sending(self.transport, self.request, tell)
+        else:
+            response = await self.transport.handle_async_request(self.request)
         if held is not None:  # the slot held until the body is closed
             response = self.flavour.Response(
                 response.status_code,
@@ -202,6 +221,58 @@ class _Exchange:
         if self.response is not None:
             with contextlib.suppress(Exception):  # (the step's error is the one to see)
                 await asyncio.shield(self.response.aclose())
+
+
+class _Trace:
+    """httpcore's ``trace`` extension for one request (the caller's own, if any, still sees
+    every event): tells the flow when a new connection is made for the request and when it
+    is ready, the request about to be written; then steps aside."""
+
+    __slots__ = ("connecting", "extensions", "tell", "theirs")
+
+    # A new connection's set-up begins; the connection is ready, the request's headers are
+    # next (HTTP/1.1 only: an HTTP/2 connection's streams are numbered in the order they are
+    # opened, and one held back while a later one goes would be refused).
+    CONNECTS = frozenset(
+        {"connection.connect_tcp.started", "connection.connect_unix_socket.started"}
+    )
+    READY = "http11.send_request_headers.started"
+
+    def __init__(self, extensions: dict[str, Any], tell: Tell) -> None:
+        self.extensions, self.tell = extensions, tell
+        self.theirs: Any = extensions.get("trace")
+        self.connecting = False
+
+    @classmethod
+    async def sending(cls, transport: AsyncTransport, request: Any, tell: Tell) -> Any:
+        """``request`` sent through ``transport``, traced (httpcore reads the extension from
+        the same dict, so it is set there, and set back after)."""
+        extensions = request.extensions
+        trace = cls(extensions, tell)
+        extensions["trace"] = trace
+        try:
+            return await transport.handle_async_request(request)
+        finally:
+            trace.step_aside()
+
+    def step_aside(self) -> None:
+        if self.extensions.get("trace") is self:
+            if self.theirs is None:
+                del self.extensions["trace"]
+            else:
+                self.extensions["trace"] = self.theirs
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name in self.CONNECTS and not self.connecting:
+            self.connecting = True
+            await self.tell(CONNECTING)
+        elif name == self.READY:
+            self.step_aside()  # (the events after it need no telling)
+            if self.connecting:
+                self.connecting = False
+                await self.tell(CONNECTED)
+        if self.theirs is not None:
+            await self.theirs(name, info)
 
 
 def _body(request: Any) -> bytes:

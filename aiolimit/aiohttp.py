@@ -35,7 +35,7 @@ except ImportError as exc:
 from collections.abc import Awaitable, Callable, Mapping
 
 from ._aiohttp_stream import meter_stream
-from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, drive
+from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, Tell, drive
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner
 from ._limiter import RateLimiter
@@ -126,8 +126,9 @@ class _Exchange:
         self.handler, self.request, self.streams = handler, request, streams
         self.response: ClientResponse | None = None
 
-    async def send(self, held: Held | None) -> Answer:
-        """The request sent; with a slot, held until aiohttp lets the connection go."""
+    async def send(self, held: Held | None, tell: Tell) -> Answer:
+        """The request sent; with a slot, held until aiohttp lets the connection go. (Its
+        connections are not told: see docs/http-clients.md, the permit's moment.)"""
         response = await self.handler(self.request)
         if held is not None:
             connection = response.connection

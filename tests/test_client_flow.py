@@ -10,7 +10,18 @@ from typing import Any
 import pytest
 from metering import Ticking, meters
 
-from aiolimit._client_flow import DISCARD, SEND, Answer, ClientCalls, Flow, Send, Settle
+from aiolimit._client_flow import (
+    CONNECTED,
+    CONNECTING,
+    DISCARD,
+    PROCEED,
+    SEND,
+    Answer,
+    ClientCalls,
+    Flow,
+    Send,
+    Settle,
+)
 
 
 def calls(requests: Any, **options: Any) -> ClientCalls:
@@ -89,3 +100,18 @@ async def test_with_tokens_the_last_step_settles_them_by_the_body(store: Any) ->
     assert await tokens.available_permits() == 1000 - 40
     with pytest.raises(StopAsyncIteration):
         await flow.asend(None)
+
+
+async def test_told_of_a_new_connection_it_takes_the_permit_once_the_connection_is_ready(
+    store: Any,
+) -> None:
+    requests, _ = await meters(store, clock=Ticking())
+    flow = calls(requests).flow("request", (ConnectionError,), True)
+    assert await flow.asend(None) == SEND
+    assert await flow.asend(CONNECTING) is PROCEED
+    assert await requests.available_permits() == 10  # handed back while it connects
+    assert await flow.asend(CONNECTED) is PROCEED
+    assert await requests.available_permits() == 10 - 1
+    with pytest.raises(StopAsyncIteration):
+        await flow.asend((200, {}))
+    assert await requests.available_permits() == 10 - 1
