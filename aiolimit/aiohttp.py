@@ -128,7 +128,7 @@ class _Exchange:
 
     async def send(self, held: Held | None, tell: Tell) -> Answer:
         """The request sent; with a slot, held until aiohttp lets the connection go. (Its
-        connections are not told: see docs/http-clients.md, the permit's moment.)"""
+        connections are not told: docs/http-clients.md, when a request takes its permit.)"""
         response = await self.handler(self.request)
         if held is not None:
             connection = response.connection
