@@ -10,7 +10,10 @@ holds the response, closes it. :func:`drive` meets the flow's steps in this orde
 
 - :class:`Send`: send the request now (its permits taken; its slot, if any, held: a lost
   slot cancels the send). The flow is told the :data:`Answer` (status, headers), or the
-  error is thrown into it: a request that never left hands back what it took.
+  error is thrown into it: a request that never left hands back what it took. Mid-send, a
+  library that reports its connections tells it ``CONNECTING`` (a new connection: the
+  permits go back, its set-up is not the call's) and ``CONNECTED`` (taken again as the
+  request is written), each answered ``PROCEED``.
 - ``DISCARD``: a ``429``/``503`` with ``Retry-After`` paused every caller and the request
   goes once more: the answer is closed unread; its tokens go back, and a permit of its own
   is taken after the pause (then ``Send`` again).
