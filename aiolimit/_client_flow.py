@@ -267,11 +267,6 @@ class ClientCalls:
     def limiter(self) -> RateLimiter | ShardedRateLimiter:
         return self._guard.limiter
 
-    @property
-    def metered(self) -> bool:
-        """Whether calls settle tokens (``tokens=``)."""
-        return self._guard.meter is not None
-
     async def flow(
         self, request: object, unsent: tuple[type[BaseException], ...], resendable: bool
     ) -> Flow:
