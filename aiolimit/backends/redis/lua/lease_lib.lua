@@ -10,7 +10,7 @@
 --                    no holder's lease ends before it) as of fence hfence, tdue (us: no
 --                    ticket is dropped before it) as of seq tseq
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
---   T:queue    ZSET  ticket "<permits>:<process>:<id>[:h]" -> its place in the queue (seq)
+--   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue (seq)
 --   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
 --   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, as long
 --                    as that lease is held and its waiter has not asked for it (the lease id
