@@ -33,11 +33,11 @@ __all__ = ["RedisLeases", "lease_keys"]
 R = TypeVar("R")
 
 
-def lease_keys(keys: Keys) -> tuple[str, str, str, str, str]:
-    """T:sem, T:holders, T:queue, T:tickets, T:granted: every lease script's KEYS, in this
+def lease_keys(keys: Keys) -> tuple[str, str, str, str]:
+    """T:sem, T:holders, T:queue, T:tickets: every lease script's KEYS, in this
     order (lease_lib.lua)."""
     tag = keys.tag
-    return f"{tag}:sem", f"{tag}:holders", f"{tag}:queue", f"{tag}:tickets", f"{tag}:granted"
+    return f"{tag}:sem", f"{tag}:holders", f"{tag}:queue", f"{tag}:tickets"
 
 
 class _Runs(Protocol):

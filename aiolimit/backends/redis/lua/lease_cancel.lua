@@ -1,30 +1,29 @@
 -- lease_cancel: a waiter that gave up (cancelled) takes its ticket out of the queue, or hands
 -- back the lease granted to it meanwhile.
 --
--- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- KEYS[1..4] T:sem, T:holders, T:queue, T:tickets
 -- ARGV[1] the ticket
 --
 -- The waiters behind it that now fit are granted. Returns 1 when the ticket was queued or
 -- granted.
 
 local ticket = ARGV[1]
-local removed = redis.call('ZREM', KEYS[3], ticket)
-redis.call('ZREM', KEYS[4], ticket)
+local place = redis.call('ZSCORE', KEYS[3], ticket)
+if not place then
+  return 0
+end
+redis.call('ZREM', KEYS[3], ticket)
 local state = LEASE.load(KEYS[1])
-if not state then
-  return removed
+if place + 0 > 0 then
+  redis.call('ZREM', KEYS[4], ticket)
+  if state then
+    LEASE.count_queued(state, -LEASE.permits(ticket))
+  end
+elseif state then -- (granted in the queue: its lease goes back)
+  LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. format('%d', -place))
 end
-if removed == 1 then
-  LEASE.count_queued(state, -LEASE.permits(ticket))
-end
-local fence = redis.call('ZSCORE', KEYS[5], ticket)
-if fence then
-  redis.call('ZREM', KEYS[5], ticket)
-  LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. format('%d', fence + 0))
-  removed = 1
-end
-if removed == 1 then
+if state then
   LEASE.promote(state, KEYS, now_us(), nil, nil)
   LEASE.save(state)
 end
-return removed
+return 1

@@ -3,18 +3,20 @@
 -- Every function is in the one table LEASE (a script's chunk has few locals to spare).
 --
 -- The keys, all under the limiter's hash tag T (aiolimit/backends/redis/_keys.py), passed to
--- every script in this order as KEYS[1..5]:
+-- every script in this order as KEYS[1..4]:
 --   T:sem      HASH  max (slots), lease (us), fence (the last fence given), seq (the last
 --                    ticket's place), used (slots the holders take), queued (permits of the
 --                    tickets in T:queue), expires_at (ms, when expire() set one); hdue (us:
 --                    no holder's lease ends before it) as of fence hfence, tdue (us: no
 --                    ticket is dropped before it) as of seq tseq
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
---   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue (seq)
---   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
---   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, as long
---                    as that lease is held and its waiter has not asked for it (the lease id
---                    is "<ticket's permits>:<fence>")
+--   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue (seq,
+--                    from 1); or, once granted while it waited, minus the fence of its lease,
+--                    as long as that lease is held and its waiter has not asked for it (the
+--                    lease id is "<ticket's permits>:<fence>"): the queue is the scores above 0
+--   T:tickets  ZSET  ticket (queued) -> when it is dropped unless its waiter calls again (us)
+-- (Older versions kept the grants in a fifth key, T:granted: a limiter's keys are not shared
+-- with them, see docs/concurrency.md.)
 --   T:wake:<process>  CHANNEL  wake-ups for that process's waiters (tickets ending in ':p'),
 --                    published to its subscriber; LIST  those nobody heard, read by the
 --                    subscriber once subscribed, and the wake-ups of tickets ending in ':h'
@@ -31,7 +33,7 @@
 -- process in its own reply, to another process on that process's wake channel (a ticket
 -- ending in ':p') or list (':h'), the lease id in the wake-up ("<ticket> <lease id> <lease
 -- us>"), the ticket alone on the list for an older client's (which asks for its lease: a take
--- collects it, and renews it). The grant stays in T:granted until its lease is dropped or
+-- collects it, and renews it). The grant stays in T:queue until its lease is dropped or
 -- collected, so a waiter whose wake-up was lost still finds it when it asks. One that never
 -- comes (killed) holds it until its lease ends, like any holder.
 -- An attempt is LEASE.take, a release LEASE.release: one a call (lease_take, lease_release),
@@ -144,7 +146,7 @@ function LEASE.reclaim_holders(state, keys, now)
   state.hdue = false -- (read again when asked)
 end
 
--- Removes a holder and its slots, and its grant in T:granted if it was granted in the queue
+-- Removes a holder and its slots, and its grant in T:queue if it was granted in the queue
 -- (a fence names one lease); whether it was there. `used` never goes below 0: only a holder
 -- that was there gives its permits back.
 function LEASE.drop_holder(state, keys, id)
@@ -152,7 +154,8 @@ function LEASE.drop_holder(state, keys, id)
     return false
   end
   local permits, fence = match(id, '^(%d+):(%d+)$')
-  redis.call('ZREMRANGEBYSCORE', keys[5], fence, fence)
+  fence = '-' .. fence
+  redis.call('ZREMRANGEBYSCORE', keys[3], fence, fence)
   state.used = math.max(0, state.used - permits)
   state.earliest = false
   return true
@@ -183,32 +186,31 @@ end
 -- Drops grants whose lease ended long ago without being dropped here (an older client's
 -- script dropped the holder): at most RECLAIM.
 function LEASE.reclaim_granted(state, keys, now)
-  local stale = redis.call('ZRANGEBYSCORE', keys[5], '-inf', format('(%d', now - state.lease),
+  local stale = redis.call('ZRANGEBYSCORE', keys[3], format('(%d', state.lease - now), '(0',
     'LIMIT', 0, LEASE.RECLAIM)
   if #stale > 0 then
-    redis.call('ZREM', keys[5], unpack(stale))
+    redis.call('ZREM', keys[3], unpack(stale))
   end
 end
 
 -- The permits of the tickets ahead of place `seq` (all tickets: seq nil), or nil when more
 -- than SCAN are ahead (the caller's turn is not near).
 function LEASE.ahead(queue_key, seq)
-  local count = redis.call('ZCOUNT', queue_key, '-inf', seq and '(' .. seq or '+inf')
-  if count > LEASE.SCAN then
+  local ahead = redis.call('ZRANGEBYSCORE', queue_key, '(0', seq and '(' .. seq or '+inf',
+    'LIMIT', 0, LEASE.SCAN + 1)
+  if #ahead > LEASE.SCAN then
     return nil
   end
   local permits = 0
-  if count > 0 then
-    for _, ticket in ipairs(redis.call('ZRANGE', queue_key, 0, count - 1)) do
-      permits = permits + LEASE.permits(ticket)
-    end
+  for _, ticket in ipairs(ahead) do
+    permits = permits + LEASE.permits(ticket)
   end
   return permits
 end
 
 -- The tickets at the head of the queue that may fit in `free` slots (each takes one at least).
 function LEASE.head(queue_key, free)
-  return redis.call('ZRANGE', queue_key, 0, math.min(free, LEASE.SCAN) - 1)
+  return redis.call('ZRANGEBYSCORE', queue_key, '(0', '+inf', 'LIMIT', 0, math.min(free, LEASE.SCAN))
 end
 
 -- Grants the tickets at the head of the queue, in order, while they fit in the free slots,
@@ -232,7 +234,7 @@ function LEASE.promote(state, keys, now, process, handed, reclaim)
   end
   local read_all = #head < math.min(free, LEASE.SCAN)
   local lease_ends = format('%d', now + state.lease)
-  local granted = 0
+  local granted, places = 0, { 'XX' }
   for _, ticket in ipairs(head) do
     local permits = LEASE.permits(ticket)
     if permits > free then
@@ -241,13 +243,12 @@ function LEASE.promote(state, keys, now, process, handed, reclaim)
     free, granted = free - permits, granted + 1
     LEASE.count_queued(state, -permits)
     local fence = LEASE.grant(state, keys, permits, lease_ends, now)
-    redis.call('ZADD', keys[5], fence, ticket)
+    places[2 * granted], places[2 * granted + 1] = '-' .. fence, ticket
     LEASE.wake(state, ticket, permits .. ':' .. fence, process, handed)
   end
-  if granted > 0 then
-    redis.call('ZREM', keys[3], unpack(head, 1, granted))
+  if granted > 0 then -- (each granted ticket kept, by minus its fence, until it is collected)
+    redis.call('ZADD', keys[3], unpack(places))
     redis.call('ZREM', keys[4], unpack(head, 1, granted))
-    LEASE.bound(state, keys[5])
   end
   return read_all and granted == #head, granted
 end
@@ -321,53 +322,75 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
     return { -2, state.max }
   end
   local empty = LEASE.tidy(state, keys, now)
-  local fence = redis.call('ZSCORE', keys[5], ticket)
-  if fence then -- (granted in the queue: collected, and renewed)
-    redis.call('ZREM', keys[5], ticket)
-    local id = permits .. ':' .. format('%d', fence + 0)
-    local lease_ends = format('%d', now + state.lease)
-    if redis.call('ZADD', keys[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', keys[2], id) then
-      state.earliest = false
-      LEASE.lower_due(state, now + state.lease)
-      return { 0, id, state.lease }
-    end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
-  end
   local free = state.max - state.used
-  if empty and permits <= free then -- (nobody waits: the ticket is not queued either)
+  local fits = empty and permits <= free -- (nobody waits: the ticket is not queued either)
+  local queues = wait ~= 0 and not fits
+  local ahead = queues and LEASE.enqueue(state, keys, permits, ticket) -- (a new place: one call)
+  local place = not ahead and redis.call('ZSCORE', keys[3], ticket)
+  if place and place + 0 < 0 then -- (granted in the queue: collected, and renewed)
+    local reply = LEASE.collect(state, keys, now, permits, ticket, -place)
+    if reply then
+      return reply
+    end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
+    place = false
+    ahead = queues and LEASE.enqueue(state, keys, permits, ticket)
+  end
+  if fits then
     local id = permits .. ':' .. LEASE.grant(state, keys, permits, format('%d', now + state.lease), now)
     return { 0, id, state.lease }
   end
-  local ahead = -1
   if wait == 0 then
-    LEASE.leave(state, keys, now, permits, ticket, empty)
+    LEASE.leave(state, keys, now, permits, ticket, place)
   else
-    ahead = LEASE.queue(state, keys, now, permits, ticket, wait)
+    ahead = ahead or LEASE.ahead(keys[3], place) or -1
+    LEASE.stamp(state, keys, now, ticket, wait)
   end
   local due = LEASE.due(state, keys)
-  return { 1, due and math.max(0, due - now) or -1, free, ahead, state.lease }
+  return { 1, due and math.max(0, due - now) or -1, free, ahead or -1, state.lease }
 end
 
--- A ticket that gives up leaves the queue (it may have been a head that did not fit).
-function LEASE.leave(state, keys, now, permits, ticket, empty)
-  if not empty and redis.call('ZREM', keys[3], ticket) == 1 then
+-- The lease of fence `fence` granted to `ticket` in the queue, renewed for its waiter; nil
+-- when it has ended. The ticket leaves the queue either way.
+function LEASE.collect(state, keys, now, permits, ticket, fence)
+  redis.call('ZREM', keys[3], ticket)
+  local id = permits .. ':' .. format('%d', fence)
+  local lease_ends = format('%d', now + state.lease)
+  if redis.call('ZADD', keys[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', keys[2], id) then
+    state.earliest = false
+    LEASE.lower_due(state, now + state.lease)
+    return { 0, id, state.lease }
+  end
+  return nil
+end
+
+-- A ticket that gives up leaves the queue (it may have been a head that did not fit); its
+-- place, nil or false when it had none.
+function LEASE.leave(state, keys, now, permits, ticket, place)
+  if place then
+    redis.call('ZREM', keys[3], ticket)
     redis.call('ZREM', keys[4], ticket)
     LEASE.count_queued(state, -permits)
     LEASE.promote(state, keys, now, nil, nil, false)
   end
 end
 
--- A waiter's ticket queued at the end, or stamped again; the permits ahead of it (-1: too
--- many to count).
-function LEASE.queue(state, keys, now, permits, ticket, wait)
-  local ahead, seq = -1, state.seq + 1
-  if redis.call('ZADD', keys[3], 'NX', format('%d', seq), ticket) == 1 then
-    ahead = state.queued -- (at the end: every ticket queued is ahead)
-    state.seq = seq
-    LEASE.count_queued(state, permits)
-    LEASE.bound(state, keys[3])
-  else
-    ahead = LEASE.ahead(keys[3], redis.call('ZSCORE', keys[3], ticket)) or -1
+-- A waiter's ticket queued at the end, unless it has a place (or a grant) already: the
+-- permits ahead of it (every ticket queued), or false.
+function LEASE.enqueue(state, keys, permits, ticket)
+  local seq = state.seq + 1
+  if redis.call('ZADD', keys[3], 'NX', format('%d', seq), ticket) == 0 then
+    return false
   end
+  local ahead = state.queued
+  state.seq = seq
+  LEASE.count_queued(state, permits)
+  LEASE.bound(state, keys[3])
+  return ahead
+end
+
+-- A waiter's ticket stamped: dropped unless its waiter calls again within its wait or a
+-- lease time, whichever is shorter.
+function LEASE.stamp(state, keys, now, ticket, wait)
   local keep = state.lease
   if wait > 0 and wait < keep then
     keep = wait
@@ -377,7 +400,6 @@ function LEASE.queue(state, keys, now, permits, ticket, wait)
   if state.tdue then
     state.tdue = math.min(state.tdue, now + keep)
   end
-  return ahead
 end
 
 -- The holder of lease `id` hands it back (lease_release.lua); the waiters that now fit are

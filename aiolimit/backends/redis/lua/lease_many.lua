@@ -2,8 +2,7 @@
 -- one call: the limiter's state read and written once, the time read once, what had ended
 -- reclaimed once (lease_lib.lua).
 --
--- KEYS  the lease keys of each limiter named, once: T:sem, T:holders, T:queue, T:tickets,
---       T:granted
+-- KEYS  the lease keys of each limiter named, once: T:sem, T:holders, T:queue, T:tickets
 -- ARGV  one request each: "<where its limiter's keys start in KEYS> <permits> <ticket>
 --       <wait us>" an attempt, "<start> <lease id> <process>" a release
 --
@@ -16,7 +15,7 @@ for i, request in ipairs(ARGV) do
   start = start + 0
   local keys, state = keysets[start], states[start]
   if not keys then -- (a limiter first named: its keys, its state read)
-    keys = { KEYS[start], KEYS[start + 1], KEYS[start + 2], KEYS[start + 3], KEYS[start + 4] }
+    keys = { KEYS[start], KEYS[start + 1], KEYS[start + 2], KEYS[start + 3] }
     state = LEASE.load(keys[1]) or false
     keysets[start], states[start] = keys, state
   end

@@ -1,7 +1,7 @@
 -- lease_release: the holder of a lease hands it back; idempotent (lease_lib.lua's
 -- LEASE.release).
 --
--- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- KEYS[1..4] T:sem, T:holders, T:queue, T:tickets
 -- ARGV[1] the lease id
 -- ARGV[2] the caller's process (as in its tickets): its waiters granted now are answered here
 --

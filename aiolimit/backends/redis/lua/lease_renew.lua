@@ -1,6 +1,6 @@
 -- lease_renew: the lease runs one more lease time from now, if its holder still has it.
 --
--- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- KEYS[1..4] T:sem, T:holders, T:queue, T:tickets
 -- ARGV[1] the lease id
 --
 -- A lease that has ended (even one not reclaimed yet) is not renewed: it is dropped, and the

@@ -1,6 +1,6 @@
 -- lease_set: writes a concurrency limiter's limit and lease time.
 --
--- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- KEYS[1..4] T:sem, T:holders, T:queue, T:tickets
 -- ARGV[1] mode: 'try' (only where none is set), 'set', 'update' (only where one is)
 -- ARGV[2] max in flight (slots), ARGV[3] lease (us)
 --

@@ -1,6 +1,6 @@
 -- lease_take: one attempt at a lease, in FIFO order (lease_lib.lua's LEASE.take).
 --
--- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
+-- KEYS[1..4] T:sem, T:holders, T:queue, T:tickets
 -- ARGV[1] permits
 -- ARGV[2] the caller's ticket "<permits>:<process>:<id>[:p|:h]"
 -- ARGV[3] how long the caller will wait (us): 0 gives up now (its ticket is dropped), -1
