@@ -23,7 +23,7 @@ from ._coalescer import Key
 from ._compat import ANY, check_client, node_of, server_of, slot
 from ._errors import call_error, trouble_error
 from ._keys import Keys
-from ._leases import RedisLeases
+from ._leases import RedisLeases, end_wake_ups
 from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
@@ -167,6 +167,7 @@ class RedisBackend(RedisLeases, Backend):
     async def aclose(self) -> None:
         """Waits for the store's background work (:meth:`Backend.aclose`); closes the client
         only when :meth:`from_url` made it."""
+        await end_wake_ups(self._redis)
         await super().aclose()
         if self._owned:
             self._owned = False

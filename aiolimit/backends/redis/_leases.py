@@ -4,6 +4,7 @@ process, else on its process's wake channel (pub/sub), or its wake list for a cl
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
@@ -28,7 +29,7 @@ from ._keys import Keys
 from ._script import ReadCommand, Script
 from ._wakeups import Subscriber, Waiter, Waker, hand_over
 
-__all__ = ["RedisLeases", "lease_keys"]
+__all__ = ["RedisLeases", "end_wake_ups", "lease_keys"]
 
 R = TypeVar("R")
 
@@ -56,6 +57,15 @@ class _Runs(Protocol):
 
 _wakers: weakref.WeakKeyDictionary[Any, dict[str, Waker]] = weakref.WeakKeyDictionary()
 _subscribers: weakref.WeakKeyDictionary[Any, Subscriber] = weakref.WeakKeyDictionary()
+
+
+async def end_wake_ups(redis: Any) -> None:
+    """The client's wake channel reader ended now if no waiter is left (it lingers a while
+    after the last): the client is closing."""
+    subscriber = _subscribers.get(redis)
+    ending = None if subscriber is None else subscriber.end()
+    if ending is not None:
+        await asyncio.gather(ending, return_exceptions=True)
 
 
 def _subscriber(redis: Any) -> Subscriber:

@@ -29,6 +29,9 @@ log = logging.getLogger("aiolimit")
 
 WAKE_BLOCK_S = 1
 """How long one BLPOP of a waker, or one read of a subscriber, blocks before the next."""
+LINGER_S = 0.5
+"""How long a subscriber with no waiters left stays subscribed, for the next waiter: a process
+whose waiters come and go subscribes once, not once per waiter."""
 DRAIN_BATCH, DRAIN_ROUNDS = 100, 10
 """Wake-ups read off a wake list at once, and at most how many times, when subscribed."""
 
@@ -102,11 +105,21 @@ class _Channel:
 
 class Subscriber:
     """This process's wake channels on one client (``T:wake:<process>``, one per limiter with
-    waiters here): one pub/sub connection and one task reading it, while there are waiters.
+    waiters here): one pub/sub connection and one task reading it, while there are waiters
+    (and ``LINGER_S`` longer, still subscribed: a waiter that comes meanwhile finds it so).
     What a release published while the channel was not subscribed (before the first wait,
     while the connection is re-made) went to its wake list instead: read once subscribed."""
 
-    __slots__ = ("_lock", "_pubsub", "_reader", "_redis", "_sent", "channels", "refused")
+    __slots__ = (
+        "_idle_since",
+        "_lock",
+        "_pubsub",
+        "_reader",
+        "_redis",
+        "_sent",
+        "channels",
+        "refused",
+    )
 
     def __init__(self, redis: Any) -> None:
         self._redis = redis
@@ -115,12 +128,16 @@ class Subscriber:
         self._reader: asyncio.Task[None] | None = None
         self._sent: set[str] = set()  # (the channels asked for on the connection)
         self._lock = asyncio.Lock()
+        self._idle_since: float | None = None  # (when the last waiter left, loop time)
         self.refused = False
         """The server refused a subscription (an ACL without the channels): no more."""
 
     def add(self, channel: str, ticket: str, tasks: Background) -> Waiter:
-        waiters = self.channels.setdefault(channel, _Channel()).waiters
-        waiter = waiters[ticket] = Waiter(self, ticket, tasks)
+        found = self.channels.get(channel)
+        if found is None:
+            found = self.channels[channel] = _Channel()
+            found.heard = channel in self._sent  # (still subscribed: lingering)
+        waiter = found.waiters[ticket] = Waiter(self, ticket, tasks)
         return waiter
 
     def listen(self, tasks: Background) -> None:
@@ -142,14 +159,32 @@ class Subscriber:
                 del channel.waiters[waiter.ticket]
                 if not channel.waiters:
                     del self.channels[name]
-        reader = self._reader
-        if reader is None:
+        if self._reader is None:
             return None
         if self.channels:
             return None if self._sent.issubset(self.channels) else self._subscribe(self._pubsub)
-        reader.cancel()  # (no one left to wake: the connection goes back)
+        # No one left to wake: the reader stays subscribed a while (LINGER_S), then ends and
+        # the connection goes back (end()).
+        self._idle_since = asyncio.get_running_loop().time()
+        return None
+
+    def end(self) -> Awaitable[None] | None:
+        """A reader lingering with no waiter ended now (its client is closing); what is left
+        to await."""
+        reader = self._reader
+        if reader is None or self.channels:
+            return None
+        reader.cancel()
         self._reader, self._pubsub, self._sent = None, None, set()
         return reader
+
+    def _lingered(self) -> bool:
+        """No waiter since LINGER_S ago (or no read yet that would tell)."""
+        if self.channels:
+            self._idle_since = None
+            return False
+        idle = self._idle_since
+        return idle is None or asyncio.get_running_loop().time() - idle >= LINGER_S
 
     async def _subscribe(self, pubsub: Any) -> None:
         """The channels with waiters subscribed on ``pubsub``, and no others."""
@@ -157,6 +192,8 @@ class Subscriber:
             if pubsub is not self._pubsub:
                 return  # (a reader that has ended)
             wanted = set(self.channels)
+            if not wanted:
+                return  # (lingering: still subscribed, for the next waiter)
             if added := wanted - self._sent:
                 await pubsub.subscribe(*added)
             if dropped := self._sent - wanted:
@@ -165,10 +202,11 @@ class Subscriber:
 
     async def _read(self, pubsub: Any) -> None:
         try:
-            while self.channels and not self.refused:
+            while not self.refused and not self._lingered():
                 try:
                     await self._subscribe(pubsub)
-                    message = await pubsub.get_message(timeout=WAKE_BLOCK_S)
+                    block = WAKE_BLOCK_S if self.channels else LINGER_S
+                    message = await pubsub.get_message(timeout=block)
                     if message is not None:
                         await self._deliver(message)
                 except ANY as exc:  # the waiters' own looks still wake them
