@@ -158,6 +158,30 @@ async def test_a_process_with_no_waiters_left_is_not_subscribed(redis, name):
     await backend.aclose()
 
 
+async def test_waiters_that_come_and_go_one_after_another_subscribe_once(redis, name):
+    # Each waiter is the process's only one: the subscriber stays subscribed past the last
+    # waiter (a while), so the next finds the channel heard, no new connection made.
+    backend, sem, holder, waiter = await queued_waiter(redis, name)
+    await redis.config_resetstat()
+    for _ in range(5):
+        await release_elsewhere(backend, name, holder)
+        lease = await asyncio.wait_for(waiter, 5)
+        assert lease is not None
+        holder, waiter = lease, asyncio.create_task(sem.try_lease(timeout=20))
+        await until(
+            sem.leases, lambda snapshot: snapshot is not None and snapshot.waiting == 1, "queued"
+        )
+    await release_elsewhere(backend, name, holder)
+    lease = await asyncio.wait_for(waiter, 5)
+    assert lease is not None
+    stats = await redis.info("commandstats")
+    calls = {command.removeprefix("cmdstat_"): int(row["calls"]) for command, row in stats.items()}
+    assert calls.get("subscribe", 0) == 0 and calls.get("hello", 0) == 0, calls
+    assert calls.get("lpush", 0) == 0 and calls.get("publish", 0) == 6, calls
+    await lease.release()
+    await backend.aclose()
+
+
 async def test_a_user_the_acl_denies_the_channels_is_woken_through_its_wake_list(server, name):
     # An ACL line from before the wake channels: the refused subscription wakes the waiter
     # to ask, and from then on the process's waiters are woken through their wake list.

@@ -47,8 +47,8 @@ class Semaphore:
     # put at the end, as a new place in T:queue)
     queue: dict[str, int] = field(default_factory=dict)
     # ticket -> fence of a lease granted to it in the queue, while that lease is held and its
-    # waiter has not asked for it; and the same by fence (a dropped holder's, T:granted's
-    # ZREMRANGEBYSCORE)
+    # waiter has not asked for it (T:queue's members scored below 0, by minus the fence); and
+    # the same by fence (a dropped holder's, T:queue's ZREMRANGEBYSCORE)
     granted: dict[str, int] = field(default_factory=dict)
     granted_by_fence: dict[int, str] = field(default_factory=dict)
 
