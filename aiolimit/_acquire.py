@@ -33,10 +33,11 @@ from ._acquired import Acquired, Outcome
 from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._inflight import InFlight, in_flight
 from ._observe import Observer
-from ._request import Request, deadline_in, left_of, now_us, seconds
+from ._pacing import HORIZON, MAX_ASK_EVERY, turns_of
+from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
 from ._wakeup import sleep_out
-from .backends.base import Attempt, Grant
+from .backends.base import Attempt, Grant, Refusal
 from .errors import LimiterError, NotConfiguredError
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Rates",
     "give_back",
     "outcome_of",
+    "paced",
     "take",
     "try_one",
 ]
@@ -67,7 +69,7 @@ async def take(request: Request, rates: Rates | None = None) -> Acquired:
             await asyncio.gather(*(each.rate_in_code.store() for each in limiters))
             break
     if rates is None:
-        rates = _rates_of(limiters)
+        rates = paced if request.paced else _rates_of(limiters)
     observer = _observe.current
     if request.slots:
         return await in_flight(request, lambda: _reported(request, rates, observer))
@@ -123,6 +125,61 @@ async def outcome_of(request: Request) -> Outcome:
     except NotConfiguredError as lost:
         attempts = await ask(limiters, permits, max_wait, lost)
     return await _slept_out(request, attempts)
+
+
+async def paced(request: Request) -> Outcome:
+    """What the limiters of ``request`` answer, asked in this process's turn (``_pacing``)
+    and no further ahead than ``HORIZON``, again after each pause until granted or past its
+    deadline; the turn passes on once the store granted, before the reservation is slept
+    out. A refusal by a limiter whose grant is not to be settled (a request limiter beside
+    the tokens', a pause) is slept out: a refund would not end it. ``waited``: from the
+    call to the grant's start (0: granted at once, on the first ask)."""
+    began = now_us()
+    turns = turns_of(request.paced)
+    if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
+        return await outcome_of(request.until(deadline_in(0)))
+    holding, pause, asked, turned = True, HORIZON, 0, now_us()
+    try:
+        while True:
+            left = left_of(request.deadline)
+            ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+            attempts = await _answers(request, ahead)
+            asked += 1
+            outcome = Outcome(request.limiters, attempts, 0)
+            if outcome.granted:
+                holding = False
+                turns.next()
+                outcome = await _slept_out(request, attempts)
+                if not outcome.granted or (asked == 1 and turned == began):
+                    return outcome  # (refused behind a block; or its own wait only)
+                return Outcome(outcome.limiters, outcome.attempts, now_us() - began)
+            await release_grants(grants_of(request.limiters, attempts))  # (all or nothing)
+            if left is not None and outcome.retry_in > left:
+                return outcome
+            held = [
+                answer.retry_in
+                for limiter, answer in zip(request.limiters, attempts, strict=True)
+                if isinstance(answer, Refusal) and limiter not in request.paced
+            ]
+            if held:  # a refund would not help
+                await asyncio.sleep(seconds(max(held)))
+            else:
+                woken = await turns.pause(min(seconds(outcome.retry_in), pause))
+                pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
+    finally:
+        if holding:
+            turns.next()
+
+
+async def _answers(request: Request, max_wait: int) -> list[Attempt]:
+    """The limiters' answers to ``request`` within ``max_wait`` µs, not slept out."""
+    limiters, permits = request.limiters, request.permits
+    try:
+        if len(limiters) == 1:
+            return [await attempt_one(limiters[0], permits[0], max_wait)]
+        return await attempt_all(limiters, permits, max_wait)
+    except NotConfiguredError as lost:
+        return await ask(limiters, permits, max_wait, lost)
 
 
 async def give_back(limiter: Limited, permits: int) -> int:

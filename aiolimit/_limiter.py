@@ -113,8 +113,11 @@ class RateLimiter(_Limiter):
 
     _stored_then_try.__qualname__ = "RateLimiter.try_acquire"  # (its never-awaited warning)
 
-    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
-        return take(Request((self,), (permits,), deadline_in(max_wait)))
+    def _take(
+        self, permits: int, max_wait: int | None, *, settled: bool = False
+    ) -> Coroutine[Any, Any, Acquired]:
+        request = Request((self,), (permits,), deadline_in(max_wait))
+        return take(request.settled() if settled else request)
 
     async def _hand_back_latest(self, permits: int) -> None:
         await give_back(self, permits)
@@ -205,7 +208,8 @@ async def _acquire_all(
         raise InvalidArgumentError("a concurrency limiter appears twice in one acquire_all")
     leasing.sort(key=lambda pair: _slots_of(pair[0]))  # one order for all: no deadlock
     deadline = deadline_in(max_wait_of(timeout))
-    return await take(Request(tuple(limiters), tuple(permits), deadline, tuple(leasing)))
+    request = Request(tuple(limiters), tuple(permits), deadline, tuple(leasing))
+    return await take(request.settled())
 
 
 def view_of(

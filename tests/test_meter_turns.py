@@ -16,7 +16,7 @@ from counting import Calls, count_calls
 
 import aiolimit
 from aiolimit import MemoryBackend, Observer, RateLimited, RateLimiter
-from aiolimit._meter import HORIZON, MAX_ASK_EVERY, _Turns
+from aiolimit._pacing import HORIZON, MAX_ASK_EVERY, turns_of
 from aiolimit._request import deadline_in
 from aiolimit.httpx import RateLimitedTransport
 
@@ -95,7 +95,7 @@ async def test_a_metered_call_that_cannot_have_its_tokens_in_time_is_refused_at_
 
 async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes_on() -> None:
     loop = asyncio.get_running_loop()
-    turns = _Turns()
+    turns = turns_of([RateLimiter("turns", MemoryBackend(), rate="1/s")])
     assert await turns.wait(None)  # the first has its turn at once
     began = loop.time()
     assert not await turns.wait(deadline_in(2_000_000))  # the turn did not come in 2 s

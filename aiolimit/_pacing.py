@@ -1,0 +1,140 @@
+"""Where a settled acquisition waits: its process's callers of the same limiters, one at a
+time, in the order they came (the engine's ``paced``, ``_acquire``).
+
+>>> turns = turns_of(request.paced)          # this loop's turns of these limiters
+>>> if await turns.wait(request.deadline):   # this caller's turn
+...     ...                                  # ask no further ahead than HORIZON; pause
+>>> refunded(tokens)                         # tokens came back: its holder asks again
+
+A grant that will be settled (``reserve()``, ``acquire_all``, a metered HTTP call) reserves
+no further ahead than ``HORIZON``: a reservation is placed on what the store knew when it
+was made and is not moved earlier by later refunds, so worst cases queued far ahead would
+keep places their settled predecessors no longer need. The caller whose turn it is asks;
+when refused it pauses, and asks again after ``HORIZON``, then twice as long each time up
+to ``MAX_ASK_EVERY`` (a refund in another process is seen that late at most), or at once
+when a settle or release of this process hands permits of those limiters back. Only the
+turn's holder asks, so a process asks at most once per pause, however many wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+from ._request import left_of, seconds
+from ._settling import Limited
+
+__all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
+
+HORIZON = 0.01
+"""How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
+at most this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a settle or
+release of its process handing permits back wakes it at once, and starts it over)."""
+
+MAX_ASK_EVERY = 0.08
+"""The longest a waiting settled acquisition waits between two asks: how late, at most, it
+sees permits handed back in another process. Every process's first waiter asks at least
+this often while the limit binds, so a fleet of N processes asks N / MAX_ASK_EVERY times a
+second."""
+
+Key = tuple[tuple[Hashable, str, str], ...]
+
+# Each loop's turns, by the limiters they are for (while a caller holds or waits for them).
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, Turns]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _identity(limiter: Limited) -> tuple[Hashable, str, str]:
+    """What makes two limiter objects one: the store, the name and the client id."""
+    backend = limiter.backend
+    return (backend.store_id, limiter.name, backend.client_id)
+
+
+def turns_of(limiters: Sequence[Limited]) -> Turns:
+    """This loop's turns of ``limiters`` (made when none is held or waited for)."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    if by_key is None:
+        by_key = _turns[asyncio.get_running_loop()] = {}
+    key = tuple(map(_identity, limiters))
+    turns = by_key.get(key)
+    if turns is None:
+        turns = by_key[key] = Turns(key, by_key)
+    return turns
+
+
+def refunded(limiter: Limited) -> None:
+    """Permits of ``limiter`` came back in this process: the caller whose turn it is, on
+    every turns of this loop that ``limiter`` is among, asks again at once."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    if not by_key:
+        return
+    identity = _identity(limiter)
+    for key, turns in by_key.items():
+        if identity in key:
+            turns.wake()
+
+
+class Turns:
+    """An event loop's callers of some limiters, one at a time, in the order they came."""
+
+    __slots__ = ("_busy", "_by_key", "_key", "_paused", "_waiting")
+
+    def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
+        self._key, self._by_key = key, by_key
+        self._busy = False
+        self._waiting: deque[asyncio.Future[None]] = deque()
+        self._paused: asyncio.Future[None] | None = None
+
+    async def pause(self, seconds: float) -> bool:
+        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake` (True)."""
+        paused = self._paused = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((paused,), timeout=seconds)
+            return paused.done() and not paused.cancelled()
+        finally:
+            self._paused = None
+            paused.cancel()
+
+    def wake(self) -> None:
+        """Ends a :meth:`pause` (permits came back in this process)."""
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    async def wait(self, deadline: int | None) -> bool:
+        """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
+        as long as it takes); whether it came (then :meth:`next` passes it on)."""
+        if not self._busy:
+            self._busy = True
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        left = left_of(deadline)
+        try:
+            await asyncio.wait((turn,), timeout=None if left is None else seconds(left))
+        except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
+            if turn.done():
+                self.next()
+            else:
+                turn.cancel()
+                self._waiting.remove(turn)
+            raise
+        if not turn.done():  # (timed out)
+            turn.cancel()
+            self._waiting.remove(turn)
+            return False
+        return True
+
+    def next(self) -> None:
+        """The turn passes to the next caller waiting, if any (none: these turns are
+        forgotten, until a caller comes again)."""
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._busy = False
+        if self._by_key.get(self._key) is self:
+            del self._by_key[self._key]
