@@ -33,7 +33,7 @@ from ._acquired import Acquired, Outcome
 from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._inflight import InFlight, in_flight
 from ._observe import Observer
-from ._pacing import HORIZON, MAX_ASK_EVERY, turns_of
+from ._pacing import HORIZON, turns_of
 from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
 from ._wakeup import sleep_out
@@ -138,7 +138,7 @@ async def paced(request: Request) -> Outcome:
     turns = turns_of(request.paced)
     if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
         return await outcome_of(request.until(deadline_in(0)))
-    holding, pause, asked, turned = True, HORIZON, 0, now_us()
+    holding, asked, turned = True, 0, now_us()
     try:
         while True:
             left = left_of(request.deadline)
@@ -163,9 +163,8 @@ async def paced(request: Request) -> Outcome:
             ]
             if held:  # a refund would not help
                 await asyncio.sleep(seconds(max(held)))
-            else:
-                woken = await turns.pause(min(seconds(outcome.retry_in), pause))
-                pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
+            else:  # until a refund of this process, a while, or when the store can grant
+                await turns.pause(seconds(outcome.retry_in))
     finally:
         if holding:
             turns.next()

@@ -33,7 +33,7 @@ HORIZON = 0.01
 at most this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a settle or
 release of its process handing permits back wakes it at once, and starts it over)."""
 
-MAX_ASK_EVERY = 0.08
+MAX_ASK_EVERY = 0.25
 """The longest a waiting settled acquisition waits between two asks: how late, at most, it
 sees permits handed back in another process. Every process's first waiter asks at least
 this often while the limit binds, so a fleet of N processes asks N / MAX_ASK_EVERY times a
@@ -80,23 +80,33 @@ def refunded(limiter: Limited) -> None:
 class Turns:
     """An event loop's callers of some limiters, one at a time, in the order they came."""
 
-    __slots__ = ("_busy", "_by_key", "_key", "_paused", "_waiting")
+    __slots__ = ("_busy", "_by_key", "_every", "_key", "_paused", "_waiting")
 
     def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
         self._key, self._by_key = key, by_key
         self._busy = False
         self._waiting: deque[asyncio.Future[None]] = deque()
         self._paused: asyncio.Future[None] | None = None
+        self._every = HORIZON  # the longest pause now: it grows while pauses end unwoken
 
-    async def pause(self, seconds: float) -> bool:
-        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake` (True)."""
+    async def pause(self, due: float) -> bool:
+        """The caller whose turn it is sleeps until a little before ``due`` seconds from
+        now, when the store said it could grant (asked within the horizon then, a caller
+        of another process asking too gets the next place, not a refusal), or for the
+        longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
+        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
+        every caller of these turns until they are idle."""
+        due = max(due - HORIZON / 2, 0.001)
         paused = self._paused = asyncio.get_running_loop().create_future()
         try:
-            await asyncio.wait((paused,), timeout=seconds)
-            return paused.done() and not paused.cancelled()
+            await asyncio.wait((paused,), timeout=min(due, self._every))
+            woken = paused.done() and not paused.cancelled()
         finally:
             self._paused = None
             paused.cancel()
+        if not woken and due > self._every:
+            self._every = min(self._every * 2, MAX_ASK_EVERY)
+        return woken
 
     def wake(self) -> None:
         """Ends a :meth:`pause` (permits came back in this process)."""

@@ -1,6 +1,7 @@
 """reserve() by hand beside the transport: how much of a tokens quota each fills, at the defaults.
 
     python benchmarks/reserve.py                        # ~1 min: 4 processes x 24 tasks
+    python benchmarks/reserve.py --margin 0 --margin 0.05
     git archive main aiolimit | tar -x -C /tmp/aiolimit-main
     python benchmarks/reserve.py --checkout /tmp/aiolimit-main --checkout .
 
@@ -17,7 +18,8 @@ their connections), one redis-server, each way after the other in one run
   call, ``await acquired.settle(usage.total_tokens)``: what a user writes first;
 - ``transport``: ``RateLimitedTransport(requests, tokens=tokens, estimate=...)``.
 
-Both limiters keep the provider's exact quota (no margin: the defaults). Reported for each:
+Both limiters keep the provider's exact quota (no margin: the defaults), or with
+``--margin`` s added to their interval (repeatable: a row each). Reported for each:
 the ceiling (the share of the quota that the calls in flight leave: the provider counts
 each from arrival to completion at its worst case, ``tools.llm_provider.ceiling``), the
 tokens used per window as a share of the quota (mean of the steady windows, the first one
@@ -29,6 +31,7 @@ ran (INFO commandstats, those inside scripts included). With ``--checkout PATH``
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from _harness import (
@@ -55,10 +58,11 @@ WAYS = {
 
 
 def measure(args: Any) -> dict[str, Any]:
-    """Each way once against a fresh provider, on one redis-server: their figures."""
+    """Each way once per margin against a fresh provider, on one redis-server: their
+    figures, by way and margin."""
     out: dict[str, Any] = {}
     with local_redis() as url:
-        for way in WAYS:
+        for way, margin in itertools.product(WAYS, args.margin or [0.0]):
             say(f"{way}: {(args.windows + 1) * args.window:g} s")
             spec = TokenTrial(
                 url,
@@ -70,13 +74,14 @@ def measure(args: Any) -> dict[str, Any]:
                 window=args.window,
                 windows=args.windows,
                 latency=(0.05, 0.25),
-                prefix=f"bench-reserve-{way}",
+                margin=margin,
+                prefix=f"bench-reserve-{way}-{margin}",
             )
             scripts_before, commands_before = command_counts(url)
             seen = run(spec)
             scripts_after, commands_after = command_counts(url)
             served = max(seen.served, 1)
-            out[way] = {
+            out[f"{way} {margin:g}"] = {
                 "ceiling": seen.ceiling,
                 "share": seen.token_share,
                 "lowest": seen.lowest_token_share,
@@ -95,13 +100,16 @@ def main() -> None:
     arguments.add_argument("--tpm", type=int, default=20_000, help="tokens per window")
     arguments.add_argument("--window", type=float, default=2.0, help="seconds (2)")
     arguments.add_argument("--windows", type=int, default=10, help="steady windows (10)")
+    arguments.add_argument("--margin", type=float, action="append", help="s (0; repeatable)")
     args = arguments.parse_args()
+    margins: list[float] = args.margin or [0.0]
     if args.child:
         child_main(lambda: measure(args))
         return
     child_args = [
         *("--processes", str(args.processes), "--tasks", str(args.tasks)),
         *("--tpm", str(args.tpm), "--window", str(args.window), "--windows", str(args.windows)),
+        *(part for margin in margins for part in ("--margin", str(margin))),
     ]
     variants: list[Variant] = checkouts(args)
     results = alternate(__file__, variants, args.rounds, child_args)
@@ -109,6 +117,7 @@ def main() -> None:
         [
             "checkout",
             "caller",
+            "margin",
             "ceiling",
             "tokens per window",
             "below the ceiling",
@@ -118,15 +127,16 @@ def main() -> None:
             "commands per call",
             "stall",
         ],
-        left=2,
+        left=3,
     )
     for variant in variants:
         figures = medians(results[variant.label])
-        for way, label in WAYS.items():
-            row = figures[way]
+        for (way, label), margin in itertools.product(WAYS.items(), margins):
+            row = figures[f"{way} {margin:g}"]
             table.add(
                 variant.label,
                 label,
+                f"{margin * 1000:g} ms",
                 f"{row['ceiling']:.1%}",
                 f"{row['share']:.1%}",
                 f"{(row['ceiling'] - row['share']) * 100:.1f} points",
@@ -138,7 +148,7 @@ def main() -> None:
             )
     table.title = (
         f"{args.processes} processes x {args.tasks} tasks, {args.tpm:,} tokens per "
-        f"{args.window:g} s window, {args.windows} steady windows, no margin"
+        f"{args.window:g} s window, {args.windows} steady windows"
     )
     report(args, machine(), [table], {"runs": results})
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conformance import ManualClock, advance, cancelled, new_client
+from conformance import ManualClock, advance, cancelled, new_client, now, tolerance
 
 from aiolimit import (
     Algorithm,
@@ -160,6 +160,20 @@ async def test_a_waiting_reserve_books_nothing_ahead_and_a_cancelled_one_leaves_
     assert await limiter.backend.wait_time(limiter.name, 1) == 60e6
     await cancelled(waiting)
     assert await limiter.available_permits() == 0  # nothing of it stays: 0, not -2
+
+
+async def test_a_settle_for_less_serves_a_waiting_reserve_of_its_process_at_once(
+    store: Any,
+) -> None:
+    _, limiter = await on_clock(store, rates="10/minute")
+    first = await limiter.reserve(10)
+    waiting = asyncio.ensure_future(limiter.reserve(5, timeout=None))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    settled_at = now()
+    await first.settle(1)  # 9 back: the waiting 5 fit now, not in 60 s
+    assert await waiting
+    tolerance(store).check(now(), settled_at, "the waiting reserve")
 
 
 async def test_settle_on_a_client_view_settles_that_clients_budget(store: Any) -> None:
