@@ -99,7 +99,7 @@ class _Limiter(_RateSetting):
         A grant to be settled reserves no further ahead than 10 ms (``_pacing.HORIZON``):
         while the limit binds, a process's callers ask in turn, in the order they came, and
         again when a settle of their process hands permits back (at once) or after a short
-        pause (up to 80 ms: a refund elsewhere); across processes, whoever asks first is
+        pause (up to 250 ms: a refund elsewhere); across processes, whoever asks first is
         served first (docs/token-budgets.md).
         """
         return await self._take(check_permits(permits), max_wait_of(timeout), settled=True)

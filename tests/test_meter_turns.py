@@ -178,7 +178,7 @@ async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_les
         await asyncio.gather(settled_elsewhere(), call(client, "waiting", 10))
     waited = arrivals[0][1] - began
     assert 30.0 <= waited <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3, waited
-    # Asking every HORIZON would be 3 000 asks; backing off to MAX_ASK_EVERY, about 380.
+    # Asking every HORIZON would be 3 000 asks; backing off, about 30 s / MAX_ASK_EVERY.
     assert 30.0 / MAX_ASK_EVERY / 2 <= asked(calls) <= 30.0 / MAX_ASK_EVERY + 10, calls.count
     # However often it asked, the observer saw one call, granted: the refusals on the way
     # were the meter's own, never the caller's.
