@@ -178,7 +178,8 @@ class ReserveSettle:
 
         self.redis = Redis.from_url(spec.redis_url)
         self.backend = RedisBackend(self.redis)
-        name, window, margin = f"{spec.prefix}-{spec.strategy}", spec.window, spec.margin
+        # A margin of 0 is none given: the limiters' default.
+        name, window, margin = f"{spec.prefix}-{spec.strategy}", spec.window, spec.margin or None
         self.rpm = RateLimiter(
             f"{name}-requests",
             self.backend,
