@@ -162,7 +162,7 @@ async def paced(request: Request) -> Outcome:
                 if isinstance(answer, Refusal) and limiter not in request.paced
             ]
             if held:  # a refund would not help
-                await asyncio.sleep(seconds(max(held)))
+                await turns.hold(seconds(max(held)))
             else:  # until a refund of this process, a while, or when the store can grant
                 await turns.pause(seconds(outcome.retry_in))
     finally:

@@ -19,11 +19,12 @@ turn's holder asks, so a process asks at most once per pause, however many wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import weakref
 from collections import deque
 from collections.abc import Hashable, Sequence
 
-from ._request import left_of, seconds
+from ._request import left_of, micros, now_us, seconds
 from ._settling import Limited
 
 __all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
@@ -80,14 +81,17 @@ def refunded(limiter: Limited) -> None:
 class Turns:
     """An event loop's callers of some limiters, one at a time, in the order they came."""
 
-    __slots__ = ("_busy", "_by_key", "_every", "_key", "_paused", "_waiting")
+    __slots__ = ("_busy", "_by_key", "_every", "_free_at", "_key", "_paused", "_waiting")
 
     def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
         self._key, self._by_key = key, by_key
         self._busy = False
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        # Each waiting caller: its turn (True: it came; False: it cannot come in time), and
+        # its deadline.
+        self._waiting: deque[tuple[asyncio.Future[bool], int | None]] = deque()
         self._paused: asyncio.Future[None] | None = None
         self._every = HORIZON  # the longest pause now: it grows while pauses end unwoken
+        self._free_at = 0  # µs (loop clock): the turn's caller cannot be granted before
 
     async def pause(self, due: float) -> bool:
         """The caller whose turn it is sleeps until a little before ``due`` seconds from
@@ -95,7 +99,9 @@ class Turns:
         of another process asking too gets the next place, not a refusal), or for the
         longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
         its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
-        every caller of these turns until they are idle."""
+        every caller of these turns until they are idle. Callers waiting behind it whose
+        deadline comes before ``due`` stop waiting (:meth:`wait`)."""
+        self._not_before(due)
         due = max(due - HORIZON / 2, 0.001)
         paused = self._paused = asyncio.get_running_loop().create_future()
         try:
@@ -108,6 +114,21 @@ class Turns:
             self._every = min(self._every * 2, MAX_ASK_EVERY)
         return woken
 
+    async def hold(self, seconds: float) -> None:
+        """The caller whose turn it is sleeps ``seconds``, whatever comes back meanwhile (a
+        limiter held it whose grants are not settled); callers waiting behind it whose
+        deadline comes first stop waiting."""
+        self._not_before(seconds)
+        await asyncio.sleep(seconds)
+
+    def _not_before(self, seconds: float) -> None:
+        """The caller whose turn it is cannot be granted within ``seconds`` from now: nor
+        can any behind it, and those whose deadline comes first stop waiting."""
+        self._free_at = now_us() + micros(seconds)
+        for turn, deadline in self._waiting:
+            if deadline is not None and deadline < self._free_at and not turn.done():
+                turn.set_result(False)
+
     def wake(self) -> None:
         """Ends a :meth:`pause` (permits came back in this process)."""
         if self._paused is not None and not self._paused.done():
@@ -115,36 +136,51 @@ class Turns:
 
     async def wait(self, deadline: int | None) -> bool:
         """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
-        as long as it takes); whether it came (then :meth:`next` passes it on)."""
+        as long as it takes); whether it came (then :meth:`next` passes it on). False at
+        once when the caller whose turn it is cannot be granted before ``deadline`` by what
+        the store knows (in this process's order, this one cannot be either)."""
         if not self._busy:
             self._busy = True
             return True
-        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append(turn)
+        if deadline is not None and deadline < self._free_at:
+            return False
+        waiting = (asyncio.get_running_loop().create_future(), deadline)
+        turn = waiting[0]
+        self._waiting.append(waiting)
         left = left_of(deadline)
         try:
             await asyncio.wait((turn,), timeout=None if left is None else seconds(left))
         except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
-            if turn.done():
+            if _came(turn):
                 self.next()
             else:
                 turn.cancel()
-                self._waiting.remove(turn)
+                self._forget(waiting)
             raise
-        if not turn.done():  # (timed out)
-            turn.cancel()
-            self._waiting.remove(turn)
-            return False
-        return True
+        if _came(turn):
+            return True
+        turn.cancel()  # (timed out, or it cannot come in time)
+        self._forget(waiting)
+        return False
+
+    def _forget(self, waiting: tuple[asyncio.Future[bool], int | None]) -> None:
+        with contextlib.suppress(ValueError):  # (passed over by next() already)
+            self._waiting.remove(waiting)
 
     def next(self) -> None:
         """The turn passes to the next caller waiting, if any (none: these turns are
         forgotten, until a caller comes again)."""
+        self._free_at = 0
         while self._waiting:
-            turn = self._waiting.popleft()
+            turn, _ = self._waiting.popleft()
             if not turn.done():
-                turn.set_result(None)
+                turn.set_result(True)
                 return
         self._busy = False
         if self._by_key.get(self._key) is self:
             del self._by_key[self._key]
+
+
+def _came(turn: asyncio.Future[bool]) -> bool:
+    """Whether a waiting caller's turn came (not: cancelled, timed out, or not in time)."""
+    return turn.done() and not turn.cancelled() and turn.result()

@@ -106,3 +106,47 @@ async def test_acquire_all_paces_its_grants_too() -> None:
     assert await backend.wait_time("tokens", 600) == pytest.approx(59e6, abs=1e3)
     await first.settle(0, limiter=tokens)
     assert await waiting
+
+
+async def test_a_release_serves_a_waiting_reserve_of_its_process_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    first = await tokens.reserve(1000)
+    waiting = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)
+    released_at = loop.time()
+    await first.release()  # the call was never made: all of it back
+    assert await waiting
+    assert loop.time() - released_at < 1e-3
+
+
+async def test_a_timeout_that_cannot_be_met_behind_a_waiting_caller_is_refused_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    assert await tokens.reserve(1000)
+    ahead = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)  # the caller ahead cannot be granted for 59 s
+    began = loop.time()
+    refused = await tokens.reserve(10, timeout=30)
+    assert not refused and loop.time() - began < 1e-3  # not after waiting its timeout out
+    assert 58 < refused.retry_after <= 59
+    behind = asyncio.ensure_future(tokens.reserve(10, timeout=120))  # (this one can wait)
+    await asyncio.sleep(1.0)
+    assert not behind.done()
+    for waiting in (ahead, behind):
+        waiting.cancel()
+    await asyncio.gather(ahead, behind, return_exceptions=True)
+
+
+async def test_a_waiting_caller_stops_once_the_one_ahead_learns_it_cannot_go_in_time() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    assert await tokens.reserve(1000)
+    began = loop.time()
+    ahead = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    behind = asyncio.ensure_future(tokens.reserve(10, timeout=30))  # queued before it asked
+    refused = await behind
+    assert not refused and loop.time() - began < 1e-3
+    assert 59 < refused.retry_after <= 60
+    ahead.cancel()
+    await asyncio.gather(ahead, return_exceptions=True)
