@@ -164,7 +164,14 @@ async def paced(request: Request) -> Outcome:
             if held:  # a refund would not help
                 await turns.hold(seconds(max(held)))
             else:  # until a refund of this process, a while, or when the store can grant
-                await turns.pause(seconds(outcome.retry_in))
+                lacking = [
+                    (limiter, permits - answer.left)
+                    for limiter, permits, answer in zip(
+                        request.limiters, request.permits, attempts, strict=True
+                    )
+                    if isinstance(answer, Refusal)
+                ]
+                await turns.pause(seconds(outcome.retry_in), lacking)
     finally:
         if holding:
             turns.next()

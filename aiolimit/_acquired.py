@@ -16,6 +16,7 @@ from ._attempts import grants_of, release_grants
 from ._pacing import refunded
 from ._request import seconds
 from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
+from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal, Settlement
 
 __all__ = ["Acquired", "Outcome"]
@@ -106,8 +107,8 @@ class Acquired:
                 await asyncio.gather(*self._settles.values(), return_exceptions=True)
             grants = grants_of(self.limiters, self.attempts)
             await release_grants(grants)
-            for limiter, _ in grants:  # (this process's callers waiting for them ask again)
-                refunded(limiter)
+            for limiter, grant in grants:  # (this process's callers waiting may have them now)
+                refunded(limiter, parse_grant(grant.member)[0])
 
     async def settle(self, permits: int, *, limiter: object | None = None) -> Settlement:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
@@ -142,8 +143,8 @@ class Acquired:
                 del self._settles[i]  # not settled: may be tried again
             raise
         self.attempts = (*self.attempts[:i], grant, *self.attempts[i + 1 :])
-        if settled.handed_back:  # this process's callers waiting for them ask again at once
-            refunded(self.limiters[i])
+        if settled.handed_back:  # this process's callers waiting may have them now
+            refunded(self.limiters[i], settled.handed_back)
         return settled
 
 

@@ -66,22 +66,32 @@ def turns_of(limiters: Sequence[Limited]) -> Turns:
     return turns
 
 
-def refunded(limiter: Limited) -> None:
-    """Permits of ``limiter`` came back in this process: the caller whose turn it is, on
-    every turns of this loop that ``limiter`` is among, asks again at once."""
+def refunded(limiter: Limited, permits: int) -> None:
+    """``permits`` of ``limiter`` came back in this process: the caller whose turn it is, on
+    every turns of this loop that ``limiter`` is among, asks again at once when they may be
+    enough for it (:meth:`Turns.pause`)."""
     by_key = _turns.get(asyncio.get_running_loop())
     if not by_key:
         return
     identity = _identity(limiter)
     for key, turns in by_key.items():
         if identity in key:
-            turns.wake()
+            turns.refunded(identity, permits)
 
 
 class Turns:
     """An event loop's callers of some limiters, one at a time, in the order they came."""
 
-    __slots__ = ("_busy", "_by_key", "_every", "_free_at", "_key", "_paused", "_waiting")
+    __slots__ = (
+        "_busy",
+        "_by_key",
+        "_every",
+        "_free_at",
+        "_key",
+        "_lacking",
+        "_paused",
+        "_waiting",
+    )
 
     def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
         self._key, self._by_key = key, by_key
@@ -92,16 +102,22 @@ class Turns:
         self._paused: asyncio.Future[None] | None = None
         self._every = HORIZON  # the longest pause now: it grows while pauses end unwoken
         self._free_at = 0  # µs (loop clock): the turn's caller cannot be granted before
+        # What the turn's caller lacks of each limiter that refused it, less the permits
+        # handed back in this process since (none known: any refund wakes it).
+        self._lacking: dict[tuple[Hashable, str, str], int] = {}
 
-    async def pause(self, due: float) -> bool:
+    async def pause(self, due: float, lacking: Sequence[tuple[Limited, int]] = ()) -> bool:
         """The caller whose turn it is sleeps until a little before ``due`` seconds from
         now, when the store said it could grant (asked within the horizon then, a caller
         of another process asking too gets the next place, not a refusal), or for the
         longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
         its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
         every caller of these turns until they are idle. Callers waiting behind it whose
-        deadline comes before ``due`` stop waiting (:meth:`wait`)."""
+        deadline comes before ``due`` stop waiting (:meth:`wait`). ``lacking``: the permits
+        it lacks of each limiter (asked less what the refusal said was left): a refund in
+        this process wakes it once they are handed back, a smaller one does not."""
         self._not_before(due)
+        self._lacking = {_identity(limiter): short for limiter, short in lacking}
         due = max(due - HORIZON / 2, 0.001)
         paused = self._paused = asyncio.get_running_loop().create_future()
         try:
@@ -129,8 +145,17 @@ class Turns:
             if deadline is not None and deadline < self._free_at and not turn.done():
                 turn.set_result(False)
 
+    def refunded(self, identity: tuple[Hashable, str, str], permits: int) -> None:
+        """``permits`` of a limiter came back in this process: a :meth:`pause` ends if the
+        caller may have all it lacks now."""
+        lacking = self._lacking
+        if identity in lacking:
+            lacking[identity] -= permits
+        if all(short <= 0 for short in lacking.values()):
+            self.wake()
+
     def wake(self) -> None:
-        """Ends a :meth:`pause` (permits came back in this process)."""
+        """Ends a :meth:`pause`."""
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
@@ -170,7 +195,7 @@ class Turns:
     def next(self) -> None:
         """The turn passes to the next caller waiting, if any (none: these turns are
         forgotten, until a caller comes again)."""
-        self._free_at = 0
+        self._free_at, self._lacking = 0, {}
         while self._waiting:
             turn, _ = self._waiting.popleft()
             if not turn.done():

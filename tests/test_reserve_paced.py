@@ -150,3 +150,22 @@ async def test_a_waiting_caller_stops_once_the_one_ahead_learns_it_cannot_go_in_
     assert 59 < refused.retry_after <= 60
     ahead.cancel()
     await asyncio.gather(ahead, return_exceptions=True)
+
+
+async def test_a_refund_wakes_the_waiting_caller_only_once_it_may_be_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    first, second = await tokens.reserve(500), await tokens.reserve(500)
+    waiting = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)  # refused with nothing left: it lacks 600
+    calls = count_calls(monkeypatch, backend)
+    await first.settle(400)  # 100 back: not enough, it asks nothing
+    await asyncio.sleep(0.001)
+    assert calls.count["try_acquire"] + calls.count["start_acquire"] == 0, calls.count
+    settled_at = loop.time()
+    await second.settle(0)  # 500 more: 600 in all
+    assert await waiting
+    assert loop.time() - settled_at < 1e-3
