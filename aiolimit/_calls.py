@@ -39,6 +39,8 @@ from ._meter import TokenMeter, sync_from
 from ._request import Request, deadline_in, seconds
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
+from ._wakeup import note_sent
+from .backends.base import Grant
 from .errors import InvalidArgumentError, RateLimited
 
 __all__ = [
@@ -94,6 +96,15 @@ last_grant: contextvars.ContextVar[Acquired | None] = contextvars.ContextVar(
 )
 """The acquisition the guard just took for this task's call (what a test or a trace reads:
 the grant's start, to tell how late the request left)."""
+
+
+def grants_held(acquired: Acquired) -> list[tuple[RateLimiter, Grant]]:
+    """The grants of ``acquired``, each with its limiter."""
+    return [
+        (limiter, attempt)
+        for limiter, attempt in zip(acquired.limiters, acquired.attempts, strict=False)
+        if isinstance(attempt, Grant) and isinstance(limiter, RateLimiter)
+    ]
 
 
 class CallGuard:
@@ -165,6 +176,7 @@ class CallGuard:
                 raise acquired.refusal()
             raise RateLimited(self.limiter.name, acquired.retry_after)
         last_grant.set(acquired)
+        note_sent(grants_held(acquired))  # (sent now: how late, for the fleet's margin)
         return acquired
 
     async def unsent(self, acquired: Acquired) -> None:

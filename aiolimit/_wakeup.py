@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from ._observe import Observer
 from ._request import seconds
+from .backends._margin import note_late
 
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
 
-__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "sleep_out"]
+__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "note_sent", "sleep_out"]
 
 
 class Sleeper(Protocol):
@@ -85,8 +86,11 @@ async def sleep_out(
             for limiter, grant in grants:
                 limiter.backend.hand_back(limiter.name, grant.member)
             raise
+        late = loop.time() - wake
+        for limiter, grant in grants:
+            if grant.starts_in > 0:
+                note_late(limiter.backend, limiter.name, late)  # (the fleet's margin)
         if observer is not None:
-            late = loop.time() - wake
             for name in names:
                 observer.late(name, late)
         return blocked
@@ -94,6 +98,17 @@ async def sleep_out(
         if observer is not None:
             for name in names:
                 observer.queued(name, -1)
+
+
+def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> None:
+    """A call that holds ``grants`` is being sent now: how late after each grant's start
+    (on its limiter's clock, mapped to the loop's) is kept for the fleet's margin
+    (``backends/_margin.py``). A clock not mapped yet tells nothing."""
+    now = asyncio.get_running_loop().time()
+    for limiter, grant in grants:
+        local = limiter.backend.clock_map(limiter.name).local(grant.starts_at)
+        if local is not None:
+            note_late(limiter.backend, limiter.name, now - local)
 
 
 async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:

@@ -16,6 +16,7 @@ from ..._values import Duration, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
+from .._margin import LAW as MARGIN_LAW
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
@@ -441,6 +442,17 @@ class RedisBackend(RedisLeases, Backend):
                 f"the ceiling's intervals are not the stored config's ({reply.detail}): set "
                 "the rate to the ceiling first"
             )
+        return reply
+
+    async def margin(self, name: str, late_us: int | None) -> int:
+        keys = self.keys(name)
+        reply = await self._run(
+            scripts.MARGIN,
+            (keys.config, keys.value, keys.permits),
+            ("" if late_us is None else late_us, self._now_arg(), *MARGIN_LAW),
+        )
+        if isinstance(reply, scripts.NotConfigured):
+            raise NotConfiguredError(name)
         return reply
 
     async def learned(self, name: str) -> tuple[Rate, ...] | None:
