@@ -7,7 +7,8 @@ from typing import Protocol
 
 from ..._types import Algorithm, RateType
 from ...errors import NotConfiguredError
-from .._margin import LAW, next_margin, widened_rates
+from .. import _margin
+from .._margin import next_margin, widened_rates
 from ._learn import rerate
 from ._state import Limiter
 
@@ -41,7 +42,7 @@ class MemoryMargin:
         exact = stored.exact or stored.config
         if exact.rate_type is not RateType.OVERALL or exact.algorithm is Algorithm.FIXED_WINDOW:
             return 0  # (a client's budget, or windows that would move: none kept)
-        margin, at = next_margin(stored.margin, stored.margin_at, late_us, now, exact.rates, LAW)
+        margin, at = next_margin(stored.margin, stored.margin_at, late_us, now, exact.rates, _margin.LAW)
         before = stored.margin or 0
         stored.margin, stored.margin_at, stored.exact = margin, at, exact
         if margin != before:

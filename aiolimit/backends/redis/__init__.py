@@ -16,7 +16,7 @@ from ..._values import Duration, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
-from .._margin import LAW as MARGIN_LAW
+from .. import _margin
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
@@ -449,7 +449,7 @@ class RedisBackend(RedisLeases, Backend):
         reply = await self._run(
             scripts.MARGIN,
             (keys.config, keys.value, keys.permits),
-            ("" if late_us is None else late_us, self._now_arg(), *MARGIN_LAW),
+            ("" if late_us is None else late_us, self._now_arg(), *_margin.LAW),
         )
         if isinstance(reply, scripts.NotConfigured):
             raise NotConfiguredError(name)
