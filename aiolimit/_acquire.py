@@ -208,9 +208,9 @@ async def _slept_out(request: Request, attempts: list[Attempt]) -> Outcome:
             return Outcome(limiters, attempts, waited)
         observer = _observe.current
         names = request.names() if observer is not None else ()
-        blocked = await sleep_out(grants, starts_in, observer, names)
+        again = await sleep_out(grants, starts_in, observer, names)
         waited = now_us() - began
-        if not blocked:
+        if not again:
             return Outcome(limiters, attempts, waited)
-        await release_grants(grants)  # behind the block: ask again
+        await release_grants(grants)  # behind a block, or woken too late: ask again
         attempts = await ask(limiters, request.permits, left_of(request.deadline))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from ._observe import Observer
 from ._request import seconds
-from .backends._margin import note_late
+from .backends._margin import STALE_SLACK_US, note_late
 
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
@@ -53,8 +53,10 @@ async def sleep_out(
 ) -> bool:
     """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
     loop's (``_wakeup``: never early, and no later than ``starts_in`` from now), asking on
-    the way whether a block came meanwhile (returned); a cancelled sleeper hands its grants
-    back. The observer sees each limiter's caller waiting meanwhile, and how late it woke."""
+    the way whether a block came meanwhile; returns whether the grants are to be asked
+    again: a block came, or it woke later than a limiter's measured margin covers. A
+    cancelled sleeper hands its grants back. The observer sees each limiter's caller
+    waiting meanwhile, and how late it woke."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     wake = now + seconds(starts_in)
@@ -87,17 +89,30 @@ async def sleep_out(
                 limiter.backend.hand_back(limiter.name, grant.member)
             raise
         late = loop.time() - wake
+        stale = False
         for limiter, grant in grants:
             if grant.starts_in > 0:
                 note_late(limiter.backend, limiter.name, late)  # (the fleet's margin)
+                stale = stale or _past_margin(limiter, late)
         if observer is not None:
             for name in names:
                 observer.late(name, late)
-        return blocked
+        return blocked or stale
+
     finally:
         if observer is not None:
             for name in names:
                 observer.queued(name, -1)
+
+
+def _past_margin(limiter: Sleeper, late: float) -> bool:
+    """Whether a caller that woke ``late`` seconds after its grant's start is later than
+    the fleet's measured margin of ``limiter`` covers (a process the machine did not run):
+    sent now, its request would land among the next slots' and be one too many for a
+    partner that counts arrivals, so the grant goes back and the caller asks again. (A
+    limiter without a measured margin: never.)"""
+    margin = limiter.backend.context.margins.margin(limiter.name)
+    return margin is not None and late * 1e6 > margin + STALE_SLACK_US
 
 
 def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> None:

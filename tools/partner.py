@@ -277,7 +277,7 @@ class Trial:
     rate: int = 10
     interval: float = 1.0
     duration: float = 12.0
-    margin: float = 0.0
+    margin: float | None = 0.0  # None: the defaults (the fleet's measured margin)
     partners: tuple[tuple[str, str], ...] = (("sliding", "httpx"),)
     prefix: str = "partner-trial"
 
@@ -300,7 +300,8 @@ def _one(spec: Trial, kind: str, client: str) -> Seen:
                 for _ in range(spec.processes)
             ]
             worst = [result.get(timeout=spec.duration + 60) for result in results]
-    result = seen(partner.stats(), start_at, start_at + spec.duration, client, spec.margin)
+    margin = spec.margin or 0.0
+    result = seen(partner.stats(), start_at, start_at + spec.duration, client, margin)
     result.stall = max(worst, default=0.0)
     return result
 

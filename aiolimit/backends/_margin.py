@@ -41,6 +41,7 @@ __all__ = [
     "QUANTUM_US",
     "REPORT_EVERY",
     "SHRINK_INTERVALS",
+    "STALE_SLACK_US",
     "START_US",
     "Margins",
     "MarginLaw",
@@ -60,6 +61,9 @@ SHRINK_INTERVALS = 10
 """Over how many intervals of the first rate a margin shrinks to a lower lateness."""
 QUANTUM_US = 500
 """The least change a shrink writes (µs)."""
+STALE_SLACK_US = 1_000
+"""How much later than the margin a caller may wake and still use its grant (µs): later,
+it hands the grant back and asks again (``aiolimit._wakeup``)."""
 REPORT_EVERY = 2.0
 """Seconds between a process's reports of a lateness no higher than the margin."""
 
@@ -138,7 +142,7 @@ class Margins:
         self._sending: set[str] = set()
 
     def margin(self, name: str) -> int | None:
-        """The margin last heard for ``name`` (µs; None: none heard)."""
+        """The margin last heard for ``name`` (µs; None: none heard, or none kept)."""
         return self._heard.get(name)
 
     async def begin(self, name: str, report: Report) -> None:
@@ -150,9 +154,15 @@ class Margins:
             self._beginning[name] = beginning
         await asyncio.shield(beginning)
 
+    def _heard_of(self, name: str, margin: int) -> None:
+        if margin > 0:
+            self._heard[name] = margin
+        else:  # (a store that keeps none for this limiter: nothing to report, nothing late)
+            self._heard.pop(name, None)
+
     async def _begin(self, name: str, report: Report) -> None:
         try:
-            self._heard[name] = await report(name, None)
+            self._heard_of(name, await report(name, None))
             self.begun.add(name)
         except Exception as exc:  # (the call itself says what is wrong, if anything is)
             log.debug("limiter %r: no margin begun: %s", name, exc)
@@ -187,7 +197,7 @@ class Margins:
 
     async def _report(self, name: str, late: int, report: Report) -> None:
         try:
-            self._heard[name] = await report(name, late)
+            self._heard_of(name, await report(name, late))
         except Exception as exc:  # (a lost report: the next one tells the store)
             log.debug("limiter %r: lateness not reported: %s", name, exc)
         finally:
