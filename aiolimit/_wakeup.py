@@ -68,6 +68,7 @@ async def sleep_out(
             local = clock_map.local(grant.starts_at)
             mapped = max(mapped, wake if local is None else local)
     wake = min(wake, mapped)
+    margins = _margins_of(grants)
     if observer is not None:
         for name in names:
             observer.queued(name, 1)
@@ -80,6 +81,7 @@ async def sleep_out(
                 limiter.backend.hand_back(limiter.name, grant.member)
             raise
         blocked = await _blocked_meanwhile(grants)  # (hands the grants back if it fails)
+        wake += _grown_since(grants, margins)
         try:
             rest = wake - loop.time()
             if rest > 0:
@@ -103,6 +105,22 @@ async def sleep_out(
         if observer is not None:
             for name in names:
                 observer.queued(name, -1)
+
+
+def _margins_of(grants: Sequence[tuple[Sleeper, Grant]]) -> list[int | None]:
+    """The fleet's measured margin of each grant's limiter, as this process last heard it."""
+    return [limiter.backend.context.margins.margin(limiter.name) for limiter, _ in grants]
+
+
+def _grown_since(grants: Sequence[tuple[Sleeper, Grant]], before: list[int | None]) -> float:
+    """How much (seconds) a limiter's measured margin grew since ``before``: a reservation
+    booked under the smaller one starts that much later, as one booked now would."""
+    grown = 0
+    for (limiter, _), was in zip(grants, before, strict=True):
+        now = limiter.backend.context.margins.margin(limiter.name)
+        if was is not None and now is not None and now > was:
+            grown = max(grown, now - was)
+    return seconds(grown)
 
 
 def _past_margin(limiter: Sleeper, late: float) -> bool:
