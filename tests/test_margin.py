@@ -163,3 +163,34 @@ async def test_a_memory_backends_schedule_widens_without_a_round_trip_of_its_own
     await limiter.acquire()
     await limiter.acquire()
     assert await limiter.wait_time() == pytest.approx(1 + 0.05, abs=0.01)
+
+
+class SlowReplies(MemoryBackend):
+    """Decides at once, then holds the n-th reply back by ``lags[n]`` seconds (0 after)."""
+
+    def __init__(self, lags: list[float]) -> None:
+        super().__init__()
+        self.lags = lags
+
+    async def try_acquire(self, name, permits, max_wait_us=0):
+        attempt = await super().try_acquire(name, permits, max_wait_us)
+        await asyncio.sleep(self.lags.pop(0) if self.lags else 0.0)
+        return attempt
+
+
+@pytest.mark.looptime
+async def test_a_caller_later_than_the_margin_asks_again_and_the_fleet_margin_grows() -> None:
+    backend = SlowReplies([0.0, 0.0, 1.25])  # the third reply comes after its grant starts
+    limiter = RateLimiter("partner", backend, rate="1/second")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    for _ in range(2):  # one at once, one at 1.05 s (the start margin): on time
+        await limiter.acquire()
+    await limiter.acquire()  # booked at 2.1 s, read at 2.3 s
+    # Sent at 2.3 s on a grant of 2.1 s, it would land among the next slots' requests:
+    # handed back, and asked again (its slot is free again: at once).
+    assert loop.time() - began == pytest.approx(2.3, abs=0.001)
+    for _ in range(3):
+        await asyncio.sleep(0)  # (the lateness report, in the background)
+    assert await backend.margin("partner", None) == 100_000  # 200 ms late: at the cap
+    assert await limiter.wait_time() == pytest.approx(1.1)  # from its new grant at 2.3 s
