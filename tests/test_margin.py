@@ -194,3 +194,10 @@ async def test_a_caller_later_than_the_margin_asks_again_and_the_fleet_margin_gr
         await asyncio.sleep(0)  # (the lateness report, in the background)
     assert await backend.margin("partner", None) == 100_000  # 200 ms late: at the cap
     assert await limiter.wait_time() == pytest.approx(1.1)  # from its new grant at 2.3 s
+
+
+async def test_a_server_rule_keeps_the_exact_rate_even_for_requests_that_wait() -> None:
+    from aiolimit.asgi import Rule
+
+    config = Rule("api", "10/second").config
+    assert config.margin is not None and config.interval.total_seconds() == 1
