@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from _harness import Table, local_redis, machine, parser, report, say
@@ -75,8 +75,17 @@ def main() -> None:
     kinds, clients = args.partner or KINDS, args.client or CLIENTS
     modes = MODES[1:] if args.only_defaults else MODES
     table = Table(
-        ["mode", "partner", "client", "429s", "calls", "quota delivered", "spread ms",
-         "stall ms", "settled margin ms"],
+        [
+            "mode",
+            "partner",
+            "client",
+            "429s",
+            "calls",
+            "quota delivered",
+            "spread ms",
+            "stall ms",
+            "settled margin ms",
+        ],
         left=3,
     )
     rows = []

@@ -36,8 +36,8 @@ from ._budgets import (
     state_in_config,
 )
 from ._learn import MemoryLearning
-from ._margin import MemoryMargin
 from ._leases import MemoryLeases
+from ._margin import MemoryMargin
 from ._settle import receipt_until, settle_group
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store

@@ -42,7 +42,9 @@ class MemoryMargin:
         exact = stored.exact or stored.config
         if exact.rate_type is not RateType.OVERALL or exact.algorithm is Algorithm.FIXED_WINDOW:
             return 0  # (a client's budget, or windows that would move: none kept)
-        margin, at = next_margin(stored.margin, stored.margin_at, late_us, now, exact.rates, _margin.LAW)
+        margin, at = next_margin(
+            stored.margin, stored.margin_at, late_us, now, exact.rates, _margin.LAW
+        )
         before = stored.margin or 0
         stored.margin, stored.margin_at, stored.exact = margin, at, exact
         if margin != before:

@@ -14,9 +14,9 @@ from ..._breaker import BreakerPolicy
 from ..._types import Rate, RateLimiterConfig, RateType
 from ..._values import Duration, clock_micros
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .. import _margin
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
-from .. import _margin
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
