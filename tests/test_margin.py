@@ -201,3 +201,14 @@ async def test_a_server_rule_keeps_the_exact_rate_even_for_requests_that_wait() 
 
     config = Rule("api", "10/second").config
     assert config.margin is not None and config.interval.total_seconds() == 1
+
+
+async def test_a_learning_client_begins_no_margin_beside_its_learned_rate() -> None:
+    from aiolimit.httpx import RateLimitedTransport
+
+    backend = MemoryBackend()
+    limiter = RateLimiter("learning", backend, rate="2/second")
+    RateLimitedTransport(limiter, learn=True)
+    await limiter.acquire()
+    await limiter.acquire()
+    assert await limiter.wait_time() == pytest.approx(1, abs=0.01)
