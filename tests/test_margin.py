@@ -52,10 +52,10 @@ async def test_a_lateness_above_the_margin_grows_it_at_once_and_one_below_shrink
     (limiter,) = await fleet(store, name, clock, 1)
     await limiter.rate_in_code.store()
     backend = limiter.backend
-    assert await backend.margin(name, None) == 50_000
+    assert await backend.margin(name, None) == _margin.START_US
     assert await backend.margin(name, 200_000) == 200_000  # at once
     assert await backend.margin(name, 1_000) == 200_000  # no time passed: no shrink
-    await advance(store, clock, 5 * INTERVAL)  # half the shrink time
+    await advance(store, clock, _margin.SHRINK_INTERVALS * INTERVAL / 2)  # half the time
     assert await backend.margin(name, 1_000) == 100_500
     await advance(store, clock, 20 * INTERVAL)
     assert await backend.margin(name, 1_000) == 1_000
@@ -118,13 +118,13 @@ async def test_callers_that_never_wait_begin_no_margin(store, name):
     assert await limiter.wait_time() == pytest.approx(INTERVAL)
 
 
-def test_the_law_grows_at_once_shrinks_over_ten_intervals_and_writes_no_small_change() -> None:
+def test_the_law_grows_at_once_shrinks_over_five_intervals_and_writes_no_small_change() -> None:
     config = RateLimiterConfig.parse("10/second")
     rates = config.rates
-    assert next_margin(None, 0, None, 7, rates) == (50_000, 7)
+    assert next_margin(None, 0, None, 7, rates) == (100_000, 7)  # the start, capped
     assert next_margin(50_000, 7, 80_000, 9, rates) == (80_000, 9)
-    assert next_margin(80_000, 0, 0, 5_000_000, rates) == (40_000, 5_000_000)
-    assert next_margin(80_000, 0, 0, 10_000, rates) == (80_000, 0)  # (80 µs: waits)
+    assert next_margin(80_000, 0, 0, 2_500_000, rates) == (40_000, 2_500_000)  # half of 5 s
+    assert next_margin(80_000, 0, 0, 10_000, rates) == (80_000, 0)  # (160 µs: waits)
     assert next_margin(10**12, 0, 10**12, 1, rates) == (100_000, 0)  # capped
     tiny = RateLimiterConfig.build(RateType.OVERALL, "10/0.2 seconds").rates
     assert next_margin(None, 0, None, 0, tiny) == (20_000, 0)  # the start, capped too
@@ -162,7 +162,7 @@ async def test_a_memory_backends_schedule_widens_without_a_round_trip_of_its_own
     limiter = RateLimiter("m", backend, rate="2/second")
     await limiter.acquire()
     await limiter.acquire()
-    assert await limiter.wait_time() == pytest.approx(1 + 0.05, abs=0.01)
+    assert await limiter.wait_time() == pytest.approx(1 + START, abs=0.01)
 
 
 class SlowReplies(MemoryBackend):
@@ -180,20 +180,20 @@ class SlowReplies(MemoryBackend):
 
 @pytest.mark.looptime
 async def test_a_caller_later_than_the_margin_asks_again_and_the_fleet_margin_grows() -> None:
-    backend = SlowReplies([0.0, 0.0, 1.25])  # the third reply comes after its grant starts
+    backend = SlowReplies([0.0, 0.0, 1.3])  # the third reply comes after its grant starts
     limiter = RateLimiter("partner", backend, rate="1/second")
     loop = asyncio.get_running_loop()
     began = loop.time()
-    for _ in range(2):  # one at once, one at 1.05 s (the start margin): on time
+    for _ in range(2):  # one at once, one at 1.1 s (the start margin): on time
         await limiter.acquire()
-    await limiter.acquire()  # booked at 2.1 s, read at 2.3 s
-    # Sent at 2.3 s on a grant of 2.1 s, it would land among the next slots' requests:
+    await limiter.acquire()  # booked at 2.2 s, read at 2.4 s
+    # Sent at 2.4 s on a grant of 2.2 s, it would land among the next slots' requests:
     # handed back, and asked again (its slot is free again: at once).
-    assert loop.time() - began == pytest.approx(2.3, abs=0.001)
+    assert loop.time() - began == pytest.approx(2.4, abs=0.001)
     for _ in range(3):
         await asyncio.sleep(0)  # (the lateness report, in the background)
     assert await backend.margin("partner", None) == 100_000  # 200 ms late: at the cap
-    assert await limiter.wait_time() == pytest.approx(1.1)  # from its new grant at 2.3 s
+    assert await limiter.wait_time() == pytest.approx(1.1)  # from its new grant at 2.4 s
 
 
 async def test_a_server_rule_keeps_the_exact_rate_even_for_requests_that_wait() -> None:

@@ -53,11 +53,11 @@ __all__ = [
 
 log = logging.getLogger("aiolimit")
 
-START_US = 50_000
+START_US = 100_000
 """The margin a limiter starts with, before its callers' lateness is measured (µs)."""
 CAP_SHARE = 100_000
 """The most a margin may be: this many millionths of the shortest interval (a tenth)."""
-SHRINK_INTERVALS = 10
+SHRINK_INTERVALS = 5
 """Over how many intervals of the first rate a margin shrinks to a lower lateness."""
 QUANTUM_US = 500
 """The least change a shrink writes (µs)."""
