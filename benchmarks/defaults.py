@@ -25,18 +25,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from _harness import Table, local_redis, machine, parser, report, say
-from redis import Redis
 
 from tools.partner import CLIENTS, KINDS, Seen, Trial, trial
 
 MODES: tuple[tuple[str, float | None], ...] = (("margin=0 (before)", 0.0), ("defaults", None))
-
-
-def _settled(url: str, name: str) -> float | None:
-    """The margin the store holds for limiter ``name`` (ms; None: none)."""
-    with Redis.from_url(url) as redis:
-        value = redis.hget(f"aiolimit:{{{name}}}:config", "margin")
-    return None if value is None else int(value) / 1000
 
 
 def _spin(stop: Any) -> None:
@@ -108,8 +100,7 @@ def main() -> None:
                         prefix=prefix,
                     )
                     (result,) = trial(spec)
-                    settled = _settled(url, f"{prefix}-{kind}-{client}")
-                    rows.append(_row(table, label, result, settled))
+                    rows.append(_row(table, label, result))
     table.title = (
         f"{args.processes} processes x {args.tasks} tasks, cold, at a partner's exact quota "
         f"{args.rate} per {args.interval:g} s, {args.duration:g} s per run"
@@ -118,7 +109,7 @@ def main() -> None:
     report(args, heading, [table], {"runs": rows})
 
 
-def _row(table: Table, label: str, result: Seen, settled: float | None) -> dict[str, Any]:
+def _row(table: Table, label: str, result: Seen) -> dict[str, Any]:
     def ms(seconds: float | None) -> str:
         return "n/a" if seconds is None else f"{seconds * 1000:.1f}"
 
@@ -131,9 +122,9 @@ def _row(table: Table, label: str, result: Seen, settled: float | None) -> dict[
         f"{result.share:.1%}",
         ms(result.spread),
         ms(result.stall),
-        "-" if settled is None else f"{settled:.1f}",
+        ms(result.settled) if result.settled is not None else "-",
     )
-    return {"mode": label, "settled_margin_ms": settled, **result.__dict__}
+    return {"mode": label, **result.__dict__}
 
 
 if __name__ == "__main__":
