@@ -100,7 +100,6 @@ async def sleep_out(
             for name in names:
                 observer.late(name, late)
         return blocked or stale
-
     finally:
         if observer is not None:
             for name in names:

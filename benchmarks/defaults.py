@@ -13,7 +13,10 @@ request, and send as fast as they are let. Each pair runs twice: with ``margin=0
 rate: the default before the measured margin) and at the defaults (the fleet's measured
 margin). For each: the 429s of the whole run (the first burst included), the share of the
 quota delivered over the steady windows, the lateness spread a margin has to cover, and the
-margin the fleet settled on (the store's, after the run).
+margin the fleet settled on (the store's, after the run); "limiter's 429s" are those among
+requests whose lateness stayed within that margin of one another's (``tools.partner
+.unexcused``: the others landed later than any margin covers, a process the machine did not
+run); "stall" the longest any caller's event loop did not run.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ def main() -> None:
             "partner",
             "client",
             "429s",
+            "limiter's 429s",
             "calls",
             "quota delivered",
             "spread ms",
@@ -118,6 +122,7 @@ def _row(table: Table, label: str, result: Seen) -> dict[str, Any]:
         result.kind,
         result.client,
         result.refused,
+        result.unexcused,
         result.served + result.refused,
         f"{result.share:.1%}",
         ms(result.spread),
