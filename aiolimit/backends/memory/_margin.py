@@ -45,6 +45,8 @@ class MemoryMargin:
         margin, at = next_margin(
             stored.margin, stored.margin_at, late_us, now, exact.rates, _margin.LAW
         )
+        if stored.margin is None and margin == 0:
+            return 0  # (none, and none to keep: nothing written)
         before = stored.margin or 0
         stored.margin, stored.margin_at, stored.exact = margin, at, exact
         if margin != before:

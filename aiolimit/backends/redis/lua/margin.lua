@@ -55,7 +55,8 @@ if late then
   end
 end
 
-if margin ~= before or tonumber(config.margin_at or '') ~= at then
+-- (none before, and none to keep: nothing written)
+if (before or margin > 0) and (margin ~= before or tonumber(config.margin_at or '') ~= at) then
   redis.call('HSET', KEYS[1], 'margin', fmt(margin), 'margin_at', fmt(at))
 end
 if margin ~= widen then
