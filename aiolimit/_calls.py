@@ -98,6 +98,10 @@ last_grant: contextvars.ContextVar[Acquired | None] = contextvars.ContextVar(
 the grant's start, to tell how late the request left)."""
 
 
+STALE_RETRIES = 2
+"""How often a call asks again for permits read later than the fleet's margin covers."""
+
+
 def grants_held(acquired: Acquired) -> list[tuple[RateLimiter, Grant]]:
     """The grants of ``acquired``, each with its limiter."""
     return [
@@ -166,17 +170,22 @@ class CallGuard:
         :class:`RateLimited` when that would take longer than the timeout."""
         slots = () if self.concurrency is None else ((self.concurrency, 1),)
         wanted = Request((self.limiter,), (self.permits,), deadline_in(self._max_wait), slots)
-        if self.meter is not None:
-            acquired = await self.meter.take(wanted, request)
-        else:  # (a learning client reserves only a little ahead: see _learn)
-            learning = self.learning
-            acquired = await take(wanted, None if learning is None else learning.paced)
-        if not acquired:
-            if isinstance(acquired, InFlight):
-                raise acquired.refusal()
-            raise RateLimited(self.limiter.name, acquired.retry_after)
+        for again in range(STALE_RETRIES, -1, -1):
+            if self.meter is not None:
+                acquired = await self.meter.take(wanted, request)
+            else:  # (a learning client reserves only a little ahead: see _learn)
+                learning = self.learning
+                acquired = await take(wanted, None if learning is None else learning.paced)
+            if not acquired:
+                if isinstance(acquired, InFlight):
+                    raise acquired.refusal()
+                raise RateLimited(self.limiter.name, acquired.retry_after)
+            # Sent now: how late, for the fleet's margin; a grant read later than the margin
+            # covers (a process the machine did not run) goes back, and the call asks again.
+            if not note_sent(grants_held(acquired)) or self.meter is not None or not again:
+                break
+            await acquired.release()
         last_grant.set(acquired)
-        note_sent(grants_held(acquired))  # (sent now: how late, for the fleet's margin)
         return acquired
 
     async def unsent(self, acquired: Acquired) -> None:

@@ -132,15 +132,19 @@ def _past_margin(limiter: Sleeper, late: float) -> bool:
     return margin is not None and late * 1e6 > margin + STALE_SLACK_US
 
 
-def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> None:
+def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
     """A call that holds ``grants`` is being sent now: how late after each grant's start
     (on its limiter's clock, mapped to the loop's) is kept for the fleet's margin
-    (``backends/_margin.py``). A clock not mapped yet tells nothing."""
+    (``backends/_margin.py``); returns whether one is later than that margin covers. A
+    clock not mapped yet tells nothing."""
     now = asyncio.get_running_loop().time()
+    stale = False
     for limiter, grant in grants:
         local = limiter.backend.clock_map(limiter.name).local(grant.starts_at)
         if local is not None:
             note_late(limiter.backend, limiter.name, now - local)
+            stale = stale or _past_margin(limiter, now - local)
+    return stale
 
 
 async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:

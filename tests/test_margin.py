@@ -212,3 +212,31 @@ async def test_a_learning_client_begins_no_margin_beside_its_learned_rate() -> N
     await limiter.acquire()
     await limiter.acquire()
     assert await limiter.wait_time() == pytest.approx(1, abs=0.01)
+
+
+@pytest.mark.looptime
+async def test_the_http_client_asks_again_for_a_grant_it_read_later_than_the_margin() -> None:
+    import httpx
+
+    from aiolimit._calls import last_grant
+    from aiolimit.httpx import RateLimitedTransport
+
+    backend = SlowReplies([0.0, 0.0, 0.3])  # the third reply (a grant at once) comes late
+    limiter = RateLimiter("partner", backend, rate="1/second")
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    starts: list[float] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        acquired = last_grant.get()
+        assert acquired is not None
+        starts.append(acquired.attempts[0].starts_at / 1e6 - began)
+        return httpx.Response(200)
+
+    transport = RateLimitedTransport(limiter, httpx.MockTransport(handler))
+    async with httpx.AsyncClient(transport=transport) as client:
+        await client.get("http://partner/")  # at once
+        await client.get("http://partner/")  # at 1.1 s: its wake maps the limiter's clock
+        await asyncio.sleep(2.4)  # the window empties
+        await client.get("http://partner/")  # granted at 3.5 s, read at 3.8 s: asked again
+    assert starts == pytest.approx([0.0, 1.1, 3.8], abs=0.001)
