@@ -124,6 +124,9 @@ class Snapshot:
     ceiling: tuple[Rate, ...] | None = None
     """The ceiling of a rate learned from a partner (``Learner``): the config's rates are
     the learned ones; None: not learned."""
+    margin_s: float | None = None
+    """The fleet's measured margin (seconds): every interval is read that much longer; None:
+    none kept."""
     slot: int = 0
     node: str = ""
 
@@ -153,6 +156,7 @@ class Snapshot:
             "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
+            "margin_s": self.margin_s,
             "learned": None
             if self.ceiling is None
             else {"ceiling": [str(rate) for rate in self.ceiling]},
@@ -223,6 +227,8 @@ async def inspect_limiter(
     blocked_us = await backend.block(name, None)
     snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
+    margin = await redis.hget(keys.config, "margin")
+    snapshot.margin_s = None if margin is None else int(margin) / 1e6
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
