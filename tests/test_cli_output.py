@@ -353,5 +353,5 @@ def test_inspect_shows_the_fleets_measured_margin(capsys, url, prefix, name):
 
     on_server(url, report, prefix)
     code, out, _ = aiolimit(capsys, "inspect", name, *options)
-    assert field(out, "margin") == "0.030 s, measured: each interval longer", out
+    assert code == 0 and field(out, "margin") == "0.030 s, measured: each interval longer", out
     assert json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])["margin_s"] == 0.03
