@@ -29,6 +29,7 @@ from ._limiter import RateLimiter
 from ._quota_headers import stated_limit
 from ._request import Request, deadline_in, left_of, micros, seconds
 from ._types import Duration, Rate, Rates, rates_of, shown, to_micros
+from ._values import US
 from .backends._learning import FOREVER_HOLD, MILLION, Event, Law, Learned
 from .backends.base import Grant
 from .errors import InvalidArgumentError, LimiterError
@@ -98,7 +99,7 @@ class Learner:
         if hold is not None and not 0 < hold <= FOREVER_HOLD:
             raise InvalidArgumentError(f"max_hold must be positive, at most 1 hour: {max_hold!r}")
         if hold is None:
-            first = self._ceiling[0].interval_us if self._ceiling else 1_000_000
+            first = self._ceiling[0].interval_us if self._ceiling else US
             hold = min(4 * first, FOREVER_HOLD)
         self._law = Law(
             floor=_share(floor, "floor", 0, 1),
@@ -152,7 +153,7 @@ class Learner:
         now = loop.time()
         if now < self._next_report:
             return None
-        interval = self._reported.interval_us if self._reported else 1_000_000
+        interval = self._reported.interval_us if self._reported else US
         self._next_report = now + interval / 4e6
         return await self._learn("succeeded", None, None)
 
@@ -179,7 +180,7 @@ class Learner:
             observer = _observe.current
             if observer is not None:
                 observer.learned(
-                    limiter.name, learned.permits, learned.ceiling, learned.interval_us / 1e6
+                    limiter.name, learned.permits, learned.ceiling, seconds(learned.interval_us)
                 )
         return learned
 
@@ -252,7 +253,7 @@ class CallLearning:
         """The longest ``Retry-After`` (seconds) that holds back only its own call: one
         interval of the learned rate; a longer one pauses every caller."""
         learned = self.requests.learned
-        return 1.0 if learned is None else learned.interval_us / 1e6
+        return 1.0 if learned is None else seconds(learned.interval_us)
 
     async def after(self, status: int, headers: Mapping[str, str], acquired: Acquired) -> None:
         """Tells the learners what the partner answered; a failure is logged."""

@@ -13,7 +13,7 @@ from typing import Any, NoReturn, overload
 
 from ._acquire import Acquired, begin_margins, give_back, take, try_one
 from ._awaiting import Awaiting, awaiting
-from ._base import _Limiter
+from ._base import _Limiter, made_from_parts
 from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
@@ -222,13 +222,7 @@ def view_of(
     ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
     limiter can share its state) or a client's view of a limiter; the rate its code gives is
     its limiter's (written once for all)."""
-    limiter = RateLimiter.__new__(RateLimiter)
-    limiter.name = name
-    limiter.backend = backend
-    limiter.breaker = breaker
-    limiter._names = [name]
-    limiter.rate_in_code = rate_in_code
-    return limiter
+    return made_from_parts(RateLimiter, name, backend, breaker, rate_in_code)
 
 
 def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:

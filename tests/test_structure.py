@@ -34,7 +34,13 @@ ENGINE = [
     "_sharded.py",
     "_wakeup.py",
 ]
-CONVERSION = "_request.py"  # the one place the engine turns µs into seconds and back
+CONVERSION = "_values.py"  # the one place the package turns µs into seconds and back
+
+# Constants of a million elsewhere that are not conversions of a duration, each with its reason.
+NOT_CONVERSIONS = {
+    "_quota_headers.py": "the units a header's duration may be written in (ms, us, ns)",
+    "backends/_learning.py": "MILLION, the fixed-point scale of a learned share",
+}
 
 
 def _sources() -> Iterator[tuple[str, ast.Module]]:
@@ -173,3 +179,17 @@ def test_the_engine_converts_microseconds_to_seconds_in_one_place() -> None:
     }
     assert {name: lines for name, lines in converting.items() if lines} == {}
     assert any(value == 1e6 for _, value in _numbers(sources[CONVERSION]))
+
+
+def test_the_package_converts_durations_in_one_place() -> None:
+    # A million (or a millionth) anywhere but the units' module is a duration converted by
+    # hand: use _values.seconds, micros_up, whole_seconds_up, US.
+    converting = {
+        name: [line for line, value in _numbers(tree) if value in (1e6, 1e-6)]
+        for name, tree in _sources()
+        if name not in (CONVERSION, *NOT_CONVERSIONS)
+    }
+    assert {name: lines for name, lines in converting.items() if lines} == {}
+    sources = dict(_sources())
+    for name in NOT_CONVERSIONS:  # (each still has the constant it is allowed)
+        assert any(value in (1e6, 1e-6) for _, value in _numbers(sources[name])), name

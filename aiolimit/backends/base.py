@@ -253,7 +253,8 @@ class Backend(Store):
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
         """Takes a provider's own count as a floor: from now until now + ``reset_us``, at
         most ``remaining`` more permits are granted (for ``PER_CLIENT``: this client's).
-        Only ever tightens the limiter; never lowers anything."""
+        Never frees what the limiter itself counts (docs/token-budgets.md says how each
+        algorithm holds it)."""
         raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
 
     async def learn(

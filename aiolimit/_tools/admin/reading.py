@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from ..._types import Rate, RateLimiterConfig, RateType
+from ..._values import US
+from ..._values import seconds as to_seconds
 from ...backends._protocol import parse_member, parse_value
 from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
@@ -225,7 +227,7 @@ async def inspect_limiter(
         node=_node(redis, keys.config),
     )
     blocked_us = await backend.block(name, None)
-    snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    snapshot.blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
     margin = await redis.hget(keys.config, "margin")
     snapshot.margin_s = None if margin is None else int(margin) / 1e6
@@ -285,7 +287,7 @@ async def budget_state(
 async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
     """The server's clock (us) and the generation its config gives client state ("-": none)."""
     (seconds, micros), (gen,) = await asyncio.gather(redis.time(), redis.hmget(keys.config, "gen"))
-    return int(seconds) * 1_000_000 + int(micros), _text(gen) if gen is not None else "-"
+    return int(seconds) * US + int(micros), _text(gen) if gen is not None else "-"
 
 
 def add_reservations(total: Reservations, more: Reservations) -> None:
@@ -325,7 +327,7 @@ async def _budget(
                 ahead.permits += parse_member(_text(member))[0]
             except ValueError:
                 continue
-            ahead.furthest_s = max(ahead.furthest_s, (score - now_us) / 1e6)
+            ahead.furthest_s = max(ahead.furthest_s, to_seconds(score - now_us))
         ahead.partial = ahead.count > len(reserved)
     return budget
 
@@ -374,7 +376,7 @@ async def _clients(
                     left,
                     budget.reservations.permits,
                     budget.grants,
-                    max(0.0, (snapshot.now_us - last_us) / 1e6),
+                    max(0.0, to_seconds(snapshot.now_us - last_us)),
                 )
             )
     rows.sort(key=lambda row: (row.available - row.reserved, -row.grants))

@@ -10,6 +10,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from ..._types import Rate, RateLimiterConfig
+from ..._values import millis_up
 
 FOREVER = float("inf")
 HIGH = "\U0010ffff"  # sorts after every member
@@ -23,7 +24,7 @@ _order = itertools.count()  # tells apart heap entries of one time (slots do not
 
 def ms(us: int) -> int:
     """A duration rounded up to whole milliseconds, as Redis keeps TTLs."""
-    return -(-us // 1000) * 1000
+    return millis_up(us) * 1000
 
 
 @dataclass
@@ -81,6 +82,9 @@ class Budget:
     # FIXED_WINDOW: a sync's floor past a window's end, [rate, count, until, since] each
     # (carries.lua).
     carried: list[list[int]] = field(default_factory=list)
+    # SLIDING_WINDOW: how much longer a provider's count holds the window, until when,
+    # [lag, until] each (sliding_floors.lua).
+    lags: list[list[int]] = field(default_factory=list)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

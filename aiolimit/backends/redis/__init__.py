@@ -12,7 +12,7 @@ from typing import Any, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
 from ..._types import Rate, RateLimiterConfig, RateType
-from ..._values import Duration, clock_micros
+from ..._values import Duration, clock_micros, millis_up
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
 from .. import _margin
 from .._context import StoreContext
@@ -477,7 +477,7 @@ class RedisBackend(RedisLeases, Backend):
 
     async def expire(self, name: str, ttl_us: int) -> bool:
         keys = self.keys(name)
-        ttl_ms = -(-ttl_us // 1000)
+        ttl_ms = millis_up(ttl_us)
         found = await self._run(
             scripts.EXPIRE,
             (keys.config, keys.value, keys.permits, keys.registry),

@@ -10,6 +10,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
+from ..._values import millis_up
 from ...errors import NotConfiguredError
 from .._context import Background, StoreContext
 from .._lease import (
@@ -223,7 +224,7 @@ class RedisLeases(LeaseStore):
         return await self._run(scripts.LIFETIME, lease_keys(self.keys(name)), ("delete", 0))
 
     async def expire_limit(self: _Runs, name: str, ttl_us: int) -> bool:
-        ttl_ms = max(1, -(-ttl_us // 1000))
+        ttl_ms = max(1, millis_up(ttl_us))
         return await self._run(scripts.LIFETIME, lease_keys(self.keys(name)), ("expire", ttl_ms))
 
     async def clear_expire_limit(self: _Runs, name: str) -> bool:
