@@ -229,7 +229,7 @@ async def inspect_limiter(
     blocked_us = await backend.block(name, None)
     snapshot.blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
-    margin = await redis.hget(keys.config, "margin")
+    (margin,) = await redis.hmget(keys.config, "margin")
     snapshot.margin_s = None if margin is None else int(margin) / 1e6
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
