@@ -129,7 +129,7 @@ def _past_margin(limiter: Sleeper, late: float) -> bool:
     partner that counts arrivals, so the grant goes back and the caller asks again. (A
     limiter without a measured margin: never.)"""
     margin = limiter.backend.context.margins.margin(limiter.name)
-    return margin is not None and late * 1e6 > margin + STALE_SLACK_US
+    return margin is not None and late > seconds(margin + STALE_SLACK_US)
 
 
 def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:

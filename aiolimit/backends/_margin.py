@@ -34,6 +34,8 @@ from datetime import timedelta
 from typing import NamedTuple, Protocol
 
 from .._rates import Rate
+from .._values import micros_up
+from ._learning import MILLION
 
 __all__ = [
     "CAP_SHARE",
@@ -56,7 +58,8 @@ log = logging.getLogger("aiolimit")
 START_US = 100_000
 """The margin a limiter starts with, before its callers' lateness is measured (µs)."""
 CAP_SHARE = 100_000
-"""The most a margin may be: this many millionths of the shortest interval (a tenth)."""
+"""The most a margin may be: this many millionths (``MILLION``, a learned share's scale) of
+the shortest interval: a tenth."""
 SHRINK_INTERVALS = 5
 """Over how many intervals of the first rate a margin shrinks to a lower lateness."""
 QUANTUM_US = 500
@@ -82,7 +85,7 @@ LAW = MarginLaw(START_US, CAP_SHARE, SHRINK_INTERVALS, QUANTUM_US)
 
 def cap_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
     """The most a margin may be for ``rates`` (µs)."""
-    return min(r.interval_us for r in rates) * law.cap // 1_000_000
+    return min(r.interval_us for r in rates) * law.cap // MILLION
 
 
 def next_margin(
@@ -172,15 +175,15 @@ class Margins:
     def late(
         self,
         name: str,
-        seconds: float,
+        after: float,
         report: Report,
         spawn: Callable[[Awaitable[None]], object],
     ) -> None:
-        """A caller of ``name`` was ``seconds`` late after its grant's start (reported only
-        for a limiter whose margin this process began: one measured)."""
-        if name not in self._heard or not (seconds >= 0) or math.isinf(seconds):
+        """A caller of ``name`` was ``after`` seconds late after its grant's start (reported
+        only for a limiter whose margin this process began: one measured)."""
+        if name not in self._heard or not (after >= 0) or math.isinf(after):
             return
-        late = round(seconds * 1e6)
+        late = micros_up(after)
         worst = self._worst.get(name, -1)
         if late > worst:
             self._worst[name] = worst = late

@@ -230,7 +230,7 @@ async def inspect_limiter(
     snapshot.blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
     (margin,) = await redis.hmget(keys.config, "margin")
-    snapshot.margin_s = None if margin is None else int(margin) / 1e6
+    snapshot.margin_s = None if margin is None else to_seconds(int(margin))
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
