@@ -240,3 +240,17 @@ async def test_the_http_client_asks_again_for_a_grant_it_read_later_than_the_mar
         await asyncio.sleep(2.4)  # the window empties
         await client.get("http://partner/")  # granted at 3.5 s, read at 3.8 s: asked again
     assert starts == pytest.approx([0.0, 1.1, 3.8], abs=0.001)
+
+
+async def test_a_process_keeps_the_margins_of_a_bounded_number_of_limiters(monkeypatch) -> None:
+    monkeypatch.setattr(_margin, "REMEMBERED", 4)
+
+    async def report(name: str, late: int | None) -> int:
+        return 10_000
+
+    margins = Margins()
+    for i in range(10):
+        await margins.begin(f"limiter-{i}", report)
+    assert len(margins.begun) <= 4
+    assert sum(margins.margin(f"limiter-{i}") is not None for i in range(10)) <= 4
+    assert margins.margin("limiter-9") == 10_000  # (the latest kept)

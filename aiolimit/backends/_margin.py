@@ -18,7 +18,8 @@ of the fleet goes at the one margin.
   changed, so a quiet spell does not undo what a busy one needed; a change smaller than
   :data:`QUANTUM_US` waits (its time keeps counting).
 - never more than :data:`CAP_SHARE` of the shortest interval (a lateness of hours does not
-  stop the limiter), nor negative; ``PER_CLIENT`` limiters keep none.
+  stop the limiter), nor negative; ``PER_CLIENT`` limiters and fixed windows (whose windows
+  would move with each change) keep none.
 
 A change is a change of the config's rates, made as ``set_rate(..., keep_state=True)``
 makes one: grants made stay counted. ``set_rate`` starts a config without a margin.
@@ -67,6 +68,8 @@ QUANTUM_US = 500
 STALE_SLACK_US = 1_000
 """How much later than the margin a caller may wake and still use its grant (µs): later,
 it hands the grant back and asks again (``aiolimit._wakeup``)."""
+REMEMBERED = 4096
+"""Limiters a process keeps the margins of (as many as clock maps: ``_clock.REMEMBERED``)."""
 REPORT_EVERY = 2.0
 """Seconds between a process's reports of a lateness no higher than the margin."""
 
@@ -158,6 +161,11 @@ class Margins:
         await asyncio.shield(beginning)
 
     def _heard_of(self, name: str, margin: int) -> None:
+        if len(self._heard) >= REMEMBERED and name not in self._heard:
+            for forgotten in list(self._heard)[: REMEMBERED // 2]:  # the oldest half
+                del self._heard[forgotten]
+                self._worst.pop(forgotten, None)
+                self._next.pop(forgotten, None)
         if margin > 0:
             self._heard[name] = margin
         else:  # (a store that keeps none for this limiter: nothing to report, nothing late)
@@ -166,6 +174,8 @@ class Margins:
     async def _begin(self, name: str, report: Report) -> None:
         try:
             self._heard_of(name, await report(name, None))
+            if len(self.begun) >= REMEMBERED:  # (bounded: the others begin again, once each)
+                self.begun.clear()
             self.begun.add(name)
         except Exception as exc:  # (the call itself says what is wrong, if anything is)
             log.debug("limiter %r: no margin begun: %s", name, exc)
