@@ -122,7 +122,7 @@ def _row(table: Table, label: str, result: Seen) -> dict[str, Any]:
         result.kind,
         result.client,
         result.refused,
-        result.unexcused,
+        "-" if result.settled is None else result.unexcused,  # (judged by the settled margin)
         result.served + result.refused,
         f"{result.share:.1%}",
         ms(result.spread),
