@@ -22,7 +22,7 @@ from .._learning import (
 from ._budgets import group_of
 from ._state import Limiter
 
-__all__ = ["LearnTable", "MemoryLearning"]
+__all__ = ["LearnTable", "MemoryLearning", "rerate"]
 
 
 @dataclass(eq=False)
