@@ -16,6 +16,7 @@ import pytest
 
 from aiolimit import RateLimiter, RateLimiterConfig, RateType
 from aiolimit.backends import _margin
+from aiolimit.backends._learning import Law
 from aiolimit.backends._margin import Margins, next_margin
 from aiolimit.backends.memory import MemoryBackend
 from tests.conformance import ManualClock, advance
@@ -254,3 +255,29 @@ async def test_a_process_keeps_the_margins_of_a_bounded_number_of_limiters(monke
     assert len(margins.begun) <= 4
     assert sum(margins.margin(f"limiter-{i}") is not None for i in range(10)) <= 4
     assert margins.margin("limiter-9") == 10_000  # (the latest kept)
+
+
+async def test_a_learning_client_learns_on_a_limiter_whose_margin_another_process_began(
+    store, name
+):
+    # Two capabilities on one limiter: a waiting process begins the fleet's margin, a
+    # learning client (which begins none) then reports a 429. The learned rate is taken at
+    # the limiter's exact intervals and read widened by the margin, as the rate it replaced.
+    clock = ManualClock()
+    waiting, learning = await fleet(store, name, clock)
+    await waiting.rate_in_code.store()
+    assert await waiting.backend.margin(name, None) == _margin.START_US
+    law = Law(floor=100_000, start=1_000_000, decrease=500_000, step=100_000, max_hold=10**7)
+    learned = await learning.backend.learn(name, "refused", None, None, None, law)
+    assert learned.changed and learned.permits == 5 and learned.interval_us == INTERVAL * 10**6
+    config = await learning.get_config()
+    assert (config.rates[0].permits, config.interval.total_seconds()) == (5, INTERVAL)
+    for _ in range(5):
+        assert await waiting.try_acquire()
+    assert await waiting.wait_time() == pytest.approx(INTERVAL + START)
+    # The margin moves on under the learned rate, and the learned rate under the margin.
+    assert await waiting.backend.margin(name, 300_000) == 300_000
+    assert await waiting.wait_time() == pytest.approx(INTERVAL + 0.3)
+    again = await learning.backend.learn(name, "refused", None, None, None, law)
+    assert again.permits in (2, 3, 5)  # (one cut per episode)
+    assert (await learning.get_config()).interval.total_seconds() == INTERVAL
