@@ -18,7 +18,7 @@ from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
 from ._values import Duration, check_name, micros_up, seconds, to_micros
 from .backends import LeaseStore
-from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
+from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot
 from .errors import InvalidArgumentError, NotConfiguredError, RateLimited
 
 __all__ = ["ConcurrencyLimiter"]
@@ -180,7 +180,7 @@ class ConcurrencyLimiter:
             await limit_in_code.store()
         loop = asyncio.get_running_loop()
         start = loop.time()
-        ticket = new_ticket(permits)
+        ticket = self._backend.make_ticket(permits)
         waiter = None if wait_s == 0 else self._backend.lease_waiter(self._name, ticket)
         queued = False
         granted: LeaseGrant | None = None

@@ -224,6 +224,10 @@ class CallLearning:
     def __init__(self, requests: Learner, tokens: Learner | None) -> None:
         self.requests, self.tokens = requests, tokens
         self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        for learner in (requests, tokens):  # (a learned rate: no measured margin beside it)
+            if learner is not None:
+                limiter = learner.limiter
+                limiter.backend.context.margins.begun.add(limiter.name)
 
     def paced(self, request: Request) -> Awaitable[Outcome]:
         """How a learning client's call takes its permits (the engine's rate step, for
