@@ -18,8 +18,9 @@ their connections), one redis-server, each way after the other in one run
   call, ``await acquired.settle(usage.total_tokens)``: what a user writes first;
 - ``transport``: ``RateLimitedTransport(requests, tokens=tokens, estimate=...)``.
 
-Both limiters keep the provider's exact quota (no margin: the defaults), or with
-``--margin`` s added to their interval (repeatable: a row each). Reported for each:
+Both limiters keep the provider's quota at the defaults (no margin given: the fleet's
+measured one), or with a fixed ``--margin`` s added to their interval (repeatable: a row
+each; 0 is the default). Reported for each:
 the ceiling (the share of the quota that the calls in flight leave: the provider counts
 each from arrival to completion at its worst case, ``tools.llm_provider.ceiling``), the
 tokens used per window as a share of the quota (mean of the steady windows, the first one
@@ -100,7 +101,9 @@ def main() -> None:
     arguments.add_argument("--tpm", type=int, default=20_000, help="tokens per window")
     arguments.add_argument("--window", type=float, default=2.0, help="seconds (2)")
     arguments.add_argument("--windows", type=int, default=10, help="steady windows (10)")
-    arguments.add_argument("--margin", type=float, action="append", help="s (0; repeatable)")
+    arguments.add_argument(
+        "--margin", type=float, action="append", help="s (0: the default; repeatable)"
+    )
     args = arguments.parse_args()
     margins: list[float] = args.margin or [0.0]
     if args.child:
@@ -136,7 +139,7 @@ def main() -> None:
             table.add(
                 variant.label,
                 label,
-                f"{margin * 1000:g} ms",
+                f"{margin * 1000:g} ms" if margin else "default",
                 f"{row['ceiling']:.1%}",
                 f"{row['share']:.1%}",
                 f"{(row['ceiling'] - row['share']) * 100:.1f} points",
