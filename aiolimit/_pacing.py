@@ -4,16 +4,18 @@ time, in the order they came (the engine's ``paced``, ``_acquire``).
 >>> turns = turns_of(request.paced)          # this loop's turns of these limiters
 >>> if await turns.wait(request.deadline):   # this caller's turn
 ...     ...                                  # ask no further ahead than HORIZON; pause
->>> refunded(tokens)                         # tokens came back: its holder asks again
+>>> refunded(tokens, 900)                    # 900 came back: its holder asks, if enough
 
 A grant that will be settled (``reserve()``, ``acquire_all``, a metered HTTP call) reserves
 no further ahead than ``HORIZON``: a reservation is placed on what the store knew when it
 was made and is not moved earlier by later refunds, so worst cases queued far ahead would
 keep places their settled predecessors no longer need. The caller whose turn it is asks;
-when refused it pauses, and asks again after ``HORIZON``, then twice as long each time up
-to ``MAX_ASK_EVERY`` (a refund in another process is seen that late at most), or at once
-when a settle or release of this process hands permits of those limiters back. Only the
-turn's holder asks, so a process asks at most once per pause, however many wait.
+when refused it pauses: it asks again a little before the store said it could grant, at
+once when settles or releases of this process have handed back what it lacked, else after
+``HORIZON``, then twice as long each time up to ``MAX_ASK_EVERY`` (a refund in another
+process is seen that late at most). Only the turn's holder asks, so a process asks at most
+once per pause, however many wait; one whose deadline comes before the holder can be
+granted stops waiting.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ __all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
 HORIZON = 0.01
 """How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
 at most this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a settle or
-release of its process handing permits back wakes it at once, and starts it over)."""
+release of its process handing back what it lacks wakes it at once)."""
 
 MAX_ASK_EVERY = 0.25
 """The longest a waiting settled acquisition waits between two asks: how late, at most, it
