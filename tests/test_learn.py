@@ -266,29 +266,61 @@ async def forget_learned(limiter):
         backend._shared.learning.states.clear()  # (the memory twin of that key)
 
 
-async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name):
-    clock = ManualClock()
-    (limiter,) = await fleet(store, name, clock, 1)
-    learner = Learner(limiter, start=0.6, max_hold=4 * INTERVAL)
-    assert (await learner.read()).permits == 12
+def stepper(store, clock, limiter, **knobs):
+    """``after(seconds, event)``: the clock moved, then one report; the permits in force."""
 
     async def after(seconds, event="succeeded"):
         await advance(store, clock, seconds)
         if event == "succeeded":
-            return (await succeeded(limiter, max_hold=4 * INTERVAL)).permits
-        return (await Learner(limiter, max_hold=4 * INTERVAL).refused()).permits
+            return (await succeeded(limiter, **knobs)).permits
+        return (await Learner(limiter, **knobs).refused()).permits
 
+    return after
+
+
+async def held_at_twelve_with_thirteen_failing(store, name):
+    """A limiter whose learned rate found the partner's 12: 13 probed twice and refused."""
+    clock = ManualClock()
+    limiters = await fleet(store, name, clock)
+    after = stepper(store, clock, limiters[0], start=0.6, max_hold=8 * INTERVAL)
+    assert (await Learner(limiters[0], start=0.6).read()).permits == 12
     assert await after(INTERVAL) == 13  # 12 held: probe 13
     assert await after(3, "refused") == 12  # 13 fails: back to 12, which held
-    assert await after(3, "refused") == 11  # 12 refused: a step less (a late arrival?)
-    assert await after(3, "refused") == 5  # 11 refused before it held: 12 fell, halved
-    assert await after(INTERVAL) == 8  # half-way to 11, which failed
-    assert await after(3, "refused") == 5  # 8 fails
-    assert await after(INTERVAL) == 6
-    assert await after(3, "refused") == 5  # 6 fails: wait twice as long before 6 again
-    assert await after(INTERVAL) == 5
-    assert await after(3 * INTERVAL) == 6  # after the hold
-    assert [await after(INTERVAL) for _ in range(4)] == [9, 11, 12, 13]  # it rose: back to 12
+    assert [await after(INTERVAL) for _ in range(2)] == [12, 13]  # 13 after its hold
+    assert await after(3, "refused") == 12  # and fails again: it waits 4 intervals now
+    return clock, limiters, after
+
+
+async def test_a_level_that_held_refused_is_cut_at_its_first_refusal_once_for_the_fleet(
+    store, name
+):
+    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    await advance(store, clock, 3)
+    grants = [await limiter.reserve(1) for limiter in limiters]  # decided at 12
+    for limiter in limiters:  # the limit fell: every process hears of 429s
+        for acquired in grants:
+            await Learner(limiter).refused(acquired)
+    assert await permits_in_force(limiters[0]) == 6  # one cut, at once: not a step, then more
+    assert await after(INTERVAL / 4 + 0.1, "refused") == 3  # refused under the cut: it fell on
+
+
+async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store, name):
+    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "refused") == 6  # the limit fell
+    assert await after(INTERVAL) == 7  # one step (half-way to 12 would overshoot a fall)
+    assert await after(3, "refused") == 6  # 7 fails: the limit is 6; 7 waits 2 intervals
+    assert [await after(INTERVAL) for _ in range(2)] == [6, 7]
+    assert await after(INTERVAL) == 10  # 7 held: the limit rose, half-way back to 12
+    assert await after(INTERVAL) == 12  # back where it fell from, never past it
+
+
+async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(store, name):
+    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "refused") == 6  # the limit fell
+    assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
+    # 13 failed twice before the fall: probed again only after its hold (4 intervals),
+    # not one interval after 12 is back
+    assert [await after(INTERVAL) for _ in range(4)] == [12, 12, 12, 13]
 
 
 @pytest.mark.parametrize("seed", range(6))
