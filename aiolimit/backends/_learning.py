@@ -112,6 +112,8 @@ class LearnState:
     good: int = 0
     bad: int = 0
     peak: int = 0
+    peak_bad: int = 0
+    peak_hold: int = 0
     step: int = 1
     hold: int = 0
     cut_at: int = 0
@@ -173,19 +175,19 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     if state.cut_at and episode:
         return  # the cut already made answers it
     top = state.ceiling[0].permits
-    floor, step = _share(top, law.floor), _share(top, law.step)
     if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits = state.permits, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    elif state.good:  # a level that held: a step less (a late arrival, or a small fall)
-        state.bad = state.peak = state.permits
-        state.permits = max(floor, state.permits - step)
-        state.good, state.hold = 0, interval
-    else:  # a level that has not held (yet): the limit fell, or was never this high
-        state.bad = state.permits
-        state.permits = max(floor, state.permits * law.decrease // MILLION)
+    else:  # a level in force refused: the limit fell; one cut, at once, for the fleet
+        if state.good:  # where it fell from, and what failed above that (and its hold)
+            above = state.bad > state.permits
+            state.peak = state.permits
+            state.peak_bad = state.bad if above else 0
+            state.peak_hold = state.hold if above else interval
+        state.permits = max(_share(top, law.floor), state.permits * law.decrease // MILLION)
+        state.good = state.bad = 0
         state.hold = interval
-    state.step = step
+    state.step = _share(top, law.step)
     state.cut_at = state.grown_at = now
 
 
@@ -196,28 +198,29 @@ def _succeeded(state: LearnState, law: Law, now: int) -> None:
     state.good = state.permits  # it held an interval
     if state.bad and state.permits >= state.bad:  # the bad level held: the limit rose
         state.bad, state.hold = 0, interval
+        if state.peak > state.permits:  # half-way back to where it fell from, at once
+            state.step = max(state.step, -(-(state.peak - state.permits) // 2))
     top = state.ceiling[0].permits
     cap = min(top, state.stated) if state.stated else top
     if state.peak <= state.permits:
         state.peak = 0
-    if state.bad > state.permits:
-        half = (state.bad - state.permits) // 2
-        target = min(state.bad, state.permits + max(state.step, half))
-    elif state.peak:  # half-way back to the level the limit fell from, never past it
-        state.bad = 0
-        target = min(
-            state.peak, state.permits + max(state.step, -(-(state.peak - state.permits) // 2))
-        )
-    else:
-        state.bad = 0
-        target = state.permits + state.step
+    target = state.permits + state.step
+    if state.bad:  # a level known to fail: crept up to, itself tried after the hold
+        target = min(target, state.bad)
+    elif state.peak:  # below where the limit fell from: never past it
+        target = min(target, state.peak)
     target = min(target, cap)
     if target <= state.permits:
         return
     wait = state.hold if state.bad and target >= state.bad else interval
     if now - state.grown_at < wait:
         return
-    if not (state.bad or state.peak):  # (a step overshoots by as much: an eighth at most)
+    if state.peak and target >= state.peak:  # back: what failed above it fails as before
+        state.bad, state.hold, state.peak = state.peak_bad, state.peak_hold, 0
+        state.step = _share(top, law.step)
+    elif state.peak:  # (a fall's first step is small, then doubling: a rise found fast)
+        state.step *= 2
+    elif not state.bad:  # (a step overshoots by as much: an eighth at most)
         state.step = max(_share(top, law.step), min(2 * state.step, target // 8))
     state.permits, state.grown_at = target, now
 

@@ -26,7 +26,9 @@
 
 local MILLION = 1000000
 local LEARN_TTL_MS = 86400000
-local FIELDS = { 'ceiling', 'permits', 'good', 'bad', 'peak', 'step', 'hold', 'cut_at', 'grown_at', 'stated' }
+local FIELDS = {
+  'ceiling', 'permits', 'good', 'bad', 'peak', 'peak_bad', 'peak_hold', 'step', 'hold', 'cut_at', 'grown_at', 'stated',
+}
 
 local function rates_text(rates)
   local parts = {}
@@ -71,6 +73,9 @@ local state = {}
 for i, name in ipairs(FIELDS) do
   state[name] = i == 1 and stored[i] or tonumber(stored[i] or '')
 end
+for i = 3, #FIELDS do -- (a state an earlier release wrote lacks the newer fields)
+  state[FIELDS[i]] = state[FIELDS[i]] or 0
+end
 local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(config.rates)
 local ceiling = parse_ceiling(ceiling_text)
 local current = rates_text(config.rates)
@@ -84,7 +89,7 @@ local top, interval = ceiling[1].rate, ceiling[1].interval
 if not (state.permits and state.ceiling == ceiling_text and rates_text(rates_of(ceiling, state.permits)) == current) then
   state = {
     permits = max(share(top, law.floor), min(config.rates[1].rate, share(top, law.start), top)),
-    good = 0, bad = 0, peak = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
+    good = 0, bad = 0, peak = 0, peak_bad = 0, peak_hold = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
   }
 end
 local before = state.permits
@@ -99,20 +104,20 @@ local function refused(decided)
   if state.cut_at ~= 0 and episode then
     return -- the cut already made answers it
   end
-  local least, step = share(top, law.floor), share(top, law.step)
   if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits = state.permits, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  elseif state.good > 0 then -- a level that held: a step less (a late arrival, a small fall)
-    state.bad, state.peak = state.permits, state.permits
-    state.permits = max(least, state.permits - step)
-    state.good, state.hold = 0, interval
-  else -- a level that has not held (yet): the limit fell, or was never this high
-    state.bad = state.permits
-    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
-    state.hold = interval
+  else -- a level in force refused: the limit fell; one cut, at once, for the fleet
+    if state.good > 0 then -- where it fell from, and what failed above that (and its hold)
+      local above = state.bad > state.permits
+      state.peak = state.permits
+      state.peak_bad = above and state.bad or 0
+      state.peak_hold = above and state.hold or interval
+    end
+    state.permits = max(share(top, law.floor), floor(state.permits * law.decrease / MILLION))
+    state.good, state.bad, state.hold = 0, 0, interval
   end
-  state.step = step
+  state.step = share(top, law.step)
   state.cut_at, state.grown_at = now, now
 end
 
@@ -123,20 +128,19 @@ local function succeeded()
   state.good = state.permits -- it held an interval
   if state.bad > 0 and state.permits >= state.bad then -- the bad level held: the limit rose
     state.bad, state.hold = 0, interval
+    if state.peak > state.permits then -- half-way back to where it fell from, at once
+      state.step = max(state.step, ceil((state.peak - state.permits) / 2))
+    end
   end
   local cap = state.stated > 0 and min(top, state.stated) or top
-  local target
   if state.peak <= state.permits then
     state.peak = 0
   end
-  if state.bad > state.permits then
-    target = min(state.bad, state.permits + max(state.step, floor((state.bad - state.permits) / 2)))
-  elseif state.peak > 0 then -- half-way back to the level the limit fell from, never past it
-    state.bad = 0
-    target = min(state.peak, state.permits + max(state.step, ceil((state.peak - state.permits) / 2)))
-  else
-    state.bad = 0
-    target = state.permits + state.step
+  local target = state.permits + state.step
+  if state.bad > 0 then -- a level known to fail: crept up to, itself tried after the hold
+    target = min(target, state.bad)
+  elseif state.peak > 0 then -- below where the limit fell from: never past it
+    target = min(target, state.peak)
   end
   target = min(target, cap)
   if target <= state.permits then
@@ -146,7 +150,12 @@ local function succeeded()
   if now - state.grown_at < wait then
     return
   end
-  if state.bad == 0 and state.peak == 0 then -- (a step overshoots by as much: an eighth at most)
+  if state.peak > 0 and target >= state.peak then -- back: what failed above it fails as before
+    state.bad, state.hold, state.peak = state.peak_bad, state.peak_hold, 0
+    state.step = share(top, law.step)
+  elseif state.peak > 0 then -- (a fall's first step is small, then doubling: a rise found fast)
+    state.step = 2 * state.step
+  elseif state.bad == 0 then -- (a step overshoots by as much: an eighth at most)
     state.step = max(share(top, law.step), min(2 * state.step, floor(target / 8)))
   end
   state.permits, state.grown_at = target, now
@@ -186,7 +195,8 @@ end
 
 local changed = state.permits ~= before and 1 or 0
 redis.call('HSET', KEYS[4], 'ceiling', ceiling_text, 'permits', fmt(state.permits), 'good', fmt(state.good),
-  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
+  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'peak_bad', fmt(state.peak_bad), 'peak_hold', fmt(state.peak_hold),
+  'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
   'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated))
 redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
 
