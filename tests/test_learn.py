@@ -369,3 +369,25 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
         await limiters[1].delete()
         await redis.delete(backends[1].keys(name).learned)
         await redis.aclose()
+
+
+async def test_a_success_proves_a_level_only_for_a_call_granted_an_interval_after_the_raise(
+    store, name
+):
+    """A probe's extra call fails an interval after the raise, when the partner's window
+    holds the new level in full: the calls that succeed before that prove nothing."""
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6)
+    await learner.read()
+    await advance(store, clock, INTERVAL)
+    assert (await succeeded(limiter)).permits == 13  # 12 held: probe 13
+    await advance(store, clock, 1)
+    early = await limiter.reserve(1)  # granted under 13, a second after the raise
+    await advance(store, clock, INTERVAL)
+    if left := await limiter.available_permits():
+        assert await limiter.try_acquire(left)
+    learned = await Learner(limiter, start=0.6).succeeded(early)
+    assert learned is not None and (learned.permits, learned.good) == (13, 12)  # unproven
+    late = await limiter.reserve(1)
+    assert (await learner.refused(late)).permits == 12  # the probe failed: back, not halved
