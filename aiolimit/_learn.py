@@ -144,17 +144,19 @@ class Learner:
         are)."""
         return await self._learn("refused", _decided_at(acquired), None)
 
-    async def succeeded(self) -> Learned | None:
+    async def succeeded(self, acquired: Acquired | None = None) -> Learned | None:
         """The partner served a call: the fleet may increase its rate (at most once per
-        interval). Reported to the store at most four times per interval per learner;
-        None when this one was not."""
+        interval). ``acquired``: the call's acquisition (a level is proven by a call granted
+        at least an interval after it was raised; without it, by one told that late).
+        Reported to the store at most four times per interval per learner; None when this
+        one was not."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         if now < self._next_report:
             return None
         interval = self._reported.interval_us if self._reported else 1_000_000
         self._next_report = now + interval / 4e6
-        return await self._learn("succeeded", None, None)
+        return await self._learn("succeeded", _decided_at(acquired), None)
 
     async def stated(self, quota: int, window: Duration) -> Learned:
         """The partner states its limit: ``quota`` per ``window`` (seconds or a
@@ -259,7 +261,7 @@ class CallLearning:
                 if status in REFUSALS:
                     await learner.refused(acquired)
                 elif status < 500:
-                    await learner.succeeded()
+                    await learner.succeeded(acquired)
                 limit = stated_limit(headers, kind)
                 if limit is not None:
                     await learner.stated(*limit)

@@ -358,7 +358,7 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
                 if event == "refused":
                     learned = await learner.refused(acquired if with_grant else None)
                 elif event == "succeeded":
-                    learned = await learner.succeeded()
+                    learned = await learner.succeeded(acquired if with_grant else None)
                 else:
                     learned = await learner.stated(quota, INTERVAL)
                 answers.append((learned, await limiter.get_config()))

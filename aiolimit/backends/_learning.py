@@ -153,7 +153,7 @@ def decide(
     left: int | None = None,
 ) -> bool:
     """Applies ``event`` to ``state`` at ``now``; whether the rate in force changed.
-    ``value``: refused: when the refused call's grant was decided (None: unknown); stated:
+    ``value``: refused, succeeded: when the call's grant was decided (None: unknown); stated:
     the stated quota, per ``per`` µs. ``left``: succeeded: the permits the (OVERALL) budget
     has left now; a rate a quarter unused is not proven by the calls that succeed under it
     (None: not known, as for PER_CLIENT)."""
@@ -161,7 +161,7 @@ def decide(
     if event == "refused":
         _refused(state, value, law, now)
     elif event == "succeeded" and (left is None or 4 * left <= state.permits):
-        _succeeded(state, law, now)
+        _succeeded(state, law, now, now if value is None else min(value, now))
     elif event == "stated" and value is not None and per:
         _stated(state, value, per, law, now)
     return state.permits != before
@@ -191,10 +191,10 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     state.cut_at = state.grown_at = now
 
 
-def _succeeded(state: LearnState, law: Law, now: int) -> None:
+def _succeeded(state: LearnState, law: Law, now: int, decided: int) -> None:
     interval = state.ceiling[0].interval_us
-    if now - state.grown_at < interval:
-        return
+    if decided - state.grown_at < interval:
+        return  # (a probe's extra call fails an interval after the raise: not proven before)
     state.good = state.permits  # it held an interval
     if state.bad and state.permits >= state.bad:  # the bad level held: the limit rose
         state.bad, state.hold = 0, interval

@@ -6,7 +6,7 @@
 -- KEYS[3] permits ZSET (OVERALL)
 -- KEYS[4] the learned state: "<tag>:learn" (a hash)
 -- ARGV[1] event: 'read', 'refused', 'succeeded' or 'stated'
--- ARGV[2] refused: when the refused call's grant was decided (us, limiter clock; '' unknown);
+-- ARGV[2] refused, succeeded: when the call's grant was decided (us, limiter clock; '' unknown);
 --         stated: the quota the partner states ('' none)
 -- ARGV[3] stated: the quota's window (us)
 -- ARGV[4] now in microseconds, or '' to read the server's TIME
@@ -121,9 +121,9 @@ local function refused(decided)
   state.cut_at, state.grown_at = now, now
 end
 
-local function succeeded()
-  if now - state.grown_at < interval then
-    return
+local function succeeded(decided)
+  if decided - state.grown_at < interval then
+    return -- (a probe's extra call fails an interval after the raise: not proven before)
   end
   state.good = state.permits -- it held an interval
   if state.bad > 0 and state.permits >= state.bad then -- the bad level held: the limit rose
@@ -187,7 +187,7 @@ elseif event == 'succeeded' then
     left = group.algorithm.left(group, now)
   end
   if not left or 4 * left <= state.permits then
-    succeeded()
+    succeeded(min(tonumber(ARGV[2]) or now, now))
   end
 elseif event == 'stated' and tonumber(ARGV[2]) and tonumber(ARGV[3]) and tonumber(ARGV[3]) > 0 then
   stated(tonumber(ARGV[2]), tonumber(ARGV[3]))
