@@ -310,8 +310,17 @@ async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store
     assert await after(INTERVAL) == 7  # one step (half-way to 12 would overshoot a fall)
     assert await after(3, "refused") == 6  # 7 fails: the limit is 6; 7 waits 2 intervals
     assert [await after(INTERVAL) for _ in range(2)] == [6, 7]
-    assert await after(INTERVAL) == 10  # 7 held: the limit rose, half-way back to 12
-    assert await after(INTERVAL) == 12  # back where it fell from, never past it
+    assert await after(INTERVAL) == 12  # 7 held: the limit rose, back where it fell from
+    assert await after(INTERVAL) == 12  # never past it: 13 failed there
+
+
+async def test_a_level_refused_before_it_held_is_climbed_back_to_fast(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    after = stepper(store, clock, limiter, start=0.8)
+    assert (await Learner(limiter, start=0.8).read()).permits == 16
+    assert await after(1, "refused") == 8  # (a start's first window, say: late arrivals)
+    assert [await after(INTERVAL) for _ in range(5)] == [9, 11, 15, 16, 17]  # (not +1 each)
 
 
 async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(store, name):

@@ -179,7 +179,7 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
         state.bad, state.permits = state.permits, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
     else:  # a level in force refused: the limit fell; one cut, at once, for the fleet
-        if state.good:  # where it fell from, and what failed above that (and its hold)
+        if state.good or state.peak < state.permits:  # where it fell from, what failed above
             above = state.bad > state.permits
             state.peak = state.permits
             state.peak_bad = state.bad if above else 0
@@ -198,8 +198,8 @@ def _succeeded(state: LearnState, law: Law, now: int, decided: int) -> None:
     state.good = state.permits  # it held an interval
     if state.bad and state.permits >= state.bad:  # the bad level held: the limit rose
         state.bad, state.hold = 0, interval
-        if state.peak > state.permits:  # half-way back to where it fell from, at once
-            state.step = max(state.step, -(-(state.peak - state.permits) // 2))
+        if state.peak > state.permits:  # back to where it fell from, at once
+            state.step = max(state.step, state.peak - state.permits)
     top = state.ceiling[0].permits
     cap = min(top, state.stated) if state.stated else top
     if state.peak <= state.permits:

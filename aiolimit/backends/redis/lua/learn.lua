@@ -108,7 +108,7 @@ local function refused(decided)
     state.bad, state.permits = state.permits, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
   else -- a level in force refused: the limit fell; one cut, at once, for the fleet
-    if state.good > 0 then -- where it fell from, and what failed above that (and its hold)
+    if state.good > 0 or state.peak < state.permits then -- where it fell from, what failed above
       local above = state.bad > state.permits
       state.peak = state.permits
       state.peak_bad = above and state.bad or 0
@@ -128,8 +128,8 @@ local function succeeded(decided)
   state.good = state.permits -- it held an interval
   if state.bad > 0 and state.permits >= state.bad then -- the bad level held: the limit rose
     state.bad, state.hold = 0, interval
-    if state.peak > state.permits then -- half-way back to where it fell from, at once
-      state.step = max(state.step, ceil((state.peak - state.permits) / 2))
+    if state.peak > state.permits then -- back to where it fell from, at once
+      state.step = max(state.step, state.peak - state.permits)
     end
   end
   local cap = state.stated > 0 and min(top, state.stated) or top
