@@ -9,22 +9,26 @@ the ceiling's first rate; ``permits`` the learned permits of that rate), rewritt
 The learned state (``LearnState``) is kept beside the config (Redis: ``<tag>:learn``), so
 every process of a fleet shares one decision:
 
-- **refused** (a ``429``/``503``): one cut per episode for the whole fleet. A refusal of a
-  call decided before the last cut belongs to that cut's episode and changes nothing (one
-  reported without its call: within a quarter interval of the cut). A
-  refused *probe* (a level above the last one that held) goes back to that level and waits
-  twice as long before it probes again (at most ``max_hold``); a refused level that had held
-  goes one ``step`` down (a request that arrived late, or a small fall); a refused level
-  that has not held (a start, or the step down refused again: the limit fell) is cut to
-  ``decrease`` of itself. Never below the floor.
-- **succeeded**: once a level has held one interval of the ceiling's first rate, and is
-  used (an OVERALL budget with at most a quarter of it left when the success is told), it is
-  *good*; the next level is probed: ``step`` more, doubling while every probe holds (up to
-  an eighth of the rate: a probe too high costs as many refusals as it overshoots); or,
-  below the level that last failed (*bad*), half-way to it; the bad level itself only after
-  the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
-  and the rate climbs half-way back to the level the limit last fell from (*peak*) each
-  interval, then on by ``step``.
+- **refused** (a ``429``/``503``): one decision per episode for the whole fleet. A refusal
+  of a call decided before the last cut belongs to that cut's episode and changes nothing
+  (one reported without its call: within a quarter interval of the cut). A refused *probe*
+  (a level above the last one that held) goes back to that level (*good*), and the level
+  that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``):
+  one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
+  means the limit fell: it is cut to ``decrease`` of itself at once (never below the
+  floor), and where it fell from is remembered (*peak*, with the level that failed above
+  it and that level's wait).
+- **succeeded**: a level is proven once a call granted at least one interval of the
+  ceiling's first rate after it was raised succeeds (a probe's extra call is refused only
+  when the partner's window holds the new level in full, an interval on), and while the
+  rate is used (an OVERALL budget with at most a quarter of it left when the success is
+  told). Then the next level is probed, once per interval: below a *bad* level, one
+  ``step`` at a time, the bad level itself only after its wait; below a *peak*, a
+  ``step`` that doubles while it holds (a fall's first probe is small, a mistaken cut is
+  climbed back in a few intervals); a bad level that holds means the limit rose: straight
+  back to the peak, where the level above it waits as it did before the fall; past all
+  that, ``step`` more, doubling while probes hold, up to an eighth of the rate (a probe too
+  high costs as many refusals per window as it overshoots).
 - **stated**: a partner that states its limit (``q`` per ``w``) is taken at its word,
   scaled to the ceiling's first interval, capped by the ceiling and the floor; growth stops
   there from then on.
