@@ -305,7 +305,7 @@ async def test_a_level_that_held_refused_is_cut_at_its_first_refusal_once_for_th
 
 
 async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store, name):
-    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    *_, after = await held_at_twelve_with_thirteen_failing(store, name)
     assert await after(3, "refused") == 6  # the limit fell
     assert await after(INTERVAL) == 7  # one step (half-way to 12 would overshoot a fall)
     assert await after(3, "refused") == 6  # 7 fails: the limit is 6; 7 waits 2 intervals
@@ -324,7 +324,7 @@ async def test_a_level_refused_before_it_held_is_climbed_back_to_fast(store, nam
 
 
 async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(store, name):
-    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    *_, after = await held_at_twelve_with_thirteen_failing(store, name)
     assert await after(3, "refused") == 6  # the limit fell
     assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
     # 13 failed twice before the fall: probed again only after its hold (4 intervals),
