@@ -69,7 +69,16 @@ class Learner:
     it rises.
     """
 
-    __slots__ = ("_begun", "_ceiling", "_law", "_next_report", "_reported", "_seen", "limiter")
+    __slots__ = (
+        "_begun",
+        "_ceiling",
+        "_law",
+        "_next_report",
+        "_reported",
+        "_seen",
+        "_told_for",
+        "limiter",
+    )
 
     def __init__(
         self,
@@ -112,6 +121,7 @@ class Learner:
         self._seen: tuple[int, int] | None = None  # (permits, ceiling) last reported
         self._reported: Learned | None = None
         self._next_report = -math.inf  # (loop time) when a success is worth reporting
+        self._told_for = -1  # the level (its grown_at) a success that can prove it was told for
         self._begun: asyncio.Future[None] | None = None
 
     async def begin(self) -> None:
@@ -150,15 +160,23 @@ class Learner:
         """The partner served a call: the fleet may increase its rate (at most once per
         interval). ``acquired``: the call's acquisition (a level is proven by a call granted
         at least an interval after it was raised; without it, by one told that late).
-        Reported to the store at most four times per interval per learner; None when this
-        one was not."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now < self._next_report:
+        Reported to the store at most four times per interval per learner, and not at all
+        while it cannot prove the level in force, but the first that can is reported at
+        once; None when this one was not."""
+        now = asyncio.get_running_loop().time()
+        decided, known = _decided_at(acquired), self._reported
+        if known is not None and decided is not None:
+            if decided < known.grown_at + known.interval_us:
+                return None  # granted before the level in force could be proven
+            first = known.grown_at != self._told_for
+            self._told_for = known.grown_at
+            if not first and now < self._next_report:
+                return None  # (the first that can prove a level is told at once)
+        elif now < self._next_report:
             return None
-        interval = self._reported.interval_us if self._reported else 1_000_000
+        interval = known.interval_us if known else 1_000_000
         self._next_report = now + interval / 4e6
-        return await self._learn("succeeded", _decided_at(acquired), None)
+        return await self._learn("succeeded", decided, None)
 
     async def stated(self, quota: int, window: Duration) -> Learned:
         """The partner states its limit: ``quota`` per ``window`` (seconds or a

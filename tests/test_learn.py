@@ -273,6 +273,11 @@ def stepper(store, clock, limiter, **knobs):
         await advance(store, clock, seconds)
         if event == "succeeded":
             return (await succeeded(limiter, **knobs)).permits
+        if event == "fell":  # the limit fell: a whole burst of calls refused
+            grants = [await limiter.reserve(1) for _ in range(5)]
+            for acquired in grants:
+                learned = await Learner(limiter, **knobs).refused(acquired)
+            return learned.permits
         return (await Learner(limiter, **knobs).refused()).permits
 
     return after
@@ -291,22 +296,40 @@ async def held_at_twelve_with_thirteen_failing(store, name):
     return clock, limiters, after
 
 
-async def test_a_level_that_held_refused_is_cut_at_its_first_refusal_once_for_the_fleet(
-    store, name
-):
+async def test_a_level_that_held_refused_by_a_burst_is_halved_once_for_the_fleet(store, name):
     clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
     await advance(store, clock, 3)
     grants = [await limiter.reserve(1) for limiter in limiters]  # decided at 12
     for limiter in limiters:  # the limit fell: every process hears of 429s
         for acquired in grants:
             await Learner(limiter).refused(acquired)
-    assert await permits_in_force(limiters[0]) == 6  # one cut, at once: not a step, then more
+    assert await permits_in_force(limiters[0]) == 6  # one cut: not a step, then more
     assert await after(INTERVAL / 4 + 0.1, "refused") == 3  # refused under the cut: it fell on
+
+
+async def test_a_lone_refusal_of_a_level_that_held_is_one_step_down(store, name):
+    """A late arrival (a caller stalled past the margin) is refused alone; a fall refuses
+    the calls of a whole window: more than a quarter of the level."""
+    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    await advance(store, clock, 3)
+    grants = [await limiter.reserve(1) for limiter in limiters[:4]]
+    learned = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
+    assert learned == [11, 11, 11, 6]  # the fourth of the episode (12 / 4 = 3): a fall
+    await advance(store, clock, 3)
+    later = await limiters[0].reserve(1)
+    assert (await Learner(limiters[0]).refused(later)).permits == 3  # (6 had not held)
+
+
+async def test_after_a_late_arrival_the_rate_is_back_within_two_intervals(store, name):
+    _, _, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "refused") == 11  # one late arrival
+    assert [await after(INTERVAL) for _ in range(2)] == [12, 12]  # 13 after its own hold
+    assert [await after(INTERVAL) for _ in range(3)] == [12, 12, 13]
 
 
 async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store, name):
     *_, after = await held_at_twelve_with_thirteen_failing(store, name)
-    assert await after(3, "refused") == 6  # the limit fell
+    assert await after(3, "fell") == 6  # the limit fell
     assert await after(INTERVAL) == 7  # one step (half-way to 12 would overshoot a fall)
     assert await after(3, "refused") == 6  # 7 fails: the limit is 6; 7 waits 2 intervals
     assert [await after(INTERVAL) for _ in range(2)] == [6, 7]
@@ -325,7 +348,7 @@ async def test_a_level_refused_before_it_held_is_climbed_back_to_fast(store, nam
 
 async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(store, name):
     *_, after = await held_at_twelve_with_thirteen_failing(store, name)
-    assert await after(3, "refused") == 6  # the limit fell
+    assert await after(3, "fell") == 6  # the limit fell
     assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
     # 13 failed twice before the fall: probed again only after its hold (4 intervals),
     # not one interval after 12 is back
@@ -334,8 +357,8 @@ async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(sto
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed):
-    """Random reports (refusals with and without their grants, successes, stated limits,
-    at random times, the budget used or not) on a real redis-server and on the memory
+    """Random reports (refusals with and without their grants, alone or a window's at
+    once, successes, stated limits, at random times, the budget used or not) on a real redis-server and on the memory
     backend, each with its own clock moved alike: every answer and rate the same."""
     import random
 
@@ -358,6 +381,7 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
             take = chance.randrange(0, 12)
             quota = chance.randrange(0, 60)
             with_grant = chance.random() < 0.7
+            burst = chance.choice((1, 1, 5))  # (refusals of one window, told one by one)
             answers = []
             for limiter, clock in zip(limiters, clocks, strict=True):
                 clock.advance(step)
@@ -365,7 +389,8 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
                 acquired = await limiter.reserve(take) if take else None
                 learner = Learner(limiter, max_hold=5 * INTERVAL)
                 if event == "refused":
-                    learned = await learner.refused(acquired if with_grant else None)
+                    for _ in range(burst):
+                        learned = await learner.refused(acquired if with_grant else None)
                 elif event == "succeeded":
                     learned = await learner.succeeded(acquired if with_grant else None)
                 else:
@@ -400,3 +425,21 @@ async def test_a_success_proves_a_level_only_for_a_call_granted_an_interval_afte
     assert learned is not None and (learned.permits, learned.good) == (13, 12)  # unproven
     late = await limiter.reserve(1)
     assert (await learner.refused(late)).permits == 12  # the probe failed: back, not halved
+
+
+async def test_a_learner_tells_the_first_success_that_can_prove_a_level_at_once(store, name):
+    """Successes are told at most four times an interval, but one that can prove the
+    level (granted an interval after the raise) is told at once: the fleet's next increase
+    is one interval on, not two."""
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6)
+    await learner.read()
+    early = await limiter.reserve(1)
+    assert await learner.succeeded(early) is None  # granted with the level: proves nothing
+    await advance(store, clock, INTERVAL)
+    if left := await limiter.available_permits():
+        assert await limiter.try_acquire(left)
+    proof = await limiter.reserve(1)
+    learned = await learner.succeeded(proof)  # (told: no other success of this level was)
+    assert learned is not None and learned.permits == 13

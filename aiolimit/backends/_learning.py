@@ -105,6 +105,9 @@ class Learned(NamedTuple):
     """How long the bad level waits before it is probed again."""
     stated: int
     """The limit the partner last stated, scaled to the first rate (0: none)."""
+    grown_at: int
+    """When the rate in force last changed (limiter's clock, µs): a success proves it for a
+    call granted an interval later or more."""
 
 
 @dataclass
@@ -123,6 +126,8 @@ class LearnState:
     cut_at: int = 0
     grown_at: int = 0
     stated: int = 0
+    refusals: int = 0
+    level: int = 0
     expires_at: int = 0
 
 
@@ -176,23 +181,40 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     # (no grant to tell by: the refusals within a quarter interval of a cut are its)
     quarter = now < state.cut_at + interval // 4
     episode = decided <= state.cut_at if decided is not None else quarter
-    if state.cut_at and episode:
-        return  # the cut already made answers it
     top = state.ceiling[0].permits
-    if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
-        state.bad, state.permits = state.permits, state.good
+    floor = _share(top, law.floor)
+    if state.cut_at and episode:  # the cut made answers it, unless the episode is a fall
+        state.refusals += 1
+    elif 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
+        state.bad, state.permits, state.level = state.permits, state.good, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    else:  # a level in force refused: the limit fell; one cut, at once, for the fleet
-        if state.good or state.peak < state.permits:  # where it fell from, what failed above
-            above = state.bad > state.permits
-            state.peak = state.permits
-            state.peak_bad = state.bad if above else 0
-            state.peak_hold = state.hold if above else interval
-        state.permits = max(_share(top, law.floor), state.permits * law.decrease // MILLION)
-        state.good = state.bad = 0
-        state.hold = interval
-    state.step = _share(top, law.step)
-    state.cut_at = state.grown_at = now
+        state.refusals = 1
+    else:  # a level in force refused: a late arrival, a step down; a fall, halved
+        level, held = state.permits, state.good > 0
+        step = _share(top, law.step) if held else level - level * law.decrease // MILLION
+        _fell(state, level, max(floor, level - step), interval, held)
+        state.refusals, state.level = 1, level
+    deep = max(floor, state.level * law.decrease // MILLION)
+    fall = state.refusals > state.level // 4 and state.permits > deep  # a window refused
+    if fall:
+        _fell(state, state.level, deep, interval, True)
+    if fall or state.refusals == 1:
+        state.step = _share(top, law.step)
+        state.cut_at = state.grown_at = now
+
+
+def _fell(state: LearnState, level: int, permits: int, interval: int, held: bool) -> None:
+    """The limit fell below ``level``: the rate is cut to ``permits``; where it fell from is
+    kept (unless a higher level it fell from is, or this episode kept it already), with
+    what failed above it and its wait."""
+    if state.peak != level and (held or state.peak < level):
+        above = state.bad > level
+        state.peak = level
+        state.peak_bad = state.bad if above else 0
+        state.peak_hold = state.hold if above else interval
+    state.permits = permits
+    state.good = state.bad = 0
+    state.hold = interval
 
 
 def _succeeded(state: LearnState, law: Law, now: int, decided: int) -> None:

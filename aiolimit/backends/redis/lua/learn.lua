@@ -21,13 +21,14 @@
 -- replaced it) starts again: at `start` of the ceiling, or the config's rate where lower.
 -- O(1): one budget's reclaim and save, bounded as every script's.
 --
--- Returns {0, permits, C, interval, changed, cut_at, good, bad, hold, stated}, {-1} without
+-- Returns {0, permits, C, interval, changed, cut_at, good, bad, hold, stated, grown_at}, {-1} without
 -- config, {-5, text} when the ceiling's intervals are not the config's.
 
 local MILLION = 1000000
 local LEARN_TTL_MS = 86400000
 local FIELDS = {
   'ceiling', 'permits', 'good', 'bad', 'peak', 'peak_bad', 'peak_hold', 'step', 'hold', 'cut_at', 'grown_at', 'stated',
+  'refusals', 'level',
 }
 
 local function rates_text(rates)
@@ -89,10 +90,24 @@ local top, interval = ceiling[1].rate, ceiling[1].interval
 if not (state.permits and state.ceiling == ceiling_text and rates_text(rates_of(ceiling, state.permits)) == current) then
   state = {
     permits = max(share(top, law.floor), min(config.rates[1].rate, share(top, law.start), top)),
-    good = 0, bad = 0, peak = 0, peak_bad = 0, peak_hold = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
+    good = 0, bad = 0, peak = 0, peak_bad = 0, peak_hold = 0, refusals = 0, level = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
   }
 end
 local before = state.permits
+
+-- The limit fell below `level`: the rate is cut to `permits`; where it fell from is kept
+-- (unless a higher level it fell from is, or this episode kept it already), with what failed
+-- above it and its wait.
+local function fell(level, permits, held)
+  if state.peak ~= level and (held or state.peak < level) then
+    local above = state.bad > level
+    state.peak = level
+    state.peak_bad = above and state.bad or 0
+    state.peak_hold = above and state.hold or interval
+  end
+  state.permits = permits
+  state.good, state.bad, state.hold = 0, 0, interval
+end
 
 local function refused(decided)
   local episode
@@ -101,24 +116,28 @@ local function refused(decided)
   else
     episode = now < state.cut_at + floor(interval / 4) -- (no grant to tell by)
   end
-  if state.cut_at ~= 0 and episode then
-    return -- the cut already made answers it
-  end
-  if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
-    state.bad, state.permits = state.permits, state.good
+  local least = share(top, law.floor)
+  if state.cut_at ~= 0 and episode then -- the cut made answers it, unless the episode is a fall
+    state.refusals = state.refusals + 1
+  elseif state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
+    state.bad, state.permits, state.level = state.permits, state.good, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  else -- a level in force refused: the limit fell; one cut, at once, for the fleet
-    if state.good > 0 or state.peak < state.permits then -- where it fell from, what failed above
-      local above = state.bad > state.permits
-      state.peak = state.permits
-      state.peak_bad = above and state.bad or 0
-      state.peak_hold = above and state.hold or interval
-    end
-    state.permits = max(share(top, law.floor), floor(state.permits * law.decrease / MILLION))
-    state.good, state.bad, state.hold = 0, 0, interval
+    state.refusals = 1
+  else -- a level in force refused: a late arrival, a step down; a fall, halved
+    local level, held = state.permits, state.good > 0
+    local step = held and share(top, law.step) or (level - floor(level * law.decrease / MILLION))
+    fell(level, max(least, level - step), held)
+    state.refusals, state.level = 1, level
   end
-  state.step = share(top, law.step)
-  state.cut_at, state.grown_at = now, now
+  local deep = max(least, floor(state.level * law.decrease / MILLION))
+  local fall = state.refusals > floor(state.level / 4) and state.permits > deep -- a window refused
+  if fall then
+    fell(state.level, deep, true)
+  end
+  if fall or state.refusals == 1 then
+    state.step = share(top, law.step)
+    state.cut_at, state.grown_at = now, now
+  end
 end
 
 local function succeeded(decided)
@@ -197,7 +216,7 @@ local changed = state.permits ~= before and 1 or 0
 redis.call('HSET', KEYS[4], 'ceiling', ceiling_text, 'permits', fmt(state.permits), 'good', fmt(state.good),
   'bad', fmt(state.bad), 'peak', fmt(state.peak), 'peak_bad', fmt(state.peak_bad), 'peak_hold', fmt(state.peak_hold),
   'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
-  'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated))
+  'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated), 'refusals', fmt(state.refusals), 'level', fmt(state.level))
 redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
 
 local wanted = rates_of(ceiling, state.permits)
@@ -223,4 +242,4 @@ end
 if config.clock_moved or (config.clock and ARGV[4] ~= '') then
   redis.call('HSET', KEYS[1], 'clock', fmt(config.clock))
 end
-return { 0, state.permits, top, interval, changed, state.cut_at, state.good, state.bad, state.hold, state.stated }
+return { 0, state.permits, top, interval, changed, state.cut_at, state.good, state.bad, state.hold, state.stated, state.grown_at }
