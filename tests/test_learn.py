@@ -310,7 +310,7 @@ async def test_a_level_that_held_refused_by_a_burst_is_halved_once_for_the_fleet
 async def test_a_lone_refusal_of_a_level_that_held_is_one_step_down(store, name):
     """A late arrival (a caller stalled past the margin) is refused alone; a fall refuses
     the calls of a whole window: more than a quarter of the level."""
-    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    clock, limiters, _ = await held_at_twelve_with_thirteen_failing(store, name)
     await advance(store, clock, 3)
     grants = [await limiter.reserve(1) for limiter in limiters[:4]]
     learned = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
@@ -358,8 +358,9 @@ async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(sto
 @pytest.mark.parametrize("seed", range(6))
 async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed):
     """Random reports (refusals with and without their grants, alone or a window's at
-    once, successes, stated limits, at random times, the budget used or not) on a real redis-server and on the memory
-    backend, each with its own clock moved alike: every answer and rate the same."""
+    once, successes, stated limits, at random times, the budget used or not) on a real
+    redis-server and on the memory backend, each with its own clock moved alike: every
+    answer and rate the same."""
     import random
 
     from redis.asyncio import Redis
