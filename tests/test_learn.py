@@ -444,3 +444,14 @@ async def test_a_learner_tells_the_first_success_that_can_prove_a_level_at_once(
     proof = await limiter.reserve(1)
     learned = await learner.succeeded(proof)  # (told: no other success of this level was)
     assert learned is not None and learned.permits == 13
+
+
+async def test_a_probe_refused_by_its_own_overshoot_is_not_a_fall(store, name):
+    """A probe two steps over refuses two calls a window: back to what held, not halved;
+    more than that (a quarter of the level besides) is a fall."""
+    _, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "fell") == 6  # the limit fell from 12 to 6
+    assert [await after(INTERVAL) for _ in range(2)] == [7, 9]  # 7 held: 9 (a step of 2)
+    grants = [await limiters[0].reserve(1) for _ in range(4)]
+    refused = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
+    assert refused == [7, 7, 7, 3]  # 2 over 7: its own; 2 more (7 // 4 = 1 besides): a fall

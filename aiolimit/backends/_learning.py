@@ -183,12 +183,13 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     episode = decided <= state.cut_at if decided is not None else quarter
     top = state.ceiling[0].permits
     floor = _share(top, law.floor)
-    if state.cut_at and episode:  # the cut made answers it, unless the episode is a fall
+    first = not (state.cut_at and episode)
+    if not first:  # the cut made answers it, unless the episode is a fall
         state.refusals += 1
     elif 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits, state.level = state.permits, state.good, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-        state.refusals = 1
+        state.refusals = 1 - (state.bad - state.good)  # (its overshoot's refusals are its own)
     else:  # a level in force refused: a late arrival, a step down; a fall, halved
         level, held = state.permits, state.good > 0
         step = _share(top, law.step) if held else level - level * law.decrease // MILLION
@@ -198,7 +199,7 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     fall = state.refusals > state.level // 4 and state.permits > deep  # a window refused
     if fall:
         _fell(state, state.level, deep, interval, True)
-    if fall or state.refusals == 1:
+    if fall or first:
         state.step = _share(top, law.step)
         state.cut_at = state.grown_at = now
 

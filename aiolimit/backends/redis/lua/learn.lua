@@ -117,12 +117,13 @@ local function refused(decided)
     episode = now < state.cut_at + floor(interval / 4) -- (no grant to tell by)
   end
   local least = share(top, law.floor)
-  if state.cut_at ~= 0 and episode then -- the cut made answers it, unless the episode is a fall
+  local first = not (state.cut_at ~= 0 and episode)
+  if not first then -- the cut made answers it, unless the episode is a fall
     state.refusals = state.refusals + 1
   elseif state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits, state.level = state.permits, state.good, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    state.refusals = 1
+    state.refusals = 1 - (state.bad - state.good) -- (its overshoot's refusals are its own)
   else -- a level in force refused: a late arrival, a step down; a fall, halved
     local level, held = state.permits, state.good > 0
     local step = held and share(top, law.step) or (level - floor(level * law.decrease / MILLION))
@@ -134,7 +135,7 @@ local function refused(decided)
   if fall then
     fell(state.level, deep, true)
   end
-  if fall or state.refusals == 1 then
+  if fall or first then
     state.step = share(top, law.step)
     state.cut_at, state.grown_at = now, now
   end
