@@ -455,3 +455,30 @@ async def test_a_probe_refused_by_its_own_overshoot_is_not_a_fall(store, name):
     grants = [await limiters[0].reserve(1) for _ in range(4)]
     refused = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
     assert refused == [7, 7, 7, 3]  # 2 over 7: its own; 2 more (7 // 4 = 1 besides): a fall
+
+
+@pytest.mark.looptime
+async def test_a_raise_wakes_the_call_its_process_has_waiting():
+    """The process that raised the rate takes the new permit at once (its waiting call was
+    asleep until a slot of the old rate): the new level is proven an interval later, so
+    the fleet climbs one step an interval, not one every two."""
+    import asyncio
+
+    import httpx
+
+    from aiolimit.httpx import RateLimitedTransport
+
+    limiter = RateLimiter("wake", MemoryBackend(), rate=RateLimiterConfig.build("overall", 4, 10))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    starts: list[float] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        starts.append(round(loop.time() - began, 3))
+        await asyncio.sleep(0.5)  # (the partner's time: the fifth call is asleep by then)
+        return httpx.Response(200)
+
+    transport = RateLimitedTransport(limiter, httpx.MockTransport(answer), learn=True)
+    async with httpx.AsyncClient(transport=transport) as client:
+        await asyncio.gather(*(client.get("https://partner.example/") for _ in range(5)))
+    assert starts == [0, 0, 10, 10, 10.5]  # 2 of 4 per 10 s; 3 once 2 held 10 s: at once
