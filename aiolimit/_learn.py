@@ -214,10 +214,11 @@ def _decided_at(acquired: Acquired | None) -> int | None:
     return max(decided, default=None)
 
 
-async def _paced(request: Request, lock: asyncio.Lock) -> Outcome:
+async def _paced(request: Request, lock: asyncio.Lock, raised: asyncio.Event) -> Outcome:
     """``request`` asked as a learning client asks: reserving at most ``HORIZON`` ahead,
     this process's callers one at a time and in order (``lock``), so that a rate the store
-    changes holds for the next call already."""
+    changes holds for the next call already; asleep until its slot, or until this process
+    raised the rate (``raised``: the new permit is taken at once)."""
     left = left_of(request.deadline)
     try:
         await asyncio.wait_for(lock.acquire(), None if left is None else seconds(left))
@@ -230,7 +231,12 @@ async def _paced(request: Request, lock: asyncio.Lock) -> Outcome:
             outcome = await outcome_of(request.until(deadline_in(ahead)))
             if outcome.granted or (left is not None and outcome.retry_in > left):
                 return outcome
-            await asyncio.sleep(max(seconds(outcome.retry_in) - HORIZON / 2, 0.001))
+            raised.clear()
+            asleep = max(seconds(outcome.retry_in) - HORIZON / 2, 0.001)
+            try:
+                await asyncio.wait_for(raised.wait(), asleep)
+            except asyncio.TimeoutError:  # (3.10: not yet the builtin TimeoutError)
+                pass
     finally:
         lock.release()
 
@@ -240,22 +246,26 @@ class CallLearning:
     no further ahead than ``HORIZON``, and tells the learners what the partner answered
     (a ``429``/``503``: refused; another answer below 500: succeeded; a stated limit)."""
 
-    __slots__ = ("_locks", "requests", "tokens")
+    __slots__ = ("_paces", "requests", "tokens")
 
     def __init__(self, requests: Learner, tokens: Learner | None) -> None:
         self.requests, self.tokens = requests, tokens
-        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        # per event loop: its callers' turn, and the wake-up of the one asleep in it
+        self._paces: dict[asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Event]] = {}
 
     def paced(self, request: Request) -> Awaitable[Outcome]:
         """How a learning client's call takes its permits (the engine's rate step, for
         ``take(request, learning.paced)``): the learners begun, then ``request`` asked no
         further ahead than ``HORIZON``, one caller of this process at a time."""
+        return self._begin_then(_paced(request, *self._pace()))
+
+    def _pace(self) -> tuple[asyncio.Lock, asyncio.Event]:
         loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            self._locks = {k: v for k, v in self._locks.items() if not k.is_closed()}
-            lock = self._locks[loop] = asyncio.Lock()
-        return self._begin_then(_paced(request, lock))
+        pace = self._paces.get(loop)
+        if pace is None:
+            self._paces = {k: v for k, v in self._paces.items() if not k.is_closed()}
+            pace = self._paces[loop] = (asyncio.Lock(), asyncio.Event())
+        return pace
 
     async def _begin_then(self, taking: Awaitable[Outcome]) -> Outcome:
         try:
@@ -281,7 +291,9 @@ class CallLearning:
                 if status in REFUSALS:
                     await learner.refused(acquired)
                 elif status < 500:
-                    await learner.succeeded(acquired)
+                    learned = await learner.succeeded(acquired)
+                    if learned is not None and learned.changed:  # raised: take it at once
+                        self._pace()[1].set()
                 limit = stated_limit(headers, kind)
                 if limit is not None:
                     await learner.stated(*limit)
