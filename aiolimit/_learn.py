@@ -19,6 +19,7 @@ take permits from the limiter as usual. The HTTP clients do all of this with ``l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Mapping
@@ -233,10 +234,8 @@ async def _paced(request: Request, lock: asyncio.Lock, raised: asyncio.Event) ->
                 return outcome
             raised.clear()
             asleep = max(seconds(outcome.retry_in) - HORIZON / 2, 0.001)
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):  # (3.10: not the builtin one)
                 await asyncio.wait_for(raised.wait(), asleep)
-            except asyncio.TimeoutError:  # (3.10: not yet the builtin TimeoutError)
-                pass
     finally:
         lock.release()
 
