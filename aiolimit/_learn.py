@@ -6,7 +6,7 @@
 >>> if response.status == 429:
 ...     await learner.refused(acquired)        # one cut per episode, for the whole fleet
 ... else:
-...     await learner.succeeded()               # an increase, at most once per interval
+...     await learner.succeeded(acquired)       # an increase, at most once per interval
 >>> await learner.stated(12, 1)                 # the partner says: 12 per second
 
 The limiter's rate from code (``rate=``, or ``ceiling=``) is the ceiling: the most the

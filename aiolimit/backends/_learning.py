@@ -15,9 +15,13 @@ every process of a fleet shares one decision:
   (a level above the last one that held) goes back to that level (*good*), and the level
   that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``):
   one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
-  means the limit fell: it is cut to ``decrease`` of itself at once (never below the
-  floor), and where it fell from is remembered (*peak*, with the level that failed above
-  it and that level's wait).
+  that had held goes one ``step`` down (a call that arrived late: a caller stalled past the
+  margin); one that had not held is cut to ``decrease`` of itself. Where it fell from is
+  remembered (*peak*, with the level that failed above it and that level's wait). An
+  episode whose refusals pass a quarter of the level that held (besides a probe's own
+  overshoot) is a fall, whatever its first refusal said: the limit fell under a window of
+  calls, and the rate is cut to ``decrease`` of that level at once (never below the
+  floor).
 - **succeeded**: a level is proven once a call granted at least one interval of the
   ceiling's first rate after it was raised succeeds (a probe's extra call is refused only
   when the partner's window holds the new level in full, an interval on), and while the
