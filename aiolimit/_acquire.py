@@ -45,6 +45,7 @@ __all__ = [
     "Limited",
     "Outcome",
     "Rates",
+    "begin_margins",
     "give_back",
     "outcome_of",
     "take",
@@ -66,6 +67,8 @@ async def take(request: Request, rates: Rates | None = None) -> Acquired:
         if not limiter.rate_in_code.stored:  # a rate given at construction, not stored yet
             await asyncio.gather(*(each.rate_in_code.store() for each in limiters))
             break
+    if request.deadline is None or request.deadline > now_us():  # its callers may wait
+        await begin_margins(limiters)
     if rates is None:
         rates = _rates_of(limiters)
     observer = _observe.current
@@ -123,6 +126,22 @@ async def outcome_of(request: Request) -> Outcome:
     except NotConfiguredError as lost:
         attempts = await ask(limiters, permits, max_wait, lost)
     return await _slept_out(request, attempts)
+
+
+async def begin_margins(limiters: Sequence[Limited]) -> None:
+    """Before this process's first call that may wait for a slot on a limiter whose code
+    gives no fixed margin: the fleet's measured margin begun where none is
+    (``backends/_margin.py``), so that the first calls already go at it."""
+    for limiter in limiters:
+        margins = limiter.backend.context.margins
+        if limiter.name in margins.begun:
+            continue
+        config = limiter.rate_in_code.config
+        fixed = config is not None and config.margin is not None
+        if fixed or getattr(limiter, "serve", None) is not None:
+            margins.begun.add(limiter.name)  # (a fixed margin, or shards: nothing to begin)
+        else:
+            await margins.begin(limiter.name, limiter.backend.margin)
 
 
 async def give_back(limiter: Limited, permits: int) -> int:
@@ -189,9 +208,9 @@ async def _slept_out(request: Request, attempts: list[Attempt]) -> Outcome:
             return Outcome(limiters, attempts, waited)
         observer = _observe.current
         names = request.names() if observer is not None else ()
-        blocked = await sleep_out(grants, starts_in, observer, names)
+        again = await sleep_out(grants, starts_in, observer, names)
         waited = now_us() - began
-        if not blocked:
+        if not again:
             return Outcome(limiters, attempts, waited)
-        await release_grants(grants)  # behind the block: ask again
+        await release_grants(grants)  # behind a block, or woken too late: ask again
         attempts = await ask(limiters, request.permits, left_of(request.deadline))

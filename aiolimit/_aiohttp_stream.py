@@ -3,7 +3,7 @@
 end, or the response released or closed (``async with`` left). A stream left before its
 usage event keeps the estimate. Only a bounded tail of the stream is kept (``UsageTail``).
 
->>> meter_stream(response, meter, acquired)   # in the client middleware, before returning
+>>> meter_stream(response, await settle.events())   # in the client middleware, before returning
 """
 
 from __future__ import annotations
@@ -13,39 +13,27 @@ from typing import Any, TypeVar
 
 from aiohttp import ClientResponse, StreamReader
 
-from ._acquire import Acquired
-from ._meter import TokenMeter, UsageTail
+from ._body_tap import BodyTap
 
 __all__ = ["meter_stream"]
 
 T = TypeVar("T")
 
 
-def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired) -> None:
-    """Settles ``acquired``'s tokens by the usage the caller reads in ``response``'s body,
-    once it has read it to the end or lets the response go; nothing else changes for it."""
-    tail = meter.tail()
-    ended = False
-
-    def end() -> None:
-        nonlocal ended
-        if not ended:
-            ended = True
-            used = tail.finish()
-            if used is not None:  # (in the store's background: its aclose() waits for it)
-                tasks = meter.tokens.backend.context.tasks
-                tasks.spawn(meter.settle_used(acquired, used), "a stream's usage")
-
+def meter_stream(response: ClientResponse, tap: BodyTap) -> None:
+    """Feeds ``tap`` with what the caller reads of ``response``'s body and ends it once the
+    caller has read it to the end or lets the response go (its settle then runs in the
+    store's background); nothing else changes for the caller."""
     # (the reader aiohttp hands out, shown through: the caller reads the same bytes)
-    response.content = _Tapped(response.content, tail, end)  # type: ignore[assignment]
+    response.content = _Tapped(response.content, tap)  # type: ignore[assignment]
     release, close = response.release, response.close
 
     def releasing() -> Any:
-        end()
+        tap.end_soon()
         return release()
 
     def closing() -> None:
-        end()
+        tap.end_soon()
         close()
 
     # (release: what leaving `async with` calls; close: a broken or abandoned response)
@@ -54,22 +42,21 @@ def meter_stream(response: ClientResponse, meter: TokenMeter, acquired: Acquired
 
 
 class _Tapped:
-    """A response's ``content`` (aiohttp's StreamReader) whose reads pass through ``tail``;
-    ``ended`` is called once the body has been read to its end. Everything else is the
-    reader's own."""
+    """A response's ``content`` (aiohttp's StreamReader) whose reads pass through ``tap``,
+    ended once the body has been read to its end. Everything else is the reader's own."""
 
-    __slots__ = ("_ended", "_reader", "_tail")
+    __slots__ = ("_reader", "_tap")
 
-    def __init__(self, reader: StreamReader, tail: UsageTail, ended: Callable[[], None]) -> None:
-        self._reader, self._tail, self._ended = reader, tail, ended
+    def __init__(self, reader: StreamReader, tap: BodyTap) -> None:
+        self._reader, self._tap = reader, tap
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._reader, name)
 
     def _passed(self, data: bytes) -> bytes:
-        self._tail.feed(data)
+        self._tap.feed(data)
         if self._reader.at_eof():
-            self._ended()
+            self._tap.end_soon()
         return data
 
     async def read(self, n: int = -1) -> bytes:
@@ -112,4 +99,4 @@ class _Tapped:
     async def _through(self, items: AsyncIterator[T], passed: Callable[[T], T]) -> AsyncIterator[T]:
         async for item in items:
             yield passed(item)
-        self._ended()  # (the reader's iterator stops at the end of the body)
+        self._tap.end_soon()  # (the reader's iterator stops at the end of the body)

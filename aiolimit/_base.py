@@ -32,6 +32,7 @@ from ._types import (
     shown,
     to_micros,
 )
+from ._values import seconds
 from .backends.base import Backend, breaker_of
 from .errors import (
     BackendError,
@@ -41,7 +42,7 @@ from .errors import (
     RateLimited,
 )
 
-__all__ = ["_Limiter", "most_telling"]
+__all__ = ["_Limiter", "made_from_parts", "most_telling"]
 
 log = logging.getLogger("aiolimit")
 
@@ -195,7 +196,7 @@ class _Limiter(_RateSetting):
         waits = await asyncio.gather(*calls, return_exceptions=True)
         served = [wait for wait in waits if isinstance(wait, int)]
         if served:
-            return min(served) / 1e6
+            return seconds(min(served))
         for wait in waits:  # no shard can serve it: say why
             if isinstance(wait, BaseException) and not isinstance(wait, LimiterError):
                 raise wait
@@ -324,3 +325,19 @@ def most_telling(refusals: list[LimiterError], permits: int, shards: int) -> Lim
         if errors:
             return errors[0]
     return refusals[0]
+
+
+def made_from_parts(
+    cls: type[_L],
+    name: str,
+    backend: Backend,
+    breaker: Breaker,
+    rate_in_code: CodeConfig[RateLimiterConfig],
+) -> _L:
+    """A limiter of ``cls`` made from its parts, its name not checked (``_limiter.view_of``:
+    a shard, or a client's view of a limiter)."""
+    limiter = cls.__new__(cls)
+    limiter.name, limiter.backend, limiter.breaker = name, backend, breaker
+    limiter._names = [name]
+    limiter.rate_in_code = rate_in_code
+    return limiter

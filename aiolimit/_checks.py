@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from ._types import MAX_RATE
-from ._values import MAX_DURATION_SECONDS, Duration, exceeds_max_duration, shown, to_micros
+from ._values import MAX_DURATION_SECONDS, US, Duration, exceeds_max_duration, shown, to_micros
 from .errors import InvalidArgumentError
 
 __all__ = ["check_permits", "check_sync", "check_take", "max_wait_of"]
@@ -19,7 +19,7 @@ def max_wait_of(timeout: Duration | None, what: str = "timeout") -> int | None:
     A timeout longer than MAX_DURATION (infinity included) is no limit: no interval is that
     long, so no wait can be. Any negative timeout is refused, even one that rounds to 0 µs."""
     if timeout.__class__ is int and 0 <= timeout <= MAX_DURATION_SECONDS:  # (0: the default)
-        return timeout * 1_000_000
+        return timeout * US
     if timeout is None or exceeds_max_duration(timeout):
         return None
     max_wait = to_micros(timeout, what)  # (a number or a timedelta from here on)
@@ -48,7 +48,7 @@ def check_take(permits: int, timeout: Duration | None) -> tuple[int, int | None]
         and 1 <= permits <= MAX_RATE
         and 0 <= timeout <= MAX_DURATION_SECONDS
     ):
-        return permits, timeout * 1_000_000
+        return permits, timeout * US
     return check_permits(permits), max_wait_of(timeout)
 
 

@@ -16,9 +16,9 @@ from . import _observe
 from ._awaiting import awaited
 from ._code_config import CodeConfig, asked_again
 from ._lease import Lease
-from ._values import Duration, check_name, to_micros
+from ._values import Duration, check_name, micros_up, seconds, to_micros
 from .backends import LeaseStore
-from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot, new_ticket
+from .backends._lease import ConcurrencyConfig, LeaseGrant, LeaseRefusal, LeaseSnapshot
 from .errors import InvalidArgumentError, NotConfiguredError, RateLimited
 
 __all__ = ["ConcurrencyLimiter"]
@@ -180,7 +180,7 @@ class ConcurrencyLimiter:
             await limit_in_code.store()
         loop = asyncio.get_running_loop()
         start = loop.time()
-        ticket = new_ticket(permits)
+        ticket = self._backend.make_ticket(permits)
         waiter = None if wait_s == 0 else self._backend.lease_waiter(self._name, ticket)
         queued = False
         granted: LeaseGrant | None = None
@@ -210,7 +210,7 @@ class ConcurrencyLimiter:
                 # Handed over: granted after the refused attempt reached the store, so it
                 # ends a lease after `sent` at the earliest. One that may have ended by now
                 # (the process stalled) is asked for instead: collected if still held.
-                if handed is not None and loop.time() < sent + handed.lease_us / 1e6:
+                if handed is not None and loop.time() < sent + seconds(handed.lease_us):
                     granted = handed
                     return self._leased(handed, permits, loop.time() - start, sent)
         except BaseException:
@@ -304,7 +304,7 @@ def _next_look(refusal: LeaseRefusal, remaining: float) -> float:
     and at most a third of the lease time (each attempt keeps its ticket queued)."""
     look = min(remaining, refusal.lease_us / 3e6)
     if refusal.retry_in is not None:
-        look = min(look, refusal.retry_in / 1e6)
+        look = min(look, seconds(refusal.retry_in))
     return look
 
 
@@ -313,8 +313,8 @@ def _queued(name: str, change: int) -> None:
         observer.lease_queued(name, change)
 
 
-def _us(seconds: float) -> int:
-    return max(1, math.ceil(seconds * 1e6))
+def _us(wait_s: float) -> int:
+    return max(1, micros_up(wait_s))
 
 
 def _checked(max_in_flight: int, lease: Duration) -> tuple[int, int]:
@@ -352,7 +352,7 @@ def _check_permits(permits: int) -> None:
 def _timeout_s(timeout: Duration | None) -> float:
     if timeout is None:
         return math.inf
-    seconds = to_micros(timeout, "timeout") / 1e6
-    if seconds < 0:
+    wait_s = seconds(to_micros(timeout, "timeout"))
+    if wait_s < 0:
         raise InvalidArgumentError(f"timeout must be >= 0 or None, not {timeout!r}")
-    return seconds
+    return wait_s

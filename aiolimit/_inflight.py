@@ -26,7 +26,6 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
-from typing import TypeVar
 
 from ._acquired import Acquired, Outcome
 from ._attempts import grants_of, release_grants
@@ -36,9 +35,7 @@ from ._settling import Limited
 from .backends.base import Attempt, Refusal, hand_backs_failed
 from .errors import RateLimited
 
-__all__ = ["InFlight", "hold_while", "in_flight"]
-
-T = TypeVar("T")
+__all__ = ["InFlight", "in_flight"]
 
 
 class InFlight(Acquired):
@@ -109,6 +106,13 @@ class InFlight(Acquired):
             name = next(refusing, "")
         return RateLimited(name, self.retry_after)
 
+    def detach(self) -> None:
+        """The slots outlive the task's frame that entered them (an HTTP response whose body
+        is read later): still renewed until :meth:`__aexit__`, but a loss no longer cancels
+        the task (``Lease.detach``)."""
+        for lease in self.leases:
+            lease.detach()
+
     def check(self) -> None:
         """:class:`~aiolimit.LeaseLostError` when a lease was found lost."""
         for lease in self.leases:
@@ -178,23 +182,6 @@ async def in_flight(request: Request, rates: Callable[[], Awaitable[Outcome]]) -
     waited = seconds(leased_in + outcome.waited)
     held = tuple(leases)
     return InFlight(outcome.limiters, request.permits, outcome.attempts, waited, owners, held, None)
-
-
-async def hold_while(acquired: Acquired, call: Awaitable[T]) -> T:
-    """``call`` with ``acquired``'s slots held (renewed; a loss cancels it and raises
-    :class:`~aiolimit.LeaseLostError`); on success the slots stay held, renewed, until
-    ``acquired.__aexit__`` (an HTTP response: when its body is closed)."""
-    if not isinstance(acquired, InFlight):
-        return await call
-    await acquired.__aenter__()
-    try:
-        result = await call
-    except BaseException as exc:
-        await acquired.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    for lease in acquired.leases:  # they outlive this frame: the response's body comes later
-        lease.detach()
-    return result
 
 
 async def _let_go(leases: Sequence[Lease]) -> None:

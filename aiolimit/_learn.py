@@ -30,6 +30,7 @@ from ._limiter import RateLimiter
 from ._quota_headers import stated_limit
 from ._request import Request, deadline_in, left_of, micros, seconds
 from ._types import Duration, Rate, Rates, rates_of, shown, to_micros
+from ._values import US
 from .backends._learning import FOREVER_HOLD, MILLION, Event, Law, Learned
 from .backends.base import Grant
 from .errors import InvalidArgumentError, LimiterError
@@ -110,7 +111,7 @@ class Learner:
         if hold is not None and not 0 < hold <= FOREVER_HOLD:
             raise InvalidArgumentError(f"max_hold must be positive, at most 1 hour: {max_hold!r}")
         if hold is None:
-            first = self._ceiling[0].interval_us if self._ceiling else 1_000_000
+            first = self._ceiling[0].interval_us if self._ceiling else US
             hold = min(8 * first, FOREVER_HOLD)
         self._law = Law(
             floor=_share(floor, "floor", 0, 1),
@@ -175,7 +176,7 @@ class Learner:
                 return None  # (the first that can prove a level is told at once)
         elif now < self._next_report:
             return None
-        interval = known.interval_us if known else 1_000_000
+        interval = known.interval_us if known else US
         self._next_report = now + interval / 4e6
         return await self._learn("succeeded", decided, None)
 
@@ -202,7 +203,7 @@ class Learner:
             observer = _observe.current
             if observer is not None:
                 observer.learned(
-                    limiter.name, learned.permits, learned.ceiling, learned.interval_us / 1e6
+                    limiter.name, learned.permits, learned.ceiling, seconds(learned.interval_us)
                 )
         return learned
 
@@ -251,6 +252,10 @@ class CallLearning:
         self.requests, self.tokens = requests, tokens
         # per event loop: its callers' turn, and the wake-up of the one asleep in it
         self._paces: dict[asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Event]] = {}
+        for learner in (requests, tokens):  # (a learned rate: no measured margin beside it)
+            if learner is not None:
+                limiter = learner.limiter
+                limiter.backend.context.margins.begun.add(limiter.name)
 
     def paced(self, request: Request) -> Awaitable[Outcome]:
         """How a learning client's call takes its permits (the engine's rate step, for
@@ -279,7 +284,7 @@ class CallLearning:
         """The longest ``Retry-After`` (seconds) that holds back only its own call: one
         interval of the learned rate; a longer one pauses every caller."""
         learned = self.requests.learned
-        return 1.0 if learned is None else learned.interval_us / 1e6
+        return 1.0 if learned is None else seconds(learned.interval_us)
 
     async def after(self, status: int, headers: Mapping[str, str], acquired: Acquired) -> None:
         """Tells the learners what the partner answered; a failure is logged."""

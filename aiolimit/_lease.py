@@ -10,6 +10,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Protocol
 
 from . import _observe
+from ._values import seconds
 from .backends._lease import LeaseGrant
 from .errors import BackendError, LeaseLostError
 
@@ -69,7 +70,7 @@ class Lease:
         """Names the lease for the limiter's life (release and renew by it)."""
         self.permits: int = grant.permits
         self.fence: int = grant.fence
-        self._lease_s = grant.lease_us / 1e6
+        self._lease_s = seconds(grant.lease_us)
         # When the lease ends at the latest, on the event loop's clock: the store started it
         # after the request that led to it left (the attempt that granted it, or the one
         # that queued the ticket it was handed over to), so this is never later than the
@@ -109,7 +110,7 @@ class Lease:
         if lease_us is None:
             self._lose()
             raise LeaseLostError(self._limiter.name, self.id)
-        self._deadline = sent + lease_us / 1e6
+        self._deadline = sent + seconds(lease_us)
 
     async def release(self) -> bool:
         """Hands the slots back: True when the lease was held until now, False when it had

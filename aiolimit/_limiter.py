@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Coroutine, Hashable, Iterable
 from typing import Any, NoReturn, overload
 
-from ._acquire import Acquired, give_back, take, try_one
+from ._acquire import Acquired, begin_margins, give_back, take, try_one
 from ._awaiting import Awaiting, awaiting
-from ._base import _Limiter
+from ._base import _Limiter, made_from_parts
 from ._breaker import Breaker
 from ._checks import check_permits, check_sync, check_take, max_wait_of
 from ._code_config import CodeConfig
@@ -101,7 +101,9 @@ class RateLimiter(_Limiter):
         except Exception as exc:  # (raised where the call is awaited)
             return awaiting(_raising(exc), "RateLimiter.try_acquire")
         made: Awaiting[bool] = _new(Awaiting)  # (both named RateLimiter.try_acquire, below)
-        if not self.rate_in_code.stored:
+        if not self.rate_in_code.stored or (
+            max_wait != 0 and self.name not in self.backend.context.margins.begun
+        ):  # (first: the rate in code written; a caller that may wait: the margin begun)
             made.coroutine = self._stored_then_try(permits, max_wait)
         else:
             made.coroutine = try_one(self, permits, max_wait)
@@ -109,6 +111,8 @@ class RateLimiter(_Limiter):
 
     async def _stored_then_try(self, permits: int, max_wait: int | None) -> bool:
         await self.rate_in_code.store()
+        if max_wait != 0:
+            await begin_margins((self,))
         return await try_one(self, permits, max_wait)
 
     _stored_then_try.__qualname__ = "RateLimiter.try_acquire"  # (its never-awaited warning)
@@ -218,13 +222,7 @@ def view_of(
     ShardedRateLimiter (its name holds a NUL, which no plain limiter's may, so no plain
     limiter can share its state) or a client's view of a limiter; the rate its code gives is
     its limiter's (written once for all)."""
-    limiter = RateLimiter.__new__(RateLimiter)
-    limiter.name = name
-    limiter.backend = backend
-    limiter.breaker = breaker
-    limiter._names = [name]
-    limiter.rate_in_code = rate_in_code
-    return limiter
+    return made_from_parts(RateLimiter, name, backend, breaker, rate_in_code)
 
 
 def _identity(limiter: RateLimiter) -> tuple[Hashable, str, str]:

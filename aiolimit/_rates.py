@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
-from ._values import Duration, interval_of, micros, shown, to_micros, unit_seconds
+from ._values import US, Duration, interval_of, micros, shown, to_micros, unit_seconds
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -120,7 +120,7 @@ class Rate:
         :meth:`parse` reads back as this very rate (seconds written exactly, to the µs)."""
         us = self.interval_us
         for unit, seconds in (("day", 86400), ("hour", 3600), ("minute", 60), ("second", 1)):
-            count, rest = divmod(us, seconds * 1_000_000)
+            count, rest = divmod(us, seconds * US)
             if rest == 0:
                 return f"{self.permits}/{unit}" if count == 1 else f"{self.permits}/{count} {unit}s"
         return f"{self.permits}/{seconds_text(us)} seconds"
@@ -163,7 +163,7 @@ def rates_in(parts: list[str], text: str) -> tuple[Rate, ...]:
 def seconds_text(us: int) -> str:
     """``us`` microseconds as exact decimal seconds, never an exponent: ``"3600"``,
     ``"0.05"``, ``"0.000001"``."""
-    whole, fraction = divmod(us, 1_000_000)
+    whole, fraction = divmod(us, US)
     return str(whole) if not fraction else f"{whole}.{fraction:06d}".rstrip("0")
 
 

@@ -14,25 +14,23 @@ attribute) and back.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 from ._settling import Limited
-from ._values import Duration
+from ._values import US, Duration, seconds
+from ._values import micros_up as micros
 
 if TYPE_CHECKING:
     from ._lease import Lease
 
 __all__ = ["Leasing", "Request", "deadline_in", "left_of", "micros", "now_us", "seconds"]
 
-_US = 1_000_000  # microseconds in a second
-
 
 def now_us() -> int:
     """The event loop's clock, in µs."""
-    return int(asyncio.get_running_loop().time() * _US)
+    return int(asyncio.get_running_loop().time() * US)
 
 
 def deadline_in(max_wait: int | None) -> int | None:
@@ -43,16 +41,6 @@ def deadline_in(max_wait: int | None) -> int | None:
 def left_of(deadline: int | None) -> int | None:
     """The µs left until ``deadline`` (0 once it has passed; None: no end)."""
     return None if deadline is None else max(deadline - now_us(), 0)
-
-
-def seconds(us: int) -> float:
-    """``us`` microseconds in seconds."""
-    return us / _US
-
-
-def micros(seconds: float) -> int:
-    """``seconds`` in microseconds, rounded up (a wait is never shortened)."""
-    return math.ceil(seconds * _US)
 
 
 class Leasing(Protocol):

@@ -15,31 +15,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from types import ModuleType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
-from ._acquire import Acquired
-from ._calls import DEFAULT_MAX_PAUSE, CallGuard
+from ._body_tap import BodyTap
+from ._client_flow import (
+    CONNECTED,
+    CONNECTING,
+    DEFAULT_MAX_PAUSE,
+    Answer,
+    ClientCalls,
+    Held,
+    Settle,
+    Tell,
+    drive,
+)
 from ._concurrency import ConcurrencyLimiter
-from ._inflight import InFlight, hold_while
 from ._learn import Learner
 from ._limiter import RateLimiter
-from ._meter import (
-    MAX_BODY,
-    Used,
-    estimate_by_kind,
-    estimate_tokens,
-    meter_of,
-    usage_by_kind,
-    usage_tokens,
-)
+from ._meter import Used, estimate_by_kind, estimate_tokens, usage_by_kind, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
 
 __all__ = ["AsyncTransport", "Flavour", "LimitedTransport", "flavour_of"]
-
-T = TypeVar("T")
 
 
 class AsyncTransport(Protocol):
@@ -54,13 +53,12 @@ class AsyncTransport(Protocol):
 class Flavour:
     """What the transport needs of an httpx-like module (``httpx``, ``httpx2``): its
     ``ByteStream`` (a body that can be sent again), ``Response``, ``RequestNotRead``, the
-    errors of a request that never left (``unsent``), and the two body wrappers made as
-    subclasses of its ``AsyncByteStream`` (its client checks that a body is one)."""
+    errors of a request that never left (``unsent``), and the body wrapper made a subclass
+    of its ``AsyncByteStream`` (its client checks that a body is one)."""
 
     __slots__ = (
+        "Body",
         "ByteStream",
-        "HeldStream",
-        "Metered",
         "RequestNotRead",
         "Response",
         "module",
@@ -81,8 +79,7 @@ class Flavour:
             module.PoolTimeout,
         )
         base = module.AsyncByteStream
-        self.Metered: Any = type("Metered", (_Metered, base), {"__module__": __name__})
-        self.HeldStream: Any = type("HeldStream", (_HeldStream, base), {"__module__": __name__})
+        self.Body: Any = type("Body", (_Body, base), {"__module__": __name__})
 
     def default_transport(self) -> AsyncTransport:
         """The module's own ``AsyncHTTPTransport()``."""
@@ -120,7 +117,7 @@ class LimitedTransport:
     """Wraps ``transport`` (default: the ``AsyncHTTPTransport()`` of the first request's
     flavour, made then); see :class:`aiolimit.httpx.RateLimitedTransport`, its options."""
 
-    __slots__ = ("_guard", "_transport")
+    __slots__ = ("_calls", "_own", "_transport")
 
     def __init__(
         self,
@@ -137,104 +134,145 @@ class LimitedTransport:
         concurrency: ConcurrencyLimiter | None = None,
         learn: bool | Learner = False,
     ) -> None:
-        defaults = (_estimate, _usage), (_estimate_by_kind, _usage_by_kind)
-        meter = meter_of(tokens, limiter, estimate, usage, *defaults)
-        self._guard = CallGuard(
+        self._calls = ClientCalls(
             limiter,
             permits=permits,
             timeout=timeout,
             retry=retry,
             max_pause=max_pause,
+            tokens=tokens,
+            estimate=estimate,
+            usage=usage,
             concurrency=concurrency,
-            meter=meter,
             learn=learn,
+            defaults=(_estimate, _usage),
+            kinds_defaults=(_estimate_by_kind, _usage_by_kind),
         )
         self._transport = transport
+        # The transport it makes itself speaks HTTP/1.1 through httpcore, which reports its
+        # connections (the trace extension): a permit is taken once the connection is ready.
+        self._own = transport is None
 
     @property
     def limiter(self) -> RateLimiter | ShardedRateLimiter:
-        return self._guard.limiter
+        return self._calls.limiter
 
     async def handle_async_request(self, request: Any) -> Any:
-        guard = self._guard
         flavour = flavour_of(request)
         if self._transport is None:  # (made before the permit: its set-up is not in the grant)
             self._transport = flavour.default_transport()
-        acquired = await guard.before_call(request)
-        response = await self._send(request, acquired, flavour)
-        paused = await _or_closed(response, self._pause_for(response))
-        if paused and guard.retry and isinstance(request.stream, flavour.ByteStream):
-            await response.aclose()
-            if guard.meter is not None:
-                await guard.meter.unused(acquired, response.headers)  # it used no tokens
-            acquired = await guard.before_call(request)  # after the pause, a permit of its own
-            response = await self._send(request, acquired, flavour)
-            await _or_closed(response, self._pause_for(response))
-        if guard.meter is None:
-            return response
-        settle = self._settler(request, response, acquired, flavour)
-        if response.is_closed:  # read already (a response made with its content)
-            await settle(response.content)
-        else:
-            response.stream = flavour.Metered(response.stream, settle)
-        return response
-
-    async def _send(self, request: Any, acquired: Acquired, flavour: Flavour) -> Any:
-        assert self._transport is not None
-        sending = self._transport.handle_async_request(request)
-        try:
-            response = await hold_while(acquired, sending)  # (a slot: held, renewed)
-        except flavour.unsent:
-            await self._guard.unsent(acquired)  # the partner never saw it: all goes back
-            raise
-        if isinstance(acquired, InFlight):  # the slot held until the body is closed
-            response = flavour.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=flavour.HeldStream(response.stream, acquired),
-                extensions=response.extensions,
-            )
-        await _or_closed(
-            response, self._guard.after_headers(response.headers, response.status_code, acquired)
-        )
-        return response
-
-    def _pause_for(self, response: Any) -> Awaitable[bool]:
-        return self._guard.pause_for(response.status_code, response.headers.get("retry-after"))
-
-    def _settler(
-        self, request: Any, response: Any, acquired: Acquired, flavour: Flavour
-    ) -> Callable[[bytes | None], Awaitable[None]]:
-        """What settles the call once its body is read: ``usage`` sees the response with
-        the body it read (a copy; a body longer than MAX_BODY: the estimate stands)."""
-        meter = self._guard.meter
-        assert meter is not None
-
-        async def settle(body: bytes | None) -> None:
-            read = None
-            if body is not None:
-                read = flavour.Response(
-                    response.status_code, headers=response.headers, content=body, request=request
-                )
-            await meter.settle(acquired, read, response.headers)
-
-        return settle
+        resendable = isinstance(request.stream, flavour.ByteStream)
+        flow = self._calls.flow(request, flavour.unsent, resendable)
+        return await drive(flow, _Exchange(self._transport, request, flavour, self._own))
 
     async def aclose(self) -> None:
         if self._transport is not None:
             await self._transport.aclose()
 
 
-async def _or_closed(response: Any, step: Awaitable[T]) -> T:
-    """``step`` (a sync, a pause: a round trip after the response came, before the caller
-    has it); if it fails or its caller is cancelled, the response is closed first, since
-    no one else will: its connection and its concurrency slot go back."""
-    try:
-        return await step
-    except BaseException:
-        with contextlib.suppress(Exception):  # (the step's error is the one to see)
-            await asyncio.shield(response.aclose())
-        raise
+class _Exchange:
+    """One request's part of the flow, on the inner transport (:class:`_client_flow.Exchange`)."""
+
+    __slots__ = ("flavour", "request", "response", "traced", "transport")
+
+    def __init__(
+        self, transport: AsyncTransport, request: Any, flavour: Flavour, traced: bool
+    ) -> None:
+        self.transport, self.request, self.flavour = transport, request, flavour
+        self.traced = traced  # (httpcore underneath, HTTP/1.1: its trace tells the connection)
+        self.response: Any = None
+
+    async def send(self, held: Held | None, tell: Tell) -> Answer:
+        if self.traced and held is None:  # (a slot is taken with the permit: not moved)
+            response = await _Trace.sending(self.transport, self.request, tell)
+        else:
+            response = await self.transport.handle_async_request(self.request)
+        if held is not None:  # the slot held until the body is closed
+            response = self.flavour.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=self.flavour.Body(response.stream, held),
+                extensions=response.extensions,
+            )
+        self.response = response
+        return response.status_code, response.headers
+
+    async def discard(self) -> None:
+        response, self.response = self.response, None
+        await response.aclose()
+
+    async def settle(self, settle: Settle) -> None:
+        """``usage`` sees the response with the body it read (a copy; a body longer than
+        MAX_BODY: the estimate stands): now, if read already (a response made with its
+        content), else once the caller has closed it."""
+        flavour, request, response = self.flavour, self.request, self.response
+
+        def reread(body: bytes) -> Any:
+            return flavour.Response(
+                response.status_code, headers=response.headers, content=body, request=request
+            )
+
+        if response.is_closed:
+            await settle.read(reread(response.content))
+        else:
+            response.stream = flavour.Body(response.stream, None, settle.tap(reread))
+
+    async def close(self) -> None:
+        if self.response is not None:
+            with contextlib.suppress(Exception):  # (the step's error is the one to see)
+                await asyncio.shield(self.response.aclose())
+
+
+class _Trace:
+    """httpcore's ``trace`` extension for one request (the caller's own, if any, still sees
+    every event): tells the flow when a new connection is made for the request and when it
+    is ready, the request about to be written; then steps aside."""
+
+    __slots__ = ("connecting", "extensions", "tell", "theirs")
+
+    # A new connection's set-up begins; the connection is ready, the request's headers are
+    # next (HTTP/1.1 only: an HTTP/2 connection's streams are numbered in the order they are
+    # opened, and one held back while a later one goes would be refused).
+    CONNECTS = frozenset(
+        {"connection.connect_tcp.started", "connection.connect_unix_socket.started"}
+    )
+    READY = "http11.send_request_headers.started"
+
+    def __init__(self, extensions: dict[str, Any], tell: Tell) -> None:
+        self.extensions, self.tell = extensions, tell
+        self.theirs: Any = extensions.get("trace")
+        self.connecting = False
+
+    @classmethod
+    async def sending(cls, transport: AsyncTransport, request: Any, tell: Tell) -> Any:
+        """``request`` sent through ``transport``, traced (httpcore reads the extension from
+        the same dict, so it is set there, and set back after)."""
+        extensions = request.extensions
+        trace = cls(extensions, tell)
+        extensions["trace"] = trace
+        try:
+            return await transport.handle_async_request(request)
+        finally:
+            trace.step_aside()
+
+    def step_aside(self) -> None:
+        if self.extensions.get("trace") is self:
+            if self.theirs is None:
+                del self.extensions["trace"]
+            else:
+                self.extensions["trace"] = self.theirs
+
+    async def __call__(self, name: str, info: dict[str, Any]) -> None:
+        if name in self.CONNECTS and not self.connecting:
+            self.connecting = True
+            await self.tell(CONNECTING)
+        elif name == self.READY:
+            self.step_aside()  # (the events after it need no telling)
+            if self.connecting:
+                self.connecting = False
+                await self.tell(CONNECTED)
+        if self.theirs is not None:
+            await self.theirs(name, info)
 
 
 def _body(request: Any) -> bytes:
@@ -261,51 +299,35 @@ def _usage_by_kind(response: Any) -> dict[str, int | None] | None:
     return usage_by_kind(response.content)
 
 
-class _Metered:
-    """A response body that keeps what it passes on (up to MAX_BODY) and, once closed,
-    hands it to ``closed`` (None past MAX_BODY), once. Made a subclass of each flavour's
-    ``AsyncByteStream`` (:class:`Flavour`)."""
+class _Body:
+    """A response's body passed through: its slot (``held``) checked as it is read and
+    released when it is closed; its bytes fed to ``tap``, ended when it is closed. Made a
+    subclass of each flavour's ``AsyncByteStream`` (:class:`Flavour`)."""
 
     def __init__(
-        self, stream: AsyncIterator[bytes], closed: Callable[[bytes | None], Awaitable[None]]
+        self, stream: AsyncIterator[bytes], held: Held | None, tap: BodyTap | None = None
     ) -> None:
         self._stream: Any = stream
-        self._closed: Callable[[bytes | None], Awaitable[None]] | None = closed
-        self._body: bytearray | None = bytearray()
+        self._held = held
+        self._tap = tap
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        held, tap = self._held, self._tap
         async for chunk in self._stream:
-            if self._body is not None:
-                if len(self._body) + len(chunk) > MAX_BODY:
-                    self._body = None
-                else:
-                    self._body += chunk
+            if held is not None:
+                held.check()  # a lost slot: LeaseLostError, loudly
+            if tap is not None:
+                tap.feed(chunk)
             yield chunk
 
     async def aclose(self) -> None:
         try:
             await self._stream.aclose()
         finally:
-            closed, self._closed = self._closed, None
-            if closed is not None:
-                await closed(None if self._body is None else bytes(self._body))
-
-
-class _HeldStream:
-    """A response's body whose slot is released when it is closed (made a subclass of each
-    flavour's ``AsyncByteStream``, :class:`Flavour`)."""
-
-    def __init__(self, stream: AsyncIterator[bytes], acquired: InFlight) -> None:
-        self._stream: Any = stream
-        self._acquired = acquired
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._stream:
-            self._acquired.check()  # a lost slot: LeaseLostError, loudly
-            yield chunk
-
-    async def aclose(self) -> None:
-        try:
-            await self._stream.aclose()
-        finally:
-            await self._acquired.__aexit__(None, None, None)
+            try:
+                if self._held is not None:
+                    await self._held.release()
+            finally:
+                ending = None if self._tap is None else self._tap.end()
+                if ending is not None:
+                    await ending

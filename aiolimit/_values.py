@@ -18,6 +18,7 @@ from .errors import InvalidArgumentError
 __all__ = [
     "MAX_DURATION",
     "MAX_DURATION_SECONDS",
+    "US",
     "Duration",
     "check_name",
     "check_text",
@@ -25,9 +26,13 @@ __all__ = [
     "exceeds_max_duration",
     "interval_of",
     "micros",
+    "micros_up",
+    "millis_up",
+    "seconds",
     "shown",
     "to_micros",
     "unit_seconds",
+    "whole_seconds_up",
 ]
 
 Duration = float | int | timedelta
@@ -35,6 +40,31 @@ Duration = float | int | timedelta
 
 # Durations up to ten years in microseconds (3.2e14) leave room to add them to a clock reading
 # (1.8e15 today) below 2**53, where Lua's doubles stop being exact.
+US = 1_000_000
+"""Microseconds in a second. Every duration inside is integer microseconds; this module is
+the one place that converts them to and from seconds (and milliseconds)."""
+
+
+def seconds(us: float) -> float:
+    """``us`` microseconds in seconds."""
+    return us / US
+
+
+def micros_up(seconds: float) -> int:
+    """``seconds`` in whole microseconds, rounded up (a wait is never shortened)."""
+    return math.ceil(seconds * US)
+
+
+def whole_seconds_up(us: int) -> int:
+    """``us`` microseconds in whole seconds, rounded up (as ``Retry-After`` counts them)."""
+    return -(-us // US)
+
+
+def millis_up(us: int) -> int:
+    """``us`` microseconds in whole milliseconds, rounded up (as Redis keeps TTLs)."""
+    return -(-us // 1000)
+
+
 MAX_DURATION = timedelta(days=3650)
 """The longest ``interval``, ``keep_alive`` and ``expire`` ttl; a longer timeout waits
 as long as it takes."""
@@ -68,11 +98,11 @@ def interval_of(count: str | None, unit: int) -> Duration:
     seconds = Decimal(count) * unit
     if seconds > MAX_DURATION_SECONDS or not seconds:
         return float(seconds)  # refused by Rate, naming MAX_DURATION (or "not positive")
-    return timedelta(microseconds=math.ceil(seconds * 1_000_000))
+    return timedelta(microseconds=math.ceil(seconds * US))
 
 
 def micros(delta: timedelta) -> int:
-    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return (delta.days * 86_400 + delta.seconds) * US + delta.microseconds
 
 
 def to_micros(value: Duration, what: str) -> int:

@@ -33,31 +33,17 @@ except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
 
-from ._acquire import Acquired
 from ._aiohttp_stream import meter_stream
-from ._calls import DEFAULT_MAX_PAUSE, CallGuard
+from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, Tell, drive
 from ._concurrency import ConcurrencyLimiter
-from ._inflight import InFlight, hold_while
 from ._learn import Learner
 from ._limiter import RateLimiter
-from ._meter import (
-    MAX_BODY,
-    Used,
-    estimate_by_kind,
-    estimate_tokens,
-    meter_of,
-    usage_by_kind,
-    usage_tokens,
-)
+from ._meter import MAX_BODY, Used, estimate_by_kind, estimate_tokens, usage_by_kind, usage_tokens
 from ._sharded import ShardedRateLimiter
 from ._types import Duration
-from .backends import LeaseStore
 
 __all__ = ["RateLimitedClientMiddleware"]
-
-T = TypeVar("T")
 
 _UNSENT = (ClientConnectorError, ConnectionTimeoutError)
 """Failures before the request left: no connection (refused, DNS, TLS, a proxy's), none in
@@ -89,7 +75,7 @@ class RateLimitedClientMiddleware:
     raised; a loss after it is logged (aiohttp reads the body outside the middleware).
     """
 
-    __slots__ = ("_guard", "_streams")
+    __slots__ = ("_calls", "_streams")
 
     def __init__(
         self,
@@ -105,100 +91,74 @@ class RateLimitedClientMiddleware:
         concurrency: ConcurrencyLimiter | None = None,
         learn: bool | Learner = False,
     ) -> None:
-        defaults = (_estimate, _usage), (_estimate_by_kind, _usage_by_kind)
-        meter = meter_of(tokens, limiter, estimate, usage, *defaults)
-        self._streams = usage is None  # (the default usage reads an event stream's too)
-        self._guard = CallGuard(
+        self._calls = ClientCalls(
             limiter,
             permits=permits,
             timeout=timeout,
             retry=retry,
             max_pause=max_pause,
+            tokens=tokens,
+            estimate=estimate,
+            usage=usage,
             concurrency=concurrency,
-            meter=meter,
             learn=learn,
+            defaults=(_estimate, _usage),
+            kinds_defaults=(_estimate_by_kind, _usage_by_kind),
         )
+        self._streams = usage is None  # (the default usage reads an event stream's too)
 
     @property
     def limiter(self) -> RateLimiter | ShardedRateLimiter:
-        return self._guard.limiter
+        return self._calls.limiter
 
     async def __call__(self, request: ClientRequest, handler: ClientHandlerType) -> ClientResponse:
-        guard = self._guard
-        acquired = await guard.before_call(request)
-        response = await _send(guard, request, handler, acquired)
-        paused = await _or_closed(response, self._answered(response, acquired))
-        if paused and guard.retry:
-            response.release()
-            if guard.meter is not None:
-                await guard.meter.unused(acquired, response.headers)  # it used no tokens
-            acquired = await guard.before_call(request)  # after the pause, a permit of its own
-            response = await _send(guard, request, handler, acquired)
-            await _or_closed(response, self._answered(response, acquired))
-        if guard.meter is None:
-            return response
-        await _or_closed(response, self._settle(response, acquired))
-        return response
+        flow = self._calls.flow(request, _UNSENT, True)
+        return await drive(flow, _Exchange(handler, request, self._streams))
 
-    async def _answered(self, response: ClientResponse, acquired: Acquired) -> bool:
-        """The provider's count of requests left taken as a floor (and, learning, what the
-        answer teaches); whether its answer paused everyone (``Retry-After``)."""
-        guard = self._guard
-        await guard.after_headers(response.headers, response.status, acquired)
-        return await guard.pause_for(response.status, response.headers.get("Retry-After"))
 
-    async def _settle(self, response: ClientResponse, acquired: Acquired) -> None:
+class _Exchange:
+    """One request's part of the flow, through the next handler
+    (:class:`_client_flow.Exchange`)."""
+
+    __slots__ = ("handler", "request", "response", "streams")
+
+    def __init__(self, handler: ClientHandlerType, request: ClientRequest, streams: bool) -> None:
+        self.handler, self.request, self.streams = handler, request, streams
+        self.response: ClientResponse | None = None
+
+    async def send(self, held: Held | None, tell: Tell) -> Answer:
+        """The request sent; with a slot, held until aiohttp lets the connection go. (Its
+        connections are not told: docs/http-clients.md, when a request takes its permit.)"""
+        response = await self.handler(self.request)
+        if held is not None:
+            connection = response.connection
+            if connection is None:  # released already (no body, or read to its end)
+                await held.release()
+            else:  # (a plain callback: the slot goes back in the store's background)
+                connection.add_callback(held.release_soon)
+        self.response = response
+        return response.status, response.headers
+
+    async def discard(self) -> None:
+        response, self.response = self.response, None
+        assert response is not None
+        response.release()
+
+    async def settle(self, settle: Settle) -> None:
         """The call's tokens settled by its usage (an event stream's: once it is read)."""
-        meter = self._guard.meter
-        assert meter is not None
-        if self._streams and response.content_type == "text/event-stream":
-            await meter.settle(acquired, None, response.headers)  # the provider's floors now
-            meter_stream(response, meter, acquired)  # the usage once the caller has read it
+        response = self.response
+        assert response is not None
+        if self.streams and response.content_type == "text/event-stream":
+            meter_stream(response, await settle.events())  # the usage once the caller read it
             return
         readable = _readable(response)
         if readable:
             await response.read()  # (kept: the caller's read() gives the same bytes)
-        await meter.settle(acquired, response if readable else None, response.headers)
+        await settle.read(response if readable else None)
 
-
-async def _send(
-    guard: CallGuard, request: ClientRequest, handler: ClientHandlerType, acquired: Acquired
-) -> ClientResponse:
-    """The request sent; with a concurrency slot, held until aiohttp lets the connection go.
-    One that could not connect hands back what it took (the partner never saw it)."""
-    try:
-        response = await hold_while(acquired, handler(request))
-    except _UNSENT:
-        await guard.unsent(acquired)
-        raise
-    concurrency = guard.concurrency
-    if not isinstance(acquired, InFlight) or concurrency is None:
-        return response
-    connection = response.connection
-    if connection is None:  # released already (no body, or read to its end)
-        await acquired.__aexit__(None, None, None)
-    else:
-        store = concurrency.backend
-        connection.add_callback(lambda: _release_slot(store, acquired))
-    return response
-
-
-async def _or_closed(response: ClientResponse, step: Awaitable[T]) -> T:
-    """``step`` (a sync, a pause, a settle: after the response came, before the caller has
-    it); if it fails or its caller is cancelled, the response is closed, since no one else
-    will: its connection goes, and with it its concurrency slot (``_release_slot``)."""
-    try:
-        return await step
-    except BaseException:
-        response.close()
-        raise
-
-
-def _release_slot(store: LeaseStore, acquired: InFlight) -> None:
-    """Releases a response's slot when aiohttp releases its connection (a callback), in
-    the lease store's background (its ``aclose()`` waits for it)."""
-    exited = acquired.__aexit__(None, None, None)
-    store.context.tasks.spawn(exited, "a response's concurrency slot")
+    async def close(self) -> None:
+        if self.response is not None:
+            self.response.close()
 
 
 def _readable(response: ClientResponse) -> bool:

@@ -40,6 +40,11 @@ class RateLimitedTransport(LimitedTransport, httpx.AsyncBaseTransport):
     """Wraps ``transport`` (default: the ``AsyncHTTPTransport()`` of the first request's
     module, ``httpx`` or ``httpx2``, made then); see the module.
 
+    With the inner transport it makes itself, a request that needs a new connection hands
+    its permit back while the connection is made and takes it again just before it is
+    written, so the set-up is not in the grant (docs: HTTP clients, when a request takes its
+    permit); a transport of your own, or ``concurrency``, takes it before the request goes.
+
     ``permits`` per request; ``timeout`` (seconds; None waits as long as it takes) bounds the
     wait for a pause and a permit, after which :class:`aiolimit.RateLimited` is raised, with
     ``retry_after``. A pause lasts at most ``max_pause`` (seconds or a timedelta; 15

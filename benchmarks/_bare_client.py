@@ -164,3 +164,26 @@ async def timed(
     count.stop = 0
     await running
     return {"client_cpu": cpu / grants * 1e6, "calls": grants / wall}
+
+
+async def http_run(client: str, count: Count) -> None:
+    """TASKS tasks sending ``GET /`` through an httpx client until ``count`` says stop: with
+    ``client="aiolimit"`` through ``RateLimitedTransport`` (a memory limiter that never
+    refuses), else straight to the same ``httpx.MockTransport`` (answers 200 at once)."""
+    import httpx
+
+    transport: httpx.AsyncBaseTransport = httpx.MockTransport(lambda _: httpx.Response(200))
+    if client == "aiolimit":
+        from aiolimit import MemoryBackend, RateLimiter
+        from aiolimit.httpx import RateLimitedTransport
+
+        limiter = RateLimiter("http", MemoryBackend(), rate="1000000000/second")
+        transport = RateLimitedTransport(limiter, transport)
+    async with httpx.AsyncClient(transport=transport, base_url="http://partner.test") as http:
+
+        async def task() -> None:
+            while count.grants < count.stop:
+                count.grants += 1
+                await http.get("/")
+
+        await asyncio.gather(*(task() for _ in range(TASKS)))

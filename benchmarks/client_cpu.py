@@ -3,6 +3,7 @@
     python benchmarks/client_cpu.py                                  # real time, ~20 s
     python benchmarks/client_cpu.py --measure instructions           # valgrind, ~5 minutes
     python benchmarks/client_cpu.py --measure backend                # no server, ~10 s
+    python benchmarks/client_cpu.py --measure httpx                  # valgrind, ~1 minute
     python benchmarks/client_cpu.py --checkout /tmp/aiolimit-main --checkout . --rounds 5
     python benchmarks/client_cpu.py --options protocol=2             # clients in RESP2
 
@@ -20,6 +21,11 @@ grant, does not move with the machine's load (needs valgrind).
 requests on 32 limiters that share a round trip, with no server: the request made and queued,
 the acquire_many call built, the round trip packed, a canned reply split, each caller's
 future settled and its reply decoded. µs per request, the best of 7 repeats of 300 batches.
+
+``--measure httpx``: instructions per call (callgrind, as above) of 64 tasks sending
+``GET /`` through an httpx client, with aiolimit's ``RateLimitedTransport`` on a memory
+limiter that never refuses, beside the bare client (the same ``MockTransport``, answering
+200 at once, no limiter): what the HTTP client's flow adds to a call, with its grant.
 
 Every measure takes ``--checkout PATH`` (repeatable) for aiolimit's rows. The clients are
 redis-py's ``Redis.from_url`` with its defaults (redis-py 8: RESP3, a 5 s socket timeout),
@@ -104,11 +110,14 @@ def one_round(args: argparse.Namespace) -> dict[str, Any]:
     """In a child: one client, measured once."""
     if args.measure == "backend":
         return backend_cost()
-    from _bare_client import Count, run, timed
+    from _bare_client import Count, http_run, run, timed
 
     if args.grants_only:  # under valgrind: a number of grants, not a time
         counted = Count(args.grants_only)
-        asyncio.run(run(args.client, args.url, args.limiters, args.algorithm, counted))
+        if args.measure == "httpx":
+            asyncio.run(http_run(args.client, counted))
+        else:
+            asyncio.run(run(args.client, args.url, args.limiters, args.algorithm, counted))
         return {}
     return asyncio.run(timed(args.client, args.url, args.limiters, args.algorithm, args.duration))
 
@@ -150,7 +159,9 @@ def child_args(args: argparse.Namespace, url: str) -> list[str]:
 
 def main() -> None:
     cli = parser(__doc__, checkouts=True)
-    cli.add_argument("--measure", choices=["grant", "instructions", "backend"], default="grant")
+    cli.add_argument(
+        "--measure", choices=["grant", "instructions", "backend", "httpx"], default="grant"
+    )
     cli.add_argument("--duration", type=float, default=2.0, help="seconds measured per run (2)")
     cli.add_argument("--limiters", type=int, default=10_000, help="(10000)")
     cli.add_argument("--algorithm", default="token_bucket", help="(token_bucket)")
@@ -167,7 +178,7 @@ def main() -> None:
         return
     with local_redis() as url:
         about = machine(url)
-        if args.measure == "instructions":
+        if args.measure in ("instructions", "httpx"):
             counted = {
                 v.label: {"instructions": instructions(args, url, v)} for v in variants(args)
             }
@@ -184,6 +195,8 @@ def heading(args: argparse.Namespace, about: str) -> str:
     what = f"{args.limiters:,} {args.algorithm} limiters, 64 tasks, one permit each time"
     if args.options:
         what += f", clients with {args.options}"
+    if args.measure == "httpx":
+        return f"Machine: {about}. 64 tasks, GET / through httpx; valgrind, {args.grants:,} calls."
     if args.measure == "instructions":
         return f"Machine: {about}. {what}; valgrind, {args.grants:,} grants."
     return f"Machine: {about}. {what}; medians of {args.rounds} rounds of {args.duration:g} s."
@@ -195,9 +208,11 @@ def table(args: argparse.Namespace, results: dict[str, dict[str, float]]) -> Tab
         for label, figures in results.items():
             out.add(label, number(figures["backend_us"], 2))
         return out
-    key = "instructions" if args.measure == "instructions" else "client_cpu"
+    key = "instructions" if args.measure in ("instructions", "httpx") else "client_cpu"
     floor = results["bare client"][key]
     unit = "instructions / grant" if key == "instructions" else "client CPU µs / grant"
+    if args.measure == "httpx":
+        unit = "instructions / call"
     out = Table(["client", "calls/s", unit, "vs bare client"])
     for label, figures in results.items():
         out.add(

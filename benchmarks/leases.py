@@ -26,7 +26,7 @@ figures are medians.
   all try again on each message, or at the earliest expiry.
 - ``aiolimit``: ``ConcurrencyLimiter.try_lease(timeout=None)`` (FIFO tickets, server time;
   the release grants the head of the queue and hands it its lease: in the release's reply
-  to a waiter of the same process, else through its process's wake list and BLPOP).
+  to a waiter of the same process, else as a message on its process's wake channel).
 
 ``--checkout PATH`` (repeatable) runs aiolimit once per checkout, each in a fresh process
 importing ``aiolimit`` from PATH, alternating with the baselines round after round:

@@ -77,15 +77,15 @@ def script_commands() -> set[str]:
 
 def python_commands(paths: list[Path], known: Callable[[str], bool]) -> set[str]:
     """The commands named in ``paths``: a literal (``"EVALSHA"``, ``"FUNCTION", "LOAD"``) or a
-    redis-py method (``redis.scan_iter``, ``redis.memory_usage``) that is a command the
-    server ``known``s."""
+    redis-py method (``redis.scan_iter``, ``redis.memory_usage``, ``pubsub.subscribe``) that
+    is a command the server ``known``s."""
     found: set[str] = set()
     for path in paths:
         code = re.sub(r"__all__ = \[[^\]]*\]", "", path.read_text())  # (Python names)
         for first, second in re.findall(r'"([A-Z]+)"(?:,\s*"([A-Z-]+)")?', code):
             candidates = [f"{first}|{second}", first] if second else [first]
             found.update(next(([c.lower()] for c in candidates if known(c.lower())), []))
-        for method in re.findall(r"\bredis\.(\w+)\(", code):
+        for method in re.findall(r"\b(?:redis|pubsub)\.(\w+)\(", code):
             candidates = [method.removesuffix("_iter"), method.replace("_", "|", 1)]
             found.update(next(([c] for c in candidates if known(c)), []))
     return found

@@ -32,6 +32,10 @@ TINY = {
         *("--phases", "4", "2", "--seconds", "1.5", "--settle", "0.5", "--guess", "6"),
         *("--processes", "1", "--tasks", "2", "--only", "learn", "--only", "stated"),
     ],
+    "defaults.py": [
+        *("--duration", "1.5", "--processes", "1", "--tasks", "1"),
+        *("--partner", "fixed", "--client", "acquire", "--only-defaults"),
+    ],
     "partner.py": [
         "--duration",
         "1.5",

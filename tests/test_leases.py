@@ -181,6 +181,19 @@ async def test_a_waiter_wakes_at_the_earliest_lease_expiry(store, name):
     assert 0.3 <= now() - started < 2.0
 
 
+async def test_a_lease_renewed_after_the_lease_time_was_lowered_ends_at_the_new_time(store, name):
+    # The scripts skip reading the holders while no lease can have ended: a renewal under a
+    # lowered lease time makes a lease end sooner than any they knew of.
+    sem = await limiter(store, name, 1, lease=LEASE)
+    held = await sem.try_lease()
+    await sem.set_limit(1, lease=0.5)
+    await held.renew()  # (then never again: its holder stopped)
+    started = now()
+    lease = await sem.try_lease(timeout=5)
+    assert lease is not None and lease.fence > held.fence
+    assert 0.3 <= now() - started < 2.0
+
+
 async def test_a_two_permit_waiter_is_not_passed_by_one_permit_arrivals(store, name):
     sem = await limiter(store, name, 2)
     held = await sem.try_lease()

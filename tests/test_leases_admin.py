@@ -66,7 +66,7 @@ async def test_every_lease_operation_runs_as_the_acl_user(redis_server: LocalRed
         await asyncio.sleep(0.1)
         await held.renew()
         await held.release()
-        lease = await waiter  # woken through BLPOP
+        lease = await waiter  # (subscribed to its wake channel meanwhile, as this user)
         assert lease is not None
         assert (await sem.leases()).in_flight == 1
         assert await sem.expire(60) and await sem.clear_expire()

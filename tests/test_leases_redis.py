@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 
 from aiolimit import ConcurrencyLimiter, LeaseLostError, RedisBackend
 from aiolimit.backends._lease import new_ticket
+from aiolimit.backends.redis._leases import lease_keys
 from tools import LocalRedis
 from tools.leases import HolderStamp, most_in_flight, out_of_order
 
@@ -249,3 +250,43 @@ async def test_a_contended_lease_costs_at_most_two_script_calls_and_no_wake_up_i
     scripts = sum(calls.get(command, 0) for command in ("fcall", "evalsha", "eval"))
     assert scripts <= 2 * tasks * rounds, calls
     assert calls.get("lpush", 0) == 0, calls
+
+
+async def test_a_queued_attempt_reads_neither_holders_nor_tickets_while_none_can_have_ended(
+    redis, name
+):
+    # Every holder's lease and every ticket ends at least a lease time on: the scripts keep
+    # when the first may (hdue, tdue) and read T:holders or T:tickets only from then on.
+    backend = RedisBackend(redis)
+    sem = ConcurrencyLimiter(name, backend)
+    await sem.try_set_limit(1, lease=30)
+    assert await sem.try_lease() is not None
+    tickets = [backend.make_ticket(1) for _ in range(3)]
+    assert not (await backend.take_lease(name, 1, tickets[0], None)).granted  # (bounds kept)
+    await redis.config_resetstat()
+    for ticket in tickets[1:]:
+        refusal = await backend.take_lease(name, 1, ticket, None)
+        assert not refusal.granted and 29e6 < refusal.retry_in <= 30e6
+    stats = await redis.info("commandstats")
+    calls = {command.removeprefix("cmdstat_"): int(row["calls"]) for command, row in stats.items()}
+    assert calls.get("zrange", 0) == 0 and calls.get("zrangebyscore", 0) == 0, calls
+    for ticket in tickets:
+        await backend.cancel_ticket(name, ticket)
+
+
+async def test_a_holder_an_older_version_granted_is_reclaimed_when_its_lease_ends(redis, name):
+    # An older version's scripts grant without lowering the bound (hdue): the fence they
+    # move tells the bound is stale, and the holders are read again.
+    backend = RedisBackend(redis)
+    sem = ConcurrencyLimiter(name, backend)
+    await sem.try_set_limit(2, lease=30)
+    assert await sem.try_lease() is not None  # (hdue: 30 s on)
+    sem_key, holders = lease_keys(backend.keys(name))[:2]
+    now_us = int(time.time() * 1e6)
+    fence = int(await redis.hget(sem_key, "fence")) + 1
+    await redis.zadd(holders, {f"1:{fence}": now_us + 300_000})  # (a lease of 0.3 s)
+    await redis.hset(sem_key, mapping={"fence": fence, "used": 2})
+    started = time.monotonic()
+    lease = await sem.try_lease(timeout=5)
+    assert lease is not None and lease.fence > fence
+    assert time.monotonic() - started < 2.0

@@ -34,7 +34,13 @@ ENGINE = [
     "_sharded.py",
     "_wakeup.py",
 ]
-CONVERSION = "_request.py"  # the one place the engine turns µs into seconds and back
+CONVERSION = "_values.py"  # the one place the package turns µs into seconds and back
+
+# Constants of a million elsewhere that are not conversions of a duration, each with its reason.
+NOT_CONVERSIONS = {
+    "_quota_headers.py": "the units a header's duration may be written in (ms, us, ns)",
+    "backends/_learning.py": "MILLION, the fixed-point scale of a learned share",
+}
 
 
 def _sources() -> Iterator[tuple[str, ast.Module]]:
@@ -173,3 +179,93 @@ def test_the_engine_converts_microseconds_to_seconds_in_one_place() -> None:
     }
     assert {name: lines for name, lines in converting.items() if lines} == {}
     assert any(value == 1e6 for _, value in _numbers(sources[CONVERSION]))
+
+
+def test_the_package_converts_durations_in_one_place() -> None:
+    # A million (or a millionth) anywhere but the units' module is a duration converted by
+    # hand: use _values.seconds, micros_up, whole_seconds_up, US.
+    converting = {
+        name: [line for line, value in _numbers(tree) if value in (1e6, 1e-6)]
+        for name, tree in _sources()
+        if name not in (CONVERSION, *NOT_CONVERSIONS)
+    }
+    assert {name: lines for name, lines in converting.items() if lines} == {}
+    sources = dict(_sources())
+    for name in NOT_CONVERSIONS:  # (each still has the constant it is allowed)
+        assert any(value in (1e6, 1e-6) for _, value in _numbers(sources[name])), name
+
+
+# The HTTP clients' adapters: each drives the one flow of a call (_client_flow), and none takes,
+# hands back, pauses or settles a permit itself, nor reaches the engine or the stores.
+CLIENT_ADAPTERS = ["_transport.py", "httpx.py", "httpx2.py", "aiohttp.py", "_aiohttp_stream.py"]
+DRIVERS = ["_transport.py", "aiohttp.py"]
+FLOW = "_client_flow"
+ENGINE_MODULES = {"_calls", "_acquire", "_acquired", "_attempts", "_inflight", "_lease", "_request"}
+# What the token meter offers beside its body readers: the flow's to use, not an adapter's.
+METER_STEPS = {"TokenMeter", "KindsMeter", "meter_of", "sync_from", "UsageTail"}
+PERMIT_CALLS = {
+    "before_call",
+    "after_headers",
+    "pause_for",
+    "unsent",
+    "unused",
+    "settle",
+    "settle_used",
+    "take",
+    "try_acquire",
+    "acquire",
+    "reserve",
+    "try_lease",
+    "pause",
+    "cap",
+    "cap_remaining",
+    "hand_back",
+    "spawn",
+    "__aenter__",
+    "__aexit__",
+}
+
+
+def _relative_imports(tree: ast.Module) -> Iterator[tuple[str, set[str]]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level >= 1:
+            yield node.module or "", {alias.name for alias in node.names}
+
+
+def test_the_http_clients_take_no_permit_themselves_and_reach_no_engine_module() -> None:
+    sources = dict(_sources())
+    wrong: dict[str, list[str]] = {}
+    for name in CLIENT_ADAPTERS:
+        tree = sources[name]
+        for module, names in _relative_imports(tree):
+            top = module.split(".")[0]
+            if top in ENGINE_MODULES or top == "backends":
+                wrong.setdefault(name, []).append(f"imports {module}")
+            elif top == "_meter" and names & METER_STEPS:
+                wrong.setdefault(name, []).append(f"imports {sorted(names & METER_STEPS)}")
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in PERMIT_CALLS
+            ):
+                wrong.setdefault(name, []).append(f"{node.lineno}: calls .{node.func.attr}()")
+    assert wrong == {}, "the flow (_client_flow) takes and settles permits; adapters drive it"
+
+
+def test_both_http_clients_drive_the_one_flow() -> None:
+    sources = dict(_sources())
+    for name in DRIVERS:
+        from_flow = {
+            imported
+            for module, names in _relative_imports(sources[name])
+            if module == FLOW
+            for imported in names
+        }
+        assert "drive" in from_flow, f"{name} does not drive {FLOW}"
+        called = {
+            node.func.id
+            for node in ast.walk(sources[name])
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "drive" in called, f"{name} does not drive {FLOW}"

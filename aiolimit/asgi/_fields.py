@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from .._limiter import RateLimiter
+from .._values import micros_up
 from ..backends.base import Grant
 from ..errors import LimiterError
 from ._rules import Rule, whole_seconds, window
@@ -134,7 +135,7 @@ async def read_granted_items(
         )
         for (i, rule, _), wait in zip(asks, waits, strict=True):
             if isinstance(wait, float):  # a failed read: the fields are advice, keep them
-                wait_us = math.ceil(wait * 1_000_000)
+                wait_us = micros_up(wait)
                 policy = waiting_policy(rule, items[i].policy, wait_us)
                 items[i] = Item(rule, 0, whole_seconds(wait_us), policy)
             elif not isinstance(wait, LimiterError):

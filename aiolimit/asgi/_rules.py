@@ -4,13 +4,12 @@ takes."""
 from __future__ import annotations
 
 import inspect
-import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .._types import Algorithm, Rate, RateLimiterConfig, RateType, accepted, rates_of
-from .._values import check_name, shown
+from .._values import check_name, shown, whole_seconds_up
 from ..errors import InvalidArgumentError
 from ._types import KeyFunc, PermitsFunc, Scope
 
@@ -93,8 +92,11 @@ class Rule:
 
     @property
     def config(self) -> RateLimiterConfig:
-        """The config of the rule's limiter: its rates, rate type and algorithm."""
-        return RateLimiterConfig.build(self.rate_type, self.rates, algorithm=self.algorithm)
+        """The config of the rule's limiter: its rates, rate type and algorithm; exact (a
+        server counts the requests as they arrive: no margin, even for callers that wait)."""
+        return RateLimiterConfig.build(
+            self.rate_type, self.rates, algorithm=self.algorithm, margin=0
+        )
 
     def matches(self, scope: Scope) -> bool:
         """Whether the request's path and method are this rule's (its key is not asked)."""
@@ -187,10 +189,10 @@ def _check_permits(permits: object, rule: Rule, what: str = "permits are") -> in
 
 def window(rate: Rate) -> int:
     """A rate's window in whole seconds (at least 1), for ``w``."""
-    return max(1, math.ceil(rate.interval_us / 1e6))
+    return max(1, whole_seconds_up(rate.interval_us))
 
 
 def whole_seconds(us: int) -> int:
     """A wait in whole seconds, rounded up, at least 1: a client that comes back then finds
     the permits free."""
-    return max(1, -(-us // 1_000_000))
+    return max(1, whole_seconds_up(us))

@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 
+from .._values import seconds
+
 __all__ = ["KEPT_FOR", "REMEMBERED", "ClockMap", "ClockMaps"]
 
 KEPT_FOR = 30.0
@@ -49,7 +51,7 @@ class ClockMap:
         (loop time)."""
         if read_at - self._since >= KEPT_FOR / 2:
             self._previous, self._current, self._since = self._current, -math.inf, read_at
-        offset = decided_at / 1e6 - read_at
+        offset = seconds(decided_at) - read_at
         if offset > self._current:
             self._current = offset
 
@@ -59,7 +61,7 @@ class ClockMap:
         offset = max(self._current, self._previous)
         if offset == -math.inf:
             return None
-        return at / 1e6 - offset
+        return seconds(at) - offset
 
 
 class ClockMaps(dict[Hashable, ClockMap]):

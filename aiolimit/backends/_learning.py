@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 from .._types import Rate
+from .._values import US
 
 __all__ = [
     "EVENTS",
@@ -66,7 +67,7 @@ MILLION = 1_000_000
 LEARN_TTL = 86_400_000_000
 """How long a learned state outlives its last learn call (µs): a day; then learning starts
 again (at ``start`` of the ceiling, or the config's rate where lower)."""
-FOREVER_HOLD = 3600 * MILLION
+FOREVER_HOLD = 3600 * US
 """The longest ``max_hold`` (µs)."""
 
 Event = Literal["read", "refused", "succeeded", "stated"]

@@ -79,7 +79,9 @@ class LeaseRefusal(NamedTuple):
     """No lease now. With a wait, the caller's ticket stays queued (in FIFO order)."""
 
     retry_in: int | None
-    """Microseconds until the earliest holder's lease ends (None: nobody holds one)."""
+    """Microseconds until the earliest holder's lease may end, at most (None: nobody holds
+    one). A store may answer sooner than it ends (Redis: the least lease end it knows of
+    without reading its holders): the waiter looks again then."""
     free: int
     """Slots free now (negative after the limit was lowered below what is held)."""
     ahead: int | None
@@ -119,10 +121,11 @@ def parse_lease(lease_id: str) -> tuple[int, int]:
     return int(permits), int(fence)
 
 
-def new_ticket(permits: int) -> str:
-    """A waiter's ticket: ``"<permits>:<process>:<id>:h"`` (``h``: its wake-up may hand it
-    its lease; an older client's tickets lack it, and their wake-ups name the ticket only)."""
-    return f"{permits}:{process_id()}:{secrets.token_hex(6)}:h"
+def new_ticket(permits: int, wake: Literal["h", "p"] = "h") -> str:
+    """A waiter's ticket: ``"<permits>:<process>:<id>:<wake>"``, its wake-up handing it its
+    lease: ``p`` published on its process's wake channel, ``h`` pushed on its wake list (an
+    older client's tickets lack the suffix, and their wake-ups name the ticket only)."""
+    return f"{permits}:{process_id()}:{secrets.token_hex(6)}:{wake}"
 
 
 class LeaseWaiter(Protocol):
@@ -189,6 +192,10 @@ class LeaseStore(Store):
     @abc.abstractmethod
     async def cancel_ticket(self, name: str, ticket: str) -> bool:
         """Takes a waiter's ticket out of the queue; whether it was there."""
+
+    def make_ticket(self, permits: int) -> str:
+        """A new waiter's ticket (:func:`new_ticket`), in the form the store wakes it by."""
+        return new_ticket(permits)
 
     @abc.abstractmethod
     def lease_waiter(self, name: str, ticket: str) -> LeaseWaiter:

@@ -191,13 +191,14 @@ def parse_rates(text: str) -> tuple[Rate, ...]:
     return tuple(rates)
 
 
-VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~h<handed>][ ~<permits>:<at>]..."
-"""A budget's value key: the config generation the state belongs to, the permits its log
-holds (reservations included), the number of its last grant, where the last wait
-computation stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), the
-latest start of a grant handed back while a later grant may still take it (its numbers go
-on meanwhile: sliding_log.lua), then up to ``HELD_BUCKETS`` entries of the grants
-reclaimed from the log (held.lua)."""
+VALUE_FORMAT = "<gen> <used> <seq> <cursor>[ ~f<lag>:<until>]...[ ~h<handed>][ ~<permits>:<at>]..."
+"""A budget's value key: the config generation the state belongs to, the permits its log holds
+(reservations included), the number of its last grant, where the last wait computation
+stopped (``"<score> <permits up to it> <permits at it>"``, or ``"-"``), up to two lags a
+provider's count set (``Backend.sync``: how much longer the window is, in us, and until
+when: sliding_floors.lua), the latest start of a grant handed back while a later grant may
+still take it (its numbers go on meanwhile: sliding_log.lua), then up to ``HELD_BUCKETS``
+entries of the grants reclaimed from the log (held.lua)."""
 
 HELD_BUCKETS = 2
 """Spans of reclaimed grants a sliding window's budget keeps (held.lua)."""

@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 
 from ... import Algorithm, Rate, RateLimiter, RateLimiterConfig, RateType
 from ..._values import check_name
+from ..._values import seconds as to_seconds
 from ...backends.redis import RedisBackend
 from ...errors import BackendError, NotConfiguredError
 from ..options import masked
@@ -231,7 +232,7 @@ async def _pause(args: argparse.Namespace, backend: RedisBackend) -> int:
     except NotConfiguredError:
         raise no_limiter(args) from None
     left = await backend.block(args.name, None)
-    print(f"paused {shown(args.name)}: no grant for {seconds(left / 1e6)}")
+    print(f"paused {shown(args.name)}: no grant for {seconds(to_seconds(left))}")
     return 0
 
 

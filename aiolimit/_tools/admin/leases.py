@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..._values import seconds as to_seconds
 from ...backends._lease import LeaseSnapshot
 from ..text import seconds
 
@@ -26,7 +27,7 @@ def render_leases(snapshot: LeaseSnapshot) -> list[str]:
         for holder in snapshot.holders:
             lines.append(
                 f"              {holder.lease_id:<28} {holder.permits:>7}  {holder.fence:<18} "
-                f"{seconds(holder.expires_in / 1e6)}"
+                f"{seconds(to_seconds(holder.expires_in))}"
             )
     return lines
 
@@ -42,7 +43,7 @@ def leases_json(snapshot: LeaseSnapshot) -> dict[str, Any]:
                 "lease_id": h.lease_id,
                 "permits": h.permits,
                 "fence": h.fence,
-                "expires_in_s": h.expires_in / 1e6,
+                "expires_in_s": to_seconds(h.expires_in),
             }
             for h in snapshot.holders
         ],

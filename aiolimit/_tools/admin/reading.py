@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from redis.exceptions import ResponseError
 
 from ..._types import Rate, RateLimiterConfig, RateType
+from ..._values import US
+from ..._values import seconds as to_seconds
 from ...backends._protocol import parse_member, parse_value
 from ...backends.memory import GROUPS, state_in_config
 from ...backends.redis import RedisBackend
@@ -124,6 +126,9 @@ class Snapshot:
     ceiling: tuple[Rate, ...] | None = None
     """The ceiling of a rate learned from a partner (``Learner``): the config's rates are
     the learned ones; None: not learned."""
+    margin_s: float | None = None
+    """The fleet's measured margin (seconds): every interval is read that much longer; None:
+    none kept."""
     slot: int = 0
     node: str = ""
 
@@ -153,6 +158,7 @@ class Snapshot:
             "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
+            "margin_s": self.margin_s,
             "learned": None
             if self.ceiling is None
             else {"ceiling": [str(rate) for rate in self.ceiling]},
@@ -221,8 +227,10 @@ async def inspect_limiter(
         node=_node(redis, keys.config),
     )
     blocked_us = await backend.block(name, None)
-    snapshot.blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    snapshot.blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
+    (margin,) = await redis.hmget(keys.config, "margin")
+    snapshot.margin_s = None if margin is None else to_seconds(int(margin))
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)
@@ -279,7 +287,7 @@ async def budget_state(
 async def _now_and_gen(redis: Any, keys: Keys) -> tuple[int, str]:
     """The server's clock (us) and the generation its config gives client state ("-": none)."""
     (seconds, micros), (gen,) = await asyncio.gather(redis.time(), redis.hmget(keys.config, "gen"))
-    return int(seconds) * 1_000_000 + int(micros), _text(gen) if gen is not None else "-"
+    return int(seconds) * US + int(micros), _text(gen) if gen is not None else "-"
 
 
 def add_reservations(total: Reservations, more: Reservations) -> None:
@@ -319,7 +327,7 @@ async def _budget(
                 ahead.permits += parse_member(_text(member))[0]
             except ValueError:
                 continue
-            ahead.furthest_s = max(ahead.furthest_s, (score - now_us) / 1e6)
+            ahead.furthest_s = max(ahead.furthest_s, to_seconds(score - now_us))
         ahead.partial = ahead.count > len(reserved)
     return budget
 
@@ -368,7 +376,7 @@ async def _clients(
                     left,
                     budget.reservations.permits,
                     budget.grants,
-                    max(0.0, (snapshot.now_us - last_us) / 1e6),
+                    max(0.0, to_seconds(snapshot.now_us - last_us)),
                 )
             )
     rows.sort(key=lambda row: (row.available - row.reserved, -row.grants))

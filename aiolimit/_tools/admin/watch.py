@@ -12,6 +12,7 @@ import time
 from typing import NamedTuple
 
 from ..._types import RateLimiterConfig, RateType
+from ..._values import seconds as to_seconds
 from ...backends.memory import GROUPS
 from ...backends.redis import RedisBackend
 from ..demo import positive_int
@@ -117,12 +118,12 @@ async def _read(
         and read.now_us > previous.now_us
         and GROUPS[config.algorithm].logs_grants
     ):
-        rate = read.budget.started / ((read.now_us - previous.now_us) / 1e6)
+        rate = read.budget.started / to_seconds(read.now_us - previous.now_us)
     available = None
     if config.rate_type is RateType.OVERALL:
         available = await backend.available_permits(name)
     blocked_us = await backend.block(name, None)
-    blocked_s = blocked_us / 1e6 if blocked_us > 0 else None
+    blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     ceiling = await backend.learned(name)
     shown_learned = None
     if ceiling is not None:

@@ -16,6 +16,7 @@ from .._protocol import (
     parse_grant,
     parse_member,
 )
+from . import _sliding_floors as floors
 from ._algorithm import Group
 from ._held import hold, kept_until, restore_held
 from ._state import Budget, Limiter, Slot, ms
@@ -153,6 +154,7 @@ def store_log(
     newest = [budget.grants[-1][0]] if len(budget.grants) > budget.head else []
     newest += [budget.held[-1][1]] if budget.held else []
     newest += [] if budget.handed is None else [budget.handed]  # (sliding_log.lua)
+    budget.lags = floors.kept(budget.lags, now)
     if not newest:
         return False
     last = max(newest)
@@ -201,7 +203,7 @@ class SlidingLog(Group):
     """A log per rate (``budgets``; ``stored`` says which exist): the first rate's in
     ``Limiter.budgets``, rate i's (i > 1) in ``Limiter.extra``."""
 
-    __slots__ = ("budgets", "stored", "touched", "used")
+    __slots__ = ("budgets", "intervals", "stored", "touched", "used")
 
     idempotent = True  # a grant handed back is no longer in the log
     logs_grants = True
@@ -218,6 +220,8 @@ class SlidingLog(Group):
             self.budgets.append(Budget() if budget is None else budget)
         self.touched = [False] * len(self.budgets)
         self.used = [budget.used for budget in self.budgets]  # as reclaim leaves them
+        # Each log's window, longer while a provider holds its grants longer (reclaim).
+        self.intervals = [rate.interval_us for rate in config.rates]
         self.fresh = not any(self.stored)
 
     def reclaim(self, now: int) -> None:
@@ -225,7 +229,10 @@ class SlidingLog(Group):
             if self.write and self.stored[i] and restore_held(budget, rate.interval_us, now):
                 self.touched[i] = True  # after set_rate to a longer interval (held.lua)
             before = budget.used
-            self.used[i] = reclaim_log(budget, rate.interval_us, now, self.write)
+            # (longer while a provider holds the log's grants longer: sliding_floors.lua)
+            base = rate.interval_us
+            self.intervals[i] = base + min(floors.lag_at(budget.lags, now), base)
+            self.used[i] = reclaim_log(budget, self.intervals[i], now, self.write)
             if self.write and self.used[i] != before:
                 self.touched[i] = True  # what the reclaim changed is written back
 
@@ -258,7 +265,7 @@ class SlidingLog(Group):
                     return None
                 if rate.permits - held < permits and self.stored[i]:
                     need = permits - (rate.permits - budget.used)
-                    start = max(start, now + wait_for(budget, need, rate.interval_us, now))
+                    start = max(start, now + wait_for(budget, need, self.intervals[i], now))
         finally:
             if not self.write:
                 for budget, (cs, cp, cg) in zip(self.budgets, cursors, strict=True):
@@ -285,11 +292,11 @@ class SlidingLog(Group):
         assert limiter.config is not None
         deadline, longest = limiter.config.deadline, 0
         keep_alive = self.config.keep_alive_us or 0
-        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+        for i, budget in enumerate(self.budgets):
             if not self.touched[i]:
                 continue
             slot: Slot = self.key if i == 0 else (self.key, i + 1)
-            if store_log(budget, rate.interval_us, now, deadline, keep_alive):
+            if store_log(budget, self.intervals[i], now, deadline, keep_alive):
                 limiter.store(slot, budget)
                 self.stored[i] = True
                 longest = max(longest, int(budget.expires_at) - now)
@@ -328,8 +335,8 @@ class SlidingLog(Group):
         permits, start, seq = parse_grant(member)
         kept, back = permits - wanted, 0
         logged = (start, format_member(permits, seq), permits)
-        for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
-            if not self.stored[i] or start <= now - rate.interval_us:
+        for i, budget in enumerate(self.budgets):
+            if not self.stored[i] or start <= now - self.intervals[i]:
                 continue
             grants = budget.grants
             at = bisect.bisect_left(grants, logged, lo=budget.head)
@@ -353,8 +360,8 @@ class SlidingLog(Group):
         return format_grant(permits + extra, start, seq)
 
     def sync(self, remaining: int, reset_us: int, now: int) -> None:
-        # Each log counts at least rate - remaining until the reset, its grants as they
-        # are (sliding_window.lua).
+        # A lag that holds the log's grants as long as the provider does, and an entry of
+        # what it counts beyond them, leaving the window at the reset (sliding_window.lua).
         if reset_us <= 0:
             return
         seq = max(b.seq for b in self.budgets) + 1
@@ -362,10 +369,17 @@ class SlidingLog(Group):
             least = rate.permits - remaining
             if least <= 0:
                 continue
-            at = now + min(reset_us, rate.interval_us) - rate.interval_us
-            extra = least - self.used[i]
+            base = rate.interval_us
+            until = now + min(reset_us, base)
+            newest, booked = floors.started_and_booked(budget, now) if self.stored[i] else (None, 0)
+            lag = 0 if newest is None else until - (newest + base)
+            if lag > 0:  # (grants that left the window already count in `extra`)
+                budget.lags = floors.add_lag(budget.lags, lag, until, now)
+                self.touched[i] = True
+            extra = least - (self.used[i] - booked)
             if extra <= 0:
                 continue
+            at = until - base
             budget.add((at, format_member(extra, seq), extra))
             budget.seq = seq
             budget.used += extra

@@ -10,6 +10,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any
 
 from ..._types import Rate, RateLimiterConfig
+from ..._values import millis_up
 
 FOREVER = float("inf")
 HIGH = "\U0010ffff"  # sorts after every member
@@ -23,7 +24,7 @@ _order = itertools.count()  # tells apart heap entries of one time (slots do not
 
 def ms(us: int) -> int:
     """A duration rounded up to whole milliseconds, as Redis keeps TTLs."""
-    return -(-us // 1000) * 1000
+    return millis_up(us) * 1000
 
 
 @dataclass
@@ -36,6 +37,11 @@ class Config:
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
     blocked_until: int | None = None  # set by block(): no grant starts before it
+    # The fleet's measured margin (backends/_margin.py; the fields 'margin' and 'margin_at'):
+    # `config` is then `exact` with every interval widened by it; get_config answers `exact`.
+    margin: int | None = None
+    margin_at: int = 0
+    exact: RateLimiterConfig | None = None
     # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
     # has no TTL of its own and goes with the config; see counters.lua).
     state: Budget | None = None
@@ -76,6 +82,9 @@ class Budget:
     # FIXED_WINDOW: a sync's floor past a window's end, [rate, count, until, since] each
     # (carries.lua).
     carried: list[list[int]] = field(default_factory=list)
+    # SLIDING_WINDOW: how much longer a provider's count holds the window, until when,
+    # [lag, until] each (sliding_floors.lua).
+    lags: list[list[int]] = field(default_factory=list)
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

@@ -12,8 +12,9 @@ from typing import Any, TypeVar, cast
 
 from ..._breaker import BreakerPolicy
 from ..._types import Rate, RateLimiterConfig, RateType
-from ..._values import Duration, clock_micros
+from ..._values import Duration, clock_micros, millis_up
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .. import _margin
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
@@ -443,6 +444,17 @@ class RedisBackend(RedisLeases, Backend):
             )
         return reply
 
+    async def margin(self, name: str, late_us: int | None) -> int:
+        keys = self.keys(name)
+        reply = await self._run(
+            scripts.MARGIN,
+            (keys.config, keys.value, keys.permits),
+            ("" if late_us is None else late_us, self._now_arg(), *_margin.LAW),
+        )
+        if isinstance(reply, scripts.NotConfigured):
+            raise NotConfiguredError(name)
+        return reply
+
     async def learned(self, name: str) -> tuple[Rate, ...] | None:
         return await self._run(scripts.LEARNED, (self.keys(name).learned,), ("ceiling",))
 
@@ -465,7 +477,7 @@ class RedisBackend(RedisLeases, Backend):
 
     async def expire(self, name: str, ttl_us: int) -> bool:
         keys = self.keys(name)
-        ttl_ms = -(-ttl_us // 1000)
+        ttl_ms = millis_up(ttl_us)
         found = await self._run(
             scripts.EXPIRE,
             (keys.config, keys.value, keys.permits, keys.registry),

@@ -20,9 +20,9 @@ __all__ = [
 
 SCRIPT_COMMANDS = (
     "del", "exists", "get", "hdel", "hgetall", "hmget", "hset", "lpush", "persist", "pexpire",
-    "pexpireat", "pttl", "rename", "set", "time", "type", "unlink", "zadd", "zcard", "zcount",
-    "zrange", "zrangebyscore", "zrem", "zremrangebyrank", "zremrangebyscore", "zrevrangebyscore",
-    "zscore",
+    "pexpireat", "pttl", "publish", "rename", "set", "time", "type", "unlink", "zadd", "zcard",
+    "zcount", "zrange", "zrangebyscore", "zrem", "zremrangebyrank", "zremrangebyscore",
+    "zrevrangebyscore", "zscore",
 )  # fmt: skip
 """What the scripts (``lua/*.lua``) call: Redis checks a script's commands against the ACL."""
 
@@ -37,7 +37,10 @@ CLIENT_COMMANDS = (
     "hget",  # a block, read after sleeping out a reservation (``_scripts.BLOCKED_UNTIL``)
     "hgetall",  # the config (``_scripts.CONFIG``)
     "hmget",  # a concurrency limiter's limit (``_lease_scripts.CONFIG``)
-    "blpop",  # a process's wake list, while it has waiters on a concurrency limiter
+    "blpop",  # a process's wake list, while it has waiters on a concurrency limiter (cluster)
+    "subscribe",  # a process's wake channels, while it has waiters on concurrency limiters
+    "unsubscribe",
+    "lpop",  # the wake-ups published while a channel was not subscribed, read once it is
     "zrange",  # a PER_CLIENT limiter's clients (``_scripts.CLIENTS``)
     # redis-py and valkey-py name their library on each new connection (Redis >= 7.2,
     # Valkey); refused, it is ignored, but every connection adds a refusal to the ACL log.
@@ -65,11 +68,13 @@ library name on its connections)."""
 def acl_rules(
     prefix: str = "aiolimit:", password: str = "PASSWORD", server: tuple[int, int] | None = None
 ) -> list[str]:
-    """The rules of ``ACL SETUSER`` for a user that may send :data:`COMMANDS` to the keys of
-    ``prefix`` (its glob characters escaped), and nothing else; for a ``server`` version (say
-    ``(7, 0)``), without the commands it lacks (:data:`NEWER`)."""
+    """The rules of ``ACL SETUSER`` for a user that may send :data:`COMMANDS` to the keys and
+    channels of ``prefix`` (its glob characters escaped; the channels: concurrency limiters'
+    wake-ups), and nothing else; for a ``server`` version (say ``(7, 0)``), without the
+    commands it lacks (:data:`NEWER`)."""
     key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"
-    access = ["on", f">{password}", "resetkeys", f"~{key_pattern}", "resetchannels", "-@all"]
+    access = ["on", f">{password}", "resetkeys", f"~{key_pattern}", "resetchannels"]
+    access += [f"&{key_pattern}", "-@all"]
     known = [c for c in COMMANDS if server is None or NEWER.get(c, (0, 0)) <= server]
     return [*access, *(f"+{command}" for command in known)]
 

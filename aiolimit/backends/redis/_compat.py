@@ -16,6 +16,7 @@ __all__ = [
     "AUTH",
     "LOST",
     "NOT_SERVING",
+    "NO_PERMISSION",
     "NO_SCRIPT",
     "UNREACHABLE",
     "check_client",
@@ -31,6 +32,8 @@ AUTH: tuple[type[BaseException], ...] = (
 )
 """The server wants credentials, or refused the ones given (NOAUTH, WRONGPASS, a wrong AUTH).
 redis-py makes its AuthenticationError a ConnectionError: check this first."""
+NO_PERMISSION: tuple[type[BaseException], ...] = (redis_errors.NoPermissionError,)
+"""The ACL refused the command, a key or a channel (NOPERM)."""
 NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
 LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
@@ -64,6 +67,7 @@ else:
         valkey_errors.AuthenticationWrongNumberOfArgsError,
     )
     NO_SCRIPT += (valkey_errors.NoScriptError,)
+    NO_PERMISSION += (valkey_errors.NoPermissionError,)
     LOST += (valkey_errors.ConnectionError,)
     UNREACHABLE += (valkey_errors.ConnectionError, valkey_errors.TimeoutError)
     NOT_SERVING += (

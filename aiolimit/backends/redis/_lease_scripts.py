@@ -63,9 +63,9 @@ def _released(reply: Any) -> Released:
 
 
 def woken(message: Any) -> tuple[str, LeaseGrant | None]:
-    """A wake-up popped off a process's wake list: the ticket, and the lease granted to it
-    (``"<ticket> <lease id> <lease us>"``), or None (an older client's script names the
-    ticket only)."""
+    """A wake-up heard on a process's wake channel or popped off its wake list: the ticket,
+    and the lease granted to it (``"<ticket> <lease id> <lease us>"``), or None (an older
+    client's script names the ticket only)."""
     ticket, _, lease = _text(message).partition(" ")
     if not lease:
         return ticket, None

@@ -1,17 +1,16 @@
-"""The lease operations of :class:`~aiolimit.RedisBackend` (``_lease_scripts``), and the
-waker: how a waiter in this process is handed the lease granted to its ticket, without
-polling (in the reply of a release made in this process, else through its wake list)."""
+"""The lease operations of :class:`~aiolimit.RedisBackend` (``_lease_scripts``), and where
+each waiter of this process is woken (``_wakeups``): in the reply of a release made in this
+process, else on its process's wake channel (pub/sub), or its wake list for a cluster client."""
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import weakref
 from collections.abc import Sequence
 from typing import Any, Protocol, TypeVar
 
+from ..._values import millis_up
 from ...errors import NotConfiguredError
-from .._context import Background, StoreContext
+from .._context import StoreContext
 from .._lease import (
     ConcurrencyConfig,
     LeaseGrant,
@@ -19,21 +18,19 @@ from .._lease import (
     LeaseRefusal,
     LeaseSnapshot,
     LeaseStore,
+    new_ticket,
     process_id,
 )
 from .._protocol import over_rate_error
 from . import _lease_scripts as scripts
-from ._compat import ANY
+from ._compat import is_cluster
 from ._keys import Keys
 from ._script import ReadCommand, Script
+from ._wakeups import Subscriber, Waiter, Waker, hand_over
 
 __all__ = ["RedisLeases", "lease_keys"]
 
-log = logging.getLogger("aiolimit")
 R = TypeVar("R")
-
-WAKE_BLOCK_S = 1
-"""How long one BLPOP of the waker blocks before it is sent again."""
 
 
 def lease_keys(keys: Keys) -> tuple[str, str, str, str, str]:
@@ -57,116 +54,15 @@ class _Runs(Protocol):
     ) -> R: ...
 
 
-class _Waiter:
-    __slots__ = ("_loop", "_tasks", "_waker", "grant", "ticket", "woken")
-
-    def __init__(self, waker: _Waker, ticket: str, tasks: Background) -> None:
-        self._waker, self.ticket, self.woken = waker, ticket, asyncio.Event()
-        self._tasks = tasks  # (its store's: aclose() waits for the BLPOP's end)
-        self._loop = asyncio.get_running_loop()
-        self.grant: LeaseGrant | None = None
-
-    async def wait(self, timeout: float) -> LeaseGrant | None:
-        self._waker.listen()
-        try:
-            await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
-        except asyncio.TimeoutError:
-            return None
-        self.woken.clear()
-        grant, self.grant = self.grant, None
-        return grant
-
-    def hand(self, grant: LeaseGrant | None) -> None:
-        """Wakes the waiter, ``grant`` the lease its ticket was granted (None: it asks for
-        it). From any thread: a release in another event loop of the process hands it too."""
-        if grant is not None:
-            self.grant = grant
-        try:
-            here = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            here = False
-        if here:
-            self.woken.set()
-        else:
-            self._loop.call_soon_threadsafe(self.woken.set)
-
-    async def aclose(self) -> None:
-        ending = self._waker.remove(self)
-        if ending is not None:
-            # Its BLPOP ends in the background: the client library lets go of a BLPOP
-            # cancelled while it connects only when its block is up (a second), which a
-            # caller granted at once must not wait for.
-            self._tasks.spawn(ending, "a lease waker's end")
+_wakers: weakref.WeakKeyDictionary[Any, dict[str, Waker]] = weakref.WeakKeyDictionary()
+_subscribers: weakref.WeakKeyDictionary[Any, Subscriber] = weakref.WeakKeyDictionary()
 
 
-class _Waker:
-    """The wake list of one limiter for this process (``T:wake:<process>``): one task, one
-    connection blocked in BLPOP, while the process has waiters on the limiter; each ticket
-    popped wakes its waiter."""
-
-    __slots__ = ("_key", "_redis", "_task", "waiters")
-
-    def __init__(self, redis: Any, key: str) -> None:
-        self._redis, self._key = redis, key
-        self.waiters: dict[str, _Waiter] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    def add(self, ticket: str, tasks: Background) -> _Waiter:
-        waiter = self.waiters[ticket] = _waiting[ticket] = _Waiter(self, ticket, tasks)
-        return waiter
-
-    def listen(self) -> None:
-        """Its BLPOP runs from the first wait on (a caller granted at once sends none: a
-        wake-up pushed before waits in the list)."""
-        if self._task is None and self.waiters:
-            self._task = asyncio.create_task(self._run())
-
-    def remove(self, waiter: _Waiter) -> asyncio.Task[None] | None:
-        """Forgets the waiter; the task it ends when it was the last (to be awaited)."""
-        if self.waiters.get(waiter.ticket) is waiter:
-            del self.waiters[waiter.ticket]
-        if _waiting.get(waiter.ticket) is waiter:
-            del _waiting[waiter.ticket]
-        task = self._task
-        if self.waiters or task is None:
-            return None
-        # No one left to wake: the BLPOP ends now, its connection with it (a wake-up pushed
-        # meanwhile waits in the list for the next waiter's BLPOP, which skips it).
-        task.cancel()
-        self._task = None
-        return task
-
-    async def _run(self) -> None:
-        redis = self._redis
-        try:
-            while self.waiters:
-                try:
-                    popped = await redis.blpop([self._key], timeout=WAKE_BLOCK_S)
-                except ANY as exc:  # the waiters' own timers still wake them
-                    log.debug("waker of %s: %s", self._key, exc)
-                    await asyncio.sleep(0.1)
-                    continue
-                if popped:
-                    ticket, grant = scripts.woken(popped[1])
-                    waiter = self.waiters.get(ticket)
-                    if waiter is not None:
-                        waiter.hand(grant)
-        finally:
-            if self._task is asyncio.current_task():
-                self._task = None
-
-
-_wakers: weakref.WeakKeyDictionary[Any, dict[str, _Waker]] = weakref.WeakKeyDictionary()
-_waiting: dict[str, _Waiter] = {}  # this process's waiters, by ticket: a release hands to them
-
-
-def _hand_over(handed: list[tuple[str, LeaseGrant]]) -> None:
-    """The leases a release granted to waiters of this process, handed to them. A waiter
-    gone meanwhile has handed its grant back, or will (``cancel_ticket``)."""
-    for ticket, grant in handed:
-        waiter = _waiting.get(ticket)
-        if waiter is not None:
-            waiter.hand(grant)
+def _subscriber(redis: Any) -> Subscriber:
+    subscriber = _subscribers.get(redis)
+    if subscriber is None:
+        subscriber = _subscribers[redis] = Subscriber(redis)
+    return subscriber
 
 
 class RedisLeases(LeaseStore):
@@ -202,18 +98,28 @@ class RedisLeases(LeaseStore):
     async def release_lease(self: _Runs, name: str, lease_id: str) -> bool:
         keys = lease_keys(self.keys(name))
         released = await self._run(scripts.RELEASE, keys, (lease_id, process_id()))
-        _hand_over(released.handed)
+        hand_over(released.handed)
         return released.held
 
     async def cancel_ticket(self: _Runs, name: str, ticket: str) -> bool:
         return await self._run(scripts.CANCEL, lease_keys(self.keys(name)), (ticket,))
 
-    def lease_waiter(self: _Runs, name: str, ticket: str) -> _Waiter:
-        key = f"{self.keys(name).tag}:wake:{process_id()}"
+    def make_ticket(self: _Runs, permits: int) -> str:
+        """A ticket woken on its process's wake channel; on its wake list for a cluster
+        client (a channel is not a key: its slot is not the limiter's), or once the server
+        refused this client a subscription."""
+        redis = self.redis
+        list_only = is_cluster(redis) or _subscriber(redis).refused
+        return new_ticket(permits, "h" if list_only else "p")
+
+    def lease_waiter(self: _Runs, name: str, ticket: str) -> Waiter:
+        wake = f"{self.keys(name).tag}:wake:{process_id()}"
+        if ticket.endswith(":p"):
+            return _subscriber(self.redis).add(wake, ticket, self.context.tasks)
         by_key = _wakers.setdefault(self.redis, {})
-        waker = by_key.get(key)
+        waker = by_key.get(wake)
         if waker is None:
-            waker = by_key[key] = _Waker(self.redis, key)
+            waker = by_key[wake] = Waker(self.redis, wake)
         return waker.add(ticket, self.context.tasks)
 
     async def leases(self: _Runs, name: str, most: int = 100) -> LeaseSnapshot | None:
@@ -223,7 +129,7 @@ class RedisLeases(LeaseStore):
         return await self._run(scripts.LIFETIME, lease_keys(self.keys(name)), ("delete", 0))
 
     async def expire_limit(self: _Runs, name: str, ttl_us: int) -> bool:
-        ttl_ms = max(1, -(-ttl_us // 1000))
+        ttl_ms = max(1, millis_up(ttl_us))
         return await self._run(scripts.LIFETIME, lease_keys(self.keys(name)), ("expire", ttl_ms))
 
     async def clear_expire_limit(self: _Runs, name: str) -> bool:

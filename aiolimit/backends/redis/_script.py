@@ -22,6 +22,7 @@ LIBRARY = (
     "groups",
     "held",
     "sliding_walk",
+    "sliding_floors",
     "sliding_log",
     "sliding_window",
     "counters",
@@ -29,12 +30,12 @@ LIBRARY = (
     "carries",
     "fixed_window",
 )
-"""The files every script starts with, in order: the core (``lib``, then ``groups``), then
-each algorithm, which adds its functions to the core's ``ALGORITHMS`` table (``held`` is what
-a sliding window keeps of reclaimed grants, ``sliding_walk`` how it finds a waiter's slot,
-``sliding_log`` the log of one rate, ``counters`` what the token bucket and fixed windows
-share, ``carries`` the provider's floors fixed windows keep). Adding an algorithm adds its
-file here."""
+"""The files every script starts with, in order: the core (``lib``, then ``groups``), then each
+algorithm, which adds its functions to the core's ``ALGORITHMS`` table (``held`` is what a
+sliding window keeps of reclaimed grants, ``sliding_walk`` how it finds a waiter's slot,
+``sliding_floors`` how a sliding window holds a provider's count, ``sliding_log`` the log of
+one rate, ``counters`` what the token bucket and fixed windows share, ``carries`` the
+provider's floors fixed windows keep). Adding an algorithm adds its file here."""
 
 
 def lua_source(*names: str) -> str:

@@ -405,3 +405,17 @@ def _ceiling(reply: Any) -> tuple[Rate, ...] | None:
 
 LEARNED = ReadCommand("HGET", _ceiling)
 """A learned state's ``ceiling`` field (None: no learned state)."""
+
+
+# -- the fleet's measured margin (margin.lua) ------------------------------------------------
+
+
+def _margin(reply: Any) -> int | NotConfigured:
+    if int(reply[0]) == -1:
+        return NotConfigured()
+    return int(reply[1])
+
+
+# A resent report moves the margin no further: the same lateness grows it to the same value,
+# and a shrink's time starts again at the change it made.
+MARGIN = Script("margin", _margin)

@@ -77,11 +77,17 @@ end
 for i = 3, #FIELDS do -- (a state an earlier release wrote lacks the newer fields)
   state[FIELDS[i]] = state[FIELDS[i]] or 0
 end
-local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(config.rates)
+-- The config's exact rates: as stored, before the fleet's measured margin widens them
+-- (margin.lua); a learned rate is written exact and read widened, as the rate it replaces.
+local widen, exact = tonumber(config.margin or '') or 0, {}
+for i = 1, #config.rates do
+  exact[i] = { rate = config.rates[i].rate, interval = config.rates[i].interval - widen }
+end
+local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(exact)
 local ceiling = parse_ceiling(ceiling_text)
-local current = rates_text(config.rates)
-for i = 1, max(#ceiling, #config.rates) do
-  if not (ceiling[i] and config.rates[i] and ceiling[i].interval == config.rates[i].interval) then
+local current = rates_text(exact)
+for i = 1, max(#ceiling, #exact) do
+  if not (ceiling[i] and exact[i] and ceiling[i].interval == exact[i].interval) then
     return { -5, ceiling_text .. ' / ' .. current }
   end
 end

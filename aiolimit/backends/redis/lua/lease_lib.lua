@@ -6,14 +6,19 @@
 -- every script in this order as KEYS[1..5]:
 --   T:sem      HASH  max (slots), lease (us), fence (the last fence given), seq (the last
 --                    ticket's place), used (slots the holders take), queued (permits of the
---                    tickets in T:queue), expires_at (ms, when expire() set one)
+--                    tickets in T:queue), expires_at (ms, when expire() set one); hdue (us:
+--                    no holder's lease ends before it) as of fence hfence, tdue (us: no
+--                    ticket is dropped before it) as of seq tseq
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
---   T:queue    ZSET  ticket "<permits>:<process>:<id>[:h]" -> its place in the queue (seq)
+--   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue (seq)
 --   T:tickets  ZSET  ticket -> when it is dropped unless its waiter calls again (us)
 --   T:granted  ZSET  ticket -> the fence of the lease granted to it while it waited, as long
 --                    as that lease is held and its waiter has not asked for it (the lease id
 --                    is "<ticket's permits>:<fence>")
---   T:wake:<process>  LIST  wake-ups for that process's waiters, for its waker's BLPOP
+--   T:wake:<process>  CHANNEL  wake-ups for that process's waiters (tickets ending in ':p'),
+--                    published to its subscriber; LIST  those nobody heard, read by the
+--                    subscriber once subscribed, and the wake-ups of tickets ending in ':h'
+--                    (a cluster client's, an older client's), for its waker's BLPOP
 -- Times are the server's TIME: no client clock is read. A fence is max(last + 1, now in us):
 -- it only grows while the server's clock does not go back past its own earlier readings, even
 -- when every key is lost (FLUSHALL, a restart without persistence), as the next fence given is
@@ -23,34 +28,45 @@
 -- (`promote`), as many as fit; a head that does not fit stops it, so a 2-permit waiter is not
 -- passed by 1-permit arrivals, and a newcomer is granted at once only when nobody waits.
 -- The script that frees the slot hands the lease over (`wake`): to a waiter of the calling
--- process in its own reply, to another process through that process's wake list, the lease
--- id in the wake-up ("<ticket> <lease id> <lease us>") for a ticket ending in ':h', the
--- ticket alone for an older client's (which asks for its lease: a take collects it, and
--- renews it). The grant stays in T:granted until its lease is dropped or collected, so a
--- waiter whose wake-up was lost still finds it when it asks. One that never comes (killed)
--- holds it until its lease ends, like any holder.
+-- process in its own reply, to another process on that process's wake channel (a ticket
+-- ending in ':p') or list (':h'), the lease id in the wake-up ("<ticket> <lease id> <lease
+-- us>"), the ticket alone on the list for an older client's (which asks for its lease: a take
+-- collects it, and renews it). The grant stays in T:granted until its lease is dropped or
+-- collected, so a waiter whose wake-up was lost still finds it when it asks. One that never
+-- comes (killed) holds it until its lease ends, like any holder.
 -- An attempt is LEASE.take, a release LEASE.release: one a call (lease_take, lease_release),
 -- or several made together in one call (lease_many), which reads and writes the state once.
 -- Every loop is bounded: RECLAIM holders or tickets reclaimed per call, SCAN tickets
 -- promoted or read ahead of a caller. A call reads no more of a ZSET than it acts on: the
--- earliest holder, the head tickets that may fit, the permits queued from `queued`.
+-- earliest holder, the head tickets that may fit, the permits queued from `queued`; and
+-- neither T:holders nor T:tickets for what has ended before its bound (hdue, tdue) is due.
+-- A bound is kept lowered by every grant (hdue) and every ticket stamped (tdue); a bound
+-- written before a grant or a ticket of another version's scripts (which keep none) no longer
+-- matches fence or seq, and is read again.
 -- Numbers read are made numbers with `+ 0` (one conversion; tonumber makes two).
 
-local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000 }
+local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000, NONE = MAX_EXACT }
 
 function LEASE.load(sem_key)
   local f = redis.call('HMGET', sem_key, 'max', 'lease', 'fence', 'seq', 'used', 'queued',
-    'expires_at')
+    'expires_at', 'hdue', 'hfence', 'tdue', 'tseq')
   if not f[1] then
     return nil
   end
   local seq, used, queued = (f[4] or 0) + 0, (f[5] or 0) + 0, (f[6] or 0) + 0
+  local fence = (f[3] or 0) + 0
+  local hdue = f[8] and f[9] and f[9] + 0 == fence and f[8] + 0 or false
+  local tdue = f[10] and f[11] and f[11] + 0 == seq and f[10] + 0 or false
   return { -- (every field in the constructor: the table is made its size once)
     key = sem_key,
     max = f[1] + 0,
     lease = f[2] + 0,
-    fence = (f[3] or 0) + 0,
+    fence = fence,
     fence_text = false, -- (the fence given by this call, as text)
+    hdue = hdue, -- (false: not known)
+    tdue = tdue,
+    hdue0 = hdue,
+    tdue0 = tdue,
     seq = seq,
     used = used,
     queued = queued,
@@ -80,20 +96,44 @@ function LEASE.bound(state, key)
 end
 
 -- When the earliest holder's lease ends (us); nil with no holder. Read once, and again only
--- after a holder was dropped or renewed.
+-- after a holder was dropped or renewed; hdue is then that time.
 function LEASE.earliest(state, keys)
   if not state.earliest then
     local first = redis.call('ZRANGE', keys[2], 0, 0, 'WITHSCORES')
     state.earliest = first[2] and first[2] + 0 or -1
+    state.hdue = first[2] and state.earliest or LEASE.NONE
   end
   return state.earliest >= 0 and state.earliest or nil
 end
 
+-- A holder's lease now ends at `ends` (us): granted, or renewed (a lease time lowered since
+-- may end it sooner than it would have).
+function LEASE.lower_due(state, ends)
+  if state.hdue and ends < state.hdue then
+    state.hdue = ends
+  end
+end
+
+-- No holder's lease ends before this (us); nil with no holder. A bound, not read when known.
+function LEASE.due(state, keys)
+  if state.used <= 0 then
+    return nil
+  end
+  local due = state.hdue
+  if not due or due >= LEASE.NONE then
+    return LEASE.earliest(state, keys)
+  end
+  return due
+end
+
 -- Drops holders whose lease has ended (at most RECLAIM), if the earliest has.
 function LEASE.reclaim_holders(state, keys, now)
+  if state.hdue and state.hdue > now then
+    return -- (the common case: nothing read)
+  end
   local earliest = LEASE.earliest(state, keys)
   if not earliest or earliest > now then
-    return -- (the common case: one read)
+    return
   end
   local expired = redis.call('ZRANGEBYSCORE', keys[2], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
@@ -101,6 +141,7 @@ function LEASE.reclaim_holders(state, keys, now)
     LEASE.drop_holder(state, keys, id)
   end
   LEASE.reclaim_granted(state, keys, now)
+  state.hdue = false -- (read again when asked)
 end
 
 -- Removes a holder and its slots, and its grant in T:granted if it was granted in the queue
@@ -117,8 +158,11 @@ function LEASE.drop_holder(state, keys, id)
   return true
 end
 
--- Drops tickets whose waiter stopped calling (at most RECLAIM); how many.
+-- Drops tickets whose waiter stopped calling (at most RECLAIM), once one may have; how many.
 function LEASE.reclaim_tickets(state, keys, now)
+  if state.tdue and state.tdue > now then
+    return 0 -- (the common case: nothing read)
+  end
   local expired = redis.call('ZRANGEBYSCORE', keys[4], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
   if #expired > 0 then
@@ -127,6 +171,11 @@ function LEASE.reclaim_tickets(state, keys, now)
     for _, ticket in ipairs(expired) do
       LEASE.count_queued(state, -LEASE.permits(ticket))
     end
+  end
+  state.tdue = false
+  if #expired < LEASE.RECLAIM then -- (every ticket due is gone: the next is the bound)
+    local first = redis.call('ZRANGE', keys[4], 0, 0, 'WITHSCORES')
+    state.tdue = first[2] and first[2] + 0 or LEASE.NONE
   end
   return #expired
 end
@@ -204,7 +253,10 @@ function LEASE.promote(state, keys, now, process, handed, reclaim)
 end
 
 -- Tells the waiter of `ticket` that it holds lease `id`: in the caller's reply (`handed`)
--- when its process is `process`, else through its process's wake list.
+-- when its process is `process`, else on its process's wake channel (a ticket ending in
+-- ':p': one PUBLISH, nothing kept), else on its process's wake list; there too when the
+-- channel reached no one (the process's subscriber is subscribing or reconnecting: it reads
+-- the list once subscribed).
 function LEASE.wake(state, ticket, id, process, handed)
   local owner = match(ticket, '^%d+:([^:]+):')
   if owner == process then
@@ -212,19 +264,27 @@ function LEASE.wake(state, ticket, id, process, handed)
     handed[#handed + 1] = id
     return
   end
+  local wake = string.sub(state.key, 1, -4) .. 'wake:' .. owner -- (T:sem without 'sem')
+  local kind = string.sub(ticket, -2)
   local message = ticket
-  if string.sub(ticket, -2) == ':h' then
+  if kind == ':p' or kind == ':h' then
     message = ticket .. ' ' .. id .. ' ' .. fmt(state.lease)
   end
-  local list = string.sub(state.key, 1, -4) .. 'wake:' .. owner -- (T:sem without 'sem')
-  redis.call('LPUSH', list, message)
-  redis.call('PEXPIRE', list, LEASE.WAKE_TTL_MS)
+  if kind == ':p' then
+    local heard = redis.pcall('PUBLISH', wake, message) -- (an error reply is a table)
+    if type(heard) == 'number' and heard > 0 then
+      return
+    end
+  end
+  redis.call('LPUSH', wake, message)
+  redis.call('PEXPIRE', wake, LEASE.WAKE_TTL_MS)
 end
 
 -- A new holder of `permits`, its lease ending at `lease_ends` (text); its fence, as text.
 function LEASE.grant(state, keys, permits, lease_ends, now)
   state.fence = math.max(state.fence + 1, now)
   state.used = state.used + permits
+  LEASE.lower_due(state, now + state.lease)
   if state.earliest == -1 then -- (the first holder: a later grant ends no earlier)
     state.earliest = now + state.lease
   end
@@ -268,6 +328,7 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
     local lease_ends = format('%d', now + state.lease)
     if redis.call('ZADD', keys[2], 'XX', 'CH', lease_ends, id) == 1 or redis.call('ZSCORE', keys[2], id) then
       state.earliest = false
+      LEASE.lower_due(state, now + state.lease)
       return { 0, id, state.lease }
     end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
   end
@@ -282,8 +343,8 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
   else
     ahead = LEASE.queue(state, keys, now, permits, ticket, wait)
   end
-  local earliest = LEASE.earliest(state, keys)
-  return { 1, earliest and math.max(0, earliest - now) or -1, free, ahead, state.lease }
+  local due = LEASE.due(state, keys)
+  return { 1, due and math.max(0, due - now) or -1, free, ahead, state.lease }
 end
 
 -- A ticket that gives up leaves the queue (it may have been a head that did not fit).
@@ -313,6 +374,9 @@ function LEASE.queue(state, keys, now, permits, ticket, wait)
   end
   redis.call('ZADD', keys[4], format('%d', now + keep), ticket)
   LEASE.bound(state, keys[4])
+  if state.tdue then
+    state.tdue = math.min(state.tdue, now + keep)
+  end
   return ahead
 end
 
@@ -320,12 +384,23 @@ end
 -- granted, those of `process` handed their leases in the reply: {held (1 when it was held
 -- until now), lease us, ticket, lease id, ...}, or {0} when it had gone already.
 function LEASE.release(state, keys, now, id, process)
-  local expires = state and redis.call('ZSCORE', keys[2], id)
-  if not expires then
+  if not state then
     return { 0 }
   end
-  LEASE.drop_holder(state, keys, id)
-  local reply = { expires + 0 > now and 1 or 0, state.lease }
+  local held = 1
+  if state.hdue and state.hdue > now then -- (no lease has ended: one held is held until now)
+    if not LEASE.drop_holder(state, keys, id) then
+      return { 0 }
+    end
+  else
+    local expires = redis.call('ZSCORE', keys[2], id)
+    if not expires then
+      return { 0 }
+    end
+    LEASE.drop_holder(state, keys, id)
+    held = expires + 0 > now and 1 or 0
+  end
+  local reply = { held, state.lease }
   LEASE.promote(state, keys, now, process, reply, false)
   return reply
 end
@@ -344,6 +419,14 @@ function LEASE.save(state)
   end
   if state.seq ~= state.seq0 then
     fields[#fields + 1], fields[#fields + 2] = 'seq', format('%d', state.seq)
+  end
+  if state.hdue and (state.hdue ~= state.hdue0 or state.fence_text) then
+    fields[#fields + 1], fields[#fields + 2] = 'hdue', format('%d', state.hdue)
+    fields[#fields + 1], fields[#fields + 2] = 'hfence', state.fence_text or format('%d', state.fence)
+  end
+  if state.tdue and (state.tdue ~= state.tdue0 or state.seq ~= state.seq0) then
+    fields[#fields + 1], fields[#fields + 2] = 'tdue', format('%d', state.tdue)
+    fields[#fields + 1], fields[#fields + 2] = 'tseq', format('%d', state.seq)
   end
   if #fields > 0 then
     redis.call('HSET', state.key, unpack(fields))

@@ -23,4 +23,9 @@ if tonumber(expires) <= now then
   return { 1 }
 end
 redis.call('ZADD', KEYS[2], 'XX', string.format('%d', now + state.lease), ARGV[1])
+local due = state.hdue
+LEASE.lower_due(state, now + state.lease) -- (sooner than before after a lease time lowered)
+if state.hdue ~= due then
+  LEASE.save(state)
+end
 return { 0, state.lease }

@@ -2,7 +2,7 @@
 --
 -- KEYS[1..5] T:sem, T:holders, T:queue, T:tickets, T:granted
 -- ARGV[1] permits
--- ARGV[2] the caller's ticket "<permits>:<process>:<id>[:h]"
+-- ARGV[2] the caller's ticket "<permits>:<process>:<id>[:p|:h]"
 -- ARGV[3] how long the caller will wait (us): 0 gives up now (its ticket is dropped), -1
 --         waits without end; a ticket left in the queue lives at most one lease, and each
 --         call of its waiter stamps it again

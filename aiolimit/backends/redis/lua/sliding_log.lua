@@ -8,7 +8,9 @@
 --                included), the sequence number of its last grant, and the walk cursor
 --                ("<score> <prefix> <group>", or "-" for none; see `wait_for`), then
 --                held.lua's summary of grants that left the window (" ~<permits>:<at>"...),
---                after " ~h<start>" while a grant handed back may still be given its member.
+--                after " ~h<start>" while a grant handed back may still be given its member,
+--                after how much longer a provider's count holds the window until when
+--                (" ~f<lag>:<until>": sliding_floors.lua).
 --   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
@@ -56,7 +58,8 @@ local function load_budget(value_key, permits_key, config, write)
   local raw = redis.call('GET', value_key)
   local held
   if raw then
-    local handed
+    local handed, lags
+    raw, lags = split_lags(raw) -- (sliding_floors.lua)
     raw, handed = split_handed(raw)
     raw, held = parse_held(raw) -- (held.lua)
     local gen, used, seq, cursor = match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
@@ -65,6 +68,7 @@ local function load_budget(value_key, permits_key, config, write)
     end
     if gen == config.gen then
       budget.used, budget.seq, budget.held, budget.handed = used + 0, seq + 0, held, handed
+      budget.lags = lags
       local cs, cp, cg
       if cursor ~= '-' then
         cs, cp, cg = match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
@@ -85,11 +89,12 @@ local function load_budget(value_key, permits_key, config, write)
   return budget
 end
 
-local function encode_budget(budget, gen)
+local function encode_budget(budget, gen, lags)
   local held = format_held(budget.held)
   if budget.handed then
     held = ' ~h' .. fmt(budget.handed) .. held
   end
+  held = lags .. held
   if budget.cs then
     return format('%s %d %d %d %d %d%s', gen, budget.used, budget.seq, budget.cs, budget.cp, budget.cg, held)
   end
@@ -171,6 +176,7 @@ local function save_budget(budget, config, now)
   flush_log(budget)
   local interval = budget.interval or config.interval
   local ttl, kept = nil, -1
+  local lags = lags_text(budget, now) -- (sliding_floors.lua)
   if budget.latest and config.keep_alive == 0 then
     kept = redis.call('PTTL', budget.value_key) -- (-2: no key, so the log is this call's)
   end
@@ -191,7 +197,7 @@ local function save_budget(budget, config, now)
     ttl = max(min(ttl, ms(config.expires_at - now)), 1)
   end
   local px = fmt(ttl)
-  redis.call('SET', budget.value_key, encode_budget(budget, config.gen), 'PX', px)
+  redis.call('SET', budget.value_key, encode_budget(budget, config.gen, lags), 'PX', px)
   redis.call('PEXPIRE', budget.permits_key, px)
   return ttl
 end

@@ -20,7 +20,7 @@ function sliding.load(group, write)
       permits_key = rate_key(config, permits_key, 'permits', i)
     end
     local budget = load_budget(value_key, permits_key, config, write)
-    budget.rate, budget.interval = r.rate, r.interval
+    budget.rate, budget.interval, budget.base = r.rate, r.interval, r.interval
     group.budgets[i] = budget
     group.fresh = group.fresh and budget.fresh
   end
@@ -35,6 +35,8 @@ function sliding.reclaim(group, now, write)
     elseif not budget.fresh then
       restore_held(budget, now) -- after set_rate to a longer interval (held.lua)
     end
+    -- (longer while a provider holds the log's grants longer: sliding_floors.lua)
+    budget.interval = budget.base + min(lag_at(budget, now), budget.base)
     reclaim(budget, now - budget.interval, write)
   end
 end
@@ -221,10 +223,11 @@ function sliding.charge(group, member, extra, now)
 end
 
 -- Each rate allows at most `remaining` more permits until now + reset_us (at most one
--- interval on), as the log holds now: an entry of what it allows beyond that, scored to leave
--- the window at the reset. The grants logged stay as they are, each found by its member, so
--- that a settle for less hands back what the provider hands back on completion; one that
--- leaves the window before the reset frees its permits then.
+-- interval on), as the log holds now: a lag that holds its grants as long as the provider
+-- does, and an entry of what it counts beyond the log's grants that have started, scored to
+-- leave the window at the reset (sliding_floors.lua). The grants logged stay as they are,
+-- each found by its member, so that a settle for less hands back what the provider hands
+-- back on completion.
 function sliding.sync(group, remaining, reset_us, now)
   if reset_us <= 0 then
     return
@@ -238,10 +241,20 @@ function sliding.sync(group, remaining, reset_us, now)
     local budget = budgets[k]
     local least = budget.rate - remaining
     if least > 0 then
-      local at = now + min(reset_us, budget.interval) - budget.interval
-      local extra = least - budget.used
-      if extra > 0 then
+      local until_ = now + min(reset_us, budget.base)
+      local newest, booked = nil, 0
+      if not budget.fresh then
         flush_log(budget)
+        newest, booked = started_and_booked(budget, now)
+      end
+      local lag = newest and until_ - (newest + budget.base) or 0
+      if lag > 0 then -- (grants that left the window already count in `extra`)
+        add_lag(budget, lag, until_, now)
+        budget.dirty = true
+      end
+      local extra = least - (budget.used - booked)
+      if extra > 0 then
+        local at = until_ - budget.base
         redis.call('ZADD', budget.permits_key, fmt(at), fmt(extra) .. ':' .. fmt(seq))
         budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + extra, true, nil
         cursor_moved(budget, at, extra)

@@ -1,5 +1,5 @@
 -- sync: a provider's own count taken as a floor (Backend.sync): from now until now + reset,
--- each rate allows at most `remaining` more permits. Only ever tightens.
+-- each rate allows at most `remaining` more permits. Never frees what the limiter counts.
 --
 -- KEYS[1] config hash
 -- KEYS[2] value key      (the client's own for PER_CLIENT)
@@ -12,12 +12,13 @@
 -- ARGV[5] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
 --
 -- Per algorithm (`sync`): a token bucket is full no earlier than `remaining` tokens' refill
--- before one interval after the reset; a sliding window's log holds at least rate -
--- remaining as it is now, with an entry of what it lacks scored to leave the window at the
--- reset (grants that leave before the reset free their permits then), and fixed windows carry the floor into the window the reset falls in (carries.lua): past
--- the current window's end, the current one allows no more than `remaining` and the next
--- starts from rate - remaining and every grant since, until the reset: both for at most one
--- interval of the rate (a reset further on counts until then). One bounded call.
+-- before one interval after the reset; a sliding window logs what the provider counts beyond
+-- its started grants as an entry that leaves the window at the reset, and holds its grants
+-- as long as the provider's count lasts (a lag: sliding_floors.lua), and fixed windows carry the floor into the window
+-- the reset falls in (carries.lua): past the current window's end, the current one allows no
+-- more than `remaining` and the next starts from rate - remaining and every grant since,
+-- until the reset: both for at most one interval of the rate (a reset further on counts
+-- until then). One bounded call.
 -- Returns {0, 0}, {-1} without config, {-3, type} for the other rate type.
 
 local config, trouble = budget_config(KEYS[1], ARGV[4])

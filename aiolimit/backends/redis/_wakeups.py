@@ -1,0 +1,284 @@
+"""How a waiter of this process learns that a release granted its ticket a lease: in the
+release's reply when this process released (``hand_over``), else through its process's wake
+channel on one pub/sub connection per client (``Subscriber``, tickets ending in ``:p``), or,
+for a cluster client or a user the ACL does not let subscribe, its wake list and one BLPOP
+per limiter (``Waker``, tickets ending in ``:h``).
+
+A wake-up published while the process's channel was not subscribed (before its first wait,
+while the connection is re-made) reached nobody: the release's script put it on the wake list
+instead, which the subscriber reads whenever the server confirms a subscription. A waiter also
+looks again on its own (``_concurrency._next_look``), which bounds the wait for a wake-up lost
+otherwise (its ``take_lease`` collects the lease granted meanwhile).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from .._context import Background
+from .._lease import LeaseGrant
+from ._compat import ANY, NO_PERMISSION
+from ._lease_scripts import woken
+
+__all__ = ["Subscriber", "Waiter", "Waker", "hand_over"]
+
+log = logging.getLogger("aiolimit")
+
+WAKE_BLOCK_S = 1
+"""How long one BLPOP of a waker, or one read of a subscriber, blocks before the next."""
+DRAIN_BATCH, DRAIN_ROUNDS = 100, 10
+"""Wake-ups read off a wake list at once, and at most how many times, when subscribed."""
+
+_waiting: dict[str, Waiter] = {}  # this process's waiters, by ticket: a release hands to them
+
+
+def hand_over(handed: list[tuple[str, LeaseGrant]]) -> None:
+    """The leases a release granted to waiters of this process, handed to them. A waiter
+    gone meanwhile has handed its grant back, or will (``cancel_ticket``)."""
+    for ticket, grant in handed:
+        waiter = _waiting.get(ticket)
+        if waiter is not None:
+            waiter.hand(grant)
+
+
+class Waiter:
+    """One waiter's wake-ups (the :class:`~aiolimit.backends.LeaseWaiter` of a Redis store),
+    from its ``source``: a :class:`Subscriber`'s channel or a :class:`Waker`'s list."""
+
+    __slots__ = ("_loop", "_source", "_tasks", "grant", "ticket", "woken")
+
+    def __init__(self, source: Subscriber | Waker, ticket: str, tasks: Background) -> None:
+        self._source, self.ticket, self.woken = source, ticket, asyncio.Event()
+        self._tasks = tasks  # (its store's: aclose() waits for the ends it spawns)
+        self._loop = asyncio.get_running_loop()
+        self.grant: LeaseGrant | None = None
+        _waiting[ticket] = self
+
+    async def wait(self, timeout: float) -> LeaseGrant | None:
+        self._source.listen(self._tasks)
+        try:
+            await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
+        except asyncio.TimeoutError:
+            return None
+        self.woken.clear()
+        grant, self.grant = self.grant, None
+        return grant
+
+    def hand(self, grant: LeaseGrant | None) -> None:
+        """Wakes the waiter, ``grant`` the lease its ticket was granted (None: it asks for
+        it). From any thread: a release in another event loop of the process hands it too."""
+        if grant is not None:
+            self.grant = grant
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            self.woken.set()
+        else:
+            self._loop.call_soon_threadsafe(self.woken.set)
+
+    async def aclose(self) -> None:
+        if _waiting.get(self.ticket) is self:
+            del _waiting[self.ticket]
+        ending = self._source.remove(self)
+        if ending is not None:
+            # In the background: the client library lets go of a BLPOP cancelled while it
+            # connects only when its block is up (a second), which a caller granted at once
+            # must not wait for.
+            self._tasks.spawn(ending, "a lease waker's end")
+
+
+class _Channel:
+    __slots__ = ("heard", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: dict[str, Waiter] = {}  # (its waiters here)
+        self.heard = False  # (it was subscribed: a new subscription is a reconnection)
+
+
+class Subscriber:
+    """This process's wake channels on one client (``T:wake:<process>``, one per limiter with
+    waiters here): one pub/sub connection and one task reading it, while there are waiters.
+    What a release published while the channel was not subscribed (before the first wait,
+    while the connection is re-made) went to its wake list instead: read once subscribed."""
+
+    __slots__ = ("_lock", "_pubsub", "_reader", "_redis", "_sent", "channels", "refused")
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.channels: dict[str, _Channel] = {}
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._sent: set[str] = set()  # (the channels asked for on the connection)
+        self._lock = asyncio.Lock()
+        self.refused = False
+        """The server refused a subscription (an ACL without the channels): no more."""
+
+    def add(self, channel: str, ticket: str, tasks: Background) -> Waiter:
+        waiters = self.channels.setdefault(channel, _Channel()).waiters
+        waiter = waiters[ticket] = Waiter(self, ticket, tasks)
+        return waiter
+
+    def listen(self, tasks: Background) -> None:
+        """From a waiter's first wait on: its channel subscribed, the connection read (a
+        caller granted at once subscribes to nothing)."""
+        if self.refused:
+            return
+        if self._reader is None and self.channels:
+            self._pubsub = self._redis.pubsub()
+            self._reader = asyncio.create_task(self._read(self._pubsub))
+        elif not self._sent.issuperset(self.channels):
+            tasks.spawn(self._subscribe(self._pubsub), "a lease wake channel")
+
+    def remove(self, waiter: Waiter) -> Awaitable[None] | None:
+        """Forgets the waiter; what it leaves to be done (awaited in the background): the
+        reader ended when it was the last waiter, its channel dropped when the last there."""
+        for name, channel in list(self.channels.items()):
+            if channel.waiters.get(waiter.ticket) is waiter:
+                del channel.waiters[waiter.ticket]
+                if not channel.waiters:
+                    del self.channels[name]
+        reader = self._reader
+        if reader is None:
+            return None
+        if self.channels:
+            return None if self._sent.issubset(self.channels) else self._subscribe(self._pubsub)
+        reader.cancel()  # (no one left to wake: the connection goes back)
+        self._reader, self._pubsub, self._sent = None, None, set()
+        return reader
+
+    async def _subscribe(self, pubsub: Any) -> None:
+        """The channels with waiters subscribed on ``pubsub``, and no others."""
+        async with self._lock:
+            if pubsub is not self._pubsub:
+                return  # (a reader that has ended)
+            wanted = set(self.channels)
+            if added := wanted - self._sent:
+                await pubsub.subscribe(*added)
+            if dropped := self._sent - wanted:
+                await pubsub.unsubscribe(*dropped)
+            self._sent = wanted
+
+    async def _read(self, pubsub: Any) -> None:
+        try:
+            while self.channels and not self.refused:
+                try:
+                    await self._subscribe(pubsub)
+                    message = await pubsub.get_message(timeout=WAKE_BLOCK_S)
+                    if message is not None:
+                        await self._deliver(message)
+                except ANY as exc:  # the waiters' own looks still wake them
+                    self._cut_off(exc)
+                    await asyncio.sleep(0.1)
+        finally:
+            if self._pubsub is pubsub:  # (it ended by itself: refused)
+                self._reader, self._pubsub, self._sent = None, None, set()
+            await pubsub.aclose()
+
+    async def _deliver(self, message: dict[str, Any]) -> None:
+        kind, name = message["type"], message["channel"]
+        if kind == "message":
+            _wake(message["data"])
+            return
+        channel = self.channels.get(name.decode() if isinstance(name, bytes) else name)
+        if channel is None:
+            return
+        if kind == "unsubscribe":
+            channel.heard = False
+        elif kind == "subscribe":
+            # What was published while the channel was not subscribed reached nobody, and
+            # waits on the list. Subscribed again (the client library re-made the
+            # connection): a message sent just before the connection failed may be lost
+            # too, so every waiter asks (``take_lease`` collects a lease granted meanwhile).
+            if channel.heard:
+                for waiter in channel.waiters.values():
+                    waiter.hand(None)
+            channel.heard = True
+            await self._drain(name)
+
+    async def _drain(self, channel: Any) -> None:
+        """The wake-ups published to ``channel`` while nobody heard, off its list."""
+        redis = self._redis
+        for _ in range(DRAIN_ROUNDS):
+            popped = await redis.lpop(channel, DRAIN_BATCH) or []
+            for wake_up in popped:
+                _wake(wake_up)
+            if len(popped) < DRAIN_BATCH:
+                return
+
+    def _cut_off(self, exc: BaseException) -> None:
+        """The connection failed (the client library subscribes again when it re-makes it);
+        a refusal (NOPERM) ends the subscriber, and its waiters ask now."""
+        log.debug("lease wake channels: %s", exc)
+        self._sent = set()
+        self.refused = isinstance(exc, NO_PERMISSION)
+        for channel in self.channels.values():
+            channel.heard = not self.refused  # (each waiter asks once subscribed again)
+            if self.refused:
+                for waiter in channel.waiters.values():
+                    waiter.hand(None)
+
+
+def _wake(wake_up: Any) -> None:
+    """The waiter of this process a wake-up names, handed its lease (whichever client of
+    the process heard it: a process's waiters share its channels)."""
+    ticket, grant = woken(wake_up)
+    waiter = _waiting.get(ticket)
+    if waiter is not None:
+        waiter.hand(grant)
+
+
+class Waker:
+    """The wake list of one limiter for this process (``T:wake:<process>``): one task, one
+    connection blocked in BLPOP, while the process has waiters on the limiter; each ticket
+    popped wakes its waiter."""
+
+    __slots__ = ("_key", "_redis", "_task", "waiters")
+
+    def __init__(self, redis: Any, key: str) -> None:
+        self._redis, self._key = redis, key
+        self.waiters: dict[str, Waiter] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, ticket: str, tasks: Background) -> Waiter:
+        waiter = self.waiters[ticket] = Waiter(self, ticket, tasks)
+        return waiter
+
+    def listen(self, tasks: Background) -> None:
+        """Its BLPOP runs from the first wait on (a caller granted at once sends none: a
+        wake-up pushed before waits in the list)."""
+        if self._task is None and self.waiters:
+            self._task = asyncio.create_task(self._run())
+
+    def remove(self, waiter: Waiter) -> asyncio.Task[None] | None:
+        """Forgets the waiter; the task it ends when it was the last (to be awaited)."""
+        if self.waiters.get(waiter.ticket) is waiter:
+            del self.waiters[waiter.ticket]
+        task = self._task
+        if self.waiters or task is None:
+            return None
+        # No one left to wake: the BLPOP ends now, its connection with it (a wake-up pushed
+        # meanwhile waits in the list for the next waiter's BLPOP, which skips it).
+        task.cancel()
+        self._task = None
+        return task
+
+    async def _run(self) -> None:
+        redis = self._redis
+        try:
+            while self.waiters:
+                try:
+                    popped = await redis.blpop([self._key], timeout=WAKE_BLOCK_S)
+                except ANY as exc:  # the waiters' own timers still wake them
+                    log.debug("waker of %s: %s", self._key, exc)
+                    await asyncio.sleep(0.1)
+                    continue
+                if popped:
+                    _wake(popped[1])
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
