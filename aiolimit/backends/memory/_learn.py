@@ -94,6 +94,7 @@ class MemoryLearning:
             state.bad,
             state.hold,
             state.stated,
+            state.grown_at,
         )
 
     async def learned(self, name: str) -> tuple[Rate, ...] | None:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..._types import Algorithm, RateType
+from ..._types import RateType
 from ...errors import NotConfiguredError
 from .. import _margin
 from .._margin import next_margin, widened_rates
+from ._budgets import GROUPS
 from ._learn import rerate
 from ._state import Limiter
 
@@ -40,7 +41,7 @@ class MemoryMargin:
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
         exact = stored.exact or stored.config
-        if exact.rate_type is not RateType.OVERALL or exact.algorithm is Algorithm.FIXED_WINDOW:
+        if exact.rate_type is not RateType.OVERALL or GROUPS[exact.algorithm].fixed_edges:
             return 0  # (a client's budget, or windows that would move: none kept)
         margin, at = next_margin(
             stored.margin, stored.margin_at, late_us, now, exact.rates, _margin.LAW

@@ -386,8 +386,12 @@ def _learned(reply: Any) -> Learned | NotConfigured | OtherShape:
         return NotConfigured()
     if code == -5:
         return OtherShape(_text(reply[1]))
-    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated = map(int, reply[1:10])
-    return Learned(permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated)
+    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated, grown_at = map(
+        int, reply[1:11]
+    )
+    return Learned(
+        permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated, grown_at
+    )
 
 
 # A resent learn decides nothing more: a refusal of the episode already cut, a success

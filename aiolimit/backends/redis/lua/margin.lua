@@ -20,7 +20,7 @@ local config = load_config(KEYS[1])
 if not config then
   return { -1 }
 end
-if config.type ~= 'OVERALL' or config.algorithm == 'FIXED_WINDOW' then
+if config.type ~= 'OVERALL' or ALGORITHMS[config.algorithm].fixed_edges then
   return { 0, 0 }
 end
 local now = limiter_now(config, ARGV[2])
