@@ -33,10 +33,11 @@ from ._acquired import Acquired, Outcome
 from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._inflight import InFlight, in_flight
 from ._observe import Observer
-from ._request import Request, deadline_in, left_of, now_us, seconds
+from ._pacing import HORIZON, turns_of
+from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
 from ._wakeup import sleep_out
-from .backends.base import Attempt, Grant
+from .backends.base import Attempt, Grant, Refusal
 from .errors import LimiterError, NotConfiguredError
 
 __all__ = [
@@ -45,8 +46,10 @@ __all__ = [
     "Limited",
     "Outcome",
     "Rates",
+    "begin_margins",
     "give_back",
     "outcome_of",
+    "paced",
     "take",
     "try_one",
 ]
@@ -66,8 +69,10 @@ async def take(request: Request, rates: Rates | None = None) -> Acquired:
         if not limiter.rate_in_code.stored:  # a rate given at construction, not stored yet
             await asyncio.gather(*(each.rate_in_code.store() for each in limiters))
             break
+    if request.deadline is None or request.deadline > now_us():  # its callers may wait
+        await begin_margins(limiters)
     if rates is None:
-        rates = _rates_of(limiters)
+        rates = paced if request.paced else _rates_of(limiters)
     observer = _observe.current
     if request.slots:
         return await in_flight(request, lambda: _reported(request, rates, observer))
@@ -123,6 +128,83 @@ async def outcome_of(request: Request) -> Outcome:
     except NotConfiguredError as lost:
         attempts = await ask(limiters, permits, max_wait, lost)
     return await _slept_out(request, attempts)
+
+
+async def paced(request: Request) -> Outcome:
+    """What the limiters of ``request`` answer, asked in this process's turn (``_pacing``)
+    and no further ahead than ``HORIZON``, again after each pause until granted or past its
+    deadline; the turn passes on once the store granted, before the reservation is slept
+    out. A refusal by a limiter whose grant is not to be settled (a request limiter beside
+    the tokens', a pause) is slept out: a refund would not end it. ``waited``: from the
+    call to the grant's start (0: granted at once, on the first ask)."""
+    began = now_us()
+    turns = turns_of(request.paced)
+    if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
+        return await outcome_of(request.until(deadline_in(0)))
+    holding, asked, turned = True, 0, now_us()
+    try:
+        while True:
+            left = left_of(request.deadline)
+            ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+            attempts = await _answers(request, ahead)
+            asked += 1
+            outcome = Outcome(request.limiters, attempts, 0)
+            if outcome.granted:
+                holding = False
+                turns.next()
+                outcome = await _slept_out(request, attempts)
+                if not outcome.granted or (asked == 1 and turned == began):
+                    return outcome  # (refused behind a block; or its own wait only)
+                return Outcome(outcome.limiters, outcome.attempts, now_us() - began)
+            await release_grants(grants_of(request.limiters, attempts))  # (all or nothing)
+            if left is not None and outcome.retry_in > left:
+                return outcome
+            held = [
+                answer.retry_in
+                for limiter, answer in zip(request.limiters, attempts, strict=True)
+                if isinstance(answer, Refusal) and limiter not in request.paced
+            ]
+            if held:  # a refund would not help
+                await turns.hold(seconds(max(held)))
+            else:  # until a refund of this process, a while, or when the store can grant
+                lacking = [
+                    (limiter, permits - answer.left)
+                    for limiter, permits, answer in zip(
+                        request.limiters, request.permits, attempts, strict=True
+                    )
+                    if isinstance(answer, Refusal)
+                ]
+                await turns.pause(seconds(outcome.retry_in), lacking)
+    finally:
+        if holding:
+            turns.next()
+
+
+async def _answers(request: Request, max_wait: int) -> list[Attempt]:
+    """The limiters' answers to ``request`` within ``max_wait`` µs, not slept out."""
+    limiters, permits = request.limiters, request.permits
+    try:
+        if len(limiters) == 1:
+            return [await attempt_one(limiters[0], permits[0], max_wait)]
+        return await attempt_all(limiters, permits, max_wait)
+    except NotConfiguredError as lost:
+        return await ask(limiters, permits, max_wait, lost)
+
+
+async def begin_margins(limiters: Sequence[Limited]) -> None:
+    """Before this process's first call that may wait for a slot on a limiter whose code
+    gives no fixed margin: the fleet's measured margin begun where none is
+    (``backends/_margin.py``), so that the first calls already go at it."""
+    for limiter in limiters:
+        margins = limiter.backend.context.margins
+        if limiter.name in margins.begun:
+            continue
+        config = limiter.rate_in_code.config
+        fixed = config is not None and config.margin is not None
+        if fixed or getattr(limiter, "serve", None) is not None:
+            margins.begun.add(limiter.name)  # (a fixed margin, or shards: nothing to begin)
+        else:
+            await margins.begin(limiter.name, limiter.backend.margin)
 
 
 async def give_back(limiter: Limited, permits: int) -> int:
@@ -189,9 +271,9 @@ async def _slept_out(request: Request, attempts: list[Attempt]) -> Outcome:
             return Outcome(limiters, attempts, waited)
         observer = _observe.current
         names = request.names() if observer is not None else ()
-        blocked = await sleep_out(grants, starts_in, observer, names)
+        again = await sleep_out(grants, starts_in, observer, names)
         waited = now_us() - began
-        if not blocked:
+        if not again:
             return Outcome(limiters, attempts, waited)
-        await release_grants(grants)  # behind the block: ask again
+        await release_grants(grants)  # behind a block, or woken too late: ask again
         attempts = await ask(limiters, request.permits, left_of(request.deadline))

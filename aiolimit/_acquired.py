@@ -13,8 +13,10 @@ import asyncio
 from collections.abc import Sequence
 
 from ._attempts import grants_of, release_grants
+from ._pacing import refunded
 from ._request import seconds
 from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
+from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal, Settlement
 
 __all__ = ["Acquired", "Outcome"]
@@ -103,7 +105,10 @@ class Acquired:
             self._released = True
             if self._settles:  # what a settle under way leaves is what goes back
                 await asyncio.gather(*self._settles.values(), return_exceptions=True)
-            await release_grants(grants_of(self.limiters, self.attempts))
+            grants = grants_of(self.limiters, self.attempts)
+            await release_grants(grants)
+            for limiter, grant in grants:  # (this process's callers waiting may have them now)
+                refunded(limiter, parse_grant(grant.member)[0])
 
     async def settle(self, permits: int, *, limiter: object | None = None) -> Settlement:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
@@ -138,6 +143,8 @@ class Acquired:
                 del self._settles[i]  # not settled: may be tried again
             raise
         self.attempts = (*self.attempts[:i], grant, *self.attempts[i + 1 :])
+        if settled.handed_back:  # this process's callers waiting may have them now
+            refunded(self.limiters[i], settled.handed_back)
         return settled
 
 

@@ -96,13 +96,21 @@ class _Limiter(_RateSetting):
         >>> if acquired:
         ...     response = await call_model(...)
         ...     await acquired.settle(response.usage.total_tokens)
-        """
-        return await self._take(check_permits(permits), max_wait_of(timeout))
 
-    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
+        A grant to be settled reserves no further ahead than 10 ms (``_pacing.HORIZON``):
+        while the limit binds, a process's callers ask in turn, in the order they came, and
+        again when a settle of their process hands permits back (at once) or after a short
+        pause (up to 250 ms: a refund elsewhere); across processes, whoever asks first is
+        served first (docs/token-budgets.md).
+        """
+        return await self._take(check_permits(permits), max_wait_of(timeout), settled=True)
+
+    def _take(
+        self, permits: int, max_wait: int | None, *, settled: bool = False
+    ) -> Coroutine[Any, Any, Acquired]:
         """Takes ``permits`` (checked) within ``max_wait`` µs through the engine: the
         :class:`Acquired`, whose refusal says when to come back (the decorator's and the
-        HTTP clients' path)."""
+        HTTP clients' path; ``settled``: a grant the caller may settle, ``reserve()``'s)."""
         raise NotImplementedError
 
     @awaited

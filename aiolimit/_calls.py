@@ -39,6 +39,8 @@ from ._meter import TokenMeter, sync_from
 from ._request import Request, deadline_in, seconds
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
+from ._wakeup import note_sent
+from .backends.base import Grant
 from .errors import InvalidArgumentError, RateLimited
 
 __all__ = [
@@ -94,6 +96,19 @@ last_grant: contextvars.ContextVar[Acquired | None] = contextvars.ContextVar(
 )
 """The acquisition the guard just took for this task's call (what a test or a trace reads:
 the grant's start, to tell how late the request left)."""
+
+
+STALE_RETRIES = 2
+"""How often a call asks again for permits read later than the fleet's margin covers."""
+
+
+def grants_held(acquired: Acquired) -> list[tuple[RateLimiter, Grant]]:
+    """The grants of ``acquired``, each with its limiter."""
+    return [
+        (limiter, attempt)
+        for limiter, attempt in zip(acquired.limiters, acquired.attempts, strict=False)
+        if isinstance(attempt, Grant) and isinstance(limiter, RateLimiter)
+    ]
 
 
 class CallGuard:
@@ -155,15 +170,21 @@ class CallGuard:
         :class:`RateLimited` when that would take longer than the timeout."""
         slots = () if self.concurrency is None else ((self.concurrency, 1),)
         wanted = Request((self.limiter,), (self.permits,), deadline_in(self._max_wait), slots)
-        if self.meter is not None:
-            acquired = await self.meter.take(wanted, request)
-        else:  # (a learning client reserves only a little ahead: see _learn)
-            learning = self.learning
-            acquired = await take(wanted, None if learning is None else learning.paced)
-        if not acquired:
-            if isinstance(acquired, InFlight):
-                raise acquired.refusal()
-            raise RateLimited(self.limiter.name, acquired.retry_after)
+        for again in range(STALE_RETRIES, -1, -1):
+            if self.meter is not None:
+                acquired = await self.meter.take(wanted, request)
+            else:  # (a learning client reserves only a little ahead: see _learn)
+                learning = self.learning
+                acquired = await take(wanted, None if learning is None else learning.paced)
+            if not acquired:
+                if isinstance(acquired, InFlight):
+                    raise acquired.refusal()
+                raise RateLimited(self.limiter.name, acquired.retry_after)
+            # Sent now: how late, for the fleet's margin; a grant read later than the margin
+            # covers (a process the machine did not run) goes back, and the call asks again.
+            if not note_sent(grants_held(acquired)) or self.meter is not None or not again:
+                break
+            await acquired.release()
         last_grant.set(acquired)
         return acquired
 

@@ -6,7 +6,7 @@
 >>> if response.status == 429:
 ...     await learner.refused(acquired)        # one cut per episode, for the whole fleet
 ... else:
-...     await learner.succeeded()               # an increase, at most once per interval
+...     await learner.succeeded(acquired)       # an increase, at most once per interval
 >>> await learner.stated(12, 1)                 # the partner says: 12 per second
 
 The limiter's rate from code (``rate=``, or ``ceiling=``) is the ceiling: the most the
@@ -19,6 +19,7 @@ take permits from the limiter as usual. The HTTP clients do all of this with ``l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Mapping
@@ -63,12 +64,23 @@ class Learner:
     (at least one permit per interval; for a tokens limiter keep it above your largest
     call). ``decrease`` (0.5): the share kept when a rate that held is refused.
     ``step`` (0.05): the first increase, as a share of the ceiling; it doubles while
-    increases hold. ``max_hold`` (4 intervals of the ceiling's first rate): the longest a
-    level that failed waits before it is tried again: longer means fewer ``429``s while the
-    partner's limit stays put, and a later find when it rises.
+    increases hold. ``max_hold`` (8 intervals of the ceiling's first rate): the longest a
+    level that failed waits before it is tried again (the wait doubles from one interval
+    each time it fails): longer means fewer ``429``s while the partner's limit stays put
+    (one per probe: about ``1 / (rate x max_hold)`` of the calls), and a later find when
+    it rises.
     """
 
-    __slots__ = ("_begun", "_ceiling", "_law", "_next_report", "_reported", "_seen", "limiter")
+    __slots__ = (
+        "_begun",
+        "_ceiling",
+        "_law",
+        "_next_report",
+        "_reported",
+        "_seen",
+        "_told_for",
+        "limiter",
+    )
 
     def __init__(
         self,
@@ -100,7 +112,7 @@ class Learner:
             raise InvalidArgumentError(f"max_hold must be positive, at most 1 hour: {max_hold!r}")
         if hold is None:
             first = self._ceiling[0].interval_us if self._ceiling else US
-            hold = min(4 * first, FOREVER_HOLD)
+            hold = min(8 * first, FOREVER_HOLD)
         self._law = Law(
             floor=_share(floor, "floor", 0, 1),
             start=_share(start, "start", 0, 1),
@@ -111,6 +123,7 @@ class Learner:
         self._seen: tuple[int, int] | None = None  # (permits, ceiling) last reported
         self._reported: Learned | None = None
         self._next_report = -math.inf  # (loop time) when a success is worth reporting
+        self._told_for = -1  # the level (its grown_at) a success that can prove it was told for
         self._begun: asyncio.Future[None] | None = None
 
     async def begin(self) -> None:
@@ -145,17 +158,27 @@ class Learner:
         are)."""
         return await self._learn("refused", _decided_at(acquired), None)
 
-    async def succeeded(self) -> Learned | None:
+    async def succeeded(self, acquired: Acquired | None = None) -> Learned | None:
         """The partner served a call: the fleet may increase its rate (at most once per
-        interval). Reported to the store at most four times per interval per learner;
-        None when this one was not."""
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        if now < self._next_report:
+        interval). ``acquired``: the call's acquisition (a level is proven by a call granted
+        at least an interval after it was raised; without it, by one told that late).
+        Reported to the store at most four times per interval per learner, and not at all
+        while it cannot prove the level in force, but the first that can is reported at
+        once; None when this one was not."""
+        now = asyncio.get_running_loop().time()
+        decided, known = _decided_at(acquired), self._reported
+        if known is not None and decided is not None:
+            if decided < known.grown_at + known.interval_us:
+                return None  # granted before the level in force could be proven
+            first = known.grown_at != self._told_for
+            self._told_for = known.grown_at
+            if not first and now < self._next_report:
+                return None  # (the first that can prove a level is told at once)
+        elif now < self._next_report:
             return None
-        interval = self._reported.interval_us if self._reported else US
+        interval = known.interval_us if known else US
         self._next_report = now + interval / 4e6
-        return await self._learn("succeeded", None, None)
+        return await self._learn("succeeded", decided, None)
 
     async def stated(self, quota: int, window: Duration) -> Learned:
         """The partner states its limit: ``quota`` per ``window`` (seconds or a
@@ -193,10 +216,11 @@ def _decided_at(acquired: Acquired | None) -> int | None:
     return max(decided, default=None)
 
 
-async def _paced(request: Request, lock: asyncio.Lock) -> Outcome:
+async def _paced(request: Request, lock: asyncio.Lock, raised: asyncio.Event) -> Outcome:
     """``request`` asked as a learning client asks: reserving at most ``HORIZON`` ahead,
     this process's callers one at a time and in order (``lock``), so that a rate the store
-    changes holds for the next call already."""
+    changes holds for the next call already; asleep until its slot, or until this process
+    raised the rate (``raised``: the new permit is taken at once)."""
     left = left_of(request.deadline)
     try:
         await asyncio.wait_for(lock.acquire(), None if left is None else seconds(left))
@@ -209,7 +233,10 @@ async def _paced(request: Request, lock: asyncio.Lock) -> Outcome:
             outcome = await outcome_of(request.until(deadline_in(ahead)))
             if outcome.granted or (left is not None and outcome.retry_in > left):
                 return outcome
-            await asyncio.sleep(max(seconds(outcome.retry_in) - HORIZON / 2, 0.001))
+            raised.clear()
+            asleep = max(seconds(outcome.retry_in) - HORIZON / 2, 0.001)
+            with contextlib.suppress(asyncio.TimeoutError):  # (3.10: not the builtin one)
+                await asyncio.wait_for(raised.wait(), asleep)
     finally:
         lock.release()
 
@@ -219,22 +246,30 @@ class CallLearning:
     no further ahead than ``HORIZON``, and tells the learners what the partner answered
     (a ``429``/``503``: refused; another answer below 500: succeeded; a stated limit)."""
 
-    __slots__ = ("_locks", "requests", "tokens")
+    __slots__ = ("_paces", "requests", "tokens")
 
     def __init__(self, requests: Learner, tokens: Learner | None) -> None:
         self.requests, self.tokens = requests, tokens
-        self._locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
+        # per event loop: its callers' turn, and the wake-up of the one asleep in it
+        self._paces: dict[asyncio.AbstractEventLoop, tuple[asyncio.Lock, asyncio.Event]] = {}
+        for learner in (requests, tokens):  # (a learned rate: no measured margin beside it)
+            if learner is not None:
+                limiter = learner.limiter
+                limiter.backend.context.margins.begun.add(limiter.name)
 
     def paced(self, request: Request) -> Awaitable[Outcome]:
         """How a learning client's call takes its permits (the engine's rate step, for
         ``take(request, learning.paced)``): the learners begun, then ``request`` asked no
         further ahead than ``HORIZON``, one caller of this process at a time."""
+        return self._begin_then(_paced(request, *self._pace()))
+
+    def _pace(self) -> tuple[asyncio.Lock, asyncio.Event]:
         loop = asyncio.get_running_loop()
-        lock = self._locks.get(loop)
-        if lock is None:
-            self._locks = {k: v for k, v in self._locks.items() if not k.is_closed()}
-            lock = self._locks[loop] = asyncio.Lock()
-        return self._begin_then(_paced(request, lock))
+        pace = self._paces.get(loop)
+        if pace is None:
+            self._paces = {k: v for k, v in self._paces.items() if not k.is_closed()}
+            pace = self._paces[loop] = (asyncio.Lock(), asyncio.Event())
+        return pace
 
     async def _begin_then(self, taking: Awaitable[Outcome]) -> Outcome:
         try:
@@ -260,7 +295,9 @@ class CallLearning:
                 if status in REFUSALS:
                     await learner.refused(acquired)
                 elif status < 500:
-                    await learner.succeeded()
+                    learned = await learner.succeeded(acquired)
+                    if learned is not None and learned.changed:  # raised: take it at once
+                        self._pace()[1].set()
                 limit = stated_limit(headers, kind)
                 if limit is not None:
                     await learner.stated(*limit)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Coroutine, Hashable, Iterable
 from typing import Any, NoReturn, overload
 
-from ._acquire import Acquired, give_back, take, try_one
+from ._acquire import Acquired, begin_margins, give_back, take, try_one
 from ._awaiting import Awaiting, awaiting
 from ._base import _Limiter, made_from_parts
 from ._breaker import Breaker
@@ -101,7 +101,9 @@ class RateLimiter(_Limiter):
         except Exception as exc:  # (raised where the call is awaited)
             return awaiting(_raising(exc), "RateLimiter.try_acquire")
         made: Awaiting[bool] = _new(Awaiting)  # (both named RateLimiter.try_acquire, below)
-        if not self.rate_in_code.stored:
+        if not self.rate_in_code.stored or (
+            max_wait != 0 and self.name not in self.backend.context.margins.begun
+        ):  # (first: the rate in code written; a caller that may wait: the margin begun)
             made.coroutine = self._stored_then_try(permits, max_wait)
         else:
             made.coroutine = try_one(self, permits, max_wait)
@@ -109,12 +111,17 @@ class RateLimiter(_Limiter):
 
     async def _stored_then_try(self, permits: int, max_wait: int | None) -> bool:
         await self.rate_in_code.store()
+        if max_wait != 0:
+            await begin_margins((self,))
         return await try_one(self, permits, max_wait)
 
     _stored_then_try.__qualname__ = "RateLimiter.try_acquire"  # (its never-awaited warning)
 
-    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
-        return take(Request((self,), (permits,), deadline_in(max_wait)))
+    def _take(
+        self, permits: int, max_wait: int | None, *, settled: bool = False
+    ) -> Coroutine[Any, Any, Acquired]:
+        request = Request((self,), (permits,), deadline_in(max_wait))
+        return take(request.settled() if settled else request)
 
     async def _hand_back_latest(self, permits: int) -> None:
         await give_back(self, permits)
@@ -205,7 +212,8 @@ async def _acquire_all(
         raise InvalidArgumentError("a concurrency limiter appears twice in one acquire_all")
     leasing.sort(key=lambda pair: _slots_of(pair[0]))  # one order for all: no deadlock
     deadline = deadline_in(max_wait_of(timeout))
-    return await take(Request(tuple(limiters), tuple(permits), deadline, tuple(leasing)))
+    request = Request(tuple(limiters), tuple(permits), deadline, tuple(leasing))
+    return await take(request.settled())
 
 
 def view_of(

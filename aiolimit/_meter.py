@@ -7,11 +7,10 @@ settled once the response says what it really cost (``CallGuard(..., tokens=...)
 >>> await meter.settle(acquired, response)                      # usage: fewer or more
 
 The request's permit and the estimate are taken in one request to the engine, all or
-nothing: a call that cannot have both takes neither. A process's calls ask one at a time, in
-order, and reserve no further ahead than ``HORIZON``, else ask again after a short while: an
-estimate is a worst case, and reservations queued far ahead would keep the places their
-settled calls no longer need (a reservation is placed on what the store knew when it was
-made, and is not moved earlier by later refunds). After the response is read,
+nothing: a call that cannot have both takes neither. The estimate is a grant to be settled:
+the engine paces it as it paces ``reserve()`` (``_pacing``: a process's calls ask in turn
+and reserve no further ahead than ``HORIZON``; a settle that hands tokens back wakes the
+next). After the response is read,
 ``usage(response)`` (an int, None, or an awaitable of either) settles the tokens' grant;
 None leaves the estimate standing.
 A provider's rate-limit headers (``_quota_headers``) cap what both limiters have left
@@ -23,23 +22,19 @@ settle or cap is logged (logger ``aiolimit``), and the response is the caller's.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import logging
-import weakref
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
-from ._acquire import Acquired, Outcome, outcome_of, take
+from ._acquire import Acquired, take
 from ._limiter import RateLimiter
 from ._quota_headers import quota
-from ._request import Request, deadline_in, left_of, micros, seconds
-from ._settling import Limited, check_settle_permits
+from ._request import Request
+from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_RATE, shown
-from .backends.base import Refusal
 from .errors import InvalidArgumentError, LimiterError
 
 __all__ = [
@@ -62,16 +57,6 @@ log = logging.getLogger("aiolimit")
 MAX_BODY = 4 * 1024 * 1024
 """The most of a response body kept to read its usage from (a longer one: the estimate
 stands)."""
-
-HORIZON = 0.01
-"""How far ahead (seconds) a metered call reserves: further, and it asks again after at most
-this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a call of its process
-handing tokens back wakes it at once, and starts it over)."""
-
-MAX_ASK_EVERY = 0.08
-"""The longest a metered call waits between two asks: how late, at most, it sees tokens
-handed back in another process. Every process's first waiting call asks at least this
-often while tokens bind, so a fleet of N processes asks N / MAX_ASK_EVERY times a second."""
 
 _MAX_TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 
@@ -191,7 +176,7 @@ def _count(value: object) -> int | None:
 class TokenMeter:
     """A token limiter beside a client's request limiter; see the module."""
 
-    __slots__ = ("_turns", "estimate", "tokens", "usage")
+    __slots__ = ("estimate", "tokens", "usage")
 
     def __init__(
         self,
@@ -207,9 +192,6 @@ class TokenMeter:
         self.tokens = tokens
         self.estimate: Estimate = estimate  # type: ignore[assignment]
         self.usage: Usage = usage  # type: ignore[assignment]
-        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = (
-            weakref.WeakKeyDictionary()
-        )
 
     async def take(self, call: Request, request: object) -> Acquired:
         """``call`` (the request's permits, its slots) and its estimated tokens, all or
@@ -217,33 +199,7 @@ class TokenMeter:
         tokens = self.wanted(self.estimate(request))
         if not tokens:
             return await take(call)
-        return await take(call.adding(tokens), lambda asked: self._paced(asked, call.limiters))
-
-    async def _paced(self, request: Request, own: tuple[Limited, ...]) -> Outcome:
-        """``request`` asked in this process's turn, no further ahead than ``HORIZON``, until
-        granted or past its deadline (``own``: the call's limiters, beside the tokens')."""
-        loop = asyncio.get_running_loop()
-        turns = self._turns.get(loop)
-        if turns is None:
-            turns = self._turns[loop] = _Turns()
-        if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
-            return await outcome_of(request.until(deadline_in(0)))
-        pause = HORIZON
-        try:
-            while True:
-                left = left_of(request.deadline)
-                ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
-                outcome = await outcome_of(request.until(deadline_in(ahead)))
-                if outcome.granted or (left is not None and outcome.retry_in > left):
-                    return outcome
-                held = [a for a in map(outcome.answer_of, own) if isinstance(a, Refusal)]
-                if held:  # by the call's own limiter: a refund of tokens would not help
-                    await asyncio.sleep(seconds(max(refusal.retry_in for refusal in held)))
-                else:
-                    woken = await turns.pause(min(seconds(outcome.retry_in), pause))
-                    pause = HORIZON if woken else min(pause * 2, MAX_ASK_EVERY)
-        finally:
-            turns.next()
+        return await take(call.adding(tokens, paced=True))
 
     def wanted(self, estimate: object) -> list[tuple[RateLimiter, int]]:
         """The token limiters a call asks, with its ``estimate`` (an estimate of 0: none)."""
@@ -297,34 +253,22 @@ class TokenMeter:
         if used is None or not self._took_tokens(acquired):
             return  # (an estimate of 0: no tokens taken)
         try:
-            settled = await acquired.settle(check_settle_permits(used), limiter=self.tokens)
+            await acquired.settle(check_settle_permits(used), limiter=self.tokens)
         except (LimiterError, ValueError, TypeError) as exc:
             log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
-            return
-        if settled.handed_back:
-            self._wake()
-
-    def _wake(self) -> None:
-        """Tokens came back: the call of this process asking next may have them now."""
-        turns = self._turns.get(asyncio.get_running_loop())
-        if turns is not None:
-            turns.wake()
 
     async def unsent(self, acquired: Acquired) -> None:
         """The call never reached the provider (no connection was made): its permit and
         its tokens go back, exactly this call's grants; the call of this process asking
         next asks again at once."""
         await acquired.release()
-        if self._took_tokens(acquired):
-            self._wake()
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         """The provider refused the call (a ``429`` to retry): its tokens go back, then the
         provider's count is taken as a floor."""
         if self._took_tokens(acquired):
             try:
-                if (await acquired.settle(0, limiter=self.tokens)).handed_back:
-                    self._wake()
+                await acquired.settle(0, limiter=self.tokens)
             except LimiterError as exc:
                 log.warning("limiter %r: tokens not handed back: %s", self.tokens.name, exc)
         await sync_from(headers, self.tokens, "tokens")
@@ -364,67 +308,6 @@ def meter_of(
         estimate, usage = estimate or kinds_defaults[0], usage or kinds_defaults[1]
         return KindsMeter(tokens, requests, estimate, usage)
     return TokenMeter(tokens, requests, estimate or defaults[0], usage or defaults[1])
-
-
-class _Turns:
-    """An event loop's callers, one at a time, in the order they came."""
-
-    __slots__ = ("_busy", "_paused", "_waiting")
-
-    def __init__(self) -> None:
-        self._busy = False
-        self._waiting: deque[asyncio.Future[None]] = deque()
-        self._paused: asyncio.Future[None] | None = None
-
-    async def pause(self, seconds: float) -> bool:
-        """The caller whose turn it is sleeps ``seconds``, or until :meth:`wake` (True)."""
-        paused = self._paused = asyncio.get_running_loop().create_future()
-        try:
-            await asyncio.wait((paused,), timeout=seconds)
-            return paused.done() and not paused.cancelled()
-        finally:
-            self._paused = None
-            paused.cancel()
-
-    def wake(self) -> None:
-        """Ends a :meth:`pause` (permits came back in this process)."""
-        if self._paused is not None and not self._paused.done():
-            self._paused.set_result(None)
-
-    async def wait(self, deadline: int | None) -> bool:
-        """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
-        as long as it takes); whether it came (then :meth:`next` passes it on)."""
-        if not self._busy:
-            self._busy = True
-            return True
-        loop = asyncio.get_running_loop()
-        turn: asyncio.Future[None] = loop.create_future()
-        self._waiting.append(turn)
-        left = left_of(deadline)
-        timeout = None if left is None else seconds(left)
-        try:
-            await asyncio.wait((turn,), timeout=timeout)
-        except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
-            if turn.done():
-                self.next()
-            else:
-                turn.cancel()
-                self._waiting.remove(turn)
-            raise
-        if not turn.done():  # (timed out)
-            turn.cancel()
-            self._waiting.remove(turn)
-            return False
-        return True
-
-    def next(self) -> None:
-        """The turn passes to the next caller waiting, if any."""
-        while self._waiting:
-            turn = self._waiting.popleft()
-            if not turn.done():
-                turn.set_result(None)
-                return
-        self._busy = False
 
 
 async def sync_from(
@@ -581,19 +464,14 @@ class KindsMeter(TokenMeter):
                     shown(used),
                 )
             return
-        handed_back = False
         for kind, limiter in self.kinds.items():
             count = used.get(kind)
             if count is None or limiter not in acquired.owners:
                 continue  # (not said, or an estimate of 0: nothing taken)
             try:
-                settled = await acquired.settle(check_settle_permits(count), limiter=limiter)
+                await acquired.settle(check_settle_permits(count), limiter=limiter)
             except (LimiterError, ValueError, TypeError) as exc:
                 log.warning("limiter %r: the call's usage was not settled: %s", limiter.name, exc)
-                continue
-            handed_back = handed_back or settled.handed_back > 0
-        if handed_back:
-            self._wake()
 
     async def unused(self, acquired: Acquired, headers: Mapping[str, str]) -> None:
         await self.settle_used(acquired, dict.fromkeys(self.kinds, 0))

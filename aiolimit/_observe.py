@@ -57,8 +57,8 @@ class Observer:
         """A caller given a reservation woke ``seconds`` after its grant's start (the
         limiter's clock, mapped to this process's through the tightest offset seen): what the
         event loop adds to the schedule before the caller can act. A partner that counts
-        arrivals sees this spread, plus the caller's own send; a rate's ``margin`` covers
-        it (docs: HTTP clients)."""
+        arrivals sees this spread, plus the caller's own send; the fleet's measured margin
+        (or a rate's fixed ``margin``) covers it (docs: HTTP clients)."""
 
     def round_trip(self, requests: int) -> None:
         """One round trip to Redis carried ``requests`` callers' requests (of any limiters:

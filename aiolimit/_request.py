@@ -71,11 +71,25 @@ class Request:
     owners: tuple[Limited, ...] = ()
     """Who each limiter is for, when not itself: the names the observer sees, the limiters an
     acquisition settles by (a shard's request is its sharded limiter's)."""
+    paced: tuple[Limited, ...] = ()
+    """Those of ``limiters`` whose grants the caller may settle for less: the request is
+    asked in its process's turn and reserves no further ahead than ``_pacing.HORIZON`` (none:
+    it reserves as far ahead as its deadline allows, in the store's FIFO order)."""
 
-    def adding(self, more: Sequence[tuple[Limited, int]]) -> Request:
-        """The same request, with ``more`` (limiter, permits) taken with it."""
-        limiters = (*self.limiters, *(limiter for limiter, _ in more))
-        return replace(self, limiters=limiters, permits=(*self.permits, *(n for _, n in more)))
+    def adding(self, more: Sequence[tuple[Limited, int]], *, paced: bool = False) -> Request:
+        """The same request, with ``more`` (limiter, permits) taken with it (``paced``: as
+        grants that will be settled)."""
+        added = tuple(limiter for limiter, _ in more)
+        return replace(
+            self,
+            limiters=(*self.limiters, *added),
+            permits=(*self.permits, *(n for _, n in more)),
+            paced=(*self.paced, *added) if paced else self.paced,
+        )
+
+    def settled(self) -> Request:
+        """The same request, every limiter's grant one that will be settled (paced)."""
+        return replace(self, paced=self.limiters)
 
     def until(self, deadline: int | None) -> Request:
         """The same request, asked with another deadline."""

@@ -199,9 +199,12 @@ class ShardedRateLimiter(_Limiter):
         """
         return (await self._take(check_permits(permits), max_wait_of(timeout))).granted
 
-    def _take(self, permits: int, max_wait: int | None) -> Coroutine[Any, Any, Acquired]:
+    def _take(
+        self, permits: int, max_wait: int | None, *, settled: bool = False
+    ) -> Coroutine[Any, Any, Acquired]:
         """The shard's acquisition (a refusal: the shard that could grant soonest), reported
-        under this limiter's name (the engine asks :meth:`serve`)."""
+        under this limiter's name (the engine asks :meth:`serve`; a grant to be settled
+        reserves on its shard as any grant does: it is not paced)."""
         return take(Request((self,), (permits,), deadline_in(max_wait)))
 
     async def serve(self, request: Request) -> Outcome:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -87,7 +87,12 @@ class RateLimiterConfig:
 
     :meth:`parse` and :meth:`build` check what they are given; ``str(config)`` is the text
     :meth:`parse` reads back as the same config. ``rates`` holds every rate; ``rate`` and
-    ``interval`` are those of the first."""
+    ``interval`` are those of the first.
+
+    ``margin``: the margin :meth:`build` was given (already in the rates), which the
+    limiter keeps fixed; None (the default): a limiter whose callers wait for their slot
+    (``acquire()``, the HTTP clients) goes at the fleet's measured margin
+    (``backends/_margin.py``). Not compared: a stored config is the same config."""
 
     rate_type: RateType
     keep_alive: timedelta | None
@@ -95,6 +100,7 @@ class RateLimiterConfig:
     algorithm: Algorithm
     min_spacing: timedelta | None
     max_debt: int | None
+    margin: timedelta | None = field(default=None, compare=False)
 
     def __init__(
         self,
@@ -106,6 +112,7 @@ class RateLimiterConfig:
         algorithm: Algorithm = Algorithm.SLIDING_WINDOW,
         min_spacing: timedelta | None = None,
         max_debt: int | None = None,
+        margin: timedelta | None = None,
     ) -> None:
         if not rates:
             if rate is None or interval is None:
@@ -124,6 +131,7 @@ class RateLimiterConfig:
         object.__setattr__(self, "algorithm", algorithm)
         object.__setattr__(self, "min_spacing", min_spacing)
         object.__setattr__(self, "max_debt", check_max_debt(max_debt))
+        object.__setattr__(self, "margin", margin)
 
     @property
     def rate(self) -> int:
@@ -141,6 +149,7 @@ class RateLimiterConfig:
             f"interval={self.interval!r}, keep_alive={self.keep_alive!r}, rates={self.rates!r}, "
             f"algorithm={self.algorithm!r}, min_spacing={self.min_spacing!r}"
             + ("" if self.max_debt is None else f", max_debt={self.max_debt!r}")
+            + ("" if self.margin is None else f", margin={self.margin!r}")
             + ")"
         )
 
@@ -158,6 +167,8 @@ class RateLimiterConfig:
             parts.append(f"keep_alive={seconds_text(self.keep_alive_us)}")
         if self.max_debt is not None:
             parts.append(f"max_debt={self.max_debt}")
+        if self.margin is not None:
+            parts.append("margin=0")  # (a margin given is in the rates: kept fixed from here)
         return "; ".join(parts)
 
     @classmethod
@@ -212,7 +223,9 @@ class RateLimiterConfig:
         max_debt: int | None = None,
     ) -> RateLimiterConfig:
         """Validates public arguments and returns the config they describe. ``margin``
-        widens every rate's interval by that much (see :func:`widened`)."""
+        widens every rate's interval by that much (see :func:`widened`) and keeps it fixed;
+        ``margin=0`` keeps the exact rate; None (the default): the fleet's measured margin
+        where the limiter's callers wait for their slot (``backends/_margin.py``)."""
         try:
             kind = RateType(rate_type)
         except ValueError:
@@ -229,8 +242,10 @@ class RateLimiterConfig:
                 f"case), not {shown(algorithm)}"
             ) from None
         rates = rates_of(rate, interval)
+        given = None
         if margin is not None:
             rates = widened(rates, margin)
+            given = timedelta(microseconds=to_micros(margin, "margin"))
         longest = max(r.interval_us for r in rates)
         keep_alive_us = None
         if keep_alive is not None:
@@ -258,6 +273,7 @@ class RateLimiterConfig:
             algorithm=how,
             min_spacing=spacing,
             max_debt=max_debt,
+            margin=given,
         )
 
     @property

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from ._observe import Observer
 from ._request import seconds
+from .backends._margin import STALE_SLACK_US, note_late
 
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
 
-__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "sleep_out"]
+__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "note_sent", "sleep_out"]
 
 
 class Sleeper(Protocol):
@@ -52,8 +53,10 @@ async def sleep_out(
 ) -> bool:
     """Sleeps until the last reserved grant starts, on the limiter's clock mapped to the
     loop's (``_wakeup``: never early, and no later than ``starts_in`` from now), asking on
-    the way whether a block came meanwhile (returned); a cancelled sleeper hands its grants
-    back. The observer sees each limiter's caller waiting meanwhile, and how late it woke."""
+    the way whether a block came meanwhile; returns whether the grants are to be asked
+    again: a block came, or it woke later than a limiter's measured margin covers. A
+    cancelled sleeper hands its grants back. The observer sees each limiter's caller
+    waiting meanwhile, and how late it woke."""
     loop = asyncio.get_running_loop()
     now = loop.time()
     wake = now + seconds(starts_in)
@@ -65,6 +68,7 @@ async def sleep_out(
             local = clock_map.local(grant.starts_at)
             mapped = max(mapped, wake if local is None else local)
     wake = min(wake, mapped)
+    margins = _margins_of(grants)
     if observer is not None:
         for name in names:
             observer.queued(name, 1)
@@ -77,6 +81,7 @@ async def sleep_out(
                 limiter.backend.hand_back(limiter.name, grant.member)
             raise
         blocked = await _blocked_meanwhile(grants)  # (hands the grants back if it fails)
+        wake += _grown_since(grants, margins)
         try:
             rest = wake - loop.time()
             if rest > 0:
@@ -85,15 +90,61 @@ async def sleep_out(
             for limiter, grant in grants:
                 limiter.backend.hand_back(limiter.name, grant.member)
             raise
+        late = loop.time() - wake
+        stale = False
+        for limiter, grant in grants:
+            if grant.starts_in > 0:
+                note_late(limiter.backend, limiter.name, late)  # (the fleet's margin)
+                stale = stale or _past_margin(limiter, late)
         if observer is not None:
-            late = loop.time() - wake
             for name in names:
                 observer.late(name, late)
-        return blocked
+        return blocked or stale
     finally:
         if observer is not None:
             for name in names:
                 observer.queued(name, -1)
+
+
+def _margins_of(grants: Sequence[tuple[Sleeper, Grant]]) -> list[int | None]:
+    """The fleet's measured margin of each grant's limiter, as this process last heard it."""
+    return [limiter.backend.context.margins.margin(limiter.name) for limiter, _ in grants]
+
+
+def _grown_since(grants: Sequence[tuple[Sleeper, Grant]], before: list[int | None]) -> float:
+    """How much (seconds) a limiter's measured margin grew since ``before``: a reservation
+    booked under the smaller one starts that much later, as one booked now would."""
+    grown = 0
+    for (limiter, _), was in zip(grants, before, strict=True):
+        now = limiter.backend.context.margins.margin(limiter.name)
+        if was is not None and now is not None and now > was:
+            grown = max(grown, now - was)
+    return seconds(grown)
+
+
+def _past_margin(limiter: Sleeper, late: float) -> bool:
+    """Whether a caller that woke ``late`` seconds after its grant's start is later than
+    the fleet's measured margin of ``limiter`` covers (a process the machine did not run):
+    sent now, its request would land among the next slots' and be one too many for a
+    partner that counts arrivals, so the grant goes back and the caller asks again. (A
+    limiter without a measured margin: never.)"""
+    margin = limiter.backend.context.margins.margin(limiter.name)
+    return margin is not None and late > seconds(margin + STALE_SLACK_US)
+
+
+def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
+    """A call that holds ``grants`` is being sent now: how late after each grant's start
+    (on its limiter's clock, mapped to the loop's) is kept for the fleet's margin
+    (``backends/_margin.py``); returns whether one is later than that margin covers. A
+    clock not mapped yet tells nothing."""
+    now = asyncio.get_running_loop().time()
+    stale = False
+    for limiter, grant in grants:
+        local = limiter.backend.clock_map(limiter.name).local(grant.starts_at)
+        if local is not None:
+            note_late(limiter.backend, limiter.name, now - local)
+            stale = stale or _past_margin(limiter, now - local)
+    return stale
 
 
 async def _blocked_meanwhile(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:

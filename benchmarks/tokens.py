@@ -50,7 +50,8 @@ from tools.token_trial import STRATEGIES, TokenTrial, available, run
 
 LABELS = {
     "transport": "(a) RateLimitedTransport: reserve prompt + max_tokens, settle to usage",
-    "settle": "(a) the same by hand: acquire_all, then settle",
+    "reserve": "(a) by hand: tokens.reserve(prompt + max_tokens), then settle",
+    "settle": "(a) by hand with a queue and a 10 ms horizon: acquire_all, then settle",
     "worst-case": "(b) reserve prompt + max_tokens, never settle",
     "after": "(c) charge usage after the call",
     "limits": "(d) limits moving window, hit(cost=prompt + max_tokens)",

@@ -21,6 +21,7 @@ from servers import valkey_server_binary
 
 import aiolimit
 from aiolimit import Backend, MemoryBackend, RedisBackend
+from aiolimit.backends import _margin
 from tools import LocalRedis
 
 _names = itertools.count()
@@ -35,6 +36,16 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if nextitem is None or getattr(nextitem, "module", None) is not getattr(item, "module", None):
         gc.collect()
         gc.freeze()
+
+
+@pytest.fixture(autouse=True)
+def exact_rates(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The suite's schedules are the exact rates': no margin begins, and no lateness is
+    reported (the fleet's measured margin, backends/_margin.py), except in the tests marked
+    ``measured_margin``, which test it."""
+    if request.node.get_closest_marker("measured_margin") is None:
+        monkeypatch.setattr(_margin, "LAW", _margin.LAW._replace(start=0))
+        monkeypatch.setattr(_margin.Margins, "late", lambda *args: None)
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,17 @@ TINY = {
         *("--tpm", "10000", "--rpm", "50", "--only", "transport"),
     ],
     "leases.py": ["--tasks", "4", "--limit", "2", "--seconds", "0.3"],
+    "reserve.py": [
+        *("--windows", "1", "--processes", "1", "--tasks", "2", "--window", "0.5"),
+        *("--tpm", "10000"),
+    ],
     "learn.py": [
         *("--phases", "4", "2", "--seconds", "1.5", "--settle", "0.5", "--guess", "6"),
         *("--processes", "1", "--tasks", "2", "--only", "learn", "--only", "stated"),
+    ],
+    "defaults.py": [
+        *("--duration", "1.5", "--processes", "1", "--tasks", "1"),
+        *("--partner", "fixed", "--client", "acquire", "--only-defaults"),
     ],
     "partner.py": [
         "--duration",

@@ -341,3 +341,17 @@ def test_list_aligns_every_column(capsys, url, prefix):
     algorithms = {line.find("SLIDING_WINDOW") + line.find("TOKEN_BUCKET") + 1 for line in lines}
     types = {line.find("OVERALL") + line.find("PER_CLIENT") + 1 for line in lines}
     assert len(algorithms) == 1 and len(types) == 1, lines
+
+
+def test_inspect_shows_the_fleets_measured_margin(capsys, url, prefix, name):
+    options = ["--redis", url, "--prefix", prefix]
+    make(url, prefix, [name])
+    assert json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])["margin_s"] is None
+
+    async def report(backend: RedisBackend) -> None:
+        await backend.margin(name, 30_000)  # (a lateness of 30 ms, above the start)
+
+    on_server(url, report, prefix)
+    code, out, _ = aiolimit(capsys, "inspect", name, *options)
+    assert code == 0 and field(out, "margin") == "0.030 s, measured: each interval longer", out
+    assert json.loads(aiolimit(capsys, "inspect", name, "--json", *options)[1])["margin_s"] == 0.03

@@ -266,36 +266,101 @@ async def forget_learned(limiter):
         backend._shared.learning.states.clear()  # (the memory twin of that key)
 
 
-async def test_after_a_fall_a_rise_climbs_back_to_the_old_level_fast(store, name):
-    clock = ManualClock()
-    (limiter,) = await fleet(store, name, clock, 1)
-    learner = Learner(limiter, start=0.6, max_hold=4 * INTERVAL)
-    assert (await learner.read()).permits == 12
+def stepper(store, clock, limiter, **knobs):
+    """``after(seconds, event)``: the clock moved, then one report; the permits in force."""
 
     async def after(seconds, event="succeeded"):
         await advance(store, clock, seconds)
         if event == "succeeded":
-            return (await succeeded(limiter, max_hold=4 * INTERVAL)).permits
-        return (await Learner(limiter, max_hold=4 * INTERVAL).refused()).permits
+            return (await succeeded(limiter, **knobs)).permits
+        if event == "fell":  # the limit fell: a whole burst of calls refused
+            grants = [await limiter.reserve(1) for _ in range(5)]
+            for acquired in grants:
+                learned = await Learner(limiter, **knobs).refused(acquired)
+            return learned.permits
+        return (await Learner(limiter, **knobs).refused()).permits
 
+    return after
+
+
+async def held_at_twelve_with_thirteen_failing(store, name):
+    """A limiter whose learned rate found the partner's 12: 13 probed twice and refused."""
+    clock = ManualClock()
+    limiters = await fleet(store, name, clock)
+    after = stepper(store, clock, limiters[0], start=0.6, max_hold=8 * INTERVAL)
+    assert (await Learner(limiters[0], start=0.6).read()).permits == 12
     assert await after(INTERVAL) == 13  # 12 held: probe 13
     assert await after(3, "refused") == 12  # 13 fails: back to 12, which held
-    assert await after(3, "refused") == 11  # 12 refused: a step less (a late arrival?)
-    assert await after(3, "refused") == 5  # 11 refused before it held: 12 fell, halved
-    assert await after(INTERVAL) == 8  # half-way to 11, which failed
-    assert await after(3, "refused") == 5  # 8 fails
-    assert await after(INTERVAL) == 6
-    assert await after(3, "refused") == 5  # 6 fails: wait twice as long before 6 again
-    assert await after(INTERVAL) == 5
-    assert await after(3 * INTERVAL) == 6  # after the hold
-    assert [await after(INTERVAL) for _ in range(4)] == [9, 11, 12, 13]  # it rose: back to 12
+    assert [await after(INTERVAL) for _ in range(2)] == [12, 13]  # 13 after its hold
+    assert await after(3, "refused") == 12  # and fails again: it waits 4 intervals now
+    return clock, limiters, after
+
+
+async def test_a_level_that_held_refused_by_a_burst_is_halved_once_for_the_fleet(store, name):
+    clock, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    await advance(store, clock, 3)
+    grants = [await limiter.reserve(1) for limiter in limiters]  # decided at 12
+    for limiter in limiters:  # the limit fell: every process hears of 429s
+        for acquired in grants:
+            await Learner(limiter).refused(acquired)
+    assert await permits_in_force(limiters[0]) == 6  # one cut: not a step, then more
+    assert await after(INTERVAL / 4 + 0.1, "refused") == 3  # refused under the cut: it fell on
+
+
+async def test_a_lone_refusal_of_a_level_that_held_is_one_step_down(store, name):
+    """A late arrival (a caller stalled past the margin) is refused alone; a fall refuses
+    the calls of a whole window: more than a quarter of the level."""
+    clock, limiters, _ = await held_at_twelve_with_thirteen_failing(store, name)
+    await advance(store, clock, 3)
+    grants = [await limiter.reserve(1) for limiter in limiters[:4]]
+    learned = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
+    assert learned == [11, 11, 11, 6]  # the fourth of the episode (12 / 4 = 3): a fall
+    await advance(store, clock, 3)
+    later = await limiters[0].reserve(1)
+    assert (await Learner(limiters[0]).refused(later)).permits == 3  # (6 had not held)
+
+
+async def test_after_a_late_arrival_the_rate_is_back_within_two_intervals(store, name):
+    _, _, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "refused") == 11  # one late arrival
+    assert [await after(INTERVAL) for _ in range(2)] == [12, 12]  # 13 after its own hold
+    assert [await after(INTERVAL) for _ in range(3)] == [12, 12, 13]
+
+
+async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store, name):
+    *_, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "fell") == 6  # the limit fell
+    assert await after(INTERVAL) == 7  # one step (half-way to 12 would overshoot a fall)
+    assert await after(3, "refused") == 6  # 7 fails: the limit is 6; 7 waits 2 intervals
+    assert [await after(INTERVAL) for _ in range(2)] == [6, 7]
+    assert await after(INTERVAL) == 12  # 7 held: the limit rose, back where it fell from
+    assert await after(INTERVAL) == 12  # never past it: 13 failed there
+
+
+async def test_a_level_refused_before_it_held_is_climbed_back_to_fast(store, name):
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    after = stepper(store, clock, limiter, start=0.8)
+    assert (await Learner(limiter, start=0.8).read()).permits == 16
+    assert await after(1, "refused") == 8  # (a start's first window, say: late arrivals)
+    assert [await after(INTERVAL) for _ in range(5)] == [9, 11, 15, 16, 17]  # (not +1 each)
+
+
+async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(store, name):
+    *_, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "fell") == 6  # the limit fell
+    assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
+    # 13 failed twice before the fall: probed again only after its hold (4 intervals),
+    # not one interval after 12 is back
+    assert [await after(INTERVAL) for _ in range(4)] == [12, 12, 12, 13]
 
 
 @pytest.mark.parametrize("seed", range(6))
 async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed):
-    """Random reports (refusals with and without their grants, successes, stated limits,
-    at random times, the budget used or not) on a real redis-server and on the memory
-    backend, each with its own clock moved alike: every answer and rate the same."""
+    """Random reports (refusals with and without their grants, alone or a window's at
+    once, successes, stated limits, at random times, the budget used or not) on a real
+    redis-server and on the memory backend, each with its own clock moved alike: every
+    answer and rate the same."""
     import random
 
     from redis.asyncio import Redis
@@ -317,6 +382,7 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
             take = chance.randrange(0, 12)
             quota = chance.randrange(0, 60)
             with_grant = chance.random() < 0.7
+            burst = chance.choice((1, 1, 5))  # (refusals of one window, told one by one)
             answers = []
             for limiter, clock in zip(limiters, clocks, strict=True):
                 clock.advance(step)
@@ -324,9 +390,10 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
                 acquired = await limiter.reserve(take) if take else None
                 learner = Learner(limiter, max_hold=5 * INTERVAL)
                 if event == "refused":
-                    learned = await learner.refused(acquired if with_grant else None)
+                    for _ in range(burst):
+                        learned = await learner.refused(acquired if with_grant else None)
                 elif event == "succeeded":
-                    learned = await learner.succeeded()
+                    learned = await learner.succeeded(acquired if with_grant else None)
                 else:
                     learned = await learner.stated(quota, INTERVAL)
                 answers.append((learned, await limiter.get_config()))
@@ -337,3 +404,81 @@ async def test_the_memory_twin_learns_as_learn_lua_does(redis_server, name, seed
         await limiters[1].delete()
         await redis.delete(backends[1].keys(name).learned)
         await redis.aclose()
+
+
+async def test_a_success_proves_a_level_only_for_a_call_granted_an_interval_after_the_raise(
+    store, name
+):
+    """A probe's extra call fails an interval after the raise, when the partner's window
+    holds the new level in full: the calls that succeed before that prove nothing."""
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6)
+    await learner.read()
+    await advance(store, clock, INTERVAL)
+    assert (await succeeded(limiter)).permits == 13  # 12 held: probe 13
+    await advance(store, clock, 1)
+    early = await limiter.reserve(1)  # granted under 13, a second after the raise
+    await advance(store, clock, INTERVAL)
+    if left := await limiter.available_permits():
+        assert await limiter.try_acquire(left)
+    learned = await Learner(limiter, start=0.6).succeeded(early)
+    assert learned is not None and (learned.permits, learned.good) == (13, 12)  # unproven
+    late = await limiter.reserve(1)
+    assert (await learner.refused(late)).permits == 12  # the probe failed: back, not halved
+
+
+async def test_a_learner_tells_the_first_success_that_can_prove_a_level_at_once(store, name):
+    """Successes are told at most four times an interval, but one that can prove the
+    level (granted an interval after the raise) is told at once: the fleet's next increase
+    is one interval on, not two."""
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    learner = Learner(limiter, start=0.6)
+    await learner.read()
+    early = await limiter.reserve(1)
+    assert await learner.succeeded(early) is None  # granted with the level: proves nothing
+    await advance(store, clock, INTERVAL)
+    if left := await limiter.available_permits():
+        assert await limiter.try_acquire(left)
+    proof = await limiter.reserve(1)
+    learned = await learner.succeeded(proof)  # (told: no other success of this level was)
+    assert learned is not None and learned.permits == 13
+
+
+async def test_a_probe_refused_by_its_own_overshoot_is_not_a_fall(store, name):
+    """A probe two steps over refuses two calls a window: back to what held, not halved;
+    more than that (a quarter of the level besides) is a fall."""
+    _, limiters, after = await held_at_twelve_with_thirteen_failing(store, name)
+    assert await after(3, "fell") == 6  # the limit fell from 12 to 6
+    assert [await after(INTERVAL) for _ in range(2)] == [7, 9]  # 7 held: 9 (a step of 2)
+    grants = [await limiters[0].reserve(1) for _ in range(4)]
+    refused = [(await Learner(limiters[0]).refused(acquired)).permits for acquired in grants]
+    assert refused == [7, 7, 7, 3]  # 2 over 7: its own; 2 more (7 // 4 = 1 besides): a fall
+
+
+@pytest.mark.looptime
+async def test_a_raise_wakes_the_call_its_process_has_waiting():
+    """The process that raised the rate takes the new permit at once (its waiting call was
+    asleep until a slot of the old rate): the new level is proven an interval later, so
+    the fleet climbs one step an interval, not one every two."""
+    import asyncio
+
+    import httpx
+
+    from aiolimit.httpx import RateLimitedTransport
+
+    limiter = RateLimiter("wake", MemoryBackend(), rate=RateLimiterConfig.build("overall", 4, 10))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    starts: list[float] = []
+
+    async def answer(request: httpx.Request) -> httpx.Response:
+        starts.append(round(loop.time() - began, 3))
+        await asyncio.sleep(0.5)  # (the partner's time: the fifth call is asleep by then)
+        return httpx.Response(200)
+
+    transport = RateLimitedTransport(limiter, httpx.MockTransport(answer), learn=True)
+    async with httpx.AsyncClient(transport=transport) as client:
+        await asyncio.gather(*(client.get("https://partner.example/") for _ in range(5)))
+    assert starts == [0, 0, 10, 10, 10.5]  # 2 of 4 per 10 s; 3 once 2 held 10 s: at once

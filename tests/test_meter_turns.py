@@ -16,7 +16,7 @@ from counting import Calls, count_calls
 
 import aiolimit
 from aiolimit import MemoryBackend, Observer, RateLimited, RateLimiter
-from aiolimit._meter import HORIZON, MAX_ASK_EVERY, _Turns
+from aiolimit._pacing import HORIZON, MAX_ASK_EVERY, turns_of
 from aiolimit._request import deadline_in
 from aiolimit.httpx import RateLimitedTransport
 
@@ -95,7 +95,7 @@ async def test_a_metered_call_that_cannot_have_its_tokens_in_time_is_refused_at_
 
 async def test_a_turn_waited_for_ends_at_its_deadline_and_a_cancelled_one_passes_on() -> None:
     loop = asyncio.get_running_loop()
-    turns = _Turns()
+    turns = turns_of([RateLimiter("turns", MemoryBackend(), rate="1/s")])
     assert await turns.wait(None)  # the first has its turn at once
     began = loop.time()
     assert not await turns.wait(deadline_in(2_000_000))  # the turn did not come in 2 s
@@ -178,7 +178,7 @@ async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_les
         await asyncio.gather(settled_elsewhere(), call(client, "waiting", 10))
     waited = arrivals[0][1] - began
     assert 30.0 <= waited <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3, waited
-    # Asking every HORIZON would be 3 000 asks; backing off to MAX_ASK_EVERY, about 380.
+    # Asking every HORIZON would be 3 000 asks; backing off, about 30 s / MAX_ASK_EVERY.
     assert 30.0 / MAX_ASK_EVERY / 2 <= asked(calls) <= 30.0 / MAX_ASK_EVERY + 10, calls.count
     # However often it asked, the observer saw one call, granted: the refusals on the way
     # were the meter's own, never the caller's.

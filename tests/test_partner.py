@@ -50,6 +50,29 @@ def test_the_partner_refuses_nothing_the_limiter_is_to_blame_for_and_gets_its_qu
             assert seen.share >= 0.95 * (1 - 0.001), summary(results)  # (10 per 1.05 s: 95.2 %)
 
 
+@pytest.mark.slow
+def test_at_the_defaults_the_fleets_measured_margin_keeps_the_partners_quota(
+    redis_server: LocalRedis,
+) -> None:
+    """The same at the defaults (no margin given: the fleet's measured margin), cold: the
+    partner refuses nothing the limiter is to blame for with the margin the fleet settled
+    on, and gets at least 93 % of its quota where no process stalled past that margin."""
+    spec = Trial(
+        redis_server.url,
+        duration=12.0,
+        margin=None,
+        partners=(("sliding", "httpx"), ("bucket", "aiohttp"), ("fixed", "acquire")),
+        prefix="test-partner-defaults",
+    )
+    results = trial(spec)
+    print(summary(results))
+    for seen in results:
+        assert seen.settled is not None and 0 < seen.settled <= 0.1, summary(results)
+        assert seen.unexcused == 0, summary(results)
+        if seen.stall <= seen.settled:
+            assert seen.share >= 0.93, summary(results)
+
+
 def test_a_429_among_requests_within_the_margin_is_the_limiters() -> None:
     """The judge itself: the same 429 is blamed or excused by the lateness around it."""
     quota = [(0.1 * i, 0.010, True) for i in range(10)]

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conformance import ManualClock, advance, cancelled, new_client, until
+from conformance import ManualClock, advance, cancelled, new_client, now, tolerance
 
 from aiolimit import (
     Algorithm,
@@ -147,14 +147,33 @@ async def test_a_cancelled_settle_goes_on_and_settling_again_returns_its_result(
     assert await limiter.available_permits() == 9
 
 
-async def test_a_cancelled_reservation_leaves_nothing_to_settle(store: Any) -> None:
+async def test_a_waiting_reserve_books_nothing_ahead_and_a_cancelled_one_leaves_nothing(
+    store: Any,
+) -> None:
     _, limiter = await on_clock(store, rates="2/minute")
     assert await limiter.try_acquire(2)
     waiting = asyncio.ensure_future(limiter.reserve(2, timeout=None))
-    await until(limiter.available_permits, lambda left: left == 0 and not waiting.done(), "queued")
-    await until(lambda: limiter.backend.wait_time(limiter.name, 1), lambda w: w > 60e6, "reserved")
+    await asyncio.sleep(0.05)  # (it asks, is refused, and asks again now and then)
+    assert not waiting.done()
+    # A grant to be settled is not booked behind the others: a newcomer's wait is still
+    # the first grant's 60 s, not 120 s.
+    assert await limiter.backend.wait_time(limiter.name, 1) == 60e6
     await cancelled(waiting)
-    assert await limiter.available_permits() == 0  # its reservation went back: 0, not -2
+    assert await limiter.available_permits() == 0  # nothing of it stays: 0, not -2
+
+
+async def test_a_settle_for_less_serves_a_waiting_reserve_of_its_process_at_once(
+    store: Any,
+) -> None:
+    _, limiter = await on_clock(store, rates="10/minute")
+    first = await limiter.reserve(10)
+    waiting = asyncio.ensure_future(limiter.reserve(5, timeout=None))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    settled_at = now()
+    await first.settle(1)  # 9 back: the waiting 5 fit now, not in 60 s
+    assert await waiting
+    tolerance(store).check(now(), settled_at, "the waiting reserve")
 
 
 async def test_settle_on_a_client_view_settles_that_clients_budget(store: Any) -> None:

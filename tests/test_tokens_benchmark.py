@@ -1,10 +1,10 @@
 """Reserve, then settle, at an LLM provider's exact tokens quota: 2 processes x 8 tasks call
 through ``RateLimitedTransport(requests, tokens=tokens)``, which reserves prompt +
 ``max_tokens`` with each request and settles the tokens to the call's ``usage`` when it
-answers, against a provider that charges prompt + ``max_tokens`` when a request arrives,
-adjusts it to the usage when it completes, and answers 429 past either quota in its own
-sliding window (``tools/llm_provider.py``). Most calls use far less than their
-``max_tokens``.
+answers, or by hand (``tokens.reserve(prompt + max_tokens)``, then ``acquired.settle(used)``),
+against a provider that charges prompt + ``max_tokens`` when a request arrives, adjusts it
+to the usage when it completes, and answers 429 past either quota in its own sliding window
+(``tools/llm_provider.py``). Most calls use far less than their ``max_tokens``.
 
 Real time, real processes, a real redis-server: the provider's own clock counts, and each
 429 is judged by the lateness of the requests counted with it (``tools.llm_provider.unexcused``).
@@ -17,7 +17,7 @@ from dataclasses import replace
 import pytest
 
 from tools import LocalRedis
-from tools.llm_provider import Provider, unexcused
+from tools.llm_provider import Provider, ceiling, unexcused
 from tools.token_trial import TokenTrial, run
 
 
@@ -35,6 +35,17 @@ def test_the_provider_charges_max_tokens_on_arrival_and_the_usage_on_completion(
     assert provider.calls == [(100.0, 150)] and provider.refused == [100.1]
 
 
+def test_the_ceiling_is_the_quota_less_what_calls_in_flight_count_beyond_their_usage() -> None:
+    provider = Provider(tpm=1000, rpm=10, window=1.0)
+    entry, _ = provider.admit(10.0, prompt=100, max_tokens=500)
+    assert entry is not None
+    provider.complete(entry, used=200, now=10.5)  # 400 more than its usage, for 0.5 s
+    spans = provider.stats()["spans"]
+    assert spans == [(10.0, 10.5, 400)]
+    assert ceiling(spans, 10.0, 1.0, 1000) == pytest.approx(1 - 400 * 0.5 / 1000)
+    assert ceiling(spans, 10.25, 1.0, 1000) == pytest.approx(1 - 400 * 0.25 / 1000)
+
+
 MARGIN = 0.025
 
 
@@ -48,12 +59,13 @@ def test_a_429_among_requests_within_the_margin_is_the_limiters() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["transport", "reserve"])
 def test_settled_reservations_fill_the_tokens_quota_without_a_429(
-    redis_server: LocalRedis,
+    redis_server: LocalRedis, strategy: str
 ) -> None:
     spec = TokenTrial(
         redis_server.url,
-        strategy="transport",
+        strategy=strategy,
         processes=2,
         tasks=8,
         tpm=80_000,
@@ -66,7 +78,7 @@ def test_settled_reservations_fill_the_tokens_quota_without_a_429(
     )
     runs = []
     for attempt in range(2):
-        seen = run(replace(spec, prefix=f"test-tokens-{attempt}"))
+        seen = run(replace(spec, prefix=f"test-tokens-{strategy}-{attempt}"))
         runs.append(seen)
         print(seen)
         # The limiter's part, judged in every run: no 429 among requests that landed within
@@ -81,3 +93,4 @@ def test_settled_reservations_fill_the_tokens_quota_without_a_429(
     else:
         return  # both runs stalled: the 429s were judged, the share cannot be
     assert seen.token_share >= 0.95, seen
+    assert seen.token_share >= seen.ceiling - 0.03, seen  # what the calls in flight leave

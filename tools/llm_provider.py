@@ -64,6 +64,8 @@ class Provider:
     ) -> None:
         self.tpm, self.rpm, self.window, self.latency = tpm, rpm, window, latency
         self.calls: list[tuple[float, int]] = []  # (arrival, usage.total_tokens) of each served
+        # (arrival, completion, charge - usage) of each served: how long it counted more
+        self.spans: list[tuple[float, float, int]] = []
         self.refused: list[float] = []  # the 429s' arrival times
         self.late: list[tuple[float, float]] = []  # (arrival, s since its grant's start)
         self.requests: list[tuple[float, float | None, bool]] = []  # (arrival, late, served)
@@ -102,11 +104,14 @@ class Provider:
             wait = max(wait, entry.arrived + self.window - now)
         return wait
 
-    def complete(self, entry: _Entry, used: int) -> None:
-        """The call of ``entry`` used ``used`` tokens: its charge becomes that."""
+    def complete(self, entry: _Entry, used: int, now: float | None = None) -> None:
+        """The call of ``entry`` used ``used`` tokens (completed at ``now``, by default the
+        time): its charge becomes that."""
+        completed = time.time() if now is None else now
         with self._lock:
             if entry.in_log:
                 self._tokens += used - entry.tokens
+            self.spans.append((entry.arrived, completed, entry.tokens - used))
             entry.tokens = used
             self.calls.append((entry.arrived, used))
 
@@ -173,6 +178,7 @@ class Provider:
                 "rpm": self.rpm,
                 "window": self.window,
                 "calls": list(self.calls),
+                "spans": list(self.spans),
                 "refused": list(self.refused),
                 "late": list(self.late),
                 "requests": list(self.requests),
@@ -206,6 +212,7 @@ class Seen:
     late_p99: float | None = None  # s from a grant's start to its request's arrival (steady)
     stall: float = 0.0  # the longest any caller's event loop ran late (a busy machine)
     unexcused: int = 0  # the 429s a limiter with the trial's margin is to blame for
+    ceiling: float = 1.0  # the most of the tokens quota the calls in flight left (ceiling())
 
 
 def seen(stats: dict[str, Any], began: float, windows: int, margin: float = 0.0) -> Seen:
@@ -230,7 +237,25 @@ def seen(stats: dict[str, Any], began: float, windows: int, margin: float = 0.0)
         request_share=sum(requests) / (rpm * windows) if windows else 0.0,
         late_p99=late[min(len(late) - 1, int(len(late) * 0.99))] if late else None,
         unexcused=unexcused(stats.get("requests", ()), window, margin),
+        ceiling=ceiling(stats.get("spans", ()), first, windows * window, tpm),
     )
+
+
+def ceiling(
+    spans: Iterable[tuple[float, float, int]], first: float, span: float, tpm: int
+) -> float:
+    """The most of the tokens quota that callers could have used from ``first`` for ``span``
+    s, given the calls in flight: the provider counts a call's prompt + ``max_tokens`` from
+    its arrival to its completion, so on average ``tpm`` less what the calls in flight
+    counted beyond their usage (``spans``: arrival, completion, that excess) was left for
+    usage. No limiter that reserves the worst case and settles can use more without 429s."""
+    if span <= 0:
+        return 1.0
+    end = first + span
+    held = sum(
+        excess * max(0.0, min(done, end) - max(arrived, first)) for arrived, done, excess in spans
+    )
+    return 1.0 - held / span / tpm
 
 
 def unexcused(

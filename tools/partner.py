@@ -183,6 +183,7 @@ class Seen:
     most_in_a_window: int = 0  # the most arrivals any span of one interval held
     stall: float = 0.0  # the longest any caller's event loop ran late meanwhile (a busy machine)
     unexcused: int = 0  # the 429s the limiter's schedule is to blame for (see `unexcused`)
+    settled: float | None = None  # the fleet's measured margin after the trial (s; None: none)
 
 
 def seen(
@@ -277,7 +278,7 @@ class Trial:
     rate: int = 10
     interval: float = 1.0
     duration: float = 12.0
-    margin: float = 0.0
+    margin: float | None = 0.0  # None: the defaults (the fleet's measured margin)
     partners: tuple[tuple[str, str], ...] = (("sliding", "httpx"),)
     prefix: str = "partner-trial"
 
@@ -300,9 +301,23 @@ def _one(spec: Trial, kind: str, client: str) -> Seen:
                 for _ in range(spec.processes)
             ]
             worst = [result.get(timeout=spec.duration + 60) for result in results]
-    result = seen(partner.stats(), start_at, start_at + spec.duration, client, spec.margin)
+    name = f"{spec.prefix}-{kind}-{client}"
+    settled = None if spec.margin is not None else settled_margin(spec.redis_url, name)
+    margin = spec.margin if spec.margin is not None else settled or 0.0
+    result = seen(partner.stats(), start_at, start_at + spec.duration, client, margin)
     result.stall = max(worst, default=0.0)
+    result.settled = settled
     return result
+
+
+def settled_margin(redis_url: str, name: str) -> float | None:
+    """The fleet's measured margin the store holds for limiter ``name`` (seconds; None:
+    none): the config hash's field ``margin`` (docs/redis-layout.md)."""
+    from redis import Redis
+
+    with Redis.from_url(redis_url) as redis:
+        value = redis.hget(f"aiolimit:{{{name}}}:config", "margin")
+    return None if value is None else int(value) / 1e6
 
 
 def _worker(spec: Trial, kind: str, client: str, url: str, start_at: float) -> float:
@@ -436,6 +451,7 @@ def summary(results: list[Seen]) -> str:
         f"share {r.share:6.1%} over {r.windows} windows  "
         f"late p50/p99 {_ms(r.late_p50)}/{_ms(r.late_p99)} ms  spread {_ms(r.spread)} ms"
         f"  stall {_ms(r.stall)} ms"
+        + ("" if r.settled is None else f"  settled margin {_ms(r.settled)} ms")
         for r in results
     )
 

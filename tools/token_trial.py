@@ -1,7 +1,12 @@
 """Callers of an LLM provider (``tools/llm_provider.py``) that keeps a tokens and a requests
 quota: ``processes`` x ``tasks`` callers, each sending calls of a random prompt and a fixed
-``max_tokens`` as fast as they are let, in one of four ways (:data:`STRATEGIES`):
+``max_tokens`` as fast as they are let, in one of these ways (:data:`STRATEGIES`):
 
+- ``transport``: through ``RateLimitedTransport(requests, tokens=tokens, estimate=...)``,
+  which reserves prompt + ``max_tokens`` with the request and settles to the body's usage;
+- ``reserve``: by hand, as the docs show it: ``acquired = await tokens.reserve(prompt +
+  max_tokens, timeout=30)`` (again when refused), the call, ``await
+  acquired.settle(usage.total_tokens)``; no requests limiter, nothing else;
 - ``settle``: before the call, ``acquire_all`` one request and prompt + ``max_tokens``
   tokens (one task per process asks at a time, reserving at most ``horizon`` s ahead,
   else asking again after at most that long); when the answer comes, the tokens grant is settled to
@@ -37,7 +42,7 @@ import httpx
 from tools.llm_provider import Provider, Seen, seen, serve
 from tools.partner import LATENESS_HEADER, Stamped, stalls, start_of
 
-STRATEGIES = ("transport", "settle", "worst-case", "after", "limits")
+STRATEGIES = ("transport", "reserve", "settle", "worst-case", "after", "limits")
 
 
 @dataclass
@@ -156,6 +161,7 @@ async def _open(spec: TokenTrial) -> Strategy:
     kinds: dict[str, type[ReserveSettle]] = {
         "settle": ReserveSettle,
         "transport": Transport,
+        "reserve": ByHand,
         "worst-case": WorstCase,
         "after": ChargeAfter,
     }
@@ -172,7 +178,8 @@ class ReserveSettle:
 
         self.redis = Redis.from_url(spec.redis_url)
         self.backend = RedisBackend(self.redis)
-        name, window, margin = f"{spec.prefix}-{spec.strategy}", spec.window, spec.margin
+        # A margin of 0 is none given: the limiters' default.
+        name, window, margin = f"{spec.prefix}-{spec.strategy}", spec.window, spec.margin or None
         self.rpm = RateLimiter(
             f"{name}-requests",
             self.backend,
@@ -250,6 +257,20 @@ class Transport(ReserveSettle):
 
     async def after(self, held: Any, used: int) -> None:
         pass
+
+
+class ByHand(ReserveSettle):
+    """``tokens.reserve(prompt + max_tokens)`` in every task, settled to the usage: what a
+    user writes first (docs/token-budgets.md)."""
+
+    async def before(self, estimate: int) -> Any:
+        while True:
+            acquired = await self.tpm.reserve(estimate, timeout=30)
+            if acquired:
+                return acquired
+
+    async def after(self, held: Any, used: int) -> None:
+        await held.settle(used)
 
 
 class WorstCase(ReserveSettle):

@@ -92,8 +92,11 @@ class Rule:
 
     @property
     def config(self) -> RateLimiterConfig:
-        """The config of the rule's limiter: its rates, rate type and algorithm."""
-        return RateLimiterConfig.build(self.rate_type, self.rates, algorithm=self.algorithm)
+        """The config of the rule's limiter: its rates, rate type and algorithm; exact (a
+        server counts the requests as they arrive: no margin, even for callers that wait)."""
+        return RateLimiterConfig.build(
+            self.rate_type, self.rates, algorithm=self.algorithm, margin=0
+        )
 
     def matches(self, scope: Scope) -> bool:
         """Whether the request's path and method are this rule's (its key is not asked)."""

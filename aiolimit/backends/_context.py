@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from .._breaker import DEFAULT_POLICY, BreakerPolicy, Breakers
 from ..errors import InvalidArgumentError
 from ._clock import ClockMaps
+from ._margin import Margins
 
 __all__ = ["CLOSE_WITHIN", "Background", "Store", "StoreContext"]
 
@@ -88,11 +89,12 @@ class StoreContext:
     ``breakers``, its limiters' circuit breakers by name, with the store's
     :class:`~aiolimit.BreakerPolicy`; ``clocks``, where each clock its limiters run on
     stands on this process's (``backends/_clock.py``); ``tasks``, its background tasks
-    (:class:`Background`). A third party's store makes none of its own: the base class's
+    (:class:`Background`); ``margins``, what this process keeps of its limiters' measured
+    margins (``backends/_margin.py``). A third party's store makes none of its own: the base class's
     ``__init__`` does, and a view is given its store's (``context=``).
     """
 
-    __slots__ = ("breakers", "clocks", "tasks")
+    __slots__ = ("breakers", "clocks", "margins", "tasks")
 
     def __init__(self, breaker_policy: BreakerPolicy | None = None) -> None:
         if breaker_policy is not None and not isinstance(breaker_policy, BreakerPolicy):
@@ -100,6 +102,7 @@ class StoreContext:
         self.breakers = Breakers(DEFAULT_POLICY if breaker_policy is None else breaker_policy)
         self.clocks = ClockMaps()
         self.tasks = Background()
+        self.margins = Margins()
 
     async def aclose(self) -> None:
         """Waits (at most :data:`CLOSE_WITHIN` seconds) for the background tasks."""

@@ -9,22 +9,30 @@ the ceiling's first rate; ``permits`` the learned permits of that rate), rewritt
 The learned state (``LearnState``) is kept beside the config (Redis: ``<tag>:learn``), so
 every process of a fleet shares one decision:
 
-- **refused** (a ``429``/``503``): one cut per episode for the whole fleet. A refusal of a
-  call decided before the last cut belongs to that cut's episode and changes nothing (one
-  reported without its call: within a quarter interval of the cut). A
-  refused *probe* (a level above the last one that held) goes back to that level and waits
-  twice as long before it probes again (at most ``max_hold``); a refused level that had held
-  goes one ``step`` down (a request that arrived late, or a small fall); a refused level
-  that has not held (a start, or the step down refused again: the limit fell) is cut to
-  ``decrease`` of itself. Never below the floor.
-- **succeeded**: once a level has held one interval of the ceiling's first rate, and is
-  used (an OVERALL budget with at most a quarter of it left when the success is told), it is
-  *good*; the next level is probed: ``step`` more, doubling while every probe holds (up to
-  an eighth of the rate: a probe too high costs as many refusals as it overshoots); or,
-  below the level that last failed (*bad*), half-way to it; the bad level itself only after
-  the hold. A probe of the bad level that holds means the limit rose: the hold starts over,
-  and the rate climbs half-way back to the level the limit last fell from (*peak*) each
-  interval, then on by ``step``.
+- **refused** (a ``429``/``503``): one decision per episode for the whole fleet. A refusal
+  of a call decided before the last cut belongs to that cut's episode and changes nothing
+  (one reported without its call: within a quarter interval of the cut). A refused *probe*
+  (a level above the last one that held) goes back to that level (*good*), and the level
+  that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``):
+  one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
+  that had held goes one ``step`` down (a call that arrived late: a caller stalled past the
+  margin); one that had not held is cut to ``decrease`` of itself. Where it fell from is
+  remembered (*peak*, with the level that failed above it and that level's wait). An
+  episode whose refusals pass a quarter of the level that held (besides a probe's own
+  overshoot) is a fall, whatever its first refusal said: the limit fell under a window of
+  calls, and the rate is cut to ``decrease`` of that level at once (never below the
+  floor).
+- **succeeded**: a level is proven once a call granted at least one interval of the
+  ceiling's first rate after it was raised succeeds (a probe's extra call is refused only
+  when the partner's window holds the new level in full, an interval on), and while the
+  rate is used (an OVERALL budget with at most a quarter of it left when the success is
+  told). Then the next level is probed, once per interval: below a *bad* level, one
+  ``step`` at a time, the bad level itself only after its wait; below a *peak*, a
+  ``step`` that doubles while it holds (a fall's first probe is small, a mistaken cut is
+  climbed back in a few intervals); a bad level that holds means the limit rose: straight
+  back to the peak, where the level above it waits as it did before the fall; past all
+  that, ``step`` more, doubling while probes hold, up to an eighth of the rate (a probe too
+  high costs as many refusals per window as it overshoots).
 - **stated**: a partner that states its limit (``q`` per ``w``) is taken at its word,
   scaled to the ceiling's first interval, capped by the ceiling and the floor; growth stops
   there from then on.
@@ -102,6 +110,9 @@ class Learned(NamedTuple):
     """How long the bad level waits before it is probed again."""
     stated: int
     """The limit the partner last stated, scaled to the first rate (0: none)."""
+    grown_at: int
+    """When the rate in force last changed (limiter's clock, µs): a success proves it for a
+    call granted an interval later or more."""
 
 
 @dataclass
@@ -113,11 +124,15 @@ class LearnState:
     good: int = 0
     bad: int = 0
     peak: int = 0
+    peak_bad: int = 0
+    peak_hold: int = 0
     step: int = 1
     hold: int = 0
     cut_at: int = 0
     grown_at: int = 0
     stated: int = 0
+    refusals: int = 0
+    level: int = 0
     expires_at: int = 0
 
 
@@ -152,7 +167,7 @@ def decide(
     left: int | None = None,
 ) -> bool:
     """Applies ``event`` to ``state`` at ``now``; whether the rate in force changed.
-    ``value``: refused: when the refused call's grant was decided (None: unknown); stated:
+    ``value``: refused, succeeded: when the call's grant was decided (None: unknown); stated:
     the stated quota, per ``per`` µs. ``left``: succeeded: the permits the (OVERALL) budget
     has left now; a rate a quarter unused is not proven by the calls that succeed under it
     (None: not known, as for PER_CLIENT)."""
@@ -160,7 +175,7 @@ def decide(
     if event == "refused":
         _refused(state, value, law, now)
     elif event == "succeeded" and (left is None or 4 * left <= state.permits):
-        _succeeded(state, law, now)
+        _succeeded(state, law, now, now if value is None else min(value, now))
     elif event == "stated" and value is not None and per:
         _stated(state, value, per, law, now)
     return state.permits != before
@@ -171,54 +186,73 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     # (no grant to tell by: the refusals within a quarter interval of a cut are its)
     quarter = now < state.cut_at + interval // 4
     episode = decided <= state.cut_at if decided is not None else quarter
-    if state.cut_at and episode:
-        return  # the cut already made answers it
     top = state.ceiling[0].permits
-    floor, step = _share(top, law.floor), _share(top, law.step)
-    if 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
-        state.bad, state.permits = state.permits, state.good
+    floor = _share(top, law.floor)
+    first = not (state.cut_at and episode)
+    if not first:  # the cut made answers it, unless the episode is a fall
+        state.refusals += 1
+    elif 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
+        state.bad, state.permits, state.level = state.permits, state.good, state.good
         state.hold = min(2 * state.hold, max(law.max_hold, interval))
-    elif state.good:  # a level that held: a step less (a late arrival, or a small fall)
-        state.bad = state.peak = state.permits
-        state.permits = max(floor, state.permits - step)
-        state.good, state.hold = 0, interval
-    else:  # a level that has not held (yet): the limit fell, or was never this high
-        state.bad = state.permits
-        state.permits = max(floor, state.permits * law.decrease // MILLION)
-        state.hold = interval
-    state.step = step
-    state.cut_at = state.grown_at = now
+        state.refusals = 1 - (state.bad - state.good)  # (its overshoot's refusals are its own)
+    else:  # a level in force refused: a late arrival, a step down; a fall, halved
+        level, held = state.permits, state.good > 0
+        step = _share(top, law.step) if held else level - level * law.decrease // MILLION
+        _fell(state, level, max(floor, level - step), interval, held)
+        state.refusals, state.level = 1, level
+    deep = max(floor, state.level * law.decrease // MILLION)
+    fall = state.refusals > state.level // 4 and state.permits > deep  # a window refused
+    if fall:
+        _fell(state, state.level, deep, interval, True)
+    if fall or first:
+        state.step = _share(top, law.step)
+        state.cut_at = state.grown_at = now
 
 
-def _succeeded(state: LearnState, law: Law, now: int) -> None:
+def _fell(state: LearnState, level: int, permits: int, interval: int, held: bool) -> None:
+    """The limit fell below ``level``: the rate is cut to ``permits``; where it fell from is
+    kept (unless a higher level it fell from is, or this episode kept it already), with
+    what failed above it and its wait."""
+    if state.peak != level and (held or state.peak < level):
+        above = state.bad > level
+        state.peak = level
+        state.peak_bad = state.bad if above else 0
+        state.peak_hold = state.hold if above else interval
+    state.permits = permits
+    state.good = state.bad = 0
+    state.hold = interval
+
+
+def _succeeded(state: LearnState, law: Law, now: int, decided: int) -> None:
     interval = state.ceiling[0].interval_us
-    if now - state.grown_at < interval:
-        return
+    if decided - state.grown_at < interval:
+        return  # (a probe's extra call fails an interval after the raise: not proven before)
     state.good = state.permits  # it held an interval
     if state.bad and state.permits >= state.bad:  # the bad level held: the limit rose
         state.bad, state.hold = 0, interval
+        if state.peak > state.permits:  # back to where it fell from, at once
+            state.step = max(state.step, state.peak - state.permits)
     top = state.ceiling[0].permits
     cap = min(top, state.stated) if state.stated else top
     if state.peak <= state.permits:
         state.peak = 0
-    if state.bad > state.permits:
-        half = (state.bad - state.permits) // 2
-        target = min(state.bad, state.permits + max(state.step, half))
-    elif state.peak:  # half-way back to the level the limit fell from, never past it
-        state.bad = 0
-        target = min(
-            state.peak, state.permits + max(state.step, -(-(state.peak - state.permits) // 2))
-        )
-    else:
-        state.bad = 0
-        target = state.permits + state.step
+    target = state.permits + state.step
+    if state.bad:  # a level known to fail: crept up to, itself tried after the hold
+        target = min(target, state.bad)
+    elif state.peak:  # below where the limit fell from: never past it
+        target = min(target, state.peak)
     target = min(target, cap)
     if target <= state.permits:
         return
     wait = state.hold if state.bad and target >= state.bad else interval
     if now - state.grown_at < wait:
         return
-    if not (state.bad or state.peak):  # (a step overshoots by as much: an eighth at most)
+    if state.peak and target >= state.peak:  # back: what failed above it fails as before
+        state.bad, state.hold, state.peak = state.peak_bad, state.peak_hold, 0
+        state.step = _share(top, law.step)
+    elif state.peak:  # (a fall's first step is small, then doubling: a rise found fast)
+        state.step *= 2
+    elif not state.bad:  # (a step overshoots by as much: an eighth at most)
         state.step = max(_share(top, law.step), min(2 * state.step, target // 8))
     state.permits, state.grown_at = target, now
 

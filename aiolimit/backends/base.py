@@ -272,6 +272,15 @@ class Backend(Store):
         the one stored (else the config's rates). One atomic step for the whole fleet."""
         raise BackendError(f"{type(self).__name__} cannot learn a rate", outage=False)
 
+    async def margin(self, name: str, late_us: int | None) -> int:
+        """The fleet's measured margin (``backends._margin``: the law): ``late_us`` None
+        begins it where none is; else a process reports that its callers were ``late_us``
+        late after their grants' start. Returns the margin in force (µs), by which every
+        interval of the config is widened when a grant is decided; changing it keeps what
+        was granted, as ``set_rate(..., keep_state=True)`` does. ``NotConfiguredError``
+        without a config. This default, for a store that keeps no margin: 0."""
+        return 0
+
     async def learned(self, name: str) -> tuple[Rate, ...] | None:
         """The ceiling of the limiter's learned state; None when it has none (this default:
         a store that cannot learn)."""

@@ -126,6 +126,9 @@ class Snapshot:
     ceiling: tuple[Rate, ...] | None = None
     """The ceiling of a rate learned from a partner (``Learner``): the config's rates are
     the learned ones; None: not learned."""
+    margin_s: float | None = None
+    """The fleet's measured margin (seconds): every interval is read that much longer; None:
+    none kept."""
     slot: int = 0
     node: str = ""
 
@@ -155,6 +158,7 @@ class Snapshot:
             "config": {**config_json(self.config), "expires_in_s": self.ttl_s},
             "available": self.available,
             "blocked_s": self.blocked_s,
+            "margin_s": self.margin_s,
             "learned": None
             if self.ceiling is None
             else {"ceiling": [str(rate) for rate in self.ceiling]},
@@ -225,6 +229,8 @@ async def inspect_limiter(
     blocked_us = await backend.block(name, None)
     snapshot.blocked_s = to_seconds(blocked_us) if blocked_us > 0 else None
     snapshot.ceiling = await backend.learned(name)
+    (margin,) = await redis.hmget(keys.config, "margin")
+    snapshot.margin_s = None if margin is None else to_seconds(int(margin))
     memory_keys = [keys.config]
     if config.rate_type is RateType.OVERALL:
         snapshot.available = await backend.available_permits(name)

@@ -169,6 +169,8 @@ def render(snapshot: Snapshot) -> list[str]:
     lines.append(f"blocked       {blocked(snapshot.blocked_s)}")
     if snapshot.ceiling is not None:
         lines.append(f"learned       {learned(config.rates, snapshot.ceiling)}")
+    if snapshot.margin_s is not None:
+        lines.append(f"margin        {seconds(snapshot.margin_s)}, measured: each interval longer")
     most = config.max_permits
     if snapshot.available is not None:
         lines.append(f"available     {snapshot.available} of {plural(most, 'permit')} now")

@@ -37,6 +37,7 @@ from ._budgets import (
 )
 from ._learn import MemoryLearning
 from ._leases import MemoryLeases
+from ._margin import MemoryMargin
 from ._settle import receipt_until, settle_group
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
@@ -48,7 +49,7 @@ def _loop_clock() -> float:
     return asyncio.get_running_loop().time()
 
 
-class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
+class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
     """Limiter state in this process's memory, with the same semantics as ``RedisBackend``.
 
     >>> backend = MemoryBackend()
@@ -193,7 +194,7 @@ class MemoryBackend(MemoryLearning, MemoryLeases, Backend):
         limiter = self._shared.limiter(name, self._now())
         if limiter is None or limiter.config is None:
             return None
-        return limiter.config.config
+        return limiter.config.exact or limiter.config.config
 
     async def try_acquire(
         self, name: str, permits: int, max_wait_us: int | None = 0

@@ -26,6 +26,9 @@ class Group(abc.ABC):
     in_hash: ClassVar[bool] = False
     """An OVERALL budget keeps its state in its config (on Redis the config hash's field
     ``state``: lib.lua's ``in_hash``), not under keys of its own."""
+    fixed_edges: ClassVar[bool] = False
+    """Its windows start at fixed edges, which a measured margin would move: it keeps none
+    (``_margin.py``; margin.lua)."""
     logs_grants: ClassVar[bool] = False
     """The budget is a log of grants per rate, each rate's under a key of its own (on Redis a
     value key and a permits ZSET per rate), whose grants and reservations can be counted;

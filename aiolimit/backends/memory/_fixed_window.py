@@ -24,6 +24,8 @@ def window_of(end: int, interval: int) -> int:
 class FixedWindow(Carried):
     __slots__ = ()
 
+    fixed_edges = True
+
     def rates_changed(self, limiter: Limiter, old: Config, now: int) -> bool:
         stored = limiter.config
         assert stored is not None

@@ -19,10 +19,11 @@ from .._learning import (
     fresh,
     rates_of,
 )
+from .._margin import widened_rates
 from ._budgets import group_of
 from ._state import Limiter
 
-__all__ = ["LearnTable", "MemoryLearning"]
+__all__ = ["LearnTable", "MemoryLearning", "rerate"]
 
 
 @dataclass(eq=False)
@@ -67,7 +68,7 @@ class MemoryLearning:
         stored = limiter.config
         if stored.clock is not None and now < stored.clock:
             now = stored.clock
-        config = stored.config
+        config = stored.exact or stored.config  # (as stored: before the fleet's margin)
         states = self._shared.learning.states
         state = states.get(name)
         if state is not None and state.expires_at <= now:
@@ -81,7 +82,7 @@ class MemoryLearning:
         states[name] = state
         wanted = rates_of(top, state.permits)
         if wanted != config.rates:
-            rerate(limiter, wanted, now)
+            relearn(limiter, config, wanted, now)
             changed = True
         return Learned(
             state.permits,
@@ -93,6 +94,7 @@ class MemoryLearning:
             state.bad,
             state.hold,
             state.stated,
+            state.grown_at,
         )
 
     async def learned(self, name: str) -> tuple[Rate, ...] | None:
@@ -122,21 +124,36 @@ def _check_shape(ceiling: tuple[Rate, ...], rates: tuple[Rate, ...]) -> None:
         )
 
 
+def relearn(limiter: Limiter, exact: RateLimiterConfig, rates: tuple[Rate, ...], now: int) -> None:
+    """The learned ``rates`` in force: the exact config's rates, read widened by the fleet's
+    margin where it has one (memory/_margin.py), as the rates they replace were."""
+    stored = limiter.config
+    assert stored is not None
+    if stored.margin is None:
+        rerate(limiter, rates, now)
+        return
+    stored.exact = _with_rates(exact, rates)
+    rerate(limiter, widened_rates(rates, stored.margin), now)
+
+
+def _with_rates(config: RateLimiterConfig, rates: tuple[Rate, ...]) -> RateLimiterConfig:
+    return RateLimiterConfig(
+        config.rate_type,
+        keep_alive=config.keep_alive,
+        rates=rates,
+        algorithm=config.algorithm,
+        min_spacing=config.min_spacing,
+        max_debt=config.max_debt,
+    )
+
+
 def rerate(limiter: Limiter, rates: tuple[Rate, ...], now: int) -> None:
     """The config's rates rewritten as ``set_rate(..., keep_state=True)`` would, its other
     fields (a block, a TTL, the clock) kept: grants made stay counted."""
     stored = limiter.config
     assert stored is not None
     old = copy.copy(stored)
-    was = stored.config
-    config = stored.config = RateLimiterConfig(
-        was.rate_type,
-        keep_alive=was.keep_alive,
-        rates=rates,
-        algorithm=was.algorithm,
-        min_spacing=was.min_spacing,
-        max_debt=was.max_debt,
-    )
+    config = stored.config = _with_rates(stored.config, rates)
     if stored.clock is None or stored.clock < now:
         stored.clock = now
     group = group_of(limiter, config, None, True, now)

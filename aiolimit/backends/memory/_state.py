@@ -37,6 +37,11 @@ class Config:
     deadline: int | None = None  # set by expire(): no state may outlive it
     clock: int | None = None  # the latest time acted on (see limiter_now in lib.lua)
     blocked_until: int | None = None  # set by block(): no grant starts before it
+    # The fleet's measured margin (backends/_margin.py; the fields 'margin' and 'margin_at'):
+    # `config` is then `exact` with every interval widened by it; get_config answers `exact`.
+    margin: int | None = None
+    margin_at: int = 0
+    exact: RateLimiterConfig | None = None
     # An OVERALL token bucket's or fixed windows' state: the config hash's field 'state' (it
     # has no TTL of its own and goes with the config; see counters.lua).
     state: Budget | None = None

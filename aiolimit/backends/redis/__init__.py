@@ -14,6 +14,7 @@ from ..._breaker import BreakerPolicy
 from ..._types import Rate, RateLimiterConfig, RateType
 from ..._values import Duration, clock_micros, millis_up
 from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfiguredError
+from .. import _margin
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
 from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
@@ -442,6 +443,17 @@ class RedisBackend(RedisLeases, Backend):
                 f"the ceiling's intervals are not the stored config's ({reply.detail}): set "
                 "the rate to the ceiling first"
             )
+        return reply
+
+    async def margin(self, name: str, late_us: int | None) -> int:
+        keys = self.keys(name)
+        reply = await self._run(
+            scripts.MARGIN,
+            (keys.config, keys.value, keys.permits),
+            ("" if late_us is None else late_us, self._now_arg(), *_margin.LAW),
+        )
+        if isinstance(reply, scripts.NotConfigured):
+            raise NotConfiguredError(name)
         return reply
 
     async def learned(self, name: str) -> tuple[Rate, ...] | None:

@@ -386,8 +386,12 @@ def _learned(reply: Any) -> Learned | NotConfigured | OtherShape:
         return NotConfigured()
     if code == -5:
         return OtherShape(_text(reply[1]))
-    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated = map(int, reply[1:10])
-    return Learned(permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated)
+    permits, ceiling, interval, changed, cut_at, good, bad, hold, stated, grown_at = map(
+        int, reply[1:11]
+    )
+    return Learned(
+        permits, ceiling, interval, bool(changed), cut_at, good, bad, hold, stated, grown_at
+    )
 
 
 # A resent learn decides nothing more: a refusal of the episode already cut, a success
@@ -401,3 +405,17 @@ def _ceiling(reply: Any) -> tuple[Rate, ...] | None:
 
 LEARNED = ReadCommand("HGET", _ceiling)
 """A learned state's ``ceiling`` field (None: no learned state)."""
+
+
+# -- the fleet's measured margin (margin.lua) ------------------------------------------------
+
+
+def _margin(reply: Any) -> int | NotConfigured:
+    if int(reply[0]) == -1:
+        return NotConfigured()
+    return int(reply[1])
+
+
+# A resent report moves the margin no further: the same lateness grows it to the same value,
+# and a shrink's time starts again at the change it made.
+MARGIN = Script("margin", _margin)

@@ -101,6 +101,7 @@ local fixed_rule = {
   -- (sync: carries.lua)
 }
 local fixed = counters(fixed_rule)
+fixed.fixed_edges = true -- (windows that would move with a measured margin: margin.lua keeps none)
 ALGORITHMS.FIXED_WINDOW = fixed
 
 -- Reads the earlier windows of group.tail (entries of rates the config still has), counting

@@ -6,7 +6,7 @@
 -- KEYS[3] permits ZSET (OVERALL)
 -- KEYS[4] the learned state: "<tag>:learn" (a hash)
 -- ARGV[1] event: 'read', 'refused', 'succeeded' or 'stated'
--- ARGV[2] refused: when the refused call's grant was decided (us, limiter clock; '' unknown);
+-- ARGV[2] refused, succeeded: when the call's grant was decided (us, limiter clock; '' unknown);
 --         stated: the quota the partner states ('' none)
 -- ARGV[3] stated: the quota's window (us)
 -- ARGV[4] now in microseconds, or '' to read the server's TIME
@@ -21,12 +21,15 @@
 -- replaced it) starts again: at `start` of the ceiling, or the config's rate where lower.
 -- O(1): one budget's reclaim and save, bounded as every script's.
 --
--- Returns {0, permits, C, interval, changed, cut_at, good, bad, hold, stated}, {-1} without
+-- Returns {0, permits, C, interval, changed, cut_at, good, bad, hold, stated, grown_at}, {-1} without
 -- config, {-5, text} when the ceiling's intervals are not the config's.
 
 local MILLION = 1000000
 local LEARN_TTL_MS = 86400000
-local FIELDS = { 'ceiling', 'permits', 'good', 'bad', 'peak', 'step', 'hold', 'cut_at', 'grown_at', 'stated' }
+local FIELDS = {
+  'ceiling', 'permits', 'good', 'bad', 'peak', 'peak_bad', 'peak_hold', 'step', 'hold', 'cut_at', 'grown_at', 'stated',
+  'refusals', 'level',
+}
 
 local function rates_text(rates)
   local parts = {}
@@ -71,11 +74,20 @@ local state = {}
 for i, name in ipairs(FIELDS) do
   state[name] = i == 1 and stored[i] or tonumber(stored[i] or '')
 end
-local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(config.rates)
+for i = 3, #FIELDS do -- (a state an earlier release wrote lacks the newer fields)
+  state[FIELDS[i]] = state[FIELDS[i]] or 0
+end
+-- The config's exact rates: as stored, before the fleet's measured margin widens them
+-- (margin.lua); a learned rate is written exact and read widened, as the rate it replaces.
+local widen, exact = tonumber(config.margin or '') or 0, {}
+for i = 1, #config.rates do
+  exact[i] = { rate = config.rates[i].rate, interval = config.rates[i].interval - widen }
+end
+local ceiling_text = ARGV[5] ~= '' and ARGV[5] or state.ceiling or rates_text(exact)
 local ceiling = parse_ceiling(ceiling_text)
-local current = rates_text(config.rates)
-for i = 1, max(#ceiling, #config.rates) do
-  if not (ceiling[i] and config.rates[i] and ceiling[i].interval == config.rates[i].interval) then
+local current = rates_text(exact)
+for i = 1, max(#ceiling, #exact) do
+  if not (ceiling[i] and exact[i] and ceiling[i].interval == exact[i].interval) then
     return { -5, ceiling_text .. ' / ' .. current }
   end
 end
@@ -84,10 +96,24 @@ local top, interval = ceiling[1].rate, ceiling[1].interval
 if not (state.permits and state.ceiling == ceiling_text and rates_text(rates_of(ceiling, state.permits)) == current) then
   state = {
     permits = max(share(top, law.floor), min(config.rates[1].rate, share(top, law.start), top)),
-    good = 0, bad = 0, peak = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
+    good = 0, bad = 0, peak = 0, peak_bad = 0, peak_hold = 0, refusals = 0, level = 0, step = share(top, law.step), hold = interval, cut_at = 0, grown_at = now, stated = 0,
   }
 end
 local before = state.permits
+
+-- The limit fell below `level`: the rate is cut to `permits`; where it fell from is kept
+-- (unless a higher level it fell from is, or this episode kept it already), with what failed
+-- above it and its wait.
+local function fell(level, permits, held)
+  if state.peak ~= level and (held or state.peak < level) then
+    local above = state.bad > level
+    state.peak = level
+    state.peak_bad = above and state.bad or 0
+    state.peak_hold = above and state.hold or interval
+  end
+  state.permits = permits
+  state.good, state.bad, state.hold = 0, 0, interval
+end
 
 local function refused(decided)
   local episode
@@ -96,47 +122,51 @@ local function refused(decided)
   else
     episode = now < state.cut_at + floor(interval / 4) -- (no grant to tell by)
   end
-  if state.cut_at ~= 0 and episode then
-    return -- the cut already made answers it
-  end
-  local least, step = share(top, law.floor), share(top, law.step)
-  if state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
-    state.bad, state.permits = state.permits, state.good
+  local least = share(top, law.floor)
+  local first = not (state.cut_at ~= 0 and episode)
+  if not first then -- the cut made answers it, unless the episode is a fall
+    state.refusals = state.refusals + 1
+  elseif state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
+    state.bad, state.permits, state.level = state.permits, state.good, state.good
     state.hold = min(2 * state.hold, max(law.max_hold, interval))
-  elseif state.good > 0 then -- a level that held: a step less (a late arrival, a small fall)
-    state.bad, state.peak = state.permits, state.permits
-    state.permits = max(least, state.permits - step)
-    state.good, state.hold = 0, interval
-  else -- a level that has not held (yet): the limit fell, or was never this high
-    state.bad = state.permits
-    state.permits = max(least, floor(state.permits * law.decrease / MILLION))
-    state.hold = interval
+    state.refusals = 1 - (state.bad - state.good) -- (its overshoot's refusals are its own)
+  else -- a level in force refused: a late arrival, a step down; a fall, halved
+    local level, held = state.permits, state.good > 0
+    local step = held and share(top, law.step) or (level - floor(level * law.decrease / MILLION))
+    fell(level, max(least, level - step), held)
+    state.refusals, state.level = 1, level
   end
-  state.step = step
-  state.cut_at, state.grown_at = now, now
+  local deep = max(least, floor(state.level * law.decrease / MILLION))
+  local fall = state.refusals > floor(state.level / 4) and state.permits > deep -- a window refused
+  if fall then
+    fell(state.level, deep, true)
+  end
+  if fall or first then
+    state.step = share(top, law.step)
+    state.cut_at, state.grown_at = now, now
+  end
 end
 
-local function succeeded()
-  if now - state.grown_at < interval then
-    return
+local function succeeded(decided)
+  if decided - state.grown_at < interval then
+    return -- (a probe's extra call fails an interval after the raise: not proven before)
   end
   state.good = state.permits -- it held an interval
   if state.bad > 0 and state.permits >= state.bad then -- the bad level held: the limit rose
     state.bad, state.hold = 0, interval
+    if state.peak > state.permits then -- back to where it fell from, at once
+      state.step = max(state.step, state.peak - state.permits)
+    end
   end
   local cap = state.stated > 0 and min(top, state.stated) or top
-  local target
   if state.peak <= state.permits then
     state.peak = 0
   end
-  if state.bad > state.permits then
-    target = min(state.bad, state.permits + max(state.step, floor((state.bad - state.permits) / 2)))
-  elseif state.peak > 0 then -- half-way back to the level the limit fell from, never past it
-    state.bad = 0
-    target = min(state.peak, state.permits + max(state.step, ceil((state.peak - state.permits) / 2)))
-  else
-    state.bad = 0
-    target = state.permits + state.step
+  local target = state.permits + state.step
+  if state.bad > 0 then -- a level known to fail: crept up to, itself tried after the hold
+    target = min(target, state.bad)
+  elseif state.peak > 0 then -- below where the limit fell from: never past it
+    target = min(target, state.peak)
   end
   target = min(target, cap)
   if target <= state.permits then
@@ -146,7 +176,12 @@ local function succeeded()
   if now - state.grown_at < wait then
     return
   end
-  if state.bad == 0 and state.peak == 0 then -- (a step overshoots by as much: an eighth at most)
+  if state.peak > 0 and target >= state.peak then -- back: what failed above it fails as before
+    state.bad, state.hold, state.peak = state.peak_bad, state.peak_hold, 0
+    state.step = share(top, law.step)
+  elseif state.peak > 0 then -- (a fall's first step is small, then doubling: a rise found fast)
+    state.step = 2 * state.step
+  elseif state.bad == 0 then -- (a step overshoots by as much: an eighth at most)
     state.step = max(share(top, law.step), min(2 * state.step, floor(target / 8)))
   end
   state.permits, state.grown_at = target, now
@@ -178,7 +213,7 @@ elseif event == 'succeeded' then
     left = group.algorithm.left(group, now)
   end
   if not left or 4 * left <= state.permits then
-    succeeded()
+    succeeded(min(tonumber(ARGV[2]) or now, now))
   end
 elseif event == 'stated' and tonumber(ARGV[2]) and tonumber(ARGV[3]) and tonumber(ARGV[3]) > 0 then
   stated(tonumber(ARGV[2]), tonumber(ARGV[3]))
@@ -186,8 +221,9 @@ end
 
 local changed = state.permits ~= before and 1 or 0
 redis.call('HSET', KEYS[4], 'ceiling', ceiling_text, 'permits', fmt(state.permits), 'good', fmt(state.good),
-  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
-  'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated))
+  'bad', fmt(state.bad), 'peak', fmt(state.peak), 'peak_bad', fmt(state.peak_bad), 'peak_hold', fmt(state.peak_hold),
+  'step', fmt(state.step), 'hold', fmt(state.hold), 'cut_at', fmt(state.cut_at),
+  'grown_at', fmt(state.grown_at), 'stated', fmt(state.stated), 'refusals', fmt(state.refusals), 'level', fmt(state.level))
 redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
 
 local wanted = rates_of(ceiling, state.permits)
@@ -213,4 +249,4 @@ end
 if config.clock_moved or (config.clock and ARGV[4] ~= '') then
   redis.call('HSET', KEYS[1], 'clock', fmt(config.clock))
 end
-return { 0, state.permits, top, interval, changed, state.cut_at, state.good, state.bad, state.hold, state.stated }
+return { 0, state.permits, top, interval, changed, state.cut_at, state.good, state.bad, state.hold, state.stated, state.grown_at }

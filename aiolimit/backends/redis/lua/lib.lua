@@ -192,20 +192,27 @@ local function new_rate(rate, interval)
   return { rate = rate, interval = interval, q = q, rem = interval - q * rate }
 end
 
-local function config_rates(stored, rate, interval)
+-- `margin`: the fleet's measured margin (the field 'margin', margin.lua), which widens every
+-- interval (nil: none).
+local function config_rates(stored, rate, interval, margin)
   local first = stored or interval
+  if margin then
+    first = first .. '+' .. margin
+  end
   local kept = RATES[first]
   if kept and kept[rate] then
     return kept[rate]
   end
+  local widen = tonumber(margin or '0') or 0
   local rates = { rate = tonumber(rate), interval = tonumber(interval) }
   if not (rates.rate and rates.interval) then
     return nil
   end
+  rates.interval = rates.interval + widen
   rates.max_permits, rates.longest = rates.rate, rates.interval
   if stored then
     for p, i in string.gmatch(stored, '(%d+):(%d+)') do
-      p, i = tonumber(p), tonumber(i)
+      p, i = tonumber(p), tonumber(i) + widen
       rates[#rates + 1] = new_rate(p, i)
       rates.max_permits, rates.longest = min(rates.max_permits, p), max(rates.longest, i)
     end
@@ -248,7 +255,8 @@ local function load_config(config_key)
   -- than most configs need: 'epochs' (token_bucket.lua), 'expires_at' (set by expire(): when
   -- the whole limiter disappears; no state may outlive it), 'clock' (the latest
   -- client-supplied time this limiter has acted on, clock='client' only) and
-  -- 'blocked_until' (set by block(): no grant starts before it).
+  -- 'blocked_until' (set by block(): no grant starts before it), 'margin' and 'margin_at'
+  -- (margin.lua: the fleet's measured margin, by which every interval is read widened).
   local config = {
     key = config_key, rate = false, interval = false, type = false, keep_alive = 0,
     clock_moved = false, gen = '-', life = '-', algorithm = DEFAULT_ALGORITHM, rates = false, spacing = 0,
@@ -265,7 +273,8 @@ local function load_config(config_key)
   -- epoch a PER_CLIENT token bucket adds with its 'epochs' (token_bucket.lua), which keeps
   -- the state.
   config.life = config.epochs and match(config.gen, '^[^.]*') or config.gen
-  local rates = config.rate and config.interval and config_rates(config.rates or nil, config.rate, config.interval)
+  local rates = config.rate and config.interval
+    and config_rates(config.rates or nil, config.rate, config.interval, config.margin)
   if rates then
     config.rate, config.interval, config.rates = rates.rate, rates.interval, rates
     config.max_permits, config.longest = rates.max_permits, rates.longest

@@ -55,21 +55,24 @@ local function reservations_of(config_key, value_key, permits_key, now_arg)
   return permits and { permits, latest } or nil
 end
 
--- The old config's rates ({rate, interval} each), from the HMGET below.
+-- The old config's rates ({rate, interval} each), from the HMGET below: as the scripts read
+-- them, widened by the old config's measured margin (margin.lua), which the new one starts
+-- without.
 local function old_rates(old)
   local olds = {}
+  local widen = tonumber(old[10] or '0') or 0
   for p, i in string.gmatch(old[6] or '', '(%d+):(%d+)') do
-    table.insert(olds, { rate = tonumber(p), interval = tonumber(i) })
+    table.insert(olds, { rate = tonumber(p), interval = tonumber(i) + widen })
   end
   if #olds == 0 and old[8] then
-    olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) }
+    olds[1] = { rate = tonumber(old[8]), interval = tonumber(old[3]) + widen }
   end
   return olds
 end
 
 local mode = ARGV[1]
 local old = redis.call('HMGET', KEYS[1], 'type', 'gen', 'interval', 'clock', 'algorithm', 'rates', 'state', 'rate',
-  'epochs')
+  'epochs', 'margin')
 local old_type = old[1]
 if (mode == 'try' and old_type) or (mode == 'update' and not old_type) then
   return { 0, 0 }

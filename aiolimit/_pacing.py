@@ -1,0 +1,213 @@
+"""Where a settled acquisition waits: its process's callers of the same limiters, one at a
+time, in the order they came (the engine's ``paced``, ``_acquire``).
+
+>>> turns = turns_of(request.paced)          # this loop's turns of these limiters
+>>> if await turns.wait(request.deadline):   # this caller's turn
+...     ...                                  # ask no further ahead than HORIZON; pause
+>>> refunded(tokens, 900)                    # 900 came back: its holder asks, if enough
+
+A grant that will be settled (``reserve()``, ``acquire_all``, a metered HTTP call) reserves
+no further ahead than ``HORIZON``: a reservation is placed on what the store knew when it
+was made and is not moved earlier by later refunds, so worst cases queued far ahead would
+keep places their settled predecessors no longer need. The caller whose turn it is asks;
+when refused it pauses: it asks again a little before the store said it could grant, at
+once when settles or releases of this process have handed back what it lacked, else after
+``HORIZON``, then twice as long each time up to ``MAX_ASK_EVERY`` (a refund in another
+process is seen that late at most). Only the turn's holder asks, so a process asks at most
+once per pause, however many wait; one whose deadline comes before the holder can be
+granted stops waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from collections import deque
+from collections.abc import Hashable, Sequence
+
+from ._request import left_of, micros, now_us, seconds
+from ._settling import Limited
+
+__all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
+
+HORIZON = 0.01
+"""How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
+at most this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a settle or
+release of its process handing back what it lacks wakes it at once)."""
+
+MAX_ASK_EVERY = 0.25
+"""The longest a waiting settled acquisition waits between two asks: how late, at most, it
+sees permits handed back in another process. Every process's first waiter asks at least
+this often while the limit binds, so a fleet of N processes asks N / MAX_ASK_EVERY times a
+second."""
+
+Key = tuple[tuple[Hashable, str, str], ...]
+
+# Each loop's turns, by the limiters they are for (while a caller holds or waits for them).
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, Turns]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _identity(limiter: Limited) -> tuple[Hashable, str, str]:
+    """What makes two limiter objects one: the store, the name and the client id."""
+    backend = limiter.backend
+    return (backend.store_id, limiter.name, backend.client_id)
+
+
+def turns_of(limiters: Sequence[Limited]) -> Turns:
+    """This loop's turns of ``limiters`` (made when none is held or waited for)."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    if by_key is None:
+        by_key = _turns[asyncio.get_running_loop()] = {}
+    key = tuple(map(_identity, limiters))
+    turns = by_key.get(key)
+    if turns is None:
+        turns = by_key[key] = Turns(key, by_key)
+    return turns
+
+
+def refunded(limiter: Limited, permits: int) -> None:
+    """``permits`` of ``limiter`` came back in this process: the caller whose turn it is, on
+    every turns of this loop that ``limiter`` is among, asks again at once when they may be
+    enough for it (:meth:`Turns.pause`)."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    if not by_key:
+        return
+    identity = _identity(limiter)
+    for key, turns in by_key.items():
+        if identity in key:
+            turns.refunded(identity, permits)
+
+
+class Turns:
+    """An event loop's callers of some limiters, one at a time, in the order they came."""
+
+    __slots__ = (
+        "_busy",
+        "_by_key",
+        "_every",
+        "_free_at",
+        "_key",
+        "_lacking",
+        "_paused",
+        "_waiting",
+    )
+
+    def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
+        self._key, self._by_key = key, by_key
+        self._busy = False
+        # Each waiting caller: its turn (True: it came; False: it cannot come in time), and
+        # its deadline.
+        self._waiting: deque[tuple[asyncio.Future[bool], int | None]] = deque()
+        self._paused: asyncio.Future[None] | None = None
+        self._every = HORIZON  # the longest pause now: it grows while pauses end unwoken
+        self._free_at = 0  # µs (loop clock): the turn's caller cannot be granted before
+        # What the turn's caller lacks of each limiter that refused it, less the permits
+        # handed back in this process since (none known: any refund wakes it).
+        self._lacking: dict[tuple[Hashable, str, str], int] = {}
+
+    async def pause(self, due: float, lacking: Sequence[tuple[Limited, int]] = ()) -> bool:
+        """The caller whose turn it is sleeps until a little before ``due`` seconds from
+        now, when the store said it could grant (asked within the horizon then, a caller
+        of another process asking too gets the next place, not a refusal), or for the
+        longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
+        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
+        every caller of these turns until they are idle. Callers waiting behind it whose
+        deadline comes before ``due`` stop waiting (:meth:`wait`). ``lacking``: the permits
+        it lacks of each limiter (asked less what the refusal said was left): a refund in
+        this process wakes it once they are handed back, a smaller one does not."""
+        self._not_before(due)
+        self._lacking = {_identity(limiter): short for limiter, short in lacking}
+        due = max(due - HORIZON / 2, 0.001)
+        paused = self._paused = asyncio.get_running_loop().create_future()
+        try:
+            await asyncio.wait((paused,), timeout=min(due, self._every))
+            woken = paused.done() and not paused.cancelled()
+        finally:
+            self._paused = None
+            paused.cancel()
+        if not woken and due > self._every:
+            self._every = min(self._every * 2, MAX_ASK_EVERY)
+        return woken
+
+    async def hold(self, seconds: float) -> None:
+        """The caller whose turn it is sleeps ``seconds``, whatever comes back meanwhile (a
+        limiter held it whose grants are not settled); callers waiting behind it whose
+        deadline comes first stop waiting."""
+        self._not_before(seconds)
+        await asyncio.sleep(seconds)
+
+    def _not_before(self, seconds: float) -> None:
+        """The caller whose turn it is cannot be granted within ``seconds`` from now: nor
+        can any behind it, and those whose deadline comes first stop waiting."""
+        self._free_at = now_us() + micros(seconds)
+        for turn, deadline in self._waiting:
+            if deadline is not None and deadline < self._free_at and not turn.done():
+                turn.set_result(False)
+
+    def refunded(self, identity: tuple[Hashable, str, str], permits: int) -> None:
+        """``permits`` of a limiter came back in this process: a :meth:`pause` ends if the
+        caller may have all it lacks now."""
+        lacking = self._lacking
+        if identity in lacking:
+            lacking[identity] -= permits
+        if all(short <= 0 for short in lacking.values()):
+            self.wake()
+
+    def wake(self) -> None:
+        """Ends a :meth:`pause`."""
+        if self._paused is not None and not self._paused.done():
+            self._paused.set_result(None)
+
+    async def wait(self, deadline: int | None) -> bool:
+        """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
+        as long as it takes); whether it came (then :meth:`next` passes it on). False at
+        once when the caller whose turn it is cannot be granted before ``deadline`` by what
+        the store knows (in this process's order, this one cannot be either)."""
+        if not self._busy:
+            self._busy = True
+            return True
+        if deadline is not None and deadline < self._free_at:
+            return False
+        waiting = (asyncio.get_running_loop().create_future(), deadline)
+        turn = waiting[0]
+        self._waiting.append(waiting)
+        left = left_of(deadline)
+        try:
+            await asyncio.wait((turn,), timeout=None if left is None else seconds(left))
+        except BaseException:  # (cancelled: a turn that came meanwhile is passed on)
+            if _came(turn):
+                self.next()
+            else:
+                turn.cancel()
+                self._forget(waiting)
+            raise
+        if _came(turn):
+            return True
+        turn.cancel()  # (timed out, or it cannot come in time)
+        self._forget(waiting)
+        return False
+
+    def _forget(self, waiting: tuple[asyncio.Future[bool], int | None]) -> None:
+        with contextlib.suppress(ValueError):  # (passed over by next() already)
+            self._waiting.remove(waiting)
+
+    def next(self) -> None:
+        """The turn passes to the next caller waiting, if any (none: these turns are
+        forgotten, until a caller comes again)."""
+        self._free_at, self._lacking = 0, {}
+        while self._waiting:
+            turn, _ = self._waiting.popleft()
+            if not turn.done():
+                turn.set_result(True)
+                return
+        self._busy = False
+        if self._by_key.get(self._key) is self:
+            del self._by_key[self._key]
+
+
+def _came(turn: asyncio.Future[bool]) -> bool:
+    """Whether a waiting caller's turn came (not: cancelled, timed out, or not in time)."""
+    return turn.done() and not turn.cancelled() and turn.result()

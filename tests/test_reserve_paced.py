@@ -1,0 +1,171 @@
+"""``reserve()`` by hand is paced as a metered HTTP call is: a grant to be settled reserves no
+further ahead than ``HORIZON``, one caller of a process at a time, in the order they came,
+and a settle for less wakes the next at once. A reservation queued far ahead would keep its
+place after the calls before it settle for less. Under looptime on the memory backend (its
+clock is the loop's); the same on every store in test_reserve_settle.py."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from counting import count_calls
+
+from aiolimit import MemoryBackend, RateLimiter, acquire_all
+from aiolimit._pacing import HORIZON, MAX_ASK_EVERY
+
+pytestmark = pytest.mark.looptime
+
+
+def tokens_of(backend: MemoryBackend) -> RateLimiter:
+    return RateLimiter("tokens", backend, rate="1000/minute")
+
+
+async def test_waiting_reserves_book_nothing_beyond_the_horizon() -> None:
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    assert await tokens.reserve(1000)  # the whole budget, for 60 s
+    waiting = [asyncio.ensure_future(tokens.reserve(100, timeout=None)) for _ in range(5)]
+    await asyncio.sleep(30.0)
+    assert not any(each.done() for each in waiting)
+    # Five worst cases asked meanwhile, and none is booked at 60 s: 600 more are still due
+    # when the first grant leaves the window, not a window later.
+    assert await backend.wait_time("tokens", 600) == pytest.approx(30e6, abs=1e3)
+    for each in waiting:
+        each.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
+async def test_a_settle_for_less_serves_a_waiting_reserve_of_its_process_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    first = await tokens.reserve(1000)
+    waiting = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)
+    settled_at = loop.time()
+    await first.settle(100)  # 900 back: the waiting 500 fit now, not in 59 s
+    second = await waiting
+    assert second
+    assert loop.time() - settled_at < 1e-3
+    assert second.waited == pytest.approx(1.0, abs=1e-3)
+
+
+async def test_reserves_of_a_process_are_served_in_the_order_they_came() -> None:
+    tokens = tokens_of(MemoryBackend())
+    first = await tokens.reserve(1000)
+    served: list[str] = []
+
+    async def reserve(name: str, permits: int, after: float) -> None:
+        await asyncio.sleep(after)
+        if await tokens.reserve(permits, timeout=None):
+            served.append(name)
+
+    wanted = {"b": 600, "c": 300, "d": 600, "e": 50}
+    callers = [reserve(name, n, 0.1 * i) for i, (name, n) in enumerate(wanted.items(), 1)]
+
+    async def settle() -> None:
+        await asyncio.sleep(1.0)
+        await first.settle(0)
+
+    await asyncio.gather(settle(), *callers)
+    # All back at 1 s: b (600) and c (300) fit; d (600) does not until b's 600 leave the
+    # window, and e (50), which would fit, waits behind d rather than pass it.
+    assert served == ["b", "c", "d", "e"]
+
+
+async def test_a_refund_made_elsewhere_is_seen_within_the_longest_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    held = await tokens.reserve(1000)
+    member = held.attempts[0].member  # type: ignore[union-attr]
+    calls = count_calls(monkeypatch, backend)
+
+    async def settled_elsewhere() -> None:  # another process: no wake here
+        await asyncio.sleep(30.0)
+        await backend.settle("tokens", member, 0)
+
+    began = loop.time()
+    settling = asyncio.ensure_future(settled_elsewhere())
+    assert await tokens.reserve(10, timeout=None)
+    await settling
+    assert 30.0 <= loop.time() - began <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3
+    # Asking every HORIZON would be 3 000 asks; backing off, about 30 s / MAX_ASK_EVERY.
+    asked = calls.count["try_acquire"] + calls.count["start_acquire"]
+    assert 30.0 / MAX_ASK_EVERY / 2 <= asked <= 30.0 / MAX_ASK_EVERY + 10, calls.count
+
+
+async def test_acquire_all_paces_its_grants_too() -> None:
+    backend = MemoryBackend()
+    tokens, requests = tokens_of(backend), RateLimiter("requests", backend, rate="100/minute")
+    first = await acquire_all([(requests, 1), (tokens, 1000)])
+    waiting = asyncio.ensure_future(acquire_all([(requests, 1), (tokens, 500)], timeout=None))
+    await asyncio.sleep(1.0)
+    assert await backend.wait_time("tokens", 600) == pytest.approx(59e6, abs=1e3)
+    await first.settle(0, limiter=tokens)
+    assert await waiting
+
+
+async def test_a_release_serves_a_waiting_reserve_of_its_process_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    first = await tokens.reserve(1000)
+    waiting = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)
+    released_at = loop.time()
+    await first.release()  # the call was never made: all of it back
+    assert await waiting
+    assert loop.time() - released_at < 1e-3
+
+
+async def test_a_timeout_that_cannot_be_met_behind_a_waiting_caller_is_refused_at_once() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    assert await tokens.reserve(1000)
+    ahead = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)  # the caller ahead cannot be granted for 59 s
+    began = loop.time()
+    refused = await tokens.reserve(10, timeout=30)
+    assert not refused and loop.time() - began < 1e-3  # not after waiting its timeout out
+    assert 58 < refused.retry_after <= 59
+    behind = asyncio.ensure_future(tokens.reserve(10, timeout=120))  # (this one can wait)
+    await asyncio.sleep(1.0)
+    assert not behind.done()
+    for waiting in (ahead, behind):
+        waiting.cancel()
+    await asyncio.gather(ahead, behind, return_exceptions=True)
+
+
+async def test_a_waiting_caller_stops_once_the_one_ahead_learns_it_cannot_go_in_time() -> None:
+    loop = asyncio.get_running_loop()
+    tokens = tokens_of(MemoryBackend())
+    assert await tokens.reserve(1000)
+    began = loop.time()
+    ahead = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    behind = asyncio.ensure_future(tokens.reserve(10, timeout=30))  # queued before it asked
+    refused = await behind
+    assert not refused and loop.time() - began < 1e-3
+    assert 59 < refused.retry_after <= 60
+    ahead.cancel()
+    await asyncio.gather(ahead, return_exceptions=True)
+
+
+async def test_a_refund_wakes_the_waiting_caller_only_once_it_may_be_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    first, second = await tokens.reserve(500), await tokens.reserve(500)
+    waiting = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)  # refused with nothing left: it lacks 600
+    calls = count_calls(monkeypatch, backend)
+    await first.settle(400)  # 100 back: not enough, it asks nothing
+    await asyncio.sleep(0.001)
+    assert calls.count["try_acquire"] + calls.count["start_acquire"] == 0, calls.count
+    settled_at = loop.time()
+    await second.settle(0)  # 500 more: 600 in all
+    assert await waiting
+    assert loop.time() - settled_at < 1e-3
