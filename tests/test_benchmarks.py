@@ -34,7 +34,7 @@ TINY = {
     ],
     "learn.py": [
         *("--phases", "4", "2", "--seconds", "1.5", "--settle", "0.5", "--guess", "6"),
-        *("--processes", "1", "--tasks", "2", "--only", "learn", "--only", "stated"),
+        *("--processes", "1", "--tasks", "2", "--only", "learn"),
     ],
     "defaults.py": [
         *("--duration", "1.5", "--processes", "1", "--tasks", "1"),
