@@ -133,10 +133,10 @@ async def test_a_token_bucket_hands_back_only_the_tokens_not_yet_refilled(store,
 @pytest.mark.parametrize("store", ["fakeredis", "redis"], indirect=True)
 async def test_hand_backs_leave_no_key_each(store, name, algorithm, rate_type):
     # A refusal that hands back another rule's grant left a `released:<id>` key for 60 s: 2 000
-    # refusals made 2 000 keys (300 here show it as well). (On a clock the test holds still: a fixed window's grant
-    # handed back after its window has ended returns nothing, rightly, and 2 000 round trips
-    # on the wall clock may cross a minute. It moves a microsecond a grant, as any clock
-    # does between two round trips.)
+    # refusals made 2 000 keys (300 here show it as well). (On a clock the test holds still:
+    # a fixed window's grant handed back after its window has ended returns nothing, rightly,
+    # and 2 000 round trips on the wall clock may cross a minute. It moves a microsecond a
+    # grant, as any clock does between two round trips.)
     clock, backend = manual_clock(store)
     await RateLimiter(name, backend).set_rate(
         RateLimiterConfig.build(rate_type, [Rate(10, 60)], algorithm=algorithm)
