@@ -79,6 +79,23 @@ local function earliest(group, permits, now)
   return start
 end
 
+-- After a call rewrote the config's rates in its hash (learn.lua, margin.lua): the config read
+-- again, under the clock the call holds, and the budget's state kept as set_rate.lua's
+-- keep_state keeps it (grants made stay counted). Returns the config read again.
+local function rates_rewritten(config, config_key, value_key, permits_key, now)
+  local olds, old_epochs, clock = config.rates, config.epochs, config.clock
+  config = load_config(config_key)
+  config.clock = clock
+  local group = load_group(config, value_key, permits_key, true)
+  group.algorithm.reclaim(group, now, true)
+  group.algorithm.rates_changed(group, olds, old_epochs, now)
+  group.algorithm.keep(group)
+  if not group.fresh then
+    group.algorithm.save(group, now)
+  end
+  return config
+end
+
 -- Gives one budget (every rate) the TTLs the current config gives it (as long as its grants
 -- count, not past expire()'s end). Returns the longest TTL in ms, 0 when it has no state (or
 -- keeps it in the config hash, whose TTL is its own).

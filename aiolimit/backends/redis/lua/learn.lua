@@ -228,22 +228,12 @@ redis.call('PEXPIRE', KEYS[4], LEARN_TTL_MS)
 
 local wanted = rates_of(ceiling, state.permits)
 if rates_text(wanted) ~= current then
-  -- The new rates, the state kept (set_rate.lua's keep_state): grants made stay counted.
-  local olds, old_epochs = config.rates, config.epochs
+  -- The new rates, the state kept (groups.lua): grants made stay counted.
   redis.call('HSET', KEYS[1], 'rate', fmt(wanted[1].rate))
   if #wanted > 1 then
     redis.call('HSET', KEYS[1], 'rates', rates_text(wanted))
   end
-  local clock = config.clock
-  config = load_config(KEYS[1])
-  config.clock = clock
-  local group = load_group(config, KEYS[2], KEYS[3], true)
-  group.algorithm.reclaim(group, now, true)
-  group.algorithm.rates_changed(group, olds, old_epochs, now)
-  group.algorithm.keep(group)
-  if not group.fresh then
-    group.algorithm.save(group, now)
-  end
+  config = rates_rewritten(config, KEYS[1], KEYS[2], KEYS[3], now)
   changed = 1
 end
 if config.clock_moved or (config.clock and ARGV[4] ~= '') then

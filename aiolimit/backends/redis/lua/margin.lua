@@ -59,19 +59,8 @@ end
 if (before or margin > 0) and (margin ~= before or tonumber(config.margin_at or '') ~= at) then
   redis.call('HSET', KEYS[1], 'margin', fmt(margin), 'margin_at', fmt(at))
 end
-if margin ~= widen then
-  -- The new intervals, the state kept (set_rate.lua's keep_state): grants made stay counted.
-  local olds, old_epochs = config.rates, config.epochs
-  local clock = config.clock
-  config = load_config(KEYS[1])
-  config.clock = clock
-  local group = load_group(config, KEYS[2], KEYS[3], true)
-  group.algorithm.reclaim(group, now, true)
-  group.algorithm.rates_changed(group, olds, old_epochs, now)
-  group.algorithm.keep(group)
-  if not group.fresh then
-    group.algorithm.save(group, now)
-  end
+if margin ~= widen then -- (the new intervals: groups.lua)
+  config = rates_rewritten(config, KEYS[1], KEYS[2], KEYS[3], now)
 end
 if config.clock_moved or (config.clock and ARGV[2] ~= '') then
   redis.call('HSET', KEYS[1], 'clock', fmt(config.clock))
