@@ -119,6 +119,7 @@ class Subscriber:
         "_reader",
         "_redis",
         "_sent",
+        "_watched",
         "channels",
         "refused",
     )
@@ -129,6 +130,7 @@ class Subscriber:
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._sent: set[str] = set()  # (the channels asked for on the connection)
+        self._watched: set[str] = set()  # (the channels watched: not wake channels)
         self._lock = asyncio.Lock()
         self._idle_since: float | None = None  # (when the last waiter left, loop time)
         self.refused = False
@@ -153,6 +155,7 @@ class Subscriber:
             found.heard = channel in self._sent
         token = object()
         found.watchers[token] = heard
+        self._watched.add(channel)
         self.listen(tasks)
 
         def stop() -> None:
@@ -206,7 +209,7 @@ class Subscriber:
         if reader is None or self.channels:
             return None
         reader.cancel()
-        self._reader, self._pubsub, self._sent = None, None, set()
+        self._reader, self._pubsub, self._sent, self._watched = None, None, set(), set()
         return reader
 
     def _lingered(self) -> bool:
@@ -246,17 +249,19 @@ class Subscriber:
         finally:
             if self._pubsub is pubsub:  # (it ended by itself: refused)
                 self._reader, self._pubsub, self._sent = None, None, set()
+                self._watched = set()
             await pubsub.aclose()
 
     async def _deliver(self, message: dict[str, Any]) -> None:
         kind, name = message["type"], message["channel"]
-        channel = self.channels.get(name.decode() if isinstance(name, bytes) else name)
+        text = name.decode() if isinstance(name, bytes) else name
+        channel = self.channels.get(text)
         if kind == "message":
-            if channel is not None and channel.watchers:
+            if text not in self._watched:
+                _wake(message["data"])
+            elif channel is not None:  # (else still subscribed, no one watching now)
                 for heard in list(channel.watchers.values()):
                     heard(message["data"])
-            else:
-                _wake(message["data"])
             return
         if channel is None:
             return
