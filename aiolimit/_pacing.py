@@ -34,7 +34,7 @@ from functools import partial
 from ._request import left_of, micros, now_us, seconds
 from ._settling import Limited
 
-__all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
+__all__ = ["HORIZON", "MAX_ASK_EVERY", "MAX_ASK_HEARING", "Turns", "refunded", "turns_of"]
 
 HORIZON = 0.01
 """How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
@@ -46,7 +46,11 @@ MAX_ASK_EVERY = 0.25
 sees permits handed back in another process whose message it missed (or on a store that
 tells no one of refunds). Every process's first waiter asks at least
 this often while the limit binds, so a fleet of N processes asks N / MAX_ASK_EVERY times a
-second."""
+second. Where the store tells of refunds made elsewhere (``Backend.watch_refunds``), up to
+``MAX_ASK_HEARING`` instead: the poll is then only the bound for a lost message."""
+
+MAX_ASK_HEARING = 1.0
+"""The longest pause between two asks of a caller that hears refunds made elsewhere."""
 
 Key = tuple[tuple[Hashable, str, str], ...]
 
@@ -126,7 +130,8 @@ class Turns:
         now, when the store said it could grant (asked within the horizon then, a caller
         of another process asking too gets the next place, not a refusal), or for the
         longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
-        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
+        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY`` (or
+        ``MAX_ASK_HEARING`` where refunds made elsewhere are heard), for
         every caller of these turns until they are idle. Callers waiting behind it whose
         deadline comes before ``due`` stop waiting (:meth:`wait`). ``lacking``: the permits
         it lacks of each limiter (asked less what the refusal said was left): a refund in
@@ -149,7 +154,8 @@ class Turns:
             self._paused = None
             paused.cancel()
         if not woken and due > self._every:
-            self._every = min(self._every * 2, MAX_ASK_EVERY)
+            hearing = bool(self._lacking) and all(map(self._watching.get, self._lacking))
+            self._every = min(self._every * 2, MAX_ASK_HEARING if hearing else MAX_ASK_EVERY)
         return woken
 
     async def hold(self, seconds: float) -> None:

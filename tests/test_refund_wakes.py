@@ -3,7 +3,8 @@ process -- wakes a paced waiter it can serve promptly: on the memory store at on
 redis-server through the limiter's refund channel (pub/sub, the subscription a process's
 lease waiters use). A refund too small to serve the waiter wakes no one, so waiters of many
 processes do not all ask at every settle. The poll stays the bound for a lost message; here
-it is moved out of the way (``MAX_ASK_EVERY``), so that only a wake-up is prompt."""
+it is moved out of the way (``MAX_ASK_EVERY``, ``MAX_ASK_HEARING``), so that only a wake-up
+is prompt."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ PROMPT = 0.3  # how soon, at most, a wake-up is prompt here (real time on a busy
 @pytest.fixture(autouse=True)
 def slow_poll(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(pacing, "MAX_ASK_EVERY", POLL)
+    monkeypatch.setattr(pacing, "MAX_ASK_HEARING", POLL)
 
 
 async def limiters(store: Any) -> tuple[RateLimiter, RateLimiter]:
