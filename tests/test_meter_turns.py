@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from typing import Any
 from collections.abc import Iterator
 
 import httpx
@@ -135,8 +136,9 @@ def outcomes() -> Iterator[Outcomes]:
 
 
 def asked(calls: Calls) -> int:
-    """How many times the meter asked the store (each ask: the two limiters together)."""
-    return calls.count["start_acquire"] // 2
+    """How many times the meter asked the store: each ask, its tokens alone while they
+    refuse, then the two limiters (each alone, or together)."""
+    return calls.count["try_acquire"] + calls.count["start_acquire"] // 2
 
 
 async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(
@@ -153,7 +155,7 @@ async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(
     # Token refunds cannot end a pause: the call sleeps it out rather than asking the
     # store every HORIZON meanwhile.
     assert arrivals[1][1] - began == pytest.approx(5.0, abs=HORIZON)
-    assert asked(calls) <= 3, calls.count
+    assert asked(calls) <= 4, calls.count  # (twice: the tokens, then the requests)
 
 
 async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_less(
@@ -186,3 +188,31 @@ async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_les
     # were the meter's own, never the caller's.
     assert outcomes.grants["turns-tokens"] == 2  # (the one elsewhere, then the call)
     assert outcomes.refusals == {}, outcomes.refusals
+
+
+async def test_a_waiting_call_asks_its_tokens_alone_while_they_refuse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = MemoryBackend()
+    asked_of: list[str] = []
+    attempt = MemoryBackend.try_acquire
+
+    async def counted(self: MemoryBackend, name: str, *args: Any, **kwargs: Any) -> Any:
+        asked_of.append(name)
+        return await attempt(self, name, *args, **kwargs)
+
+    arrivals: list[tuple[str, float]] = []
+    async with metered(backend, {"waiting": 10}, arrivals) as client:
+        tokens = RateLimiter("turns-tokens", backend, rate="1000/minute")
+        elsewhere = await tokens.reserve(1000)
+        monkeypatch.setattr(MemoryBackend, "try_acquire", counted)
+        calls = count_calls(monkeypatch, backend)
+        waiting = asyncio.ensure_future(call(client, "waiting", 10))
+        await asyncio.sleep(5.0)
+        # The tokens refuse, asked again and again: the request limiter beside them is
+        # not asked meanwhile, so none of its permits is taken and handed back each time.
+        assert len(asked_of) > 3 and set(asked_of) == {"turns-tokens"}, asked_of
+        assert calls.count["release"] == 0, calls.count
+        await elsewhere.settle(0)
+        await waiting
+    assert asked_of[-2:] == ["turns-tokens", "turns-requests"]
