@@ -27,8 +27,9 @@ tokens used per window as a share of the quota (mean of the steady windows, the 
 left out) and how many points that is below the ceiling, the lowest window, the 429s of
 the whole run, per call the provider served the script calls and the commands Redis ran
 (INFO commandstats, those inside scripts included), and the margin the fleet went at when
-the run ended (the limiters' interval is longer by it: a share of the quota not used). With ``--checkout PATH``
-(repeatable), each checkout runs in a fresh process importing ``aiolimit`` from PATH.
+the run ended (the limiters' interval is longer by it: a share of the quota not used).
+With ``--checkout PATH`` (repeatable), each checkout runs in a fresh process importing
+``aiolimit`` from PATH.
 """
 
 from __future__ import annotations

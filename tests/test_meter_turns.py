@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-from typing import Any
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest

@@ -171,4 +171,3 @@ async def test_a_refund_wakes_the_waiting_caller_only_once_it_may_be_enough(
     await second.settle(0)  # 500 more: 600 in all
     assert await waiting
     assert loop.time() - settled_at < 1e-3
-

@@ -369,9 +369,7 @@ class RedisBackend(RedisLeases, Backend):
             name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)
         )
 
-    def watch_refunds(
-        self, name: str, heard: Callable[[int], None]
-    ) -> Callable[[], None] | None:
+    def watch_refunds(self, name: str, heard: Callable[[int], None]) -> Callable[[], None] | None:
         mine = origin(self._redis, self.client_id, RateType.OVERALL)
         channel = channel_of(self.keys(name))
         return watch(self._redis, channel, mine, heard, self.context.tasks)

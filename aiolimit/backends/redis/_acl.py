@@ -71,8 +71,8 @@ def acl_rules(
 ) -> list[str]:
     """The rules of ``ACL SETUSER`` for a user that may send :data:`COMMANDS` to the keys and
     channels of ``prefix`` (its glob characters escaped; the channels: concurrency limiters'
-    wake-ups, rate limiters' refunds), and nothing else; for a ``server`` version (say ``(7, 0)``), without the
-    commands it lacks (:data:`NEWER`)."""
+    wake-ups, rate limiters' refunds), and nothing else; for a ``server`` version (say
+    ``(7, 0)``), without the commands it lacks (:data:`NEWER`)."""
     key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"
     access = ["on", f">{password}", "resetkeys", f"~{key_pattern}", "resetchannels"]
     access += [f"&{key_pattern}", "-@all"]
