@@ -30,7 +30,7 @@ from typing import Any, TypeAlias
 
 from ._acquire import Acquired, take
 from ._limiter import RateLimiter
-from ._quota_headers import quota
+from ._quota_headers import quota, stated_limit
 from ._request import Request
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
@@ -314,15 +314,23 @@ async def sync_from(
     headers: Mapping[str, str], limiter: RateLimiter | ShardedRateLimiter, kind: str
 ) -> None:
     """A provider's rate-limit headers for ``kind``, when present, taken as a floor by
-    ``limiter``; a failure is logged."""
+    ``limiter``; a failure is logged. Not while the provider says it has half or more of
+    the quota it states left (``x-ratelimit-limit-*``): its count matters as it nears its
+    quota, and until then each response saves a call."""
     left = quota(headers, kind)
     if left is None:
+        return
+    stated = stated_limit(headers, kind) if kind in _STATED else None
+    if stated is not None and 2 * left.remaining >= stated[0]:
         return
     try:
         await limiter.cap_remaining(left.remaining, reset=left.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
 
+
+_STATED = ("requests", "tokens")
+"""The kinds whose stated limit :func:`sync_from` reads."""
 
 # -- a call's tokens by kind: Anthropic's input and output limits ----------------------------
 
