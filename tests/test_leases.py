@@ -373,6 +373,25 @@ async def test_a_waiter_in_another_process_is_handed_its_lease_through_its_wake_
     assert (await sem.leases()).in_flight == 0
 
 
+async def test_a_handed_over_lease_resumes_its_waiter_on_the_loops_next_turn(store, name):
+    # The slot is idle until its waiter runs: a busy process takes a while over each turn of
+    # its event loop, so the lease handed over wakes the waiter on the next one (not an
+    # Event under wait_for, whose task and callbacks take three).
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    await held.release()  # (handed over in its reply: this process's waiter)
+    turns = 0
+    while not waiter.done():
+        await asyncio.sleep(0)
+        turns += 1
+    assert turns == 1
+    lease = waiter.result()
+    assert lease is not None and lease.fence > held.fence
+    await lease.release()
+
+
 async def test_a_handed_over_lease_is_renewed_and_released_as_any_other(store, name):
     sem = await limiter(store, name, 1, lease=0.3)
     held = await sem.try_lease()
