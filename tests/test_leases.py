@@ -7,7 +7,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from conformance import now, until
+from conformance import now, tolerance, until
 
 from aiolimit import (
     ConcurrencyConfig,
@@ -248,6 +248,37 @@ async def test_a_cancelled_waiter_leaves_no_ticket(store, name):
     await until(lambda: waiting(sem), lambda n: n == 0, "the ticket gone")
     await held.release()
     assert await sem.try_lease() is not None  # nobody ahead
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"], indirect=True)  # (a lease in real time)
+async def test_a_ticket_is_dropped_a_lease_time_after_its_waiters_last_call(store, name):
+    # A waiter that stops calling (its process killed) leaves the queue a lease time after
+    # its last call, be it its first, or its wait after it when shorter; one that calls
+    # again keeps its place past that (the scripts keep no stamp of a first call).
+    from aiolimit.backends._lease import new_ticket
+
+    late = tolerance(store).late
+    lease = 0.3 + 4 * late
+    sem = await limiter(store, name, 1, lease=lease)
+    backend = store.backend()
+    held = await sem.try_lease()
+    gone, kept, short = new_ticket(1), new_ticket(1), new_ticket(1)
+    start = now()
+    await backend.take_lease(name, 1, gone, None)  # (called once, waiting without end)
+    await backend.take_lease(name, 1, kept, None)
+    await backend.take_lease(name, 1, short, int(late * 1e6))  # (called once)
+
+    async def at(offset: float) -> tuple[int | None, int]:
+        await asyncio.sleep(start + offset - now())
+        await held.renew()
+        refusal = await backend.take_lease(name, 1, kept, None)
+        return refusal.ahead, await waiting(sem)
+
+    assert await at(2 * late) == (1, 2)  # short has gone, gone waits
+    assert await at(lease - 2 * late) == (1, 2)  # gone still waits
+    assert await at(lease + 2 * late) == (0, 1)  # gone has gone; kept called again
+    await held.release()
+    assert (await backend.take_lease(name, 1, kept, None)).granted
 
 
 async def test_lease_raises_rate_limited_when_no_slot_comes_in_time(store, name):
