@@ -195,9 +195,7 @@ class Load:
     seconds: float
 
 
-async def _work(
-    load: Load, started: Callable[[], Awaitable[None]]
-) -> tuple[int, int, float]:
+async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int, int, float]:
     """The load's tasks, from when ``started`` returns, for its seconds: (leases, the most
     held at once in this process, the CPU seconds this process used meanwhile)."""
     redis = Redis.from_url(load.url)

@@ -89,9 +89,7 @@ async def test_a_slot_handed_to_another_process_wakes_it_by_pub_sub_without_a_bl
     await lease.release()
 
 
-async def test_a_wake_up_heard_resumes_its_waiter_on_the_loops_next_turn(
-    redis, name, monkeypatch
-):
+async def test_a_wake_up_heard_resumes_its_waiter_on_the_loops_next_turn(redis, name, monkeypatch):
     # From the message read off the wake channel to the waiter holding its lease: the next
     # turn of the event loop, no round trip (the message carries the lease and its fence).
     loop = asyncio.get_running_loop()

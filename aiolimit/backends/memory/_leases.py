@@ -3,7 +3,6 @@ in Python (one method per script), on the memory backend's clock."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
