@@ -16,7 +16,7 @@ from .._context import Background
 from .._lease import process_id
 from ._compat import is_cluster
 from ._keys import Keys
-from ._leases import _subscriber
+from ._leases import subscriber_of
 
 __all__ = ["channel_of", "origin", "watch"]
 
@@ -41,7 +41,7 @@ def watch(
     until the function returned is called; None where this client cannot subscribe."""
     if is_cluster(redis):
         return None
-    subscriber = _subscriber(redis)
+    subscriber = subscriber_of(redis)
     if subscriber.refused:
         return None
     own = mine.encode()
