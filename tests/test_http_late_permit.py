@@ -157,3 +157,37 @@ async def test_a_permit_gone_while_connecting_raises_rate_limited_and_keeps_none
             await sending
     assert served.arrivals == []
     assert await limiter.available_permits() == 0  # the other caller's only
+
+
+@pytest.fixture
+def stall_before_writing(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Before a request on a kept-alive connection is written, the process stalls for each
+    of the returned list's seconds in turn (a machine busy with other work): after its
+    permit was taken and checked, before the partner sees a byte."""
+    stalls: list[float] = []
+    handle = httpcore.AsyncHTTP11Connection.handle_async_request
+
+    async def stalled(self: Any, request: Any) -> Any:
+        if stalls:
+            await asyncio.sleep(stalls.pop(0))
+        return await handle(self, request)
+
+    monkeypatch.setattr(httpcore.AsyncHTTP11Connection, "handle_async_request", stalled)
+    return stalls
+
+
+async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_asked_again(
+    partner: tuple[Partner, str], stall_before_writing: list[float]
+) -> None:
+    """Late by more than the fleet's measured margin covers when its bytes are about to
+    leave, the request would land among the next slots' requests: its grant goes back and
+    it asks again, on the connection it holds, so it leaves on a grant of its own time."""
+    served, url = partner
+    limiter = RateLimiter("partner", MemoryBackend(), rate="1/0.1 seconds")  # margin: 10 ms
+    async with httpx.AsyncClient(transport=RateLimitedTransport(limiter)) as http:
+        for _ in range(2):  # the connection made; a wait maps the limiter's clock
+            await http.get(url)
+        stall_before_writing.append(SETUP)
+        await http.get(url)
+        LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
+    assert (len(served.arrivals), served.connections) == (3, 1)
