@@ -117,7 +117,9 @@ CONNECTING = _Named("CONNECTING")
 """Told during a send (by the library's trace): a new connection is being made for it."""
 
 CONNECTED = _Named("CONNECTED")
-"""Told during a send: the connection is ready, the request is about to be written."""
+"""Told during a send: the connection (new or kept alive) is ready, the request is about to
+be written: the permit is taken then, or, taken before, handed back and asked again if it is
+later than the fleet's measured margin covers (``CallGuard.late``)."""
 
 PROCEED = _Named("PROCEED")
 """The flow's step after ``CONNECTING`` or ``CONNECTED``: the send goes on."""
@@ -289,7 +291,7 @@ class ClientCalls:
                     if held is None and told is CONNECTING and taken is not None:
                         await guard.unsent(taken)  # a new connection's set-up is not in the grant
                         taken = None
-                    elif told is CONNECTED and taken is None:
+                    elif told is CONNECTED and (taken is None or await guard.late(taken)):
                         taken = await guard.before_call(request)  # as the request is written
                     told = yield PROCEED
             except BaseException as exc:

@@ -176,6 +176,7 @@ def stall_before_writing(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return stalls
 
 
+@pytest.mark.measured_margin
 async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_asked_again(
     partner: tuple[Partner, str], stall_before_writing: list[float]
 ) -> None:
