@@ -21,10 +21,12 @@ from typing import Any, Protocol
 
 from ._body_tap import BodyTap
 from ._client_flow import (
+    AGAIN,
     CONNECTED,
     CONNECTING,
     DEFAULT_MAX_PAUSE,
     Answer,
+    AskAgain,
     ClientCalls,
     Held,
     Settle,
@@ -270,7 +272,8 @@ class _Trace:
         elif name == self.READY:
             self.step_aside()  # (the events after it need no telling)
             self.connecting = False
-            await self.tell(CONNECTED)
+            if await self.tell(CONNECTED) is AGAIN:
+                raise AskAgain  # (not written: httpcore lets the connection go)
         if self.theirs is not None:
             await self.theirs(name, info)
 

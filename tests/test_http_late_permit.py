@@ -181,8 +181,9 @@ async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_ask
     partner: tuple[Partner, str], stall_before_writing: list[float]
 ) -> None:
     """Late by more than the fleet's measured margin covers when its bytes are about to
-    leave, the request would land among the next slots' requests: its grant goes back and
-    it asks again, on the connection it holds, so it leaves on a grant of its own time."""
+    leave, the request would land among the next slots' requests: it is not written, its
+    grant goes back, and it asks again (without holding the connection, which the partner
+    may close meanwhile), so it leaves on a grant of its own time."""
     served, url = partner
     limiter = RateLimiter("partner", MemoryBackend(), rate="1/0.1 seconds")  # margin: 10 ms
     async with httpx.AsyncClient(transport=RateLimitedTransport(limiter)) as http:
@@ -191,4 +192,4 @@ async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_ask
         stall_before_writing.append(SETUP)
         await http.get(url)
         LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
-    assert (len(served.arrivals), served.connections) == (3, 1)
+    assert len(served.arrivals) == 3  # (the late one on a new connection: the old let go)
