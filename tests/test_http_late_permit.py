@@ -193,3 +193,39 @@ async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_ask
         await http.get(url)
         LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
     assert len(served.arrivals) == 3  # (the late one on a new connection: the old let go)
+
+
+@pytest.mark.measured_margin
+async def test_aiohttp_asks_again_for_a_permit_later_than_the_margin_once_connected(
+    partner: tuple[Partner, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The aiohttp middleware takes its permit before the connection is had (a middleware
+    sees no connection signals), and checks it again just before the request is written:
+    late by more than the fleet's margin covers (a stall, a wait in the pool), it is not
+    written, the permit goes back and the request asks again."""
+    import aiohttp
+
+    from aiolimit.aiohttp import RateLimitedClientMiddleware
+
+    served, url = partner
+    stalls: list[float] = []
+    connect = aiohttp.BaseConnector.connect
+
+    async def stalled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        connection = await connect(self, *args, **kwargs)
+        if stalls:
+            await asyncio.sleep(stalls.pop(0))
+        return connection
+
+    monkeypatch.setattr(aiohttp.BaseConnector, "connect", stalled)
+    limiter = RateLimiter("partner", MemoryBackend(), rate="1/0.1 seconds")  # margin: 10 ms
+    middleware = RateLimitedClientMiddleware(limiter)
+    async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+        for _ in range(2):  # a wait maps the limiter's clock
+            async with session.get(url) as response:
+                await response.read()
+        stalls.append(SETUP)
+        async with session.get(url) as response:
+            await response.read()
+        LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
+    assert len(served.arrivals) == 3
