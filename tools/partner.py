@@ -160,6 +160,18 @@ def _raise_priority(nice: int | None) -> bool:
     return True
 
 
+def partner_priority() -> str:
+    """How a trial's partner thread is run here, for a benchmark's heading: at
+    :data:`PARTNER_NICE`, or as its process (not allowed)."""
+    allowed: list[bool] = []
+    probe = threading.Thread(target=lambda: allowed.append(_raise_priority(PARTNER_NICE)))
+    probe.start()
+    probe.join()
+    if allowed[0]:
+        return f"the partner's thread at nice {PARTNER_NICE} (a real partner is remote)"
+    return "the partner's thread at its process's priority (not allowed to raise it)"
+
+
 @contextmanager
 def serve(app: Any, host: str = "127.0.0.1", nice: int | None = None) -> Iterator[str]:
     """Serves ``app`` with uvicorn in a thread on a free port (at priority ``nice`` where
