@@ -195,8 +195,10 @@ class Exchange(Protocol, Generic[R]):
     async def send(self, held: Held | None, tell: Tell) -> Answer:
         """The request sent, its response held; with ``held``, the slot held until the
         response's body is closed. Where the library reports its connections (a trace),
-        ``tell(CONNECTING)`` as a new one is made and ``tell(CONNECTED)`` once it is ready,
-        before the request is written (the flow takes the permit then)."""
+        ``tell(CONNECTING)`` as a new one is made; where it can, ``tell(CONNECTED)`` once
+        the connection (new or kept alive) is ready, before the request is written (the flow
+        takes the permit then, or checks it), and :class:`AskAgain` raised, the request
+        unwritten, when the flow answers ``AGAIN``."""
 
     async def discard(self) -> None:
         """The response closed unread and let go (the request is sent again)."""
