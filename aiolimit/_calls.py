@@ -228,11 +228,18 @@ class CallGuard:
         capped = seconds is not None and seconds > self.max_pause
         if seconds is not None:
             seconds = min(seconds, self.max_pause)
-        self.refusals.report(self.limiter.name, status, seconds, retry_after if capped else None)
+        alone = (
+            seconds is not None
+            and self.learning is not None
+            and seconds <= self.learning.short_pause()
+        )  # (the learner's cut answers it; this call alone waits)
+        self.refusals.report(
+            self.limiter.name, status, seconds, retry_after if capped else None, alone=alone
+        )
         if seconds is None:
             return False
-        if self.learning is not None and seconds <= self.learning.short_pause():
-            if self.retry:  # the learner's cut answers it; this call alone waits
+        if alone:
+            if self.retry:
                 await asyncio.sleep(seconds)
             return True
         if seconds > 0:
@@ -253,7 +260,15 @@ class Refusals:
     def __init__(self) -> None:
         self._until = -math.inf  # the current episode's end, on the event loop's clock
 
-    def report(self, name: str, status: int, pause: float | None, capped: str | None) -> None:
+    def report(
+        self,
+        name: str,
+        status: int,
+        pause: float | None,
+        capped: str | None,
+        *,
+        alone: bool = False,
+    ) -> None:
         observer = _observe.current
         if observer is not None:
             observer.partner_refused(name, status, pause)
@@ -267,6 +282,13 @@ class Refusals:
                 "limiter %r: the server answered %d without a usable Retry-After; not pausing",
                 name,
                 status,
+            )
+        elif alone:
+            log.warning(
+                "limiter %r: the server answered %d; learning from it, this call alone waits %g s",
+                name,
+                status,
+                pause,
             )
         elif capped is None:
             log.warning(
