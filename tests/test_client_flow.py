@@ -11,12 +11,14 @@ import pytest
 from metering import Ticking, meters
 
 from aiolimit._client_flow import (
+    AGAIN,
     CONNECTED,
     CONNECTING,
     DISCARD,
     PROCEED,
     SEND,
     Answer,
+    AskAgain,
     ClientCalls,
     Flow,
     Send,
@@ -112,6 +114,29 @@ async def test_told_of_a_new_connection_it_takes_the_permit_once_the_connection_
     assert await requests.available_permits() == 10  # handed back while it connects
     assert await flow.asend(CONNECTED) is PROCEED
     assert await requests.available_permits() == 10 - 1
+    with pytest.raises(StopAsyncIteration):
+        await flow.asend((200, {}))
+    assert await requests.available_permits() == 10 - 1
+
+
+async def test_told_connected_on_a_late_permit_it_hands_it_back_and_asks_again_twice_at_most(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit later than the fleet's margin covers as the request is about to be written
+    (here: every time) goes back, the library's send stops unsent (``AskAgain``, thrown in)
+    and the flow sends anew; a machine that keeps stalling gets its request sent after
+    ``STALE_RETRIES`` asks, not never."""
+    import aiolimit._calls
+
+    monkeypatch.setattr(aiolimit._calls, "note_sent", lambda grants: True)  # always late
+    requests, _ = await meters(store, clock=Ticking())
+    flow = calls(requests).flow("request", (ConnectionError,), True)
+    assert await flow.asend(None) == SEND
+    for _ in range(aiolimit._calls.STALE_RETRIES):
+        assert await flow.asend(CONNECTED) is AGAIN
+        assert await requests.available_permits() == 10  # handed back, not sent
+        assert await flow.athrow(AskAgain()) == SEND
+    assert await flow.asend(CONNECTED) is PROCEED  # (sent late, at last)
     with pytest.raises(StopAsyncIteration):
         await flow.asend((200, {}))
     assert await requests.available_permits() == 10 - 1
