@@ -304,20 +304,18 @@ class ClientCalls:
                 await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
                 held = Held(slot, guard.concurrency.backend.context.tasks)
             taken: Acquired | None = acquired
+            connecting = False  # (a new connection's set-up is not in the grant, if it is long)
             try:
                 told = yield SEND if held is None else Send(held)
                 while told is CONNECTING or told is CONNECTED:  # (a trace, mid-send)
-                    if held is None and told is CONNECTING and taken is not None:
-                        await guard.unsent(taken)  # a new connection's set-up is not in the grant
-                        taken = None
-                    elif told is CONNECTED and taken is None:
+                    if told is CONNECTING:
+                        connecting = held is None
+                    elif taken is None:
                         taken = await guard.before_call(request)  # as the request is written
-                    elif (
-                        told is CONNECTED
-                        and late_left
-                        and taken is not None
-                        and await guard.late(taken)
-                    ):
+                    elif connecting and await guard.late(taken, connected=True):
+                        taken = None  # (a slow connect: handed back, asked anew on it)
+                        taken = await guard.before_call(request)
+                    elif not connecting and late_left and await guard.late(taken):
                         taken, late_left = None, late_left - 1
                         told = yield AGAIN  # (answered by AskAgain, thrown in)
                     told = yield PROCEED
