@@ -190,6 +190,20 @@ class CallGuard:
         last_grant.set(acquired)
         return acquired
 
+    async def late(self, acquired: Acquired, connected: bool = False) -> bool:
+        """The call is being written now, on the permits ``acquired`` before: how late, for
+        the fleet's margin; one later than that margin covers (a process the machine did not
+        run since) is handed back, and True says to ask again. (Metered calls keep theirs,
+        as ``before_call`` does.) ``connected``: a new connection was made for it: where the
+        limiter keeps no measured margin (an exact rate, a margin of its own), nothing of
+        its set-up is covered, and its permits go back whatever it took."""
+        if self.meter is not None:
+            return False
+        if not note_sent(grants_held(acquired), unmeasured=connected):
+            return False
+        await acquired.release()
+        return True
+
     async def unsent(self, acquired: Acquired) -> None:
         """The call never reached the partner (no connection could be made): what it took
         goes back, its own grants by member (its permits, its tokens when metered; its slot
