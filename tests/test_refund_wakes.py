@@ -18,7 +18,9 @@ from counting import count_calls
 from aiolimit import RateLimiter, RedisBackend
 from aiolimit import _pacing as pacing
 
-STORES = pytest.mark.parametrize("store", ["memory", "redis"], indirect=True)
+STORES = pytest.mark.parametrize(
+    "store", [pytest.param("memory", marks=pytest.mark.looptime), "redis"], indirect=True
+)
 POLL = 5.0  # the longest pause between two asks, in these tests
 PROMPT = 0.3  # how soon, at most, a wake-up is prompt here (real time on a busy machine)
 
