@@ -188,6 +188,20 @@ class CallGuard:
         last_grant.set(acquired)
         return acquired
 
+    async def late(self, acquired: Acquired, connected: bool = False) -> bool:
+        """The call is being written now, on the permits ``acquired`` before: how late, for
+        the fleet's margin; one later than that margin covers (a process the machine did not
+        run since) is handed back, and True says to ask again. (Metered calls keep theirs,
+        as ``before_call`` does.) ``connected``: a new connection was made for it: where the
+        limiter keeps no measured margin (an exact rate, a margin of its own), nothing of
+        its set-up is covered, and its permits go back whatever it took."""
+        if self.meter is not None:
+            return False
+        if not note_sent(grants_held(acquired), unmeasured=connected):
+            return False
+        await acquired.release()
+        return True
+
     async def unsent(self, acquired: Acquired) -> None:
         """The call never reached the partner (no connection could be made): what it took
         goes back, its own grants by member (its permits, its tokens when metered; its slot
@@ -218,11 +232,18 @@ class CallGuard:
         capped = seconds is not None and seconds > self.max_pause
         if seconds is not None:
             seconds = min(seconds, self.max_pause)
-        self.refusals.report(self.limiter.name, status, seconds, retry_after if capped else None)
+        alone = (
+            seconds is not None
+            and self.learning is not None
+            and seconds <= self.learning.short_pause()
+        )  # (the learner's cut answers it; this call alone waits)
+        self.refusals.report(
+            self.limiter.name, status, seconds, retry_after if capped else None, alone=alone
+        )
         if seconds is None:
             return False
-        if self.learning is not None and seconds <= self.learning.short_pause():
-            if self.retry:  # the learner's cut answers it; this call alone waits
+        if alone:
+            if self.retry:
                 await asyncio.sleep(seconds)
             return True
         if seconds > 0:
@@ -243,7 +264,15 @@ class Refusals:
     def __init__(self) -> None:
         self._until = -math.inf  # the current episode's end, on the event loop's clock
 
-    def report(self, name: str, status: int, pause: float | None, capped: str | None) -> None:
+    def report(
+        self,
+        name: str,
+        status: int,
+        pause: float | None,
+        capped: str | None,
+        *,
+        alone: bool = False,
+    ) -> None:
         observer = _observe.current
         if observer is not None:
             observer.partner_refused(name, status, pause)
@@ -257,6 +286,13 @@ class Refusals:
                 "limiter %r: the server answered %d without a usable Retry-After; not pausing",
                 name,
                 status,
+            )
+        elif alone:
+            log.warning(
+                "limiter %r: the server answered %d; learning from it, this call alone waits %g s",
+                name,
+                status,
+                pause,
             )
         elif capped is None:
             log.warning(

@@ -13,7 +13,9 @@ holds the response, closes it. :func:`drive` meets the flow's steps in this orde
   error is thrown into it: a request that never left hands back what it took. Mid-send, a
   library that reports its connections tells it ``CONNECTING`` (a new connection: the
   permits go back, its set-up is not the call's) and ``CONNECTED`` (taken again as the
-  request is written), each answered ``PROCEED``.
+  request is written), each answered ``PROCEED``; or, told ``CONNECTED`` on permits later
+  than the fleet's measured margin covers, ``AGAIN``: they went back, the library's send is
+  to stop unsent (:class:`AskAgain`), and the flow asks again, then sends anew.
 - ``DISCARD``: a ``429``/``503`` with ``Retry-After`` paused every caller and the request
   goes once more: the answer is closed unread; its tokens go back, and a permit of its own
   is taken after the pause (then ``Send`` again).
@@ -32,7 +34,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeAlias, TypeVar
 
 from ._acquired import Acquired
 from ._body_tap import BodyTap, KeptBody
-from ._calls import DEFAULT_MAX_PAUSE, CallGuard
+from ._calls import DEFAULT_MAX_PAUSE, STALE_RETRIES, CallGuard
 from ._concurrency import ConcurrencyLimiter
 from ._inflight import InFlight
 from ._learn import Learner
@@ -43,6 +45,7 @@ from ._types import Duration
 from .backends._context import Background
 
 __all__ = [
+    "AGAIN",
     "CONNECTED",
     "CONNECTING",
     "DEFAULT_MAX_PAUSE",
@@ -50,6 +53,7 @@ __all__ = [
     "PROCEED",
     "SEND",
     "Answer",
+    "AskAgain",
     "ClientCalls",
     "Exchange",
     "Flow",
@@ -117,7 +121,20 @@ CONNECTING = _Named("CONNECTING")
 """Told during a send (by the library's trace): a new connection is being made for it."""
 
 CONNECTED = _Named("CONNECTED")
-"""Told during a send: the connection is ready, the request is about to be written."""
+"""Told during a send: the connection (new or kept alive) is ready, the request is about to
+be written: the permit is taken then, or, taken before, checked (``CallGuard.late``)."""
+
+AGAIN = _Named("AGAIN")
+"""The flow's step after ``CONNECTED`` on permits later than the fleet's measured margin
+covers (a process the machine did not run since they were read): they went back; the
+library's send stops unsent (it raises :class:`AskAgain`), and the call asks again."""
+
+
+class AskAgain(Exception):
+    """Raised by a library's trace when the flow answered ``AGAIN``: the request is not
+    written (its library lets the connection go), and the flow asks again for its permits
+    (waiting, if it must, without holding a connection that the partner may close)."""
+
 
 PROCEED = _Named("PROCEED")
 """The flow's step after ``CONNECTING`` or ``CONNECTED``: the send goes on."""
@@ -162,8 +179,9 @@ class Settle:
 Step: TypeAlias = "Send | _Named | Settle"
 Told: TypeAlias = "Answer | _Named | None"
 Flow: TypeAlias = AsyncGenerator[Step, Told]
-Tell = Callable[[_Named], Awaitable[None]]
-"""What a library's trace calls during a send: the flow told ``CONNECTING``, ``CONNECTED``."""
+Tell = Callable[[_Named], Awaitable[object]]
+"""What a library's trace calls during a send: the flow told ``CONNECTING``, ``CONNECTED``;
+the flow's answer back (``PROCEED``, or ``AGAIN``: raise :class:`AskAgain`)."""
 
 
 class Exchange(Protocol, Generic[R]):
@@ -177,8 +195,10 @@ class Exchange(Protocol, Generic[R]):
     async def send(self, held: Held | None, tell: Tell) -> Answer:
         """The request sent, its response held; with ``held``, the slot held until the
         response's body is closed. Where the library reports its connections (a trace),
-        ``tell(CONNECTING)`` as a new one is made and ``tell(CONNECTED)`` once it is ready,
-        before the request is written (the flow takes the permit then)."""
+        ``tell(CONNECTING)`` as a new one is made; where it can, ``tell(CONNECTED)`` once
+        the connection (new or kept alive) is ready, before the request is written (the flow
+        takes the permit then, or checks it), and :class:`AskAgain` raised, the request
+        unwritten, when the flow answers ``AGAIN``."""
 
     async def discard(self) -> None:
         """The response closed unread and let go (the request is sent again)."""
@@ -196,10 +216,10 @@ async def drive(flow: Flow, exchange: Exchange[R]) -> R:
 
     ended = False  # (the flow raised mid-send: the send raises the same, not to be thrown in)
 
-    async def tell(event: _Named) -> None:
+    async def tell(event: _Named) -> object:
         nonlocal ended
         try:
-            await flow.asend(event)
+            return await flow.asend(event)
         except BaseException:
             ended = True
             raise
@@ -275,6 +295,7 @@ class ClientCalls:
         left; ``resendable``: whether its body can be sent again after a pause."""
         guard = self._guard
         again = guard.retry and resendable
+        late_left = STALE_RETRIES  # (a machine that keeps stalling: sent late after these)
         while True:
             acquired = await guard.before_call(request)
             slot = acquired if isinstance(acquired, InFlight) else None
@@ -283,15 +304,23 @@ class ClientCalls:
                 await slot.__aenter__()  # (its slot, for this task: a loss cancels the send)
                 held = Held(slot, guard.concurrency.backend.context.tasks)
             taken: Acquired | None = acquired
+            connecting = False  # (a new connection's set-up is not in the grant, if it is long)
             try:
                 told = yield SEND if held is None else Send(held)
                 while told is CONNECTING or told is CONNECTED:  # (a trace, mid-send)
-                    if held is None and told is CONNECTING and taken is not None:
-                        await guard.unsent(taken)  # a new connection's set-up is not in the grant
-                        taken = None
-                    elif told is CONNECTED and taken is None:
+                    if told is CONNECTING:
+                        connecting = held is None
+                    elif taken is None:
                         taken = await guard.before_call(request)  # as the request is written
+                    elif connecting and await guard.late(taken, connected=True):
+                        taken = None  # (a slow connect: handed back, asked anew on it)
+                        taken = await guard.before_call(request)
+                    elif not connecting and late_left and await guard.late(taken):
+                        taken, late_left = None, late_left - 1
+                        told = yield AGAIN  # (answered by AskAgain, thrown in)
                     told = yield PROCEED
+            except AskAgain:
+                continue  # unsent: its permits went back; asked again, then sent anew
             except BaseException as exc:
                 if slot is not None and held is not None:
                     await slot.__aexit__(type(exc), exc, exc.__traceback__)

@@ -64,11 +64,12 @@ class Learner:
     (at least one permit per interval; for a tokens limiter keep it above your largest
     call). ``decrease`` (0.5): the share kept when a rate that held is refused.
     ``step`` (0.05): the first increase, as a share of the ceiling; it doubles while
-    increases hold. ``max_hold`` (8 intervals of the ceiling's first rate): the longest a
+    increases hold. ``max_hold`` (16 intervals of the ceiling's first rate): the longest a
     level that failed waits before it is tried again (the wait doubles from one interval
     each time it fails): longer means fewer ``429``s while the partner's limit stays put
     (one per probe: about ``1 / (rate x max_hold)`` of the calls), and a later find when
-    it rises.
+    it rises. Below where the limit fell from, the wait is at most 4 intervals (or
+    ``max_hold``, if shorter): a limit that came back is found soon.
     """
 
     __slots__ = (
@@ -112,7 +113,7 @@ class Learner:
             raise InvalidArgumentError(f"max_hold must be positive, at most 1 hour: {max_hold!r}")
         if hold is None:
             first = self._ceiling[0].interval_us if self._ceiling else US
-            hold = min(8 * first, FOREVER_HOLD)
+            hold = min(16 * first, FOREVER_HOLD)
         self._law = Law(
             floor=_share(floor, "floor", 0, 1),
             start=_share(start, "start", 0, 1),

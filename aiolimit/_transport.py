@@ -21,10 +21,12 @@ from typing import Any, Protocol
 
 from ._body_tap import BodyTap
 from ._client_flow import (
+    AGAIN,
     CONNECTED,
     CONNECTING,
     DEFAULT_MAX_PAUSE,
     Answer,
+    AskAgain,
     ClientCalls,
     Held,
     Settle,
@@ -225,8 +227,9 @@ class _Exchange:
 
 class _Trace:
     """httpcore's ``trace`` extension for one request (the caller's own, if any, still sees
-    every event): tells the flow when a new connection is made for the request and when it
-    is ready, the request about to be written; then steps aside."""
+    every event): tells the flow when a new connection is made for the request, and when
+    the connection (new or kept alive) is ready, the request about to be written (the
+    permit is taken, or its lateness checked, there); then steps aside."""
 
     __slots__ = ("connecting", "extensions", "tell", "theirs")
 
@@ -268,9 +271,9 @@ class _Trace:
             await self.tell(CONNECTING)
         elif name == self.READY:
             self.step_aside()  # (the events after it need no telling)
-            if self.connecting:
-                self.connecting = False
-                await self.tell(CONNECTED)
+            self.connecting = False
+            if await self.tell(CONNECTED) is AGAIN:
+                raise AskAgain  # (not written: httpcore lets the connection go)
         if self.theirs is not None:
             await self.theirs(name, info)
 

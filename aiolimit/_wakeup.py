@@ -122,28 +122,33 @@ def _grown_since(grants: Sequence[tuple[Sleeper, Grant]], before: list[int | Non
     return seconds(grown)
 
 
-def _past_margin(limiter: Sleeper, late: float) -> bool:
+def _past_margin(limiter: Sleeper, late: float, unmeasured: bool = False) -> bool:
     """Whether a caller that woke ``late`` seconds after its grant's start is later than
     the fleet's measured margin of ``limiter`` covers (a process the machine did not run):
     sent now, its request would land among the next slots' and be one too many for a
     partner that counts arrivals, so the grant goes back and the caller asks again. (A
-    limiter without a measured margin: never.)"""
+    limiter without a measured margin: ``unmeasured``.)"""
     margin = limiter.backend.context.margins.margin(limiter.name)
-    return margin is not None and late > seconds(margin + STALE_SLACK_US)
+    if margin is None:
+        return unmeasured
+    return late > seconds(margin + STALE_SLACK_US)
 
 
-def note_sent(grants: Sequence[tuple[Sleeper, Grant]]) -> bool:
+def note_sent(grants: Sequence[tuple[Sleeper, Grant]], unmeasured: bool = False) -> bool:
     """A call that holds ``grants`` is being sent now: how late after each grant's start
     (on its limiter's clock, mapped to the loop's) is kept for the fleet's margin
-    (``backends/_margin.py``); returns whether one is later than that margin covers. A
-    clock not mapped yet tells nothing."""
+    (``backends/_margin.py``); returns whether one is later than that margin covers
+    (``unmeasured``: where the limiter keeps no measured margin). A clock not mapped yet
+    tells nothing."""
     now = asyncio.get_running_loop().time()
     stale = False
     for limiter, grant in grants:
         local = limiter.backend.clock_map(limiter.name).local(grant.starts_at)
         if local is not None:
             note_late(limiter.backend, limiter.name, now - local)
-            stale = stale or _past_margin(limiter, now - local)
+            stale = stale or _past_margin(limiter, now - local, unmeasured)
+        else:
+            stale = stale or unmeasured
     return stale
 
 

@@ -29,13 +29,25 @@ try:
         ConnectionTimeoutError,
         payload,
     )
+    from aiohttp.connector import Connection
 except ImportError as exc:
     raise missing_extra("aiolimit.aiohttp", "aiohttp") from exc
 
 from collections.abc import Awaitable, Callable, Mapping
 
 from ._aiohttp_stream import meter_stream
-from ._client_flow import DEFAULT_MAX_PAUSE, Answer, ClientCalls, Held, Settle, Tell, drive
+from ._client_flow import (
+    AGAIN,
+    CONNECTED,
+    DEFAULT_MAX_PAUSE,
+    Answer,
+    AskAgain,
+    ClientCalls,
+    Held,
+    Settle,
+    Tell,
+    drive,
+)
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner
 from ._limiter import RateLimiter
@@ -120,15 +132,21 @@ class _Exchange:
     """One request's part of the flow, through the next handler
     (:class:`_client_flow.Exchange`)."""
 
-    __slots__ = ("handler", "request", "response", "streams")
+    __slots__ = ("handler", "request", "response", "streams", "tell")
 
     def __init__(self, handler: ClientHandlerType, request: ClientRequest, streams: bool) -> None:
         self.handler, self.request, self.streams = handler, request, streams
         self.response: ClientResponse | None = None
+        self.tell: Tell | None = None  # (set while sending without a slot)
+        _told_before_writing(request, self)
 
     async def send(self, held: Held | None, tell: Tell) -> Answer:
-        """The request sent; with a slot, held until aiohttp lets the connection go. (Its
-        connections are not told: docs/http-clients.md, when a request takes its permit.)"""
+        """The request sent; with a slot, held until aiohttp lets the connection go. Without
+        one, the flow is told ``CONNECTED`` once aiohttp has the connection, just before the
+        request is written (``ClientRequest.send``), so a permit read later than the fleet's
+        margin covers goes back and is asked again. (The permit itself is taken before: a
+        middleware is not told of new connections; docs/http-clients.md.)"""
+        self.tell = None if held is not None else tell
         response = await self.handler(self.request)
         if held is not None:
             connection = response.connection
@@ -159,6 +177,21 @@ class _Exchange:
     async def close(self) -> None:
         if self.response is not None:
             self.response.close()
+
+
+def _told_before_writing(request: ClientRequest, exchange: _Exchange) -> None:
+    """``request``'s own ``send`` (what aiohttp calls with the connection it has for it)
+    first tells ``exchange``'s flow ``CONNECTED``; answered ``AGAIN``, the request is not
+    written (aiohttp closes the connection it had) and the flow asks again."""
+    write = request.send
+
+    async def send(connection: Connection) -> ClientResponse:
+        tell = exchange.tell
+        if tell is not None and await tell(CONNECTED) is AGAIN:
+            raise AskAgain
+        return await write(connection)
+
+    request.send = send  # type: ignore[method-assign,assignment]
 
 
 def _readable(response: ClientResponse) -> bool:

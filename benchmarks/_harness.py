@@ -33,6 +33,18 @@ ROOT = HERE.parent  # this checkout: its aiolimit is the one measured unless tol
 SCRIPT_COMMANDS = ("eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro")
 
 
+def _this_checkout_first() -> None:
+    """``python benchmarks/x.py`` measures this checkout's ``aiolimit`` (and runs its
+    ``tools``), not one installed from elsewhere: its root goes right after ``PYTHONPATH``'s
+    entries, which a ``--checkout`` child is given (its ``aiolimit`` first)."""
+    given = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if str(ROOT) not in sys.path:
+        sys.path.insert(1 + len(given), str(ROOT))
+
+
+_this_checkout_first()
+
+
 # -- numbers ------------------------------------------------------------------------------------
 
 

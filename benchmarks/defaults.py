@@ -17,6 +17,12 @@ margin the fleet settled on (the store's, after the run); "limiter's 429s" are t
 requests whose lateness stayed within that margin of one another's (``tools.partner
 .unexcused``: the others landed later than any margin covers, a process the machine did not
 run); "stall" the longest any caller's event loop did not run.
+
+The partner runs in a thread of this process, raised to nice -10 where allowed (root, or
+``CAP_SYS_NICE``; the heading says which): a real partner is remote, and its clock stamps
+arrivals whatever the callers' machine does, while one that shares a busy machine with its
+callers and is not run for a while stamps a backlog "at once", late, and refuses requests
+for a burst no caller sent. ``--busy N`` adds N processes that spin meanwhile.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from typing import Any
 
 from _harness import Table, local_redis, machine, parser, report, say
 
-from tools.partner import CLIENTS, KINDS, Seen, Trial, trial
+from tools.partner import CLIENTS, KINDS, Seen, Trial, partner_priority, trial
 
 MODES: tuple[tuple[str, float | None], ...] = (("margin=0 (before)", 0.0), ("defaults", None))
 
@@ -109,6 +115,7 @@ def main() -> None:
         f"{args.processes} processes x {args.tasks} tasks, cold, at a partner's exact quota "
         f"{args.rate} per {args.interval:g} s, {args.duration:g} s per run"
         + (f", beside {args.busy} spinning processes" if args.busy else "")
+        + f"; {partner_priority()}"
     )
     report(args, heading, [table], {"runs": rows})
 

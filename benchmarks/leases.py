@@ -10,7 +10,8 @@ Each contender runs ``--tasks`` tasks in one process (or spread over ``--process
 one redis-server (a free 127.0.0.1 port, flushed before each), for ``--seconds``: take a
 lease of 1 slot of ``--limit`` (waiting as long as it takes), hold it ``--hold`` ms, release
 it, again. Reported: leases per second, Redis CPU per lease (INFO cpu, user + sys, before
-and after) and beside it the ratio to the ZSET semaphore's, script calls and commands per
+and after) and beside it the ratio to the ZSET semaphore's, the clients' CPU per lease (every
+process's, user + sys, while the tasks ran), script calls and commands per
 lease (INFO commandstats, those run inside scripts included), and the most leases held at
 once as the holders saw it. Every contender runs in a fresh process; with ``--rounds`` the
 figures are medians.
@@ -194,12 +195,13 @@ class Load:
     seconds: float
 
 
-async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int, int]:
+async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int, int, float]:
     """The load's tasks, from when ``started`` returns, for its seconds: (leases, the most
-    held at once in this process)."""
+    held at once in this process, the CPU seconds this process used meanwhile)."""
     redis = Redis.from_url(load.url)
     take = await CONTENDERS[load.contender][1](redis, load.limit)
     await started()
+    cpu = time.process_time()
     leases = held = most = 0
     end = time.monotonic() + load.seconds
 
@@ -215,8 +217,9 @@ async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int
             leases += 1
 
     await asyncio.gather(*(worker() for _ in range(load.tasks)))
+    cpu = time.process_time() - cpu
     await redis.aclose()
-    return leases, most
+    return leases, most, cpu
 
 
 def _process(load: Load, ready: Any, go: Any, out: Any) -> None:
@@ -256,13 +259,14 @@ def _run(url: str, contender: str, args: Any) -> dict[str, float]:
     for process in others:
         process.join()
     before, (scripts_before, commands_before), _ = readings[0]
-    leases = sum(n for n, _ in results)
+    leases = sum(n for n, _, _ in results)
     return {
         "leases_per_s": leases / elapsed,
         "redis_cpu_us": per_grant(before, after, leases).redis_cpu,
         "scripts": (scripts_after - scripts_before) / max(leases, 1),
         "commands": (commands_after - commands_before) / max(leases, 1),
-        "most_held": max(most for _, most in results),
+        "client_cpu_us": sum(cpu for _, _, cpu in results) * 1e6 / max(leases, 1),
+        "most_held": max(most for _, most, _ in results),
     }
 
 
@@ -328,8 +332,8 @@ def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
     spread = f" in {args.processes} processes" if args.processes > 1 else ""
     most = "most held (in one process)" if args.processes > 1 else "most held"
     out = Table(
-        ["contender", "leases/s", "Redis CPU µs/lease", "vs semaphore", "script calls/lease",
-         "commands/lease", most],
+        ["contender", "leases/s", "Redis CPU µs/lease", "vs semaphore", "client CPU µs/lease",
+         "script calls/lease", "commands/lease", most],
         title=f"{args.tasks} tasks{spread}, limit {args.limit}, each lease held {args.hold} ms, "
         f"{args.seconds} s each{rounds}",
     )  # fmt: skip
@@ -341,6 +345,7 @@ def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
             number(row["leases_per_s"]),
             number(cpu, 1),
             f"{cpu / semaphore:.2f}x" if semaphore else "n/a",
+            number(row.get("client_cpu_us"), 1),
             number(row["scripts"], 1),
             number(row["commands"], 1),
             number(row["most_held"]),

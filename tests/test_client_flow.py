@@ -11,12 +11,14 @@ import pytest
 from metering import Ticking, meters
 
 from aiolimit._client_flow import (
+    AGAIN,
     CONNECTED,
     CONNECTING,
     DISCARD,
     PROCEED,
     SEND,
     Answer,
+    AskAgain,
     ClientCalls,
     Flow,
     Send,
@@ -102,16 +104,62 @@ async def test_with_tokens_the_last_step_settles_them_by_the_body(store: Any) ->
         await flow.asend(None)
 
 
-async def test_told_of_a_new_connection_it_takes_the_permit_once_the_connection_is_ready(
-    store: Any,
+async def test_told_of_a_new_connection_it_keeps_the_permit_through_a_quick_connect(
+    store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A connection made within the fleet's margin: the permit stays the call's (handed
+    back, it would sit unused while the waiters already asleep keep their later slots)."""
+    import aiolimit._calls
+
+    monkeypatch.setattr(aiolimit._calls, "note_sent", lambda grants, unmeasured=False: False)
     requests, _ = await meters(store, clock=Ticking())
     flow = calls(requests).flow("request", (ConnectionError,), True)
     assert await flow.asend(None) == SEND
     assert await flow.asend(CONNECTING) is PROCEED
-    assert await requests.available_permits() == 10  # handed back while it connects
+    assert await requests.available_permits() == 10 - 1  # held while it connects
     assert await flow.asend(CONNECTED) is PROCEED
+    assert await requests.available_permits() == 10 - 1  # the same permit: none asked anew
+    with pytest.raises(StopAsyncIteration):
+        await flow.asend((200, {}))
     assert await requests.available_permits() == 10 - 1
+
+
+async def test_told_of_a_new_connection_on_an_exact_rate_it_asks_anew_once_it_is_ready(
+    store: Any,
+) -> None:
+    """A limiter without a measured margin covers no lateness: once a new connection is
+    ready, the permit taken before it goes back and the call asks anew (its set-up is not
+    in the grant), on the connection it made."""
+    requests, _ = await meters(store, clock=Ticking())
+    flow = calls(requests).flow("request", (ConnectionError,), True)
+    assert await flow.asend(None) == SEND
+    assert await flow.asend(CONNECTING) is PROCEED
+    assert await requests.available_permits() == 10 - 1  # held while it connects
+    assert await flow.asend(CONNECTED) is PROCEED  # (not AGAIN: the connection is kept)
+    assert await requests.available_permits() == 10 - 1  # handed back, taken anew
+    with pytest.raises(StopAsyncIteration):
+        await flow.asend((200, {}))
+    assert await requests.available_permits() == 10 - 1
+
+
+async def test_told_connected_on_a_late_permit_it_hands_it_back_and_asks_again_twice_at_most(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit later than the fleet's margin covers as the request is about to be written
+    (here: every time) goes back, the library's send stops unsent (``AskAgain``, thrown in)
+    and the flow sends anew; a machine that keeps stalling gets its request sent after
+    ``STALE_RETRIES`` asks, not never."""
+    import aiolimit._calls
+
+    monkeypatch.setattr(aiolimit._calls, "note_sent", lambda grants, unmeasured=False: True)
+    requests, _ = await meters(store, clock=Ticking())
+    flow = calls(requests).flow("request", (ConnectionError,), True)
+    assert await flow.asend(None) == SEND
+    for _ in range(aiolimit._calls.STALE_RETRIES):
+        assert await flow.asend(CONNECTED) is AGAIN
+        assert await requests.available_permits() == 10  # handed back, not sent
+        assert await flow.athrow(AskAgain()) == SEND
+    assert await flow.asend(CONNECTED) is PROCEED  # (sent late, at last)
     with pytest.raises(StopAsyncIteration):
         await flow.asend((200, {}))
     assert await requests.available_permits() == 10 - 1

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from conformance import Tolerance
 
-from aiolimit import MemoryBackend, RateLimited, RateLimiter
+from aiolimit import MemoryBackend, RateLimiter
 from aiolimit._calls import last_grant
 from aiolimit.backends import Grant
 from aiolimit.httpx import RateLimitedTransport
@@ -141,19 +141,92 @@ async def test_the_caller_s_own_trace_still_sees_every_event(
     assert seen.count("http11.response_closed.complete") == 2
 
 
-async def test_a_permit_gone_while_connecting_raises_rate_limited_and_keeps_none(
+async def test_a_permit_is_held_while_its_connection_is_made_then_asked_anew(
     partner: tuple[Partner, str], slow_connections: None
 ) -> None:
-    """The permit handed back for the set-up is another caller's meanwhile: the request,
-    asking again once connected, waits at most its timeout, then raises and is not sent."""
+    """While a new connection is made the call's permit stays held (another caller finds
+    none: no slot left unused while waiters already asleep keep their later ones); a set-up
+    longer than the margin covers (any, on an exact rate) hands it back once connected, and
+    the call asks anew, so the set-up is not in the grant."""
     served, url = partner
     limiter = RateLimiter("partner", MemoryBackend(), rate="1/second")
-    transport = RateLimitedTransport(limiter, timeout=0.05)
+    transport = RateLimitedTransport(limiter, timeout=5)
     async with httpx.AsyncClient(transport=transport) as http:
         sending = asyncio.ensure_future(http.get(url))
-        await asyncio.sleep(SETUP / 2)  # connecting: its permit was handed back
-        assert await limiter.try_acquire()
-        with pytest.raises(RateLimited):
-            await sending
-    assert served.arrivals == []
-    assert await limiter.available_permits() == 0  # the other caller's only
+        await asyncio.sleep(SETUP / 2)  # connecting: its permit held
+        assert not await limiter.try_acquire()
+        assert (await sending).text == "ok"
+    assert len(served.arrivals) == 1
+    assert await limiter.available_permits() == 0  # one permit: the request's
+
+
+@pytest.fixture
+def stall_before_writing(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Before a request on a kept-alive connection is written, the process stalls for each
+    of the returned list's seconds in turn (a machine busy with other work): after its
+    permit was taken and checked, before the partner sees a byte."""
+    stalls: list[float] = []
+    handle = httpcore.AsyncHTTP11Connection.handle_async_request
+
+    async def stalled(self: Any, request: Any) -> Any:
+        if stalls:
+            await asyncio.sleep(stalls.pop(0))
+        return await handle(self, request)
+
+    monkeypatch.setattr(httpcore.AsyncHTTP11Connection, "handle_async_request", stalled)
+    return stalls
+
+
+@pytest.mark.measured_margin
+async def test_a_permit_later_than_the_margin_when_the_request_is_written_is_asked_again(
+    partner: tuple[Partner, str], stall_before_writing: list[float]
+) -> None:
+    """Late by more than the fleet's measured margin covers when its bytes are about to
+    leave, the request would land among the next slots' requests: it is not written, its
+    grant goes back, and it asks again (without holding the connection, which the partner
+    may close meanwhile), so it leaves on a grant of its own time."""
+    served, url = partner
+    limiter = RateLimiter("partner", MemoryBackend(), rate="1/0.1 seconds")  # margin: 10 ms
+    async with httpx.AsyncClient(transport=RateLimitedTransport(limiter)) as http:
+        for _ in range(2):  # the connection made; a wait maps the limiter's clock
+            await http.get(url)
+        stall_before_writing.append(SETUP)
+        await http.get(url)
+        LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
+    assert len(served.arrivals) == 3  # (the late one on a new connection: the old let go)
+
+
+@pytest.mark.measured_margin
+async def test_aiohttp_asks_again_for_a_permit_later_than_the_margin_once_connected(
+    partner: tuple[Partner, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The aiohttp middleware takes its permit before the connection is had (a middleware
+    sees no connection signals), and checks it again just before the request is written:
+    late by more than the fleet's margin covers (a stall, a wait in the pool), it is not
+    written, the permit goes back and the request asks again."""
+    import aiohttp
+
+    from aiolimit.aiohttp import RateLimitedClientMiddleware
+
+    served, url = partner
+    stalls: list[float] = []
+    connect = aiohttp.BaseConnector.connect
+
+    async def stalled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        connection = await connect(self, *args, **kwargs)
+        if stalls:
+            await asyncio.sleep(stalls.pop(0))
+        return connection
+
+    monkeypatch.setattr(aiohttp.BaseConnector, "connect", stalled)
+    limiter = RateLimiter("partner", MemoryBackend(), rate="1/0.1 seconds")  # margin: 10 ms
+    middleware = RateLimitedClientMiddleware(limiter)
+    async with aiohttp.ClientSession(middlewares=(middleware,)) as session:
+        for _ in range(2):  # a wait maps the limiter's clock
+            async with session.get(url) as response:
+                await response.read()
+        stalls.append(SETUP)
+        async with session.get(url) as response:
+            await response.read()
+        LATE.check(served.arrivals[-1], grant_start(), "the late request's first byte")
+    assert len(served.arrivals) == 3

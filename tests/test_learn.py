@@ -337,6 +337,25 @@ async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store
     assert await after(INTERVAL) == 12  # never past it: 13 failed there
 
 
+async def test_below_where_it_fell_from_a_failed_probe_waits_at_most_four_intervals(store, name):
+    """After a fall the limit may come back at any time: the level above the one that holds
+    is probed again after 2, then 4 intervals, never longer, however long ``max_hold`` is
+    (above every level that held, the wait grows to ``max_hold``): a rise back is found
+    within about four intervals."""
+    clock, limiters, _ = await held_at_twelve_with_thirteen_failing(store, name)
+    after = stepper(store, clock, limiters[0], start=0.6, max_hold=30 * INTERVAL)
+    assert await after(3, "fell") == 6  # the limit fell from 12
+    assert await after(INTERVAL) == 7  # probe 7
+    tried = []
+    for _ in range(4):  # 7 fails each time: the limit stays 6
+        assert await after(1, "refused") == 6
+        waited = 0
+        while waited < 40 and await after(INTERVAL) == 6:
+            waited += 1
+        tried.append(waited)
+    assert tried == [1, 3, 3, 3], tried  # (2 and 4 intervals after the failure, then 4 on)
+
+
 async def test_a_level_refused_before_it_held_is_climbed_back_to_fast(store, name):
     clock = ManualClock()
     (limiter,) = await fleet(store, name, clock, 1)

@@ -58,7 +58,8 @@ async def _aiohttp_calls(limiter: RateLimiter, url: str, seconds: float, tasks: 
 
 
 @pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])
-async def test_a_client_learns_a_hidden_quota_from_its_429s(calls) -> None:
+async def test_a_client_learns_a_hidden_quota_from_its_429s(calls, caplog) -> None:
+    caplog.set_level("WARNING", "aiolimit")
     partner = Partner(5, 1.0, "sliding")
     limiter = RateLimiter(
         "hidden",
@@ -74,6 +75,9 @@ async def test_a_client_learns_a_hidden_quota_from_its_429s(calls) -> None:
     assert served >= 0.6 * 5 * 4, served  # it kept calling: the floor, never a stop
     late = [at for at in refused if at > partner.arrivals[0] + 2.5]
     assert len(late) <= 2, (late, refused)  # learned: few after the first seconds
+    said = [record.getMessage() for record in caplog.records]  # (a 1 s Retry-After: one interval)
+    assert any("learning from it, this call alone waits 1 s" in line for line in said), said
+    assert not any("pausing every caller" in line for line in said), said
 
 
 @pytest.mark.parametrize("calls", [_httpx_calls, _aiohttp_calls], ids=["httpx", "aiohttp"])

@@ -89,6 +89,39 @@ async def test_a_slot_handed_to_another_process_wakes_it_by_pub_sub_without_a_bl
     await lease.release()
 
 
+async def test_a_wake_up_heard_resumes_its_waiter_on_the_loops_next_turn(redis, name, monkeypatch):
+    # From the message read off the wake channel to the waiter holding its lease: the next
+    # turn of the event loop, no round trip (the message carries the lease and its fence).
+    loop = asyncio.get_running_loop()
+    waiters: list[asyncio.Task[Lease | None]] = []
+    turns: asyncio.Future[int] = loop.create_future()
+    wake = _wakeups._wake
+
+    def noted(message: Any) -> None:
+        wake(message)
+        count = 0
+
+        def turn() -> None:  # (once a turn, from the one after the message on)
+            nonlocal count
+            count += 1
+            if waiters[0].done():
+                turns.set_result(count)
+            else:
+                loop.call_soon(turn)
+
+        loop.call_soon(turn)
+
+    monkeypatch.setattr(_wakeups, "_wake", noted)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
+    waiters.append(waiter)
+    await release_elsewhere(backend, name, holder)
+    assert await asyncio.wait_for(turns, 5) == 1
+    lease = waiter.result()
+    assert lease is not None and lease.fence > holder.fence
+    await lease.renew()
+    await lease.release()
+
+
 async def test_a_wake_up_sent_while_the_subscriber_reconnects_is_not_lost(redis, name):
     # The message is published to nobody while the subscriber's connection is down; once
     # it is subscribed again, the waiters of its channels ask (and collect the grant), long

@@ -7,7 +7,7 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-from conformance import now, until
+from conformance import now, tolerance, until
 
 from aiolimit import (
     ConcurrencyConfig,
@@ -250,6 +250,37 @@ async def test_a_cancelled_waiter_leaves_no_ticket(store, name):
     assert await sem.try_lease() is not None  # nobody ahead
 
 
+@pytest.mark.parametrize("store", ["memory", "redis"], indirect=True)  # (a lease in real time)
+async def test_a_ticket_is_dropped_a_lease_time_after_its_waiters_last_call(store, name):
+    # A waiter that stops calling (its process killed) leaves the queue a lease time after
+    # its last call, be it its first, or its wait after it when shorter; one that calls
+    # again keeps its place past that (the scripts keep no stamp of a first call).
+    from aiolimit.backends._lease import new_ticket
+
+    late = tolerance(store).late
+    lease = 0.3 + 4 * late
+    sem = await limiter(store, name, 1, lease=lease)
+    backend = store.backend()
+    held = await sem.try_lease()
+    gone, kept, short = new_ticket(1), new_ticket(1), new_ticket(1)
+    start = now()
+    await backend.take_lease(name, 1, gone, None)  # (called once, waiting without end)
+    await backend.take_lease(name, 1, kept, None)
+    await backend.take_lease(name, 1, short, int(late * 1e6))  # (called once)
+
+    async def at(offset: float) -> tuple[int | None, int]:
+        await asyncio.sleep(start + offset - now())
+        await held.renew()
+        refusal = await backend.take_lease(name, 1, kept, None)
+        return refusal.ahead, await waiting(sem)
+
+    assert await at(2 * late) == (1, 2)  # short has gone, gone waits
+    assert await at(lease - 2 * late) == (1, 2)  # gone still waits
+    assert await at(lease + 2 * late) == (0, 1)  # gone has gone; kept called again
+    await held.release()
+    assert (await backend.take_lease(name, 1, kept, None)).granted
+
+
 async def test_lease_raises_rate_limited_when_no_slot_comes_in_time(store, name):
     sem = await limiter(store, name, 1)
     await sem.try_lease()
@@ -371,6 +402,25 @@ async def test_a_waiter_in_another_process_is_handed_its_lease_through_its_wake_
     assert attempts[1:] == [attempts[1]], "the waiter asked again after it was woken"
     assert await lease.release()
     assert (await sem.leases()).in_flight == 0
+
+
+async def test_a_handed_over_lease_resumes_its_waiter_on_the_loops_next_turn(store, name):
+    # The slot is idle until its waiter runs: a busy process takes a while over each turn of
+    # its event loop, so the lease handed over wakes the waiter on the next one (not an
+    # Event under wait_for, whose task and callbacks take three).
+    sem = await limiter(store, name, 1)
+    held = await sem.try_lease()
+    waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
+    await until(lambda: waiting(sem), lambda n: n == 1, "queued")
+    await held.release()  # (handed over in its reply: this process's waiter)
+    turns = 0
+    while not waiter.done():
+        await asyncio.sleep(0)
+        turns += 1
+    assert turns == 1
+    lease = waiter.result()
+    assert lease is not None and lease.fence > held.fence
+    await lease.release()
 
 
 async def test_a_handed_over_lease_is_renewed_and_released_as_any_other(store, name):

@@ -21,6 +21,7 @@ import bisect
 import json
 import math
 import multiprocessing
+import os
 import threading
 import time
 from collections import deque
@@ -140,9 +141,41 @@ async def _answer(send: Any, status: int, headers: list[tuple[bytes, bytes]], bo
     await send({"type": "http.response.body", "body": body})
 
 
+PARTNER_NICE = -10
+"""The scheduling priority (nice) of a trial's partner thread: a real partner is remote, and
+its clock stamps arrivals whatever the callers' machine is doing; one that shares a busy
+machine with its callers and is not run for a while stamps a backlog of requests "at once",
+late, and refuses some for a burst no caller sent. Raised where allowed (root, or
+``CAP_SYS_NICE``), else left as it is (:func:`serve` returns which)."""
+
+
+def _raise_priority(nice: int | None) -> bool:
+    """This thread's nice set to ``nice`` (Linux: per thread); whether it could be."""
+    if nice is None or not hasattr(os, "setpriority"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
+    return True
+
+
+def partner_priority() -> str:
+    """How a trial's partner thread is run here, for a benchmark's heading: at
+    :data:`PARTNER_NICE`, or as its process (not allowed)."""
+    allowed: list[bool] = []
+    probe = threading.Thread(target=lambda: allowed.append(_raise_priority(PARTNER_NICE)))
+    probe.start()
+    probe.join()
+    if allowed[0]:
+        return f"the partner's thread at nice {PARTNER_NICE} (a real partner is remote)"
+    return "the partner's thread at its process's priority (not allowed to raise it)"
+
+
 @contextmanager
-def serve(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serves ``app`` with uvicorn in a thread on a free port; yields its base URL."""
+def serve(app: Any, host: str = "127.0.0.1", nice: int | None = None) -> Iterator[str]:
+    """Serves ``app`` with uvicorn in a thread on a free port (at priority ``nice`` where
+    allowed: :data:`PARTNER_NICE`); yields its base URL."""
     import uvicorn
 
     from tools import free_port
@@ -150,7 +183,12 @@ def serve(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     port = free_port()
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+
+    def run() -> None:
+        _raise_priority(nice)
+        server.run()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
@@ -292,7 +330,7 @@ def trial(spec: Trial) -> list[Seen]:
 
 def _one(spec: Trial, kind: str, client: str) -> Seen:
     partner = Partner(spec.rate, spec.interval, kind)
-    with serve(partner) as url:
+    with serve(partner, nice=PARTNER_NICE) as url:
         start_at = time.time() + 2.0  # (the workers' imports and connections first)
         context = multiprocessing.get_context("spawn")
         with context.Pool(spec.processes) as pool:
@@ -374,10 +412,20 @@ async def _caller(client: str, limiter: RateLimiter, url: str, stop: float) -> N
 async def _httpx_caller(limiter: RateLimiter, url: str, stop: float) -> None:
     from aiolimit.httpx import RateLimitedTransport
 
-    transport = RateLimitedTransport(limiter, Stamped(httpx.AsyncHTTPTransport()))
+    transport = RateLimitedTransport(limiter)  # (its own connections: the permit taken late)
     async with httpx.AsyncClient(transport=transport, timeout=30) as client:
         while time.time() < stop:
-            await client.get(f"{url}/call")
+            await client.get(f"{url}/call", extensions={"trace": stamp_when_written})
+
+
+async def stamp_when_written(event: str, info: dict[str, Any]) -> None:
+    """httpcore's trace, as the caller's own: the request carries the start of the grant it
+    is written on (:data:`LATENESS_HEADER`), stamped as its headers are about to be written
+    (after the transport took or checked its permit there)."""
+    if event == "http11.send_request_headers.started":
+        start = granted_start()
+        if start is not None:
+            info["request"].headers.append((LATENESS_HEADER.encode(), str(start).encode()))
 
 
 async def _acquire_caller(limiter: RateLimiter, url: str, stop: float) -> None:
@@ -429,7 +477,8 @@ def arrival_late(scope: dict[str, Any], now: float) -> float | None:
 
 
 class Stamped(httpx.AsyncBaseTransport):
-    """An httpx transport whose requests carry their grant's start (:data:`LATENESS_HEADER`)."""
+    """An httpx transport whose requests carry their grant's start (:data:`LATENESS_HEADER`),
+    for a transport of the caller's own (the permit taken before the request is handed on)."""
 
     def __init__(self, transport: httpx.AsyncBaseTransport) -> None:
         self._transport = transport

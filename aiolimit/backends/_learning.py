@@ -13,7 +13,8 @@ every process of a fleet shares one decision:
   of a call decided before the last cut belongs to that cut's episode and changes nothing
   (one reported without its call: within a quarter interval of the cut). A refused *probe*
   (a level above the last one that held) goes back to that level (*good*), and the level
-  that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``):
+  that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``;
+  below a *peak*, at most ``RECOVER_HOLDS`` intervals):
   one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
   that had held goes one ``step`` down (a call that arrived late: a caller stalled past the
   margin); one that had not held is cut to ``decrease`` of itself. Where it fell from is
@@ -54,6 +55,7 @@ __all__ = [
     "FOREVER_HOLD",
     "LEARN_TTL",
     "MILLION",
+    "RECOVER_HOLDS",
     "Event",
     "Law",
     "LearnState",
@@ -67,6 +69,9 @@ MILLION = 1_000_000
 LEARN_TTL = 86_400_000_000
 """How long a learned state outlives its last learn call (µs): a day; then learning starts
 again (at ``start`` of the ceiling, or the config's rate where lower)."""
+RECOVER_HOLDS = 4
+"""The longest wait (in intervals of the ceiling's first rate) before a level below where
+the limit fell from is probed again: a rise back is found within about this long."""
 FOREVER_HOLD = 3600 * US
 """The longest ``max_hold`` (µs)."""
 
@@ -193,7 +198,7 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
         state.refusals += 1
     elif 0 < state.good < state.permits:  # a probe failed: back to what held, wait longer
         state.bad, state.permits, state.level = state.permits, state.good, state.good
-        state.hold = min(2 * state.hold, max(law.max_hold, interval))
+        state.hold = _next_hold(state, law, interval)
         state.refusals = 1 - (state.bad - state.good)  # (its overshoot's refusals are its own)
     else:  # a level in force refused: a late arrival, a step down; a fall, halved
         level, held = state.permits, state.good > 0
@@ -207,6 +212,18 @@ def _refused(state: LearnState, decided: int | None, law: Law, now: int) -> None
     if fall or first:
         state.step = _share(top, law.step)
         state.cut_at = state.grown_at = now
+
+
+def _next_hold(state: LearnState, law: Law, interval: int) -> int:
+    """How long the level that just failed waits before it is tried again. Below where the
+    limit fell from (the peak), the limit may come back at any time: the wait doubles up to
+    ``RECOVER_HOLDS`` intervals, so a rise back is found within about that long. Above every
+    level that held, a rise is a new limit, and every probe there costs a ``429``: the wait
+    doubles up to ``max_hold``."""
+    longest = law.max_hold
+    if state.peak > state.bad:
+        longest = min(longest, RECOVER_HOLDS * interval)
+    return min(2 * state.hold, max(longest, interval))
 
 
 def _fell(state: LearnState, level: int, permits: int, interval: int, held: bool) -> None:

@@ -6,6 +6,7 @@ fills in (:class:`LeaseStore`). The semantics are lease_lib.lua's, and the memor
 from __future__ import annotations
 
 import abc
+import asyncio
 import os
 import secrets
 from datetime import timedelta
@@ -22,6 +23,7 @@ __all__ = [
     "LeaseSnapshot",
     "LeaseStore",
     "LeaseWaiter",
+    "Woken",
     "new_ticket",
     "parse_lease",
     "process_id",
@@ -142,6 +144,69 @@ class LeaseWaiter(Protocol):
     async def aclose(self) -> None:
         """The waiter stops waiting (whatever it holds to be woken is let go)."""
         ...
+
+
+class Woken:
+    """One waiter's wake-ups, as a store's :class:`LeaseWaiter` keeps them: :meth:`hand`
+    by whatever heard the store (a release's reply, a wake channel), :meth:`wait` by the
+    waiter. A wake-up resumes the waiter on the event loop's next turn: the slot is idle
+    until it runs (an ``asyncio.Event`` under ``wait_for`` takes three turns and a task)."""
+
+    __slots__ = ("_future", "_grant", "_loop", "_woken")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._future: asyncio.Future[None] | None = None
+        self._woken = False  # (handed while the waiter was not waiting: kept for its wait)
+        self._grant: LeaseGrant | None = None
+
+    @property
+    def grant(self) -> LeaseGrant | None:
+        """The lease handed over and not waited for yet."""
+        return self._grant
+
+    async def wait(self, timeout: float) -> LeaseGrant | None:
+        """As :meth:`LeaseWaiter.wait`: the lease handed over, or None (no wake-up within
+        ``timeout`` seconds, or one without its lease)."""
+        if not self._woken:
+            future = self._future = self._loop.create_future()
+            timer = self._loop.call_later(max(timeout, 0.0), _time_up, future)
+            try:
+                await future
+            finally:
+                timer.cancel()
+                self._future = None
+            if not self._woken:
+                return None
+        self._woken = False
+        grant, self._grant = self._grant, None
+        return grant
+
+    def hand(self, grant: LeaseGrant | None) -> None:
+        """Wakes the waiter, ``grant`` the lease its ticket was granted (None: it asks for
+        it). On the waiter's event loop."""
+        if grant is not None:
+            self._grant = grant
+        self._woken = True
+        future = self._future
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def hand_threadsafe(self, grant: LeaseGrant | None) -> None:
+        """:meth:`hand` from any thread (a release in another event loop of the process)."""
+        try:
+            here = asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            here = False
+        if here:
+            self.hand(grant)
+        else:
+            self._loop.call_soon_threadsafe(self.hand, grant)
+
+
+def _time_up(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class LeaseStore(Store):

@@ -3,7 +3,6 @@ in Python (one method per script), on the memory backend's clock."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -18,6 +17,7 @@ from .._lease import (
     LeaseRefusal,
     LeaseSnapshot,
     LeaseStore,
+    Woken,
     parse_lease,
 )
 from .._protocol import over_rate_error
@@ -64,21 +64,18 @@ class Semaphore:
 class _Waiter:
     table: LeaseTable
     ticket: str
-    woken: asyncio.Event = field(default_factory=asyncio.Event)
-    grant: LeaseGrant | None = None
+    woken: Woken = field(default_factory=Woken)
+
+    @property
+    def grant(self) -> LeaseGrant | None:
+        """The lease handed over and not waited for yet."""
+        return self.woken.grant
 
     async def wait(self, timeout: float) -> LeaseGrant | None:
-        try:
-            await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
-        except asyncio.TimeoutError:
-            return None
-        self.woken.clear()
-        grant, self.grant = self.grant, None
-        return grant
+        return await self.woken.wait(timeout)
 
     def hand(self, grant: LeaseGrant) -> None:
-        self.grant = grant
-        self.woken.set()
+        self.woken.hand(grant)
 
     async def aclose(self) -> None:
         if self.table.waiters.get(self.ticket) is self:

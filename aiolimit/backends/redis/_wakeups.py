@@ -19,7 +19,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from .._context import Background
-from .._lease import LeaseGrant
+from .._lease import LeaseGrant, Woken
 from ._compat import ANY, NO_PERMISSION
 from ._lease_scripts import woken
 
@@ -51,38 +51,26 @@ class Waiter:
     """One waiter's wake-ups (the :class:`~aiolimit.backends.LeaseWaiter` of a Redis store),
     from its ``source``: a :class:`Subscriber`'s channel or a :class:`Waker`'s list."""
 
-    __slots__ = ("_loop", "_source", "_tasks", "grant", "ticket", "woken")
+    __slots__ = ("_source", "_tasks", "_woken", "ticket")
 
     def __init__(self, source: Subscriber | Waker, ticket: str, tasks: Background) -> None:
-        self._source, self.ticket, self.woken = source, ticket, asyncio.Event()
+        self._source, self.ticket, self._woken = source, ticket, Woken()
         self._tasks = tasks  # (its store's: aclose() waits for the ends it spawns)
-        self._loop = asyncio.get_running_loop()
-        self.grant: LeaseGrant | None = None
         _waiting[ticket] = self
+
+    @property
+    def grant(self) -> LeaseGrant | None:
+        """The lease handed over and not waited for yet."""
+        return self._woken.grant
 
     async def wait(self, timeout: float) -> LeaseGrant | None:
         self._source.listen(self._tasks)
-        try:
-            await asyncio.wait_for(self.woken.wait(), max(timeout, 0))
-        except asyncio.TimeoutError:
-            return None
-        self.woken.clear()
-        grant, self.grant = self.grant, None
-        return grant
+        return await self._woken.wait(timeout)
 
     def hand(self, grant: LeaseGrant | None) -> None:
         """Wakes the waiter, ``grant`` the lease its ticket was granted (None: it asks for
         it). From any thread: a release in another event loop of the process hands it too."""
-        if grant is not None:
-            self.grant = grant
-        try:
-            here = asyncio.get_running_loop() is self._loop
-        except RuntimeError:
-            here = False
-        if here:
-            self.woken.set()
-        else:
-            self._loop.call_soon_threadsafe(self.woken.set)
+        self._woken.hand_threadsafe(grant)
 
     async def aclose(self) -> None:
         if _waiting.get(self.ticket) is self:

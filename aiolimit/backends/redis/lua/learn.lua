@@ -115,6 +115,18 @@ local function fell(level, permits, held)
   state.good, state.bad, state.hold = 0, 0, interval
 end
 
+-- How long the level that just failed waits before it is tried again: below where the limit
+-- fell from, doubling up to RECOVER_HOLDS intervals (a rise back is found soon); above every
+-- level that held, doubling up to max_hold (each probe there costs a 429).
+local RECOVER_HOLDS = 4
+local function next_hold()
+  local longest = law.max_hold
+  if state.peak > state.bad then
+    longest = min(law.max_hold, RECOVER_HOLDS * interval)
+  end
+  return min(2 * state.hold, max(longest, interval))
+end
+
 local function refused(decided)
   local episode
   if decided then
@@ -128,7 +140,7 @@ local function refused(decided)
     state.refusals = state.refusals + 1
   elseif state.good > 0 and state.good < state.permits then -- a probe failed: back, wait longer
     state.bad, state.permits, state.level = state.permits, state.good, state.good
-    state.hold = min(2 * state.hold, max(law.max_hold, interval))
+    state.hold = next_hold()
     state.refusals = 1 - (state.bad - state.good) -- (its overshoot's refusals are its own)
   else -- a level in force refused: a late arrival, a step down; a fall, halved
     local level, held = state.permits, state.good > 0

@@ -15,9 +15,11 @@ end
 redis.call('ZREM', KEYS[3], ticket)
 local state = LEASE.load(KEYS[1])
 if place + 0 > 0 then
-  redis.call('ZREM', KEYS[4], ticket)
   if state then
+    LEASE.unstamp(state, KEYS, { ticket }, 1, 1)
     LEASE.count_queued(state, -LEASE.permits(ticket))
+  else
+    redis.call('ZREM', KEYS[4], ticket)
   end
 elseif state then -- (granted in the queue: its lease goes back)
   LEASE.drop_holder(state, KEYS, LEASE.permits(ticket) .. ':' .. format('%d', -place))

@@ -6,15 +6,21 @@
 -- every script in this order as KEYS[1..4]:
 --   T:sem      HASH  max (slots), lease (us), fence (the last fence given), seq (the last
 --                    ticket's place), used (slots the holders take), queued (permits of the
---                    tickets in T:queue), expires_at (ms, when expire() set one); hdue (us:
---                    no holder's lease ends before it) as of fence hfence, tdue (us: no
---                    ticket is dropped before it) as of seq tseq
+--                    tickets in T:queue), stamped (how many tickets T:tickets holds),
+--                    expires_at (ms, when expire() set one); hdue (us: no holder's lease
+--                    ends before it) as of fence hfence, tdue (us: no ticket is dropped
+--                    before it) as of seq tseq
 --   T:holders  ZSET  lease id "<permits>:<fence>" -> when it expires (us, server time)
---   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue (seq,
---                    from 1); or, once granted while it waited, minus the fence of its lease,
---                    as long as that lease is held and its waiter has not asked for it (the
---                    lease id is "<ticket's permits>:<fence>"): the queue is the scores above 0
---   T:tickets  ZSET  ticket (queued) -> when it is dropped unless its waiter calls again (us)
+--   T:queue    ZSET  ticket "<permits>:<process>:<id>[:p|:h]" -> its place in the queue: when
+--                    it was queued (us, and after every earlier place: max(seq + 1, now)); or,
+--                    once granted while it waited, minus the fence of its lease, as long as
+--                    that lease is held and its waiter has not asked for it (the lease id is
+--                    "<ticket's permits>:<fence>"): the queue is the scores above 0
+--   T:tickets  ZSET  ticket (queued, whose waiter called again or waits less than a lease
+--                    time) -> when it is dropped unless its waiter calls again (us). A
+--                    ticket not in it is dropped a lease time after its place: a waiter's
+--                    first call writes T:queue alone, and a grant reads T:tickets only when
+--                    `stamped` says it holds any.
 -- (Older versions kept the grants in a fifth key, T:granted: a limiter's keys are not shared
 -- with them, see docs/concurrency.md.)
 --   T:wake:<process>  CHANNEL  wake-ups for that process's waiters (tickets ending in ':p'),
@@ -51,12 +57,13 @@ local LEASE = { RECLAIM = 100, SCAN = 100, WAKE_TTL_MS = 60000, NONE = MAX_EXACT
 
 function LEASE.load(sem_key)
   local f = redis.call('HMGET', sem_key, 'max', 'lease', 'fence', 'seq', 'used', 'queued',
-    'expires_at', 'hdue', 'hfence', 'tdue', 'tseq')
+    'expires_at', 'hdue', 'hfence', 'tdue', 'tseq', 'stamped')
   if not f[1] then
     return nil
   end
   local seq, used, queued = (f[4] or 0) + 0, (f[5] or 0) + 0, (f[6] or 0) + 0
   local fence = (f[3] or 0) + 0
+  local stamped = f[12] and f[12] + 0 or false
   local hdue = f[8] and f[9] and f[9] + 0 == fence and f[8] + 0 or false
   local tdue = f[10] and f[11] and f[11] + 0 == seq and f[10] + 0 or false
   return { -- (every field in the constructor: the table is made its size once)
@@ -75,6 +82,8 @@ function LEASE.load(sem_key)
     seq0 = seq, -- (as loaded: save writes what changed)
     used0 = used,
     queued0 = queued,
+    stamped = stamped, -- (false: not known, T:tickets counted when asked)
+    stamped0 = stamped,
     expires_at = f[7] and f[7] + 0 or false,
     earliest = false, -- (when the earliest holder's lease ends, -1: none, false: not read)
     tidied = false, -- (what had ended by now reclaimed: once per call)
@@ -88,6 +97,28 @@ end
 -- `permits` more (or fewer) permits queued; never below 0.
 function LEASE.count_queued(state, permits)
   state.queued = math.max(0, state.queued + permits)
+end
+
+-- How many tickets T:tickets holds (counted once when T:sem does not say).
+function LEASE.stamps(state, keys)
+  if not state.stamped then
+    state.stamped = redis.call('ZCARD', keys[4])
+  end
+  return state.stamped
+end
+
+-- `tickets` (a list, from `first` to `last`) out of T:tickets, if it holds any.
+function LEASE.unstamp(state, keys, tickets, first, last)
+  if LEASE.stamps(state, keys) > 0 then
+    state.stamped = math.max(0, state.stamped - redis.call('ZREM', keys[4], unpack(tickets, first, last)))
+  end
+end
+
+-- A ticket is dropped no sooner than `due` (us): the bound lowered (tdue).
+function LEASE.lower_tdue(state, due)
+  if state.tdue and due < state.tdue then
+    state.tdue = due
+  end
 end
 
 -- A key written by this call lives no longer than the limiter (expire()).
@@ -161,26 +192,73 @@ function LEASE.drop_holder(state, keys, id)
   return true
 end
 
--- Drops tickets whose waiter stopped calling (at most RECLAIM), once one may have; how many.
+-- Drops tickets whose waiter stopped calling (at most RECLAIM of each kind), once one may
+-- have; how many. A stamped ticket (T:tickets) ends at its stamp, any other a lease time
+-- after its place.
 function LEASE.reclaim_tickets(state, keys, now)
   if state.tdue and state.tdue > now then
     return 0 -- (the common case: nothing read)
   end
+  local stamped = LEASE.drop_stamped(state, keys, now)
+  local unstamped, read = LEASE.drop_unstamped(state, keys, now)
+  state.tdue = false
+  if stamped < LEASE.RECLAIM and read < LEASE.RECLAIM then -- (every ticket due is gone)
+    local due = LEASE.NONE
+    if state.stamped > 0 then
+      local first = redis.call('ZRANGE', keys[4], 0, 0, 'WITHSCORES')
+      due = first[2] and first[2] + 0 or due
+    end
+    local place = redis.call('ZRANGEBYSCORE', keys[3], format('(%d', now - state.lease), '+inf',
+      'WITHSCORES', 'LIMIT', 0, 1)
+    state.tdue = place[2] and math.min(due, place[2] + state.lease) or due
+  end
+  return stamped + unstamped
+end
+
+-- Drops the stamped tickets whose stamp has passed; how many.
+function LEASE.drop_stamped(state, keys, now)
+  if LEASE.stamps(state, keys) == 0 then
+    return 0
+  end
   local expired = redis.call('ZRANGEBYSCORE', keys[4], '-inf', format('%d', now),
     'LIMIT', 0, LEASE.RECLAIM)
   if #expired > 0 then
-    redis.call('ZREM', keys[4], unpack(expired))
-    redis.call('ZREM', keys[3], unpack(expired))
-    for _, ticket in ipairs(expired) do
-      LEASE.count_queued(state, -LEASE.permits(ticket))
-    end
-  end
-  state.tdue = false
-  if #expired < LEASE.RECLAIM then -- (every ticket due is gone: the next is the bound)
-    local first = redis.call('ZRANGE', keys[4], 0, 0, 'WITHSCORES')
-    state.tdue = first[2] and first[2] + 0 or LEASE.NONE
+    LEASE.unstamp(state, keys, expired, 1, #expired)
+    LEASE.drop_queued(state, keys, expired)
   end
   return #expired
+end
+
+-- Drops the tickets placed a lease time ago or more that no stamp keeps: how many, and how
+-- many were read.
+function LEASE.drop_unstamped(state, keys, now)
+  local old = redis.call('ZRANGEBYSCORE', keys[3], '(0', format('%d', now - state.lease),
+    'LIMIT', 0, LEASE.RECLAIM)
+  local gone = old
+  if #old > 0 and LEASE.stamps(state, keys) > 0 then
+    gone = {}
+    for _, ticket in ipairs(old) do
+      local stamp = redis.call('ZSCORE', keys[4], ticket)
+      if not stamp or stamp + 0 <= now then
+        gone[#gone + 1] = ticket
+      end
+    end
+    if #gone > 0 then
+      LEASE.unstamp(state, keys, gone, 1, #gone)
+    end
+  end
+  if #gone > 0 then
+    LEASE.drop_queued(state, keys, gone)
+  end
+  return #gone, #old
+end
+
+-- Tickets out of the queue, their permits no longer queued.
+function LEASE.drop_queued(state, keys, tickets)
+  redis.call('ZREM', keys[3], unpack(tickets))
+  for _, ticket in ipairs(tickets) do
+    LEASE.count_queued(state, -LEASE.permits(ticket))
+  end
 end
 
 -- Drops grants whose lease ended long ago without being dropped here (an older client's
@@ -248,7 +326,7 @@ function LEASE.promote(state, keys, now, process, handed, reclaim)
   end
   if granted > 0 then -- (each granted ticket kept, by minus its fence, until it is collected)
     redis.call('ZADD', keys[3], unpack(places))
-    redis.call('ZREM', keys[4], unpack(head, 1, granted))
+    LEASE.unstamp(state, keys, head, 1, granted)
   end
   return read_all and granted == #head, granted
 end
@@ -325,7 +403,7 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
   local free = state.max - state.used
   local fits = empty and permits <= free -- (nobody waits: the ticket is not queued either)
   local queues = wait ~= 0 and not fits
-  local ahead = queues and LEASE.enqueue(state, keys, permits, ticket) -- (a new place: one call)
+  local ahead = queues and LEASE.enqueue(state, keys, now, permits, ticket) -- (a new place)
   local place = not ahead and redis.call('ZSCORE', keys[3], ticket)
   if place and place + 0 < 0 then -- (granted in the queue: collected, and renewed)
     local reply = LEASE.collect(state, keys, now, permits, ticket, -place)
@@ -333,7 +411,7 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
       return reply
     end -- (its lease ended before its waiter came for it: the ticket queues again, at the end)
     place = false
-    ahead = queues and LEASE.enqueue(state, keys, permits, ticket)
+    ahead = queues and LEASE.enqueue(state, keys, now, permits, ticket)
   end
   if fits then
     local id = permits .. ':' .. LEASE.grant(state, keys, permits, format('%d', now + state.lease), now)
@@ -342,8 +420,8 @@ function LEASE.take(state, keys, now, permits, ticket, wait)
   if wait == 0 then
     LEASE.leave(state, keys, now, permits, ticket, place)
   else
+    LEASE.stamp(state, keys, now, ticket, wait, ahead)
     ahead = ahead or LEASE.ahead(keys[3], place) or -1
-    LEASE.stamp(state, keys, now, ticket, wait)
   end
   local due = LEASE.due(state, keys)
   return { 1, due and math.max(0, due - now) or -1, free, ahead or -1, state.lease }
@@ -368,16 +446,17 @@ end
 function LEASE.leave(state, keys, now, permits, ticket, place)
   if place then
     redis.call('ZREM', keys[3], ticket)
-    redis.call('ZREM', keys[4], ticket)
+    LEASE.unstamp(state, keys, { ticket }, 1, 1)
     LEASE.count_queued(state, -permits)
     LEASE.promote(state, keys, now, nil, nil, false)
   end
 end
 
 -- A waiter's ticket queued at the end, unless it has a place (or a grant) already: the
--- permits ahead of it (every ticket queued), or false.
-function LEASE.enqueue(state, keys, permits, ticket)
-  local seq = state.seq + 1
+-- permits ahead of it (every ticket queued), or false. Its place is when it was queued (after
+-- every earlier one): unless its waiter calls again, it is dropped a lease time after.
+function LEASE.enqueue(state, keys, now, permits, ticket)
+  local seq = math.max(state.seq + 1, now)
   if redis.call('ZADD', keys[3], 'NX', format('%d', seq), ticket) == 0 then
     return false
   end
@@ -385,21 +464,24 @@ function LEASE.enqueue(state, keys, permits, ticket)
   state.seq = seq
   LEASE.count_queued(state, permits)
   LEASE.bound(state, keys[3])
+  LEASE.lower_tdue(state, seq + state.lease)
   return ahead
 end
 
 -- A waiter's ticket stamped: dropped unless its waiter calls again within its wait or a
--- lease time, whichever is shorter.
-function LEASE.stamp(state, keys, now, ticket, wait)
+-- lease time, whichever is shorter. A ticket queued by this call (`new`) waiting a lease
+-- time or more is not: its place says when it was queued.
+function LEASE.stamp(state, keys, now, ticket, wait, new)
   local keep = state.lease
   if wait > 0 and wait < keep then
     keep = wait
+  elseif new then
+    return
   end
-  redis.call('ZADD', keys[4], format('%d', now + keep), ticket)
+  local added = redis.call('ZADD', keys[4], format('%d', now + keep), ticket)
+  state.stamped = LEASE.stamps(state, keys) + added
   LEASE.bound(state, keys[4])
-  if state.tdue then
-    state.tdue = math.min(state.tdue, now + keep)
-  end
+  LEASE.lower_tdue(state, now + keep)
 end
 
 -- The holder of lease `id` hands it back (lease_release.lua); the waiters that now fit are
@@ -435,6 +517,9 @@ function LEASE.save(state)
   end
   if state.queued ~= state.queued0 then
     fields[#fields + 1], fields[#fields + 2] = 'queued', fmt(state.queued)
+  end
+  if state.stamped and state.stamped ~= state.stamped0 then
+    fields[#fields + 1], fields[#fields + 2] = 'stamped', fmt(state.stamped)
   end
   if state.fence_text then
     fields[#fields + 1], fields[#fields + 2] = 'fence', state.fence_text
