@@ -38,7 +38,7 @@ from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
 from ._wakeup import sleep_out
 from .backends.base import Attempt, Grant, Refusal
-from .errors import BackendError, LimiterError, NotConfiguredError
+from .errors import LimiterError, NotConfiguredError
 
 __all__ = [
     "Acquired",
@@ -89,24 +89,10 @@ async def try_one(limiter: Limited, permits: int, max_wait: int | None) -> bool:
     :func:`take` does."""
     if _observe.current is not None:
         return (await take(Request((limiter,), (permits,), deadline_in(max_wait)))).granted
-    # attempt_one's call, without its frame, and the breaker's guard written out while it is
-    # closed: one coroutine fewer per grant (this is the hot path).
-    breaker = limiter.breaker
-    call = limiter.backend.try_acquire(limiter.name, permits, max_wait)
-    try:
-        if breaker.open_until is not None:  # an outage under way: the guard decides
-            attempt = await breaker.guard(call)
-        else:
-            try:
-                attempt = await call
-            except BackendError as exc:
-                breaker.failed(exc)
-                raise
-            except BaseException:
-                breaker.left()
-                raise
-            if breaker.open_until is not None:  # (it opened meanwhile: an answer closes it)
-                breaker.answered()
+    try:  # (attempt_one's call, without its frame: this is the hot path)
+        attempt = await limiter.breaker.guard(
+            limiter.backend.try_acquire(limiter.name, permits, max_wait)
+        )
     except NotConfiguredError as lost:
         attempts = await ask([limiter], [permits], max_wait, lost)
         request = Request((limiter,), (permits,), deadline_in(max_wait))

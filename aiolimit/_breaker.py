@@ -78,9 +78,9 @@ class Breaker:
         "_backoff",
         "_failure",
         "_loop",
+        "_open_until",
         "_probing",
         "failed_fast",
-        "open_until",
         "policy",
     )
 
@@ -92,9 +92,7 @@ class Breaker:
         self.failed_fast = 0
         """Calls failed at once, without asking the store, in the outage under way."""
         self._backoff = 0.0
-        self.open_until: float | None = None
-        """Until when (loop time) calls fail at once; None while it is closed. (Read on the
-        hot path, where a property's call would cost a frame per grant.)"""
+        self._open_until: float | None = None  # loop time; None: closed
         self._probing = False
         self._failure: BackendError | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,23 +110,23 @@ class Breaker:
     @property
     def is_open(self) -> bool:
         """Whether calls fail at once now (an outage is under way)."""
-        return self.open_until is not None
+        return self._open_until is not None
 
     def enter(self) -> None:
         """Before a call: raises ``BackendError`` at once while the breaker is open, except
         for one call (the probe) once the back-off has passed."""
-        if self.open_until is None:
+        if self._open_until is None:
             return
         loop = asyncio.get_running_loop()
         if loop is not self._loop:  # a breaker opened on another event loop: start afresh
             self._close()
             return
         now = loop.time()
-        if now >= self.open_until and not self._probing:
+        if now >= self._open_until and not self._probing:
             self._probing = True
             return
         self.failed_fast += 1
-        left = max(self.open_until - now, 0.0)
+        left = max(self._open_until - now, 0.0)
         raise BackendError(
             f"the store failed {self._backoff - left:.2f} s ago ({self._failure}); calls fail "
             f"at once for {left:.2f} s more, then one call asks again"
@@ -137,7 +135,7 @@ class Breaker:
     async def guard(self, call: Awaitable[_T]) -> _T:
         """Awaits ``call`` (a call to the store) through the breaker: every call to the store
         goes through here. (While it is closed, the common case, nothing else is called.)"""
-        if self.open_until is not None:
+        if self._open_until is not None:
             try:
                 self.enter()
             except BackendError:
@@ -155,13 +153,13 @@ class Breaker:
         except BaseException:
             self.left()
             raise
-        if self.open_until is not None:  # (answered)
+        if self._open_until is not None:  # (answered)
             self._close()
         return result
 
     def answered(self) -> None:
         """After a call the store answered."""
-        if self.open_until is not None:
+        if self._open_until is not None:
             self._close()
 
     def failed(self, error: BackendError) -> None:
@@ -175,17 +173,17 @@ class Breaker:
         if policy.first_backoff <= 0:
             return
         loop = asyncio.get_running_loop()
-        if self.open_until is None or loop is not self._loop:
+        if self._open_until is None or loop is not self._loop:
             self._backoff = policy.first_backoff
         elif self._probing:
             self._backoff = min(self._backoff * 2, policy.max_backoff)
         else:
             return  # a call sent before the breaker opened: the back-off stands
         self._loop = loop
-        self.open_until = loop.time() + self._backoff
+        self._open_until = loop.time() + self._backoff
         self._probing = False
         self._failure = error
-        self._opened(self.open_until + policy.max_backoff)
+        self._opened(self._open_until + policy.max_backoff)
         log.debug("circuit breaker: calls fail at once for %.2f s (%s)", self._backoff, error)
 
     def left(self) -> None:
@@ -193,7 +191,7 @@ class Breaker:
         self._probing = False
 
     def _close(self) -> None:
-        self.open_until = None
+        self._open_until = None
         self._probing = False
         self._failure = None
         self._backoff = 0.0
