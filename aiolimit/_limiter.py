@@ -96,10 +96,12 @@ class RateLimiter(_Limiter):
         # A coroutine function to inspect (returns_coroutine): the caller awaits the engine's
         # coroutine itself, one coroutine fewer per call. A bad argument raises in the await.
         # (The Awaiting is made here, not by awaiting(): no frame more per call.)
-        try:
-            permits, max_wait = check_take(permits, timeout)
-        except Exception as exc:  # (raised where the call is awaited)
-            return awaiting(_raising(exc), "RateLimiter.try_acquire")
+        max_wait: int | None = 0
+        if not (type(permits) is int and permits == 1 and type(timeout) is int and timeout == 0):
+            try:  # (the defaults, the common call, need no check: no frame for it)
+                permits, max_wait = check_take(permits, timeout)
+            except Exception as exc:  # (raised where the call is awaited)
+                return awaiting(_raising(exc), "RateLimiter.try_acquire")
         made: Awaiting[bool] = _new(Awaiting)  # (both named RateLimiter.try_acquire, below)
         if not self.rate_in_code.stored or (
             max_wait != 0 and self.name not in self.backend.context.margins.begun

@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from types import FrameType
+from types import FrameType, FunctionType
 from typing import Any
 
 import pytest
@@ -35,7 +35,7 @@ GRANTS = 50
 
 # Frames of aiolimit's own code per grant at once, one caller at a time on a token bucket
 # (each grant a round trip of its own on Redis, whose last one ends once: hence a fraction).
-MOST_FRAMES = {"memory": 61, "redis": 41.5}
+MOST_FRAMES = {"memory": 60, "redis": 39.5}  # (the breaker's one guard: a frame)
 
 
 @contextmanager
@@ -121,3 +121,18 @@ def test_every_permit_call_is_a_coroutine_function_on_every_limiter() -> None:
     signature = inspect.signature(RateLimiter("hot", backend).try_acquire)
     assert str(signature).startswith("(permits: 'int' = 1, *, timeout:"), signature
     assert "Takes ``permits``" in (RateLimiter.try_acquire.__doc__ or "")
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="Python 3.10 binds a marked method itself")
+def test_every_permit_call_is_a_plain_method_called_as_any_method_is() -> None:
+    # Marked as a coroutine function, each is still the function itself on its class: a call
+    # binds nothing of its own (a property binding a method per call cost ~1 400 instructions).
+    backend = MemoryBackend()
+    limiters: list[Any] = [
+        RateLimiter("hot", backend),
+        aiolimit.ShardedRateLimiter("hot", backend, shards=2),
+    ]
+    for limiter in limiters:
+        for name in ["try_acquire", "reserve", "acquire", "wait_time", "available_permits"]:
+            assert isinstance(inspect.getattr_static(limiter, name), FunctionType), (limiter, name)
+            assert inspect.iscoroutinefunction(getattr(limiter, name)), (limiter, name)

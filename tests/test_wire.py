@@ -221,6 +221,8 @@ async def test_a_blocking_pools_connection_goes_back_after_each_round_trip(
 def test_commands_are_packed_as_redis_py_packs_them() -> None:
     commands = [
         ("FCALL", "aiolimit_acquire_many", 2, b"{a}:config", b"", b"x" * 255, b"y" * 256),
+        ("FCALL", "f", 1, b"k" * 511, b"a", b"w" * 512),  # (a long one after bytes packed by C)
+        ("FCALL", "f", 1, b"k", b"1 - 0 1", "xé", 7),  # (a str, an int after bytes)
         ("SET", "k\u00e9y", b"v" * 1000, "PX", 1500),
         ("PING",),
     ]

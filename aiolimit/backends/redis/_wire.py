@@ -56,28 +56,43 @@ def _plain(redis: Any) -> bool:
 
 def _packed(commands: Sequence[tuple[Any, ...]]) -> bytes:
     """``commands`` in the Redis protocol (RESP), as one buffer. Their keys and arguments are
-    bytes already; only a command's name and counts are converted here (a bulk string's
-    header is looked up for the usual lengths, not formatted: this runs for every key)."""
+    bytes already; only a command's name and counts are converted here. The bytes after a
+    command's head (FCALL, its function, the key count) are packed by C code alone: their
+    bulk-string headers looked up (not formatted) and everything joined with CRLF, so a
+    round trip of 32 requests costs no Python step per key or argument."""
     out: list[bytes] = []
-    add, extend = out.append, out.extend
+    add = out.append
     for command in commands:
         add(b"*%d\r\n" % len(command))
-        for arg in command:
+        head = 0
+        for arg in command:  # (the head: the few arguments that are not bytes)
             if arg.__class__ is bytes:
-                size = len(arg)
-                extend((_HEADERS[size] if size < _HEADED else b"$%d\r\n" % size, arg, b"\r\n"))
-            else:
+                break
+            add(_bulk(arg))
+            head += 1
+        rest = command[head:]
+        if not rest:
+            continue
+        parts: list[bytes] = [*rest, *rest]
+        try:
+            parts[0::2] = map(_HEADERS.__getitem__, map(len, rest))
+            parts[1::2] = rest
+            add(b"\r\n".join(parts))
+        except (TypeError, IndexError):  # a long or a non-bytes argument further on
+            for arg in rest:
                 add(_bulk(arg))
+            continue
+        add(b"\r\n")
     return b"".join(out)
 
 
-_HEADED = 256
-_HEADERS = [b"$%d\r\n" % size for size in range(_HEADED)]
+_HEADED = 512
+_HEADERS = [b"$%d" % size for size in range(_HEADED)]  # a bulk string's header, its CRLF apart
 
 
 def _bulk(arg: Any) -> bytes:
-    """One argument that is not bytes (a str, an int) as a RESP bulk string."""
-    data = arg.encode() if isinstance(arg, str) else b"%d" % arg
+    """One argument as a RESP bulk string (a str encoded, an int written out)."""
+    data = arg if arg.__class__ is bytes else arg.encode() if isinstance(arg, str) else b"%d" % arg
     return b"$%d\r\n%b\r\n" % (len(data), data)
 
 
