@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import cast
 
 from . import _observe
@@ -146,22 +147,22 @@ async def paced(request: Request) -> Outcome:
         while True:
             left = left_of(request.deadline)
             ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
-            attempts = await _answers(request, ahead)
+            answered, attempts = await _paced_answers(request, ahead)
             asked += 1
-            outcome = Outcome(request.limiters, attempts, 0)
-            if outcome.granted:
+            outcome = Outcome(answered.limiters, attempts, 0)
+            if outcome.granted:  # (all of the request answered)
                 holding = False
                 turns.next()
                 outcome = await _slept_out(request, attempts)
                 if not outcome.granted or (asked == 1 and turned == began):
                     return outcome  # (refused behind a block; or its own wait only)
                 return Outcome(outcome.limiters, outcome.attempts, now_us() - began)
-            await release_grants(grants_of(request.limiters, attempts))  # (all or nothing)
+            await release_grants(grants_of(answered.limiters, attempts))  # (all or nothing)
             if left is not None and outcome.retry_in > left:
-                return outcome
+                return _refused(request, answered, attempts)
             held = [
                 answer.retry_in
-                for limiter, answer in zip(request.limiters, attempts, strict=True)
+                for limiter, answer in zip(answered.limiters, attempts, strict=True)
                 if isinstance(answer, Refusal) and limiter not in request.paced
             ]
             if held:  # a refund would not help
@@ -170,7 +171,7 @@ async def paced(request: Request) -> Outcome:
                 lacking = [
                     (limiter, permits - answer.left)
                     for limiter, permits, answer in zip(
-                        request.limiters, request.permits, attempts, strict=True
+                        answered.limiters, answered.permits, attempts, strict=True
                     )
                     if isinstance(answer, Refusal)
                 ]
@@ -178,6 +179,47 @@ async def paced(request: Request) -> Outcome:
     finally:
         if holding:
             turns.next()
+
+
+async def _paced_answers(request: Request, max_wait: int) -> tuple[Request, list[Attempt]]:
+    """The answers to ``request`` within ``max_wait`` µs, and the request they answer. With
+    limiters beside the paced ones (a request limiter beside the tokens'), the paced ones
+    are asked alone first, the others once those grant: a refusal of the paced ones, the
+    common one while the limit binds, then costs one call and leaves no grant to hand back."""
+    paced = request.paced
+    if len(paced) == len(request.limiters):
+        return request, await _answers(request, max_wait)
+    first = _part(request, True)
+    answers = await _answers(first, max_wait)
+    if not all(isinstance(answer, Grant) for answer in answers):
+        return first, answers
+    rest = _part(request, False)
+    others = iter(await _answers(rest, max_wait))
+    mine = iter(answers)
+    merged = [next(mine if limiter in paced else others) for limiter in request.limiters]
+    return request, merged
+
+
+def _part(request: Request, paced: bool) -> Request:
+    """``request`` with only its paced limiters (``paced``), or only the others."""
+    kept = [
+        (limiter, permits)
+        for limiter, permits in zip(request.limiters, request.permits, strict=True)
+        if (limiter in request.paced) is paced
+    ]
+    limiters = tuple(limiter for limiter, _ in kept)
+    return replace(request, limiters=limiters, permits=tuple(n for _, n in kept), owners=())
+
+
+def _refused(request: Request, answered: Request, attempts: list[Attempt]) -> Outcome:
+    """A refusal of ``answered`` (a part of ``request``) as the whole request's: a limiter
+    not asked is answered as refusing with no wait of its own."""
+    by_limiter = dict(zip(answered.limiters, attempts, strict=True))
+    whole = [
+        by_limiter.get(limiter) or Refusal(0, 0, permits)
+        for limiter, permits in zip(request.limiters, request.permits, strict=True)
+    ]
+    return Outcome(request.limiters, whole, 0)
 
 
 async def _answers(request: Request, max_wait: int) -> list[Attempt]:

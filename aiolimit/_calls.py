@@ -35,7 +35,7 @@ from ._checks import check_permits, max_wait_of
 from ._concurrency import ConcurrencyLimiter
 from ._learn import Learner, call_learning
 from ._limiter import RateLimiter
-from ._meter import TokenMeter, sync_from
+from ._meter import Caps, TokenMeter, sync_from
 from ._request import Request, deadline_in, seconds
 from ._sharded import ShardedRateLimiter
 from ._types import MAX_DURATION, Duration, to_micros
@@ -118,6 +118,7 @@ class CallGuard:
 
     __slots__ = (
         "_max_wait",
+        "caps",
         "concurrency",
         "learning",
         "limiter",
@@ -160,6 +161,7 @@ class CallGuard:
             raise InvalidArgumentError(f"max_pause must be >= 0 seconds, not {max_pause!r}")
         self.max_pause = seconds(max_pause_us)
         self.meter = meter
+        self.caps = Caps()
         self.refusals = Refusals()
         self.learning = call_learning(learn, limiter, None if meter is None else meter.learns)
 
@@ -218,7 +220,7 @@ class CallGuard:
         """A provider's count of requests left, when its headers say, taken as a floor
         (``cap_remaining``; its tokens left: after the settle, ``TokenMeter.settle``); with
         ``learn``, what the answer teaches the learners."""
-        await sync_from(headers, self.limiter, "requests")
+        await sync_from(headers, self.limiter, "requests", self.caps)
         if self.learning is not None and acquired is not None:
             await self.learning.after(status, headers, acquired)
 

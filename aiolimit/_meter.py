@@ -22,15 +22,17 @@ settle or cap is logged (logger ``aiolimit``), and the response is the caller's.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 from ._acquire import Acquired, take
 from ._limiter import RateLimiter
-from ._quota_headers import quota
+from ._quota_headers import quota, stated_limit
 from ._request import Request
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
@@ -38,8 +40,10 @@ from ._types import MAX_RATE, shown
 from .errors import InvalidArgumentError, LimiterError
 
 __all__ = [
+    "CAP_EVERY",
     "KINDS",
     "MAX_BODY",
+    "Caps",
     "KindsMeter",
     "TokenMeter",
     "UsageTail",
@@ -176,7 +180,7 @@ def _count(value: object) -> int | None:
 class TokenMeter:
     """A token limiter beside a client's request limiter; see the module."""
 
-    __slots__ = ("estimate", "tokens", "usage")
+    __slots__ = ("caps", "estimate", "tokens", "usage")
 
     def __init__(
         self,
@@ -190,6 +194,7 @@ class TokenMeter:
             if not callable(given):
                 raise InvalidArgumentError(f"{what} must be callable, not {given!r}")
         self.tokens = tokens
+        self.caps = Caps()
         self.estimate: Estimate = estimate  # type: ignore[assignment]
         self.usage: Usage = usage  # type: ignore[assignment]
 
@@ -218,7 +223,7 @@ class TokenMeter:
 
     async def cap(self, headers: Mapping[str, str]) -> None:
         """What the limiter has left capped by the provider's count, when its headers say."""
-        await sync_from(headers, self.tokens, "tokens")
+        await sync_from(headers, self.tokens, "tokens", self.caps)
 
     async def settle(
         self, acquired: Acquired, response: object, headers: Mapping[str, str]
@@ -311,17 +316,59 @@ def meter_of(
 
 
 async def sync_from(
-    headers: Mapping[str, str], limiter: RateLimiter | ShardedRateLimiter, kind: str
+    headers: Mapping[str, str],
+    limiter: RateLimiter | ShardedRateLimiter,
+    kind: str,
+    caps: Caps | None = None,
 ) -> None:
     """A provider's rate-limit headers for ``kind``, when present, taken as a floor by
-    ``limiter``; a failure is logged."""
+    ``limiter``, at most once per ``CAP_EVERY`` by a client (its ``caps``; None: every
+    time, as after a 429); a failure is logged. Not
+    while the provider says it has half or more of the quota it states left
+    (``x-ratelimit-limit-*``): its count matters as it nears its quota, and until then each
+    response saves a call."""
     left = quota(headers, kind)
     if left is None:
+        return
+    stated = stated_limit(headers, kind) if kind in _STATED else None
+    if stated is not None and 2 * left.remaining >= stated[0]:
+        return
+    if caps is not None and not caps.due(kind):
         return
     try:
         await limiter.cap_remaining(left.remaining, reset=left.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
+
+
+_STATED = ("requests", "tokens")
+"""The kinds whose stated limit :func:`sync_from` reads."""
+
+CAP_EVERY = 0.25
+"""The least seconds between two caps of one limiter by a process (:func:`sync_from`). A
+provider's count reaches the store a little after the provider sent it, by when some of
+what it counted may have left the limiter's window, and a cap holds what looks like more
+until the provider's reset: capping after every response held a share of the quota back
+(benchmarks/reserve.py: 2 points, and a script call per response). A provider counting
+more than the limiter does (another client of its quota) is still taken up within this."""
+
+
+class Caps:
+    """When a client last capped its limiters by a provider's count, by kind
+    (:func:`sync_from`): again only ``CAP_EVERY`` later."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}
+
+    def due(self, kind: str) -> bool:
+        """Whether ``kind`` is capped now (it is then not again for ``CAP_EVERY``)."""
+        now = asyncio.get_running_loop().time()
+        if now < self._at.get(kind, -math.inf) + CAP_EVERY:
+            return False
+        self._at[kind] = now
+        return True
 
 
 # -- a call's tokens by kind: Anthropic's input and output limits ----------------------------
@@ -452,7 +499,7 @@ class KindsMeter(TokenMeter):
 
     async def cap(self, headers: Mapping[str, str]) -> None:
         for kind, limiter in self.kinds.items():
-            await sync_from(headers, limiter, f"{kind}-tokens")
+            await sync_from(headers, limiter, f"{kind}-tokens", self.caps)
 
     async def settle_used(self, acquired: Acquired, used: object) -> None:
         if not isinstance(used, Mapping):

@@ -15,7 +15,11 @@ once when settles or releases of this process have handed back what it lacked, e
 ``HORIZON``, then twice as long each time up to ``MAX_ASK_EVERY`` (a refund in another
 process is seen that late at most). Only the turn's holder asks, so a process asks at most
 once per pause, however many wait; one whose deadline comes before the holder can be
-granted stops waiting.
+granted stops waiting. A refund made elsewhere (another process, another client of the
+store) wakes it as one of its process does, where the store tells of refunds
+(``Backend.watch_refunds``: a Redis store on its limiter's refund channel): the turn's
+holder watches them from its first pause until its process has no caller of these
+limiters left; a lost message is seen at the next ask.
 """
 
 from __future__ import annotations
@@ -24,12 +28,13 @@ import asyncio
 import contextlib
 import weakref
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from functools import partial
 
 from ._request import left_of, micros, now_us, seconds
 from ._settling import Limited
 
-__all__ = ["HORIZON", "MAX_ASK_EVERY", "Turns", "refunded", "turns_of"]
+__all__ = ["HORIZON", "MAX_ASK_EVERY", "MAX_ASK_HEARING", "Turns", "refunded", "turns_of"]
 
 HORIZON = 0.01
 """How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
@@ -38,9 +43,14 @@ release of its process handing back what it lacks wakes it at once)."""
 
 MAX_ASK_EVERY = 0.25
 """The longest a waiting settled acquisition waits between two asks: how late, at most, it
-sees permits handed back in another process. Every process's first waiter asks at least
+sees permits handed back in another process whose message it missed (or on a store that
+tells no one of refunds). Every process's first waiter asks at least
 this often while the limit binds, so a fleet of N processes asks N / MAX_ASK_EVERY times a
-second."""
+second. Where the store tells of refunds made elsewhere (``Backend.watch_refunds``), up to
+``MAX_ASK_HEARING`` instead: the poll is then only the bound for a lost message."""
+
+MAX_ASK_HEARING = 1.0
+"""The longest pause between two asks of a caller that hears refunds made elsewhere."""
 
 Key = tuple[tuple[Hashable, str, str], ...]
 
@@ -92,7 +102,9 @@ class Turns:
         "_key",
         "_lacking",
         "_paused",
+        "_since",
         "_waiting",
+        "_watching",
     )
 
     def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
@@ -107,19 +119,32 @@ class Turns:
         # What the turn's caller lacks of each limiter that refused it, less the permits
         # handed back in this process since (none known: any refund wakes it).
         self._lacking: dict[tuple[Hashable, str, str], int] = {}
+        # The permits handed back while the turn's caller was asking, not paused: its
+        # answer may not know them yet, and its next pause counts them.
+        self._since: dict[tuple[Hashable, str, str], int] = {}
+        # What stops each limiter's refund watch (None: its store tells no one).
+        self._watching: dict[tuple[Hashable, str, str], Callable[[], None] | None] = {}
 
     async def pause(self, due: float, lacking: Sequence[tuple[Limited, int]] = ()) -> bool:
         """The caller whose turn it is sleeps until a little before ``due`` seconds from
         now, when the store said it could grant (asked within the horizon then, a caller
         of another process asking too gets the next place, not a refusal), or for the
         longest pause now, or until :meth:`wake`: whether woken. A pause that ended on
-        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY``, for
+        its own and short of ``due`` doubles the next ones, up to ``MAX_ASK_EVERY`` (or
+        ``MAX_ASK_HEARING`` where refunds made elsewhere are heard), for
         every caller of these turns until they are idle. Callers waiting behind it whose
         deadline comes before ``due`` stop waiting (:meth:`wait`). ``lacking``: the permits
         it lacks of each limiter (asked less what the refusal said was left): a refund in
         this process wakes it once they are handed back, a smaller one does not."""
         self._not_before(due)
-        self._lacking = {_identity(limiter): short for limiter, short in lacking}
+        since, self._since = self._since, {}
+        self._lacking = {}
+        for limiter, short in lacking:
+            identity = _identity(limiter)
+            self._lacking[identity] = short - since.get(identity, 0)
+            self._watch(identity, limiter)
+        if lacking and all(short <= 0 for short in self._lacking.values()):
+            return True  # (handed back while it asked: it asks again now)
         due = max(due - HORIZON / 2, 0.001)
         paused = self._paused = asyncio.get_running_loop().create_future()
         try:
@@ -129,7 +154,8 @@ class Turns:
             self._paused = None
             paused.cancel()
         if not woken and due > self._every:
-            self._every = min(self._every * 2, MAX_ASK_EVERY)
+            hearing = bool(self._lacking) and all(map(self._watching.get, self._lacking))
+            self._every = min(self._every * 2, MAX_ASK_HEARING if hearing else MAX_ASK_EVERY)
         return woken
 
     async def hold(self, seconds: float) -> None:
@@ -147,9 +173,21 @@ class Turns:
             if deadline is not None and deadline < self._free_at and not turn.done():
                 turn.set_result(False)
 
+    def _watch(self, identity: tuple[Hashable, str, str], limiter: Limited) -> None:
+        """Refunds of ``limiter`` made elsewhere are heard from now on, until these turns
+        are forgotten (:meth:`next`)."""
+        if identity not in self._watching:
+            heard = partial(self.refunded, identity)
+            self._watching[identity] = limiter.backend.watch_refunds(limiter.name, heard)
+
     def refunded(self, identity: tuple[Hashable, str, str], permits: int) -> None:
-        """``permits`` of a limiter came back in this process: a :meth:`pause` ends if the
-        caller may have all it lacks now."""
+        """``permits`` of a limiter came back, in this process or elsewhere: a :meth:`pause`
+        ends if the caller may have all it lacks now (one asking meanwhile counts them in
+        its next pause)."""
+        if self._paused is None:
+            if self._busy:
+                self._since[identity] = self._since.get(identity, 0) + permits
+            return
         lacking = self._lacking
         if identity in lacking:
             lacking[identity] -= permits
@@ -197,7 +235,7 @@ class Turns:
     def next(self) -> None:
         """The turn passes to the next caller waiting, if any (none: these turns are
         forgotten, until a caller comes again)."""
-        self._free_at, self._lacking = 0, {}
+        self._free_at, self._lacking, self._since = 0, {}, {}
         while self._waiting:
             turn, _ = self._waiting.popleft()
             if not turn.done():
@@ -206,6 +244,10 @@ class Turns:
         self._busy = False
         if self._by_key.get(self._key) is self:
             del self._by_key[self._key]
+        watching, self._watching = self._watching, {}
+        for stop in watching.values():
+            if stop is not None:
+                stop()
 
 
 def _came(turn: asyncio.Future[bool]) -> bool:

@@ -25,9 +25,11 @@ the ceiling (the share of the quota that the calls in flight leave: the provider
 each from arrival to completion at its worst case, ``tools.llm_provider.ceiling``), the
 tokens used per window as a share of the quota (mean of the steady windows, the first one
 left out) and how many points that is below the ceiling, the lowest window, the 429s of
-the whole run, and per call the provider served the script calls and the commands Redis
-ran (INFO commandstats, those inside scripts included). With ``--checkout PATH``
-(repeatable), each checkout runs in a fresh process importing ``aiolimit`` from PATH.
+the whole run, per call the provider served the script calls and the commands Redis ran
+(INFO commandstats, those inside scripts included), and the margin the fleet went at when
+the run ended (the limiters' interval is longer by it: a share of the quota not used).
+With ``--checkout PATH`` (repeatable), each checkout runs in a fresh process importing
+``aiolimit`` from PATH.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def measure(args: Any) -> dict[str, Any]:
             scripts_before, commands_before = command_counts(url)
             seen = run(spec)
             scripts_after, commands_after = command_counts(url)
+            settled = margin_of(url, f"{spec.prefix}-{way}-tokens")
             served = max(seen.served, 1)
             out[f"{way} {margin:g}"] = {
                 "ceiling": seen.ceiling,
@@ -90,8 +93,18 @@ def measure(args: Any) -> dict[str, Any]:
                 "scripts": (scripts_after - scripts_before) / served,
                 "commands": (commands_after - commands_before) / served,
                 "stall": seen.stall,
+                "margin": settled,
             }
     return out
+
+
+def margin_of(url: str, name: str) -> float:
+    """The margin (s) the fleet's limiter ``name`` went at when the run ended."""
+    from redis import Redis
+
+    with Redis.from_url(url) as redis:
+        margin = redis.hget(f"aiolimit:{{{name}}}:config", "margin")
+    return int(margin or 0) / 1e6
 
 
 def main() -> None:
@@ -129,6 +142,7 @@ def main() -> None:
             "scripts per call",
             "commands per call",
             "stall",
+            "margin at the end",
         ],
         left=3,
     )
@@ -148,6 +162,7 @@ def main() -> None:
                 f"{row['scripts']:.1f}",
                 f"{row['commands']:.1f}",
                 f"{row['stall'] * 1000:.0f} ms",
+                f"{row.get('margin', 0) * 1000:.1f} ms",
             )
     table.title = (
         f"{args.processes} processes x {args.tasks} tasks, {args.tpm:,} tokens per "

@@ -9,6 +9,7 @@ import asyncio
 import collections
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -16,7 +17,7 @@ from counting import Calls, count_calls
 
 import aiolimit
 from aiolimit import MemoryBackend, Observer, RateLimited, RateLimiter
-from aiolimit._pacing import HORIZON, MAX_ASK_EVERY, turns_of
+from aiolimit._pacing import HORIZON, MAX_ASK_HEARING, turns_of
 from aiolimit._request import deadline_in
 from aiolimit.httpx import RateLimitedTransport
 
@@ -135,8 +136,9 @@ def outcomes() -> Iterator[Outcomes]:
 
 
 def asked(calls: Calls) -> int:
-    """How many times the meter asked the store (each ask: the two limiters together)."""
-    return calls.count["start_acquire"] // 2
+    """How many times the meter asked the store: each ask, its tokens alone while they
+    refuse, then the two limiters (each alone, or together)."""
+    return calls.count["try_acquire"] + calls.count["start_acquire"] // 2
 
 
 async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(
@@ -153,7 +155,7 @@ async def test_a_call_held_by_its_request_limiter_sleeps_until_it_not_polling(
     # Token refunds cannot end a pause: the call sleeps it out rather than asking the
     # store every HORIZON meanwhile.
     assert arrivals[1][1] - began == pytest.approx(5.0, abs=HORIZON)
-    assert asked(calls) <= 3, calls.count
+    assert asked(calls) <= 4, calls.count  # (twice: the tokens, then the requests)
 
 
 async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_less(
@@ -177,10 +179,40 @@ async def test_a_waiting_call_sees_a_refund_made_elsewhere_and_asks_less_and_les
 
         await asyncio.gather(settled_elsewhere(), call(client, "waiting", 10))
     waited = arrivals[0][1] - began
-    assert 30.0 <= waited <= 30.0 + MAX_ASK_EVERY + HORIZON + 1e-3, waited
-    # Asking every HORIZON would be 3 000 asks; backing off, about 30 s / MAX_ASK_EVERY.
-    assert 30.0 / MAX_ASK_EVERY / 2 <= asked(calls) <= 30.0 / MAX_ASK_EVERY + 10, calls.count
+    # The memory store tells its other clients of refunds: the poll, the bound for a lost
+    # message, backs off to MAX_ASK_HEARING.
+    assert 30.0 <= waited <= 30.0 + MAX_ASK_HEARING + HORIZON + 1e-3, waited
+    # Asking every HORIZON would be 3 000 asks; backing off, about 30 s / MAX_ASK_HEARING.
+    assert 30.0 / MAX_ASK_HEARING / 2 <= asked(calls) <= 30.0 / MAX_ASK_HEARING + 10, calls.count
     # However often it asked, the observer saw one call, granted: the refusals on the way
     # were the meter's own, never the caller's.
     assert outcomes.grants["turns-tokens"] == 2  # (the one elsewhere, then the call)
     assert outcomes.refusals == {}, outcomes.refusals
+
+
+async def test_a_waiting_call_asks_its_tokens_alone_while_they_refuse(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = MemoryBackend()
+    asked_of: list[str] = []
+    attempt = MemoryBackend.try_acquire
+
+    async def counted(self: MemoryBackend, name: str, *args: Any, **kwargs: Any) -> Any:
+        asked_of.append(name)
+        return await attempt(self, name, *args, **kwargs)
+
+    arrivals: list[tuple[str, float]] = []
+    async with metered(backend, {"waiting": 10}, arrivals) as client:
+        tokens = RateLimiter("turns-tokens", backend, rate="1000/minute")
+        elsewhere = await tokens.reserve(1000)
+        monkeypatch.setattr(MemoryBackend, "try_acquire", counted)
+        calls = count_calls(monkeypatch, backend)
+        waiting = asyncio.ensure_future(call(client, "waiting", 10))
+        await asyncio.sleep(5.0)
+        # The tokens refuse, asked again and again: the request limiter beside them is
+        # not asked meanwhile, so none of its permits is taken and handed back each time.
+        assert len(asked_of) > 3 and set(asked_of) == {"turns-tokens"}, asked_of
+        assert calls.count["release"] == 0, calls.count
+        await elsewhere.settle(0)
+        await waiting
+    assert asked_of[-2:] == ["turns-tokens", "turns-requests"]

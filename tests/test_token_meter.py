@@ -6,6 +6,7 @@ backend (the limiters on a clock the test holds still)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -24,6 +25,7 @@ from aiolimit import (
     RateLimiter,
     ShardedRateLimiter,
 )
+from aiolimit._meter import CAP_EVERY
 from aiolimit.aiohttp import RateLimitedClientMiddleware
 from aiolimit.httpx import RateLimitedTransport
 
@@ -239,3 +241,57 @@ async def test_aiohttp_takes_the_permit_and_the_tokens_all_or_nothing(
         with pytest.raises(RateLimited):
             await session.post(anthropic.make_url("/v1/plain"), json=PROMPT)
     assert await requests.available_permits() == 10
+
+
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_caps_nothing_while_the_provider_has_half_its_stated_quota_left(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests, tokens = await meters(store)
+    synced: list[str] = []
+    sync = type(requests.backend).sync
+
+    async def counted(self: Any, name: str, *args: Any) -> None:
+        synced.append(name)
+        await sync(self, name, *args)
+
+    monkeypatch.setattr(type(requests.backend), "sync", counted)
+    headers = {
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "5",  # half left: a cap would change nothing soon
+        "x-ratelimit-reset-requests": "6m0s",
+        "x-ratelimit-limit-tokens": "1000",
+        "x-ratelimit-remaining-tokens": "400",  # less than half: capped
+        "x-ratelimit-reset-tokens": "20s",
+    }
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        await http.post("/a", json=PROMPT)
+    assert synced == ["llm-tokens"]  # one call per response saved
+    assert await requests.available_permits() == 9
+    assert await tokens.available_permits() == 400
+
+
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_caps_a_limiter_at_most_every_cap_every(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests, tokens = await meters(store)
+    synced: list[str] = []
+    sync = type(requests.backend).sync
+
+    async def counted(self: Any, name: str, *args: Any) -> None:
+        synced.append(name)
+        await sync(self, name, *args)
+
+    monkeypatch.setattr(type(requests.backend), "sync", counted)
+    headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "20s"}
+    answers = [
+        httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers) for _ in range(3)
+    ]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        await http.post("/a", json=PROMPT)
+        await http.post("/a", json=PROMPT)  # (at once: the count it carries waits)
+        await asyncio.sleep(CAP_EVERY)
+        await http.post("/a", json=PROMPT)
+    assert synced == ["llm-tokens", "llm-tokens"]

@@ -4,7 +4,7 @@ import abc
 import asyncio
 import logging
 import uuid
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 from typing import Any, Literal, NamedTuple, Protocol
 
 from .._breaker import Breaker, BreakerPolicy
@@ -322,6 +322,14 @@ class Backend(Store):
     @abc.abstractmethod
     async def clear_expire(self, name: str) -> bool:
         """Removes a TTL :meth:`expire` set; returns whether there was one."""
+
+    def watch_refunds(self, name: str, heard: Callable[[int], None]) -> Callable[[], None] | None:
+        """From now on, ``heard(permits)`` is called when another client of the store (another
+        process) hands back ``permits`` of ``name`` (a settle for less, a release), until the
+        function returned is called. None: this store tells no one (the default; a waiter
+        then sees a refund made elsewhere when it asks again). ``PER_CLIENT`` budgets are
+        not told. A store may lose a message: a waiter still asks again by itself."""
+        return None
 
     def hand_back(self, name: str, member: str) -> None:
         """Releases exactly the grant ``member`` in the background: the grant of a caller

@@ -93,6 +93,9 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         view._open(client_id, self.context, self._clock, self._shared)
         return view
 
+    def watch_refunds(self, name: str, heard: Callable[[int], None]) -> Callable[[], None]:
+        return self._shared.watch_refunds(name, self.client_id, heard)
+
     @property
     def store_id(self) -> Hashable:
         return id(self._shared)  # one dict of limiters, shared by with_client views
@@ -266,6 +269,8 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         group.reclaim(now)
         released = group.release(permits, grant, now)
         group.save(limiter, now)
+        if released > 0 and key is None:  # (PER_CLIENT budgets tell no one: settle.lua)
+            self._shared.refunded(name, self.client_id, released)
         if receipt is not None and start is not None:
             until = start + config.longest_us
             if until > now:
@@ -291,6 +296,8 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         group.reclaim(now)
         settled = settle_group(group, grant, permits, now, config.debt_limit)
         register(limiter, key, now, group.save(limiter, now))
+        if settled.handed_back > 0 and key is None:
+            self._shared.refunded(name, self.client_id, settled.handed_back)
         if settled.member == grant:
             return settled._replace(member=member)
         self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)

@@ -3,6 +3,7 @@ sweep that frees what has expired without waiting for the limiter to be touched 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heapify, heappop, heappush
 
@@ -40,6 +41,34 @@ class Store:
     receipts_kept: int = 0  # how many the last pruning left
     leases: LeaseTable = field(default_factory=LeaseTable)  # the concurrency limiters
     learning: LearnTable = field(default_factory=LearnTable)  # the learned rates
+    # Who is told of refunds (watch_refunds), by limiter name: (client id, what to call),
+    # the twin of a limiter's refund channel (settle.lua).
+    refund_watchers: dict[str, dict[object, tuple[str, Callable[[int], None]]]] = field(
+        default_factory=dict
+    )
+
+    def watch_refunds(
+        self, name: str, client: str, heard: Callable[[int], None]
+    ) -> Callable[[], None]:
+        """``heard(permits)`` on each refund of ``name`` by a client other than ``client``,
+        until the function returned is called."""
+        token = object()
+        self.refund_watchers.setdefault(name, {})[token] = (client, heard)
+
+        def stop() -> None:
+            watchers = self.refund_watchers.get(name, {})
+            watchers.pop(token, None)
+            if not watchers:
+                self.refund_watchers.pop(name, None)
+
+        return stop
+
+    def refunded(self, name: str, client: str, permits: int) -> None:
+        """``client`` handed back ``permits`` of ``name``: its watchers elsewhere are told
+        (those of ``client`` itself heard it in its reply)."""
+        for owner, heard in list(self.refund_watchers.get(name, {}).values()):
+            if owner != client:
+                heard(permits)
 
     def remember(self, receipt: tuple[str, str], until: int, now: int) -> None:
         """Keeps a receipt until ``until``; drops the expired ones once the dict has doubled

@@ -25,6 +25,7 @@ from ._compat import ANY, check_client, node_of, server_of, slot
 from ._errors import call_error, trouble_error
 from ._keys import Keys
 from ._leases import RedisLeases, end_wake_ups
+from ._refunds import channel_of, origin, watch
 from ._registry import refresh_clients, retire_clients
 from ._request import Sent
 from ._scripts import TROUBLE, Follow, NotConfigured, OtherType, Trouble, decoded
@@ -342,7 +343,8 @@ class RedisBackend(RedisLeases, Backend):
             receipt = fresh if member is None else member
             if member is not None and rate_type is RateType.PER_CLIENT:
                 receipt = f"{member} {self.client_id}"
-            return [permits, self._now_arg(), rate_type.value, member or "", receipt]
+            sender = origin(self._redis, self.client_id, rate_type)
+            return [permits, self._now_arg(), rate_type.value, member or "", receipt, sender]
 
         return await self._budget_call(
             name,
@@ -359,11 +361,18 @@ class RedisBackend(RedisLeases, Backend):
             receipt = member  # (release's receipt for the grant: see settle.lua)
             if rate_type is RateType.PER_CLIENT:
                 receipt = f"{member} {self.client_id}"
-            return [member, permits, self._now_arg(), rate_type.value, receipt, self.client_id]
+            sender = origin(self._redis, self.client_id, rate_type)
+            now = self._now_arg()
+            return [member, permits, now, rate_type.value, receipt, self.client_id, sender]
 
         return await self._budget_call(
             name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)
         )
+
+    def watch_refunds(self, name: str, heard: Callable[[int], None]) -> Callable[[], None] | None:
+        mine = origin(self._redis, self.client_id, RateType.OVERALL)
+        channel = channel_of(self.keys(name))
+        return watch(self._redis, channel, mine, heard, self.context.tasks)
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
         remaining, reset_us = check_sync(remaining, reset_us)

@@ -38,7 +38,8 @@ CLIENT_COMMANDS = (
     "hgetall",  # the config (``_scripts.CONFIG``)
     "hmget",  # a concurrency limiter's limit (``_lease_scripts.CONFIG``)
     "blpop",  # a process's wake list, while it has waiters on a concurrency limiter (cluster)
-    "subscribe",  # a process's wake channels, while it has waiters on concurrency limiters
+    "subscribe",  # a process's wake channels, while it has waiters on concurrency limiters,
+    # and the refund channels of the limiters its paced callers wait for (``_refunds``)
     "unsubscribe",
     "lpop",  # the wake-ups published while a channel was not subscribed, read once it is
     "zrange",  # a PER_CLIENT limiter's clients (``_scripts.CLIENTS``)
@@ -70,8 +71,8 @@ def acl_rules(
 ) -> list[str]:
     """The rules of ``ACL SETUSER`` for a user that may send :data:`COMMANDS` to the keys and
     channels of ``prefix`` (its glob characters escaped; the channels: concurrency limiters'
-    wake-ups), and nothing else; for a ``server`` version (say ``(7, 0)``), without the
-    commands it lacks (:data:`NEWER`)."""
+    wake-ups, rate limiters' refunds), and nothing else; for a ``server`` version (say
+    ``(7, 0)``), without the commands it lacks (:data:`NEWER`)."""
     key_pattern = re.sub(r"([*?\[\]\\])", r"\\\1", prefix) + "*"
     access = ["on", f">{password}", "resetkeys", f"~{key_pattern}", "resetchannels"]
     access += [f"&{key_pattern}", "-@all"]

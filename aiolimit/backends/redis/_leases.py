@@ -29,7 +29,7 @@ from ._keys import Keys
 from ._script import ReadCommand, Script
 from ._wakeups import Subscriber, Waiter, Waker, hand_over
 
-__all__ = ["RedisLeases", "end_wake_ups", "lease_keys"]
+__all__ = ["RedisLeases", "end_wake_ups", "lease_keys", "subscriber_of"]
 
 R = TypeVar("R")
 
@@ -73,6 +73,9 @@ def _subscriber(redis: Any) -> Subscriber:
     if subscriber is None:
         subscriber = _subscribers[redis] = Subscriber(redis)
     return subscriber
+
+
+subscriber_of = _subscriber  # (a client's one subscriber: its refund channels too, _refunds)
 
 
 class RedisLeases(LeaseStore):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from .._context import Background
@@ -84,11 +84,13 @@ class Waiter:
 
 
 class _Channel:
-    __slots__ = ("heard", "waiters")
+    __slots__ = ("heard", "waiters", "watchers")
 
     def __init__(self) -> None:
         self.waiters: dict[str, Waiter] = {}  # (its waiters here)
         self.heard = False  # (it was subscribed: a new subscription is a reconnection)
+        # (who is told each message, instead: a channel that is not a wake channel)
+        self.watchers: dict[object, Callable[[Any], None]] = {}
 
 
 class Subscriber:
@@ -105,6 +107,7 @@ class Subscriber:
         "_reader",
         "_redis",
         "_sent",
+        "_watched",
         "channels",
         "refused",
     )
@@ -115,6 +118,7 @@ class Subscriber:
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._sent: set[str] = set()  # (the channels asked for on the connection)
+        self._watched: set[str] = set()  # (the channels watched: not wake channels)
         self._lock = asyncio.Lock()
         self._idle_since: float | None = None  # (when the last waiter left, loop time)
         self.refused = False
@@ -127,6 +131,32 @@ class Subscriber:
             found.heard = channel in self._sent  # (still subscribed: lingering)
         waiter = found.waiters[ticket] = Waiter(self, ticket, tasks)
         return waiter
+
+    def watch(
+        self, channel: str, heard: Callable[[Any], None], tasks: Background
+    ) -> Callable[[], None]:
+        """``heard(data)`` for each message on ``channel`` (subscribed from now on, on the
+        same connection as the wake channels), until the function returned is called."""
+        found = self.channels.get(channel)
+        if found is None:
+            found = self.channels[channel] = _Channel()
+            found.heard = channel in self._sent
+        token = object()
+        found.watchers[token] = heard
+        self._watched.add(channel)
+        self.listen(tasks)
+
+        def stop() -> None:
+            watched = self.channels.get(channel)
+            if watched is None or watched.watchers.pop(token, None) is None:
+                return
+            if not watched.waiters and not watched.watchers:
+                del self.channels[channel]
+            ending = self._left()
+            if ending is not None:
+                tasks.spawn(ending, "a refund channel")
+
+        return stop
 
     def listen(self, tasks: Background) -> None:
         """From a waiter's first wait on: its channel subscribed, the connection read (a
@@ -145,8 +175,12 @@ class Subscriber:
         for name, channel in list(self.channels.items()):
             if channel.waiters.get(waiter.ticket) is waiter:
                 del channel.waiters[waiter.ticket]
-                if not channel.waiters:
+                if not channel.waiters and not channel.watchers:
                     del self.channels[name]
+        return self._left()
+
+    def _left(self) -> Awaitable[None] | None:
+        """What a waiter or watcher that left leaves to be done (see :meth:`remove`)."""
         if self._reader is None:
             return None
         if self.channels:
@@ -163,7 +197,7 @@ class Subscriber:
         if reader is None or self.channels:
             return None
         reader.cancel()
-        self._reader, self._pubsub, self._sent = None, None, set()
+        self._reader, self._pubsub, self._sent, self._watched = None, None, set(), set()
         return reader
 
     def _lingered(self) -> bool:
@@ -203,14 +237,20 @@ class Subscriber:
         finally:
             if self._pubsub is pubsub:  # (it ended by itself: refused)
                 self._reader, self._pubsub, self._sent = None, None, set()
+                self._watched = set()
             await pubsub.aclose()
 
     async def _deliver(self, message: dict[str, Any]) -> None:
         kind, name = message["type"], message["channel"]
+        text = name.decode() if isinstance(name, bytes) else name
+        channel = self.channels.get(text)
         if kind == "message":
-            _wake(message["data"])
+            if text not in self._watched:
+                _wake(message["data"])
+            elif channel is not None:  # (else still subscribed, no one watching now)
+                for heard in list(channel.watchers.values()):
+                    heard(message["data"])
             return
-        channel = self.channels.get(name.decode() if isinstance(name, bytes) else name)
         if channel is None:
             return
         if kind == "unsubscribe":
@@ -224,7 +264,8 @@ class Subscriber:
                 for waiter in channel.waiters.values():
                     waiter.hand(None)
             channel.heard = True
-            await self._drain(name)
+            if not channel.watchers:  # (a refund channel keeps no list: nothing to read)
+                await self._drain(name)
 
     async def _drain(self, channel: Any) -> None:
         """The wake-ups published to ``channel`` while nobody heard, off its list."""

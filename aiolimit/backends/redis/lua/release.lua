@@ -13,6 +13,8 @@
 --         reservation), or '' to take from the most recent grants that have started; a
 --         member of another life than the config's (lib.lua) hands back nothing
 -- ARGV[5] this release's receipt: "<member>[ <client id>]" for a grant, a fresh id otherwise
+-- ARGV[6] who releases ("<process>:<client id>"), or ''/absent: permits released are told on
+--         the limiter's refund channel T:refunded, as settle.lua does
 --
 -- A grant gives back only what it still holds against the limit (see each algorithm's
 -- `release`). A sliding window's grant handed back is gone from its log, so a second hand-back
@@ -51,6 +53,9 @@ save_clock(config)
 group.algorithm.reclaim(group, now, true)
 local released = group.algorithm.release(group, tonumber(ARGV[1]), member, now)
 group.algorithm.save(group, now)
+if released > 0 and ARGV[6] and ARGV[6] ~= '' then
+  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -7) .. 'refunded', fmt(released) .. ' ' .. ARGV[6])
+end
 if receipt then
   local until_ = now + RECEIPT_US
   if member then

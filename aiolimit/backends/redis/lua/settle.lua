@@ -11,6 +11,9 @@
 -- ARGV[4] rate type the caller built KEYS for
 -- ARGV[5] the member's receipt, as release.lua's: "<member>[ <client id>]"
 -- ARGV[6] the client id (PER_CLIENT: registered, as a grant's, when its state is written)
+-- ARGV[7] who settles ("<process>:<client id>"), or ''/absent: a settle that hands permits
+--         back publishes "<permits> <who>" on the limiter's refund channel T:refunded, so
+--         that paced waiters elsewhere ask again (_refunds.py); '' tells no one
 --
 -- Fewer: what of the difference still counts against the limit goes back, by the
 -- algorithm's rule for a grant handed back (`shrink`; a token bucket with reservations
@@ -66,6 +69,9 @@ else
   end
 end
 register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
+if back > 0 and ARGV[7] and ARGV[7] ~= '' then
+  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -7) .. 'refunded', fmt(back) .. ' ' .. ARGV[7])
+end
 if settled == grant then
   settled = member
 else
