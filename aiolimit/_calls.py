@@ -46,6 +46,7 @@ from .errors import InvalidArgumentError, RateLimited
 __all__ = [
     "DEFAULT_MAX_PAUSE",
     "PAUSE_STATUSES",
+    "STALE_RETRIES",
     "CallGuard",
     "Refusals",
     "last_grant",
