@@ -292,7 +292,7 @@ async def held_at_twelve_with_thirteen_failing(store, name):
     assert await after(INTERVAL) == 13  # 12 held: probe 13
     assert await after(3, "refused") == 12  # 13 fails: back to 12, which held
     assert [await after(INTERVAL) for _ in range(2)] == [12, 13]  # 13 after its hold
-    assert await after(3, "refused") == 12  # and fails again: it waits 4 intervals now
+    assert await after(3, "refused") == 12  # and fails again: it waits max_hold now (8)
     return clock, limiters, after
 
 
@@ -324,7 +324,7 @@ async def test_after_a_late_arrival_the_rate_is_back_within_two_intervals(store,
     _, _, after = await held_at_twelve_with_thirteen_failing(store, name)
     assert await after(3, "refused") == 11  # one late arrival
     assert [await after(INTERVAL) for _ in range(2)] == [12, 12]  # 13 after its own hold
-    assert [await after(INTERVAL) for _ in range(3)] == [12, 12, 13]
+    assert [await after(INTERVAL) for _ in range(7)] == [12] * 6 + [13]  # (8 intervals)
 
 
 async def test_after_a_fall_one_step_is_probed_and_a_rise_climbs_back_fast(store, name):
@@ -369,9 +369,9 @@ async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(sto
     *_, after = await held_at_twelve_with_thirteen_failing(store, name)
     assert await after(3, "fell") == 6  # the limit fell
     assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
-    # 13 failed twice before the fall: probed again only after its hold (4 intervals),
-    # not one interval after 12 is back
-    assert [await after(INTERVAL) for _ in range(4)] == [12, 12, 12, 13]
+    # 13 failed twice before the fall: probed again only after its hold (max_hold, 8
+    # intervals), not one interval after 12 is back
+    assert [await after(INTERVAL) for _ in range(8)] == [12] * 7 + [13]
 
 
 @pytest.mark.parametrize("seed", range(6))

@@ -13,8 +13,9 @@ every process of a fleet shares one decision:
   of a call decided before the last cut belongs to that cut's episode and changes nothing
   (one reported without its call: within a quarter interval of the cut). A refused *probe*
   (a level above the last one that held) goes back to that level (*good*), and the level
-  that failed (*bad*) waits twice as long before it is tried again (at most ``max_hold``;
-  below a *peak*, at most ``RECOVER_HOLDS`` intervals):
+  that failed (*bad*) waits before it is tried again: two intervals once, then
+  ``max_hold``; below a *peak*, twice as long each time, at most ``RECOVER_HOLDS``
+  intervals:
   one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
   that had held goes one ``step`` down (a call that arrived late: a caller stalled past the
   margin); one that had not held is cut to ``decrease`` of itself. Where it fell from is
@@ -218,12 +219,13 @@ def _next_hold(state: LearnState, law: Law, interval: int) -> int:
     """How long the level that just failed waits before it is tried again. Below where the
     limit fell from (the peak), the limit may come back at any time: the wait doubles up to
     ``RECOVER_HOLDS`` intervals, so a rise back is found within about that long. Above every
-    level that held, a rise is a new limit, and every probe there costs a ``429``: the wait
-    doubles up to ``max_hold``."""
-    longest = law.max_hold
+    level that held, a rise is a new limit, and every probe there costs a ``429``: a level
+    that failed is tried once more after two intervals (one refusal may be a late arrival),
+    then, failing again, after ``max_hold``."""
     if state.peak > state.bad:
-        longest = min(longest, RECOVER_HOLDS * interval)
-    return min(2 * state.hold, max(longest, interval))
+        return min(2 * state.hold, max(min(law.max_hold, RECOVER_HOLDS * interval), interval))
+    longest = max(law.max_hold, interval)
+    return min(2 * interval if state.hold < 2 * interval else longest, longest)
 
 
 def _fell(state: LearnState, level: int, permits: int, interval: int, held: bool) -> None:
