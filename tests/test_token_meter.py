@@ -243,19 +243,25 @@ async def test_aiohttp_takes_the_permit_and_the_tokens_all_or_nothing(
     assert await requests.available_permits() == 10
 
 
-@pytest.mark.parametrize("store", ["memory"], indirect=True)
-async def test_httpx_caps_nothing_while_the_provider_has_half_its_stated_quota_left(
-    store: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    requests, tokens = await meters(store)
+def syncs_of(limiter: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the limiters its store caps from now on (``sync``), in order."""
     synced: list[str] = []
-    sync = type(requests.backend).sync
+    sync = type(limiter.backend).sync
 
     async def counted(self: Any, name: str, *args: Any) -> None:
         synced.append(name)
         await sync(self, name, *args)
 
-    monkeypatch.setattr(type(requests.backend), "sync", counted)
+    monkeypatch.setattr(type(limiter.backend), "sync", counted)
+    return synced
+
+
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_caps_nothing_while_the_provider_has_half_its_stated_quota_left(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests, tokens = await meters(store)
+    synced = syncs_of(requests, monkeypatch)
     headers = {
         "x-ratelimit-limit-requests": "10",
         "x-ratelimit-remaining-requests": "5",  # half left: a cap would change nothing soon
@@ -277,14 +283,7 @@ async def test_httpx_caps_a_limiter_at_most_every_cap_every(
     store: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     requests, tokens = await meters(store)
-    synced: list[str] = []
-    sync = type(requests.backend).sync
-
-    async def counted(self: Any, name: str, *args: Any) -> None:
-        synced.append(name)
-        await sync(self, name, *args)
-
-    monkeypatch.setattr(type(requests.backend), "sync", counted)
+    synced = syncs_of(requests, monkeypatch)
     headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "20s"}
     answers = [
         httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers) for _ in range(3)

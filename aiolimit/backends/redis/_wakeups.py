@@ -125,22 +125,25 @@ class Subscriber:
         """The server refused a subscription (an ACL without the channels): no more."""
 
     def add(self, channel: str, ticket: str, tasks: Background) -> Waiter:
+        found = self._channel(channel)
+        waiter = found.waiters[ticket] = Waiter(self, ticket, tasks)
+        return waiter
+
+    def _channel(self, channel: str) -> _Channel:
+        """``channel``'s entry, made if it has none (heard already when still subscribed:
+        the reader lingering)."""
         found = self.channels.get(channel)
         if found is None:
             found = self.channels[channel] = _Channel()
-            found.heard = channel in self._sent  # (still subscribed: lingering)
-        waiter = found.waiters[ticket] = Waiter(self, ticket, tasks)
-        return waiter
+            found.heard = channel in self._sent
+        return found
 
     def watch(
         self, channel: str, heard: Callable[[Any], None], tasks: Background
     ) -> Callable[[], None]:
         """``heard(data)`` for each message on ``channel`` (subscribed from now on, on the
         same connection as the wake channels), until the function returned is called."""
-        found = self.channels.get(channel)
-        if found is None:
-            found = self.channels[channel] = _Channel()
-            found.heard = channel in self._sent
+        found = self._channel(channel)
         token = object()
         found.watchers[token] = heard
         self._watched.add(channel)
