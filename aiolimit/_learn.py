@@ -65,8 +65,7 @@ class Learner:
     call). ``decrease`` (0.5): the share kept when a rate that held is refused.
     ``step`` (0.05): the first increase, as a share of the ceiling; it doubles while
     increases hold. ``max_hold`` (16 intervals of the ceiling's first rate): the longest a
-    level that failed waits before it is tried again (two intervals after its first
-    failure, ``max_hold`` after its second): longer means fewer ``429``s while the
+    level that failed waits before it is tried again: longer means fewer ``429``s while the
     partner's limit stays put
     (one per probe: about ``1 / (rate x max_hold)`` of the calls), and a later find when
     it rises. Below where the limit fell from, the wait is at most 4 intervals (or

@@ -102,7 +102,9 @@ async def test_successes_increase_the_rate_at_most_once_per_interval(store, name
     # to an eighth of the rate: a probe too high costs as many refusals as it overshoots)
 
 
-async def test_a_failed_probe_goes_back_to_the_level_that_held_and_waits_longer(store, name):
+async def test_a_failed_probe_goes_back_to_the_level_that_held_and_waits_max_hold(store, name):
+    """Above every level that held, a failed probe is tried again only after ``max_hold``:
+    not two intervals later, which would cost a ``429`` every time the limit is found."""
     clock = ManualClock()
     (limiter,) = await fleet(store, name, clock, 1)
     learner = Learner(limiter, max_hold=4 * INTERVAL)
@@ -112,11 +114,12 @@ async def test_a_failed_probe_goes_back_to_the_level_that_held_and_waits_longer(
     await advance(store, clock, 1)
     learned = await learner.refused()
     assert (learned.permits, learned.good, learned.bad) == (10, 10, 11)
-    assert learned.hold_us == 2 * INTERVAL * 10**6
-    await advance(store, clock, INTERVAL)
-    assert (await succeeded(limiter)).permits == 10  # 11 failed: after the hold
-    await advance(store, clock, INTERVAL)
-    assert (await succeeded(limiter)).permits == 11
+    assert learned.hold_us == 4 * INTERVAL * 10**6
+    tried = []
+    for _ in range(4):
+        await advance(store, clock, INTERVAL)
+        tried.append((await succeeded(limiter)).permits)
+    assert tried == [10, 10, 10, 11]  # 11 failed: only after the hold
 
 
 async def test_the_rate_stays_between_the_floor_and_the_ceiling(store, name):
@@ -284,15 +287,14 @@ def stepper(store, clock, limiter, **knobs):
 
 
 async def held_at_twelve_with_thirteen_failing(store, name):
-    """A limiter whose learned rate found the partner's 12: 13 probed twice and refused."""
+    """A limiter whose learned rate found the partner's 12: 13 probed and refused."""
     clock = ManualClock()
     limiters = await fleet(store, name, clock)
     after = stepper(store, clock, limiters[0], start=0.6, max_hold=8 * INTERVAL)
     assert (await Learner(limiters[0], start=0.6).read()).permits == 12
     assert await after(INTERVAL) == 13  # 12 held: probe 13
     assert await after(3, "refused") == 12  # 13 fails: back to 12, which held
-    assert [await after(INTERVAL) for _ in range(2)] == [12, 13]  # 13 after its hold
-    assert await after(3, "refused") == 12  # and fails again: it waits max_hold now (8)
+    assert [await after(INTERVAL) for _ in range(2)] == [12, 12]  # 13 waits max_hold (8)
     return clock, limiters, after
 
 
@@ -369,7 +371,7 @@ async def test_back_where_it_fell_from_the_level_above_waits_the_hold_it_had(sto
     *_, after = await held_at_twelve_with_thirteen_failing(store, name)
     assert await after(3, "fell") == 6  # the limit fell
     assert [await after(INTERVAL) for _ in range(3)] == [7, 9, 12]  # it came back: so does 12
-    # 13 failed twice before the fall: probed again only after its hold (max_hold, 8
+    # 13 failed before the fall: probed again only after its hold (max_hold, 8
     # intervals), not one interval after 12 is back
     assert [await after(INTERVAL) for _ in range(8)] == [12] * 7 + [13]
 

@@ -13,17 +13,15 @@ every process of a fleet shares one decision:
   of a call decided before the last cut belongs to that cut's episode and changes nothing
   (one reported without its call: within a quarter interval of the cut). A refused *probe*
   (a level above the last one that held) goes back to that level (*good*), and the level
-  that failed (*bad*) waits before it is tried again: two intervals once, then
-  ``max_hold``; below a *peak*, twice as long each time, at most ``RECOVER_HOLDS``
-  intervals:
-  one ``429`` per probe, ever rarer while the limit stays put. A refused level in force
-  that had held goes one ``step`` down (a call that arrived late: a caller stalled past the
-  margin); one that had not held is cut to ``decrease`` of itself. Where it fell from is
-  remembered (*peak*, with the level that failed above it and that level's wait). An
-  episode whose refusals pass a quarter of the level that held (besides a probe's own
-  overshoot) is a fall, whatever its first refusal said: the limit fell under a window of
-  calls, and the rate is cut to ``decrease`` of that level at once (never below the
-  floor).
+  that failed (*bad*) waits before it is tried again: ``max_hold``; below a *peak*, twice as
+  long each time, at most ``RECOVER_HOLDS`` intervals: one ``429`` per probe, rarer above
+  every level that held. A refused level in force that had held goes one ``step`` down (a
+  call that arrived late: a caller stalled past the margin); one that had not held is cut to
+  ``decrease`` of itself. Where it fell from is remembered (*peak*, with the level that
+  failed above it and that level's wait). An episode whose refusals pass a quarter of the
+  level that held (besides a probe's own overshoot) is a fall, whatever its first refusal
+  said: the limit fell under a window of calls, and the rate is cut to ``decrease`` of that
+  level at once (never below the floor).
 - **succeeded**: a level is proven once a call granted at least one interval of the
   ceiling's first rate after it was raised succeeds (a probe's extra call is refused only
   when the partner's window holds the new level in full, an interval on), and while the
@@ -220,12 +218,12 @@ def _next_hold(state: LearnState, law: Law, interval: int) -> int:
     limit fell from (the peak), the limit may come back at any time: the wait doubles up to
     ``RECOVER_HOLDS`` intervals, so a rise back is found within about that long. Above every
     level that held, a rise is a new limit, and every probe there costs a ``429``: a level
-    that failed is tried once more after two intervals (one refusal may be a late arrival),
-    then, failing again, after ``max_hold``."""
+    that failed waits ``max_hold`` (a caller's late arrival that failed it costs at most one
+    ``step`` of the rate meanwhile; a second try soon would cost a ``429`` every time the
+    limit is found)."""
     if state.peak > state.bad:
         return min(2 * state.hold, max(min(law.max_hold, RECOVER_HOLDS * interval), interval))
-    longest = max(law.max_hold, interval)
-    return min(2 * interval if state.hold < 2 * interval else longest, longest)
+    return max(law.max_hold, interval)
 
 
 def _fell(state: LearnState, level: int, permits: int, interval: int, held: bool) -> None:

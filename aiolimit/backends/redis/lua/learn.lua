@@ -117,14 +117,13 @@ end
 
 -- How long the level that just failed waits before it is tried again: below where the limit
 -- fell from, doubling up to RECOVER_HOLDS intervals (a rise back is found soon); above every
--- level that held, two intervals once, then max_hold (each probe there costs a 429).
+-- level that held, max_hold (each probe there costs a 429).
 local RECOVER_HOLDS = 4
 local function next_hold()
   if state.peak > state.bad then
     return min(2 * state.hold, max(min(law.max_hold, RECOVER_HOLDS * interval), interval))
   end
-  local longest = max(law.max_hold, interval)
-  return min(state.hold < 2 * interval and 2 * interval or longest, longest)
+  return max(law.max_hold, interval)
 end
 
 local function refused(decided)
