@@ -122,6 +122,32 @@ async def test_a_wake_up_heard_resumes_its_waiter_on_the_loops_next_turn(redis, 
     await lease.release()
 
 
+async def test_a_slot_released_here_runs_its_waiter_here_before_the_releaser_resumes(redis, name):
+    # The release's reply hands the lease to the waiter of this process as soon as it is
+    # read, before the releasing task is resumed: the next holder runs first (its slot is
+    # idle meanwhile), the releaser's own next steps after it.
+    _, _, holder, waiter = await queued_waiter(redis, name)
+    assert await holder.release()
+    assert waiter.done()  # (no turn of the loop since the release returned)
+    lease = waiter.result()
+    assert lease is not None and lease.fence > holder.fence
+    await lease.release()
+
+
+async def test_a_release_whose_caller_was_cancelled_still_hands_its_slot_to_a_waiter_here(
+    redis, name
+):
+    # The release ran; its caller is gone, but the reply that names this process's waiter
+    # still wakes it (else the lease sat granted until the waiter's next look: 10 s here).
+    _, _, holder, waiter = await queued_waiter(redis, name)
+    releasing = asyncio.create_task(holder.release())
+    await asyncio.sleep(0)  # (its request made)
+    releasing.cancel()
+    lease = await asyncio.wait_for(waiter, 2)
+    assert lease is not None and lease.fence > holder.fence
+    await lease.release()
+
+
 async def test_a_wake_up_sent_while_the_subscriber_reconnects_is_not_lost(redis, name):
     # The message is published to nobody while the subscriber's connection is down; once
     # it is subscribed again, the waiters of its channels ask (and collect the grant), long

@@ -21,9 +21,8 @@ from typing import Any
 from .._context import Background
 from .._lease import LeaseGrant, Woken
 from ._compat import ANY, NO_PERMISSION
-from ._lease_scripts import woken
 
-__all__ = ["Subscriber", "Waiter", "Waker", "hand_over"]
+__all__ = ["Subscriber", "Waiter", "Waker", "hand_over", "woken"]
 
 log = logging.getLogger("aiolimit")
 
@@ -291,6 +290,18 @@ class Subscriber:
             if self.refused:
                 for waiter in channel.waiters.values():
                     waiter.hand(None)
+
+
+def woken(message: Any) -> tuple[str, LeaseGrant | None]:
+    """A wake-up heard on a process's wake channel or popped off its wake list: the ticket,
+    and the lease granted to it (``"<ticket> <lease id> <lease us>"``), or None (an older
+    client's script names the ticket only)."""
+    text = message.decode() if isinstance(message, bytes) else str(message)
+    ticket, _, lease = text.partition(" ")
+    if not lease:
+        return ticket, None
+    lease_id, _, lease_us = lease.partition(" ")
+    return ticket, LeaseGrant(lease_id, int(lease_us))
 
 
 def _wake(wake_up: Any) -> None:
