@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conformance import until
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from aiolimit import ConcurrencyLimiter, Lease, RedisBackend
 from aiolimit.backends._lease import process_id
@@ -145,6 +146,37 @@ async def test_a_release_whose_caller_was_cancelled_still_hands_its_slot_to_a_wa
     releasing.cancel()
     lease = await asyncio.wait_for(waiter, 2)
     assert lease is not None and lease.fence > holder.fence
+    await lease.release()
+
+
+async def test_the_wake_channel_is_read_again_only_once_the_waiter_it_woke_has_run(
+    redis, name, monkeypatch
+):
+    # The reader hands the lease over and lets the waiter run before it sets up its next
+    # read (redis-py's, a few dozen µs of Python): the slot's next holder first.
+    waiters: list[asyncio.Task[Lease | None]] = []
+    woke: list[bool] = []
+    seen: list[bool] = []  # (whether the waiter had run when the channel was read again)
+    wake, get_message = _wakeups._wake, PubSub.get_message
+
+    def noted(message: Any) -> None:
+        wake(message)
+        woke.append(True)
+
+    async def reading(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        if woke and not seen:
+            seen.append(waiters[0].done())
+        return await get_message(self, *args, **kwargs)
+
+    monkeypatch.setattr(_wakeups, "_wake", noted)
+    monkeypatch.setattr(PubSub, "get_message", reading)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
+    waiters.append(waiter)
+    await release_elsewhere(backend, name, holder)
+    lease = await asyncio.wait_for(waiter, 5)
+    await until(lambda: asyncio.sleep(0, len(seen)), lambda n: n == 1, "read again")
+    assert seen == [True]
+    assert lease is not None
     await lease.release()
 
 

@@ -233,6 +233,9 @@ class Subscriber:
                     message = await pubsub.get_message(timeout=block)
                     if message is not None:
                         await self._deliver(message)
+                        # The waiters it woke run before the next read is set up (its Python
+                        # costs a few dozen µs): their slots are idle until they do.
+                        await asyncio.sleep(0)
                 except ANY as exc:  # the waiters' own looks still wake them
                     self._cut_off(exc)
                     await asyncio.sleep(0.1)
