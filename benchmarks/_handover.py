@@ -9,7 +9,9 @@ waiter's task resumed (aiolimit). On the server, ``redis-cli monitor`` (:class:`
 when each release ran and each grant was made. :func:`stages` pairs each release with the
 grant that took the slot it freed (in the server's order) and reads, for each pair:
 
-- ``written``: the hold ended -> the release's bytes were written;
+- ``sending``: the hold ended -> the round trip that carries the release began (aiolimit:
+  its coalescer's task sending; the semaphore: none, its caller writes);
+- ``written``: -> the release's bytes were written;
 - ``run``: -> the release ran on the server (its first command);
 - ``granted``: -> the slot was granted (aiolimit: in the same script; the semaphore: the next
   poll that found it free);
@@ -37,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-STAGES = ("written", "run", "granted", "read", "handed", "resumed", "held")
+STAGES = ("sending", "written", "run", "granted", "read", "handed", "resumed", "held")
 
 
 def _now() -> int:
@@ -52,6 +54,7 @@ class Stamps:
     starts: list[tuple[int, str]] = field(default_factory=list)  # (hold started, lease)
     handed: list[tuple[int, str]] = field(default_factory=list)  # (handed over, lease)
     resumed: list[tuple[int, str]] = field(default_factory=list)  # (waiter ran, lease)
+    sending: list[int] = field(default_factory=list)  # a round trip began (aiolimit)
     writes: list[tuple[int, int, bytes]] = field(default_factory=list)  # (t, reader, bytes)
     reads: list[tuple[int, int, bytes]] = field(default_factory=list)  # (t, reader, bytes)
 
@@ -91,8 +94,13 @@ def instrument(contender: str) -> Stamps:
 
 def _instrument_waiters(stamps: Stamps) -> None:
     from aiolimit.backends._lease import Woken
+    from aiolimit.backends.redis._coalescer import Coalescer
 
-    hand, wait = Woken.hand, Woken.wait
+    hand, wait, send = Woken.hand, Woken.wait, Coalescer._send
+
+    async def sending(self: Coalescer, calls: Any) -> None:
+        stamps.sending.append(_now())
+        await send(self, calls)
 
     def handed(self: Woken, grant: Any) -> None:
         if grant is not None:
@@ -107,6 +115,7 @@ def _instrument_waiters(stamps: Stamps) -> None:
 
     Woken.hand = handed  # type: ignore[method-assign]
     Woken.wait = waited  # type: ignore[method-assign]
+    Coalescer._send = sending  # type: ignore[method-assign]
 
 
 class Monitor:
@@ -114,7 +123,7 @@ class Monitor:
 
     def __init__(self, url: str) -> None:
         where = urlparse(url)
-        self._file = tempfile.NamedTemporaryFile("w+", suffix=".monitor")
+        self._file = tempfile.NamedTemporaryFile("w+", suffix=".monitor")  # noqa: SIM115 (closed in lines())
         command = ["redis-cli", "-h", where.hostname or "127.0.0.1", "-p", str(where.port)]
         self._process = subprocess.Popen([*command, "monitor"], stdout=self._file)
         time.sleep(0.2)  # (subscribed before the run starts)
@@ -178,6 +187,12 @@ def _after(
     return None
 
 
+def _carrying(lease: str) -> Callable[[int, bytes], bool]:
+    """Whether a write or read carries ``lease``'s name."""
+    key = lease.encode()
+    return lambda _reader, data: key in data
+
+
 def stages(processes: list[Stamps], lines: list[str], contender: str) -> dict[str, Any]:
     """The median of each stage (µs), over every release paired with its grant, and the
     share of hand-overs within one process; the same for those within one process
@@ -191,6 +206,7 @@ def stages(processes: list[Stamps], lines: list[str], contender: str) -> dict[st
         handed.update((k, t) for t, k in stamps.handed)
         resumed.update((k, t) for t, k in stamps.resumed)
         stamps.writes.sort()
+        stamps.sending.sort()
         stamps.reads.sort()
     split: dict[bool, dict[str, list[float]]] = {
         within: {stage: [] for stage in (*STAGES, "gap")} for within in (True, False)
@@ -202,9 +218,14 @@ def stages(processes: list[Stamps], lines: list[str], contender: str) -> dict[st
         holder, waiter = processes[owner[released]], processes[owner[granted]]
         columns = split[holder is waiter]
         end = ends[released]
-        written = _after(holder.writes, end, lambda _r, d, key=released.encode(): key in d)
+        written = _after(holder.writes, end, _carrying(released))
         read = _read(waiter, granted, at, contender)
+        began = None
+        if written is not None and holder.sending:
+            last_began = bisect.bisect_right(holder.sending, written[0]) - 1
+            began = holder.sending[last_began] if last_began >= 0 else None
         times = {
+            "sending": began,
             "written": written and written[0],
             "run": ran,
             "granted": at,
@@ -253,7 +274,7 @@ def _polls(stamps: Stamps) -> dict[str, list[tuple[int, int]]]:
 def _read(stamps: Stamps, granted: str, at: int, contender: str) -> int | None:
     """When the bytes telling the waiter of ``granted`` reached its process."""
     if contender == "aiolimit":
-        found = _after(stamps.reads, at, lambda _r, d, key=granted.encode(): key in d)
+        found = _after(stamps.reads, at, _carrying(granted))
         return None if found is None else found[0]
     # The semaphore's reply names nothing: the poll that wrote the token last before the
     # grant, then the next read on its connection.

@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from _handover import STAGES, Monitor, instrument, stages
 from _harness import (
     ROOT,
     Table,
@@ -63,7 +64,6 @@ from _harness import (
     report,
 )
 from _harness import reading as server_reading
-from _handover import STAGES, Monitor, instrument, stages
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
@@ -379,8 +379,7 @@ def timeline(figures: dict[str, dict[str, Any]]) -> Table:
     """The median of each stage of a hand-over (``_handover``), in ms."""
     out = Table(
         ["contender", *STAGES, "hold ended -> next hold", "hand-overs", "within a process"],
-        title="A slot's hand-over, stage by stage (ms after the stage before, medians; "
-        "MONITOR on)",
+        title="A slot's hand-over, stage by stage (ms after the stage before, medians; MONITOR on)",
     )
     for label, row in figures.items():
         every = row["stages"]
