@@ -21,6 +21,9 @@ grant that took the slot it freed (in the server's order) and reads, for each pa
 - ``resumed``: -> the waiter's task ran (aiolimit: its wait returned; the semaphore: its poll);
 - ``held``: -> its hold started.
 
+Also the share of hand-overs within one process, and of those to the task that released the
+slot (it took it again: barging, which FIFO rules out).
+
 MONITOR costs the server a little: the timeline's other figures are not the benchmark's.
 """
 
@@ -52,6 +55,7 @@ class Stamps:
 
     ends: list[tuple[int, str]] = field(default_factory=list)  # (hold ended, lease)
     starts: list[tuple[int, str]] = field(default_factory=list)  # (hold started, lease)
+    holders: dict[str, int] = field(default_factory=dict)  # lease: its holder (a task's id)
     handed: list[tuple[int, str]] = field(default_factory=list)  # (handed over, lease)
     resumed: list[tuple[int, str]] = field(default_factory=list)  # (waiter ran, lease)
     sending: list[int] = field(default_factory=list)  # a round trip began (aiolimit)
@@ -63,6 +67,7 @@ class Stamps:
 
     def start(self, key: str) -> None:
         self.starts.append((_now(), key))
+        self.holders[key] = id(asyncio.current_task())
 
 
 def instrument(contender: str) -> Stamps:
@@ -199,17 +204,19 @@ def stages(processes: list[Stamps], lines: list[str], contender: str) -> dict[st
     (``"same"``) and those to another (``"other"``)."""
     ends, starts, handed, resumed = {}, {}, {}, {}
     owner: dict[str, int] = {}
+    holders: dict[str, tuple[int, int]] = {}  # lease: (process, task)
     for number, stamps in enumerate(processes):
         ends.update((k, t) for t, k in stamps.ends)
         starts.update((k, t) for t, k in stamps.starts)
         owner.update((k, number) for _, k in stamps.starts)
+        holders.update((k, (number, task)) for k, task in stamps.holders.items())
         handed.update((k, t) for t, k in stamps.handed)
         resumed.update((k, t) for t, k in stamps.resumed)
         stamps.writes.sort()
         stamps.sending.sort()
         stamps.reads.sort()
     split: dict[bool, dict[str, list[float]]] = {
-        within: {stage: [] for stage in (*STAGES, "gap")} for within in (True, False)
+        within: {stage: [] for stage in (*STAGES, "gap", "itself")} for within in (True, False)
     }
     pairs = _pairs(_events(lines, contender))
     for released, ran, granted, at in pairs:
@@ -217,6 +224,7 @@ def stages(processes: list[Stamps], lines: list[str], contender: str) -> dict[st
             continue
         holder, waiter = processes[owner[released]], processes[owner[granted]]
         columns = split[holder is waiter]
+        columns["itself"].append(holders[released] == holders[granted])
         end = ends[released]
         written = _after(holder.writes, end, _carrying(released))
         read = _read(waiter, granted, at, contender)
@@ -253,6 +261,8 @@ def _medians(columns: dict[str, list[float]]) -> dict[str, Any]:
         stage: statistics.median(values) if values else None for stage, values in columns.items()
     }
     out["hand_overs"] = len(columns["gap"])
+    # (the slot taken again by the task that released it: no waiter was served)
+    out["itself"] = statistics.fmean(columns["itself"]) if columns["itself"] else 0.0
     return out
 
 

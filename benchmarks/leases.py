@@ -375,10 +375,13 @@ def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
     return out
 
 
+SHARES = ("within a process", "to the releasing task")
+
+
 def timeline(figures: dict[str, dict[str, Any]]) -> Table:
     """The median of each stage of a hand-over (``_handover``), in ms."""
     out = Table(
-        ["contender", *STAGES, "hold ended -> next hold", "hand-overs", "within a process"],
+        ["contender", *STAGES, "hold ended -> next hold", "hand-overs", *SHARES],
         title="A slot's hand-over, stage by stage (ms after the stage before, medians; MONITOR on)",
     )
     for label, row in figures.items():
@@ -387,7 +390,8 @@ def timeline(figures: dict[str, dict[str, Any]]) -> Table:
                           (", to another process", every["other"])):  # fmt: skip
             cells = [number(None if got[s] is None else got[s] / 1000, 2) for s in (*STAGES, "gap")]
             share = f"{every['same_process']:.0%}" if not part else ""
-            out.add(label + part, *cells, number(got["hand_overs"]), share)
+            itself = f"{got['itself']:.0%}"
+            out.add(label + part, *cells, number(got["hand_overs"]), share, itself)
     return out
 
 
