@@ -261,6 +261,7 @@ def _medians(columns: dict[str, list[float]]) -> dict[str, Any]:
         stage: statistics.median(values) if values else None for stage, values in columns.items()
     }
     out["hand_overs"] = len(columns["gap"])
+    out["gap_mean"] = statistics.fmean(columns["gap"]) if columns["gap"] else None
     # (the slot taken again by the task that released it: no waiter was served)
     out["itself"] = statistics.fmean(columns["itself"]) if columns["itself"] else 0.0
     return out

@@ -381,7 +381,7 @@ SHARES = ("within a process", "to the releasing task")
 def timeline(figures: dict[str, dict[str, Any]]) -> Table:
     """The median of each stage of a hand-over (``_handover``), in ms."""
     out = Table(
-        ["contender", *STAGES, "hold ended -> next hold", "hand-overs", *SHARES],
+        ["contender", *STAGES, "hold ended -> next hold", "(mean)", "hand-overs", *SHARES],
         title="A slot's hand-over, stage by stage (ms after the stage before, medians; MONITOR on)",
     )
     for label, row in figures.items():
@@ -391,7 +391,9 @@ def timeline(figures: dict[str, dict[str, Any]]) -> Table:
             cells = [number(None if got[s] is None else got[s] / 1000, 2) for s in (*STAGES, "gap")]
             share = f"{every['same_process']:.0%}" if not part else ""
             itself = f"{got['itself']:.0%}"
-            out.add(label + part, *cells, number(got["hand_overs"]), share, itself)
+            mean = got["gap_mean"]
+            mean_ms = number(None if mean is None else mean / 1000, 2)
+            out.add(label + part, *cells, mean_ms, number(got["hand_overs"]), share, itself)
     return out
 
 

@@ -180,6 +180,48 @@ async def test_the_wake_channel_is_read_again_only_once_the_waiter_it_woke_has_r
     await lease.release()
 
 
+async def test_wake_ups_that_arrive_together_resume_their_waiters_on_one_turn(redis, name):
+    # Two slots freed by one round trip elsewhere: both messages come in one read, and both
+    # waiters run on the same turn (their holds end together, and their releases go as one
+    # call), not one turn apart.
+    backend = RedisBackend(redis)
+    sem = ConcurrencyLimiter(name, backend)
+    await sem.try_set_limit(2, lease=30)
+    holders = [await sem.try_lease(), await sem.try_lease()]
+    waiters = [asyncio.create_task(sem.try_lease(timeout=20)) for _ in range(2)]
+
+    async def waiting() -> int:
+        snapshot = await sem.leases()
+        return 0 if snapshot is None else snapshot.waiting
+
+    await until(waiting, lambda n: n == 2, "both queued")
+    await until(lambda: subscribers(redis, backend, name), lambda n: n == 1, "subscribed")
+    loop = asyncio.get_running_loop()
+    ticks, finished = 0, []
+
+    def tick() -> None:  # (counts the loop's turns)
+        nonlocal ticks
+        ticks += 1
+        if len(finished) < 2:
+            loop.call_soon(tick)
+
+    for waiter in waiters:
+        waiter.add_done_callback(lambda _: finished.append(ticks))
+    keys = lease_keys(backend.keys(name))
+    function = function_name("lease_release")
+    pipe = redis.pipeline(transaction=False)
+    for holder in holders:
+        assert holder is not None
+        pipe.fcall(function, len(keys), *keys, holder.id, ELSEWHERE)
+    loop.call_soon(tick)
+    await pipe.execute()
+    leases = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert len(finished) == 2 and finished[0] == finished[1], finished
+    for lease in leases:
+        assert lease is not None
+        await lease.release()
+
+
 async def test_a_wake_up_sent_while_the_subscriber_reconnects_is_not_lost(redis, name):
     # The message is published to nobody while the subscriber's connection is down; once
     # it is subscribed again, the waiters of its channels ask (and collect the grant), long

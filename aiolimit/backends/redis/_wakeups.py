@@ -20,7 +20,7 @@ from typing import Any
 
 from .._context import Background
 from .._lease import LeaseGrant, Woken
-from ._compat import ANY, NO_PERMISSION
+from ._compat import ANY, NO_PERMISSION, buffered
 
 __all__ = ["Subscriber", "Waiter", "Waker", "hand_over", "woken"]
 
@@ -233,9 +233,11 @@ class Subscriber:
                     message = await pubsub.get_message(timeout=block)
                     if message is not None:
                         await self._deliver(message)
-                        # The waiters it woke run before the next read is set up (its Python
-                        # costs a few dozen µs): their slots are idle until they do.
-                        await asyncio.sleep(0)
+                        # Once what came in one read is delivered, the waiters it woke run
+                        # (all on one turn) before the next read is set up (a few dozen µs
+                        # of Python): their slots are idle until they do.
+                        if not await buffered(pubsub.connection):
+                            await asyncio.sleep(0)
                 except ANY as exc:  # the waiters' own looks still wake them
                     self._cut_off(exc)
                     await asyncio.sleep(0.1)
