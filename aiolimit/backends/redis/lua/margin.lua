@@ -26,7 +26,7 @@ if config.type ~= 'OVERALL' or ALGORITHMS[config.algorithm].fixed_edges then
 end
 local now = limiter_now(config, ARGV[2])
 local start, cap_share, shrink, quantum = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local floor_share = tonumber(ARGV[7])
+local floor_share = tonumber(ARGV[7]) or 0
 local before = tonumber(config.margin or '')
 local margin, at = before, tonumber(config.margin_at or '0') or 0
 
