@@ -221,19 +221,25 @@ class TokenMeter:
         """What reads the usage of an event stream as it passes."""
         return UsageTail()
 
-    async def cap(self, headers: Mapping[str, str]) -> None:
-        """What the limiter has left capped by the provider's count, when its headers say."""
-        await sync_from(headers, self.tokens, "tokens", self.caps)
+    async def cap(self, headers: Mapping[str, str], came: float | None = None) -> None:
+        """What the limiter has left capped by the provider's count, when its headers say
+        (``came``: when they came, on the loop's clock; None: now)."""
+        await sync_from(headers, self.tokens, "tokens", self.caps, came)
 
     async def settle(
-        self, acquired: Acquired, response: object, headers: Mapping[str, str]
+        self,
+        acquired: Acquired,
+        response: object,
+        headers: Mapping[str, str],
+        came: float | None = None,
     ) -> None:
         """The tokens' grant settled as ``usage(response)`` says (None: the estimate stands),
-        then the provider's count of tokens left (``headers``) taken as a floor: it counts
-        this call already, so it is synced after the settle, lest a refund loosen it."""
+        then the provider's count of tokens left (``headers``, which came at ``came`` on
+        the loop's clock) taken as a floor: it counts this call already, so it is synced
+        after the settle, lest a refund loosen it."""
         if response is not None:  # (None: a body not read, the estimate stands)
             await self._settle(acquired, response)
-        await self.cap(headers)
+        await self.cap(headers, came)
 
     def _took_tokens(self, acquired: Acquired) -> bool:
         """Whether ``acquired`` holds tokens of this meter's (an estimate of 0: none)."""
@@ -320,10 +326,14 @@ async def sync_from(
     limiter: RateLimiter | ShardedRateLimiter,
     kind: str,
     caps: Caps | None = None,
+    came: float | None = None,
 ) -> None:
     """A provider's rate-limit headers for ``kind``, when present, taken as a floor by
     ``limiter``, at most once per ``CAP_EVERY`` by a client (its ``caps``; None: every
-    time, as after a 429); a failure is logged. Not
+    time, as after a 429); a failure is logged. The count's reset runs from when the
+    headers came (``came``, on the event loop's clock; None: now), not from when the
+    floor reaches the store: a body read or settled meanwhile does not hold the limiter
+    longer than the provider holds its count. Not
     while the provider says it has half or more of the quota it states left
     (``x-ratelimit-limit-*``): its count matters as it nears its quota, and until then each
     response saves a call."""
@@ -333,10 +343,15 @@ async def sync_from(
     stated = stated_limit(headers, kind) if kind in _STATED else None
     if stated is not None and 2 * left.remaining >= stated[0]:
         return
+    reset = left.reset
+    if came is not None:
+        reset -= asyncio.get_running_loop().time() - came
+        if reset <= 0:
+            return  # (the provider's count has started over since: nothing to hold)
     if caps is not None and not caps.due(kind):
         return
     try:
-        await limiter.cap_remaining(left.remaining, reset=left.reset)
+        await limiter.cap_remaining(left.remaining, reset=reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
 
@@ -497,9 +512,9 @@ class KindsMeter(TokenMeter):
     def tail(self) -> UsageTail:
         return UsageTail(usage_by_kind)
 
-    async def cap(self, headers: Mapping[str, str]) -> None:
+    async def cap(self, headers: Mapping[str, str], came: float | None = None) -> None:
         for kind, limiter in self.kinds.items():
-            await sync_from(headers, limiter, f"{kind}-tokens", self.caps)
+            await sync_from(headers, limiter, f"{kind}-tokens", self.caps, came)
 
     async def settle_used(self, acquired: Acquired, used: object) -> None:
         if not isinstance(used, Mapping):

@@ -294,3 +294,35 @@ async def test_httpx_caps_a_limiter_at_most_every_cap_every(
         await asyncio.sleep(CAP_EVERY)
         await http.post("/a", json=PROMPT)
     assert synced == ["llm-tokens", "llm-tokens"]
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_caps_by_a_count_as_old_as_its_response(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The provider's count was sent with the response's headers: its reset runs from then,
+    # not from when the body was read and settled (a count that reached the store late
+    # would hold the limiter that much longer than the provider does).
+    requests, tokens = await meters(store)
+    resets: list[int] = []
+    sync = type(tokens.backend).sync
+
+    async def kept(self: Any, name: str, remaining: int, reset_us: int) -> None:
+        resets.append(reset_us)
+        await sync(self, name, remaining, reset_us)
+
+    monkeypatch.setattr(type(tokens.backend), "sync", kept)
+
+    async def slow_usage(response: httpx.Response) -> int:
+        await asyncio.sleep(1.5)  # (a body read slowly: the count ages meanwhile)
+        return 30
+
+    headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "2s"}
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(
+        requests, provider(answers, []), tokens=tokens, usage=slow_usage
+    ) as http:
+        await http.post("/a", json=PROMPT)
+    assert len(resets) == 1
+    assert resets[0] == pytest.approx(500_000, abs=10_000)
