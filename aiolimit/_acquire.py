@@ -37,7 +37,7 @@ from ._observe import Observer
 from ._pacing import HORIZON, turns_of
 from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
-from ._wakeup import sleep_out
+from ._wakeup import note_read, sleep_out
 from .backends.base import Attempt, Grant, Refusal
 from .errors import LimiterError, NotConfiguredError
 
@@ -154,6 +154,8 @@ async def paced(request: Request) -> Outcome:
                 holding = False
                 turns.next()
                 outcome = await _slept_out(request, attempts)
+                if outcome.granted and not outcome.waited:  # (read at once: how late)
+                    note_read(grants_of(outcome.limiters, outcome.attempts))
                 if not outcome.granted or (asked == 1 and turned == began):
                     return outcome  # (refused behind a block; or its own wait only)
                 return Outcome(outcome.limiters, outcome.attempts, now_us() - began)
