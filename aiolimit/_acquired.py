@@ -16,8 +16,8 @@ from ._attempts import grants_of, release_grants
 from ._checks import check_sync
 from ._pacing import refunded
 from ._request import seconds
-from ._values import Duration
 from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
+from ._values import Duration
 from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal, Settlement
 

@@ -327,9 +327,7 @@ async def test_httpx_caps_by_a_count_as_old_as_its_response(
 
     headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "2s"}
     answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
-    async with client(
-        requests, provider(answers, []), tokens=tokens, usage=slow_usage
-    ) as http:
+    async with client(requests, provider(answers, []), tokens=tokens, usage=slow_usage) as http:
         await http.post("/a", json=PROMPT)
     assert len(resets) == 1
     assert resets[0] == pytest.approx(500_000, abs=10_000)
