@@ -10,7 +10,8 @@ A grant that will be settled (``reserve()``, ``acquire_all``, a metered HTTP cal
 no further ahead than ``HORIZON``: a reservation is placed on what the store knew when it
 was made and is not moved earlier by later refunds, so worst cases queued far ahead would
 keep places their settled predecessors no longer need. The caller whose turn it is asks;
-when refused it pauses: it asks again a little before the store said it could grant, at
+when refused it pauses: it asks again a little before the store said it could grant (then
+up to ``DUE_HORIZON`` ahead: another process's caller told that time asks too), at
 once when settles or releases of this process have handed back what it lacked, else after
 ``HORIZON``, then twice as long each time up to ``MAX_ASK_EVERY`` (a refund in another
 process is seen that late at most). Only the turn's holder asks, so a process asks at most
