@@ -45,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from _handover import STAGES, Monitor, instrument, stages
 from _harness import (
     ROOT,
     Table,
@@ -109,8 +110,8 @@ return 1
 """
 
 _listeners: set[asyncio.Future[None]] = set()  # Redisson's subscriptions, kept referenced
-Take = Callable[[], Awaitable[Callable[[], Awaitable[Any]]]]
-"""Takes a lease (waiting); returns what releases it."""
+Take = Callable[[], Awaitable[tuple[str, Callable[[], Awaitable[Any]]]]]
+"""Takes a lease (waiting); returns what names it and what releases it."""
 
 
 def _ms() -> int:
@@ -120,11 +121,11 @@ def _ms() -> int:
 async def _semaphore(redis: Redis, limit: int) -> Take:
     acquire = redis.register_script(SEMAPHORE_ACQUIRE)
 
-    async def take() -> Callable[[], Awaitable[Any]]:
+    async def take() -> tuple[str, Callable[[], Awaitable[Any]]]:
         token = secrets.token_hex(8)
         while not await acquire(keys=["sem"], args=[limit, token, _ms(), LEASE_MS]):  # noqa: ASYNC110
             await asyncio.sleep(0.010)  # (the polling being measured)
-        return lambda: redis.zrem("sem", token)
+        return token, lambda: redis.zrem("sem", token)
 
     return take
 
@@ -146,14 +147,14 @@ async def _redisson(redis: Redis, limit: int) -> Take:
 
     listener = asyncio.ensure_future(listen())
 
-    async def take_lease() -> Callable[[], Awaitable[Any]]:
+    async def take_lease() -> tuple[str, Callable[[], Awaitable[Any]]]:
         permit = secrets.token_hex(8)
         while True:
             now = _ms()
             answer = await acquire(keys=keys, args=[1, now + LEASE_MS, permit, now])
             text = answer.decode() if isinstance(answer, bytes) else str(answer)
             if not text.startswith(":"):
-                return lambda: release(keys=keys, args=[permit, 1, _ms()])
+                return permit, lambda: release(keys=keys, args=[permit, 1, _ms()])
             wait = int(text[1:])
             waiter = asyncio.ensure_future(released.wait())
             await asyncio.wait([waiter], timeout=None if wait < 0 else wait / 1000)
@@ -167,10 +168,10 @@ async def _aiolimit(redis: Redis, limit: int) -> Take:
     sem = ConcurrencyLimiter("bench", RedisBackend(redis))
     await sem.set_limit(limit, lease=LEASE_MS / 1000)
 
-    async def take() -> Callable[[], Awaitable[Any]]:
+    async def take() -> tuple[str, Callable[[], Awaitable[Any]]]:
         lease = await sem.try_lease(timeout=None)
         assert lease is not None
-        return lease.release
+        return lease.id, lease.release
 
     return take
 
@@ -193,11 +194,14 @@ class Load:
     tasks: int
     hold_s: float
     seconds: float
+    timeline: bool = False
 
 
-async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int, int, float]:
+async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[Any, ...]:
     """The load's tasks, from when ``started`` returns, for its seconds: (leases, the most
-    held at once in this process, the CPU seconds this process used meanwhile)."""
+    held at once in this process, the CPU seconds this process used meanwhile, its stamps
+    with ``--timeline``)."""
+    stamps = instrument(load.contender) if load.timeline else None
     redis = Redis.from_url(load.url)
     take = await CONTENDERS[load.contender][1](redis, load.limit)
     await started()
@@ -208,10 +212,14 @@ async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int
     async def worker() -> None:
         nonlocal leases, held, most
         while time.monotonic() < end:
-            release = await take()
+            key, release = await take()
+            if stamps is not None:
+                stamps.start(key)
             held += 1
             most = max(most, held)
             await asyncio.sleep(load.hold_s)
+            if stamps is not None:
+                stamps.end(key)
             held -= 1
             await release()
             leases += 1
@@ -219,7 +227,7 @@ async def _work(load: Load, started: Callable[[], Awaitable[None]]) -> tuple[int
     await asyncio.gather(*(worker() for _ in range(load.tasks)))
     cpu = time.process_time() - cpu
     await redis.aclose()
-    return leases, most, cpu
+    return leases, most, cpu, stamps
 
 
 def _process(load: Load, ready: Any, go: Any, out: Any) -> None:
@@ -237,7 +245,8 @@ def _run(url: str, contender: str, args: Any) -> dict[str, float]:
     server's counters read once every process is ready and again when all are done."""
     shares = [args.tasks // args.processes + (i < args.tasks % args.processes)
               for i in range(args.processes)]  # fmt: skip
-    loads = [Load(url, contender, args.limit, n, args.hold / 1000, args.seconds) for n in shares]
+    loads = [Load(url, contender, args.limit, n, args.hold / 1000, args.seconds, args.timeline)
+             for n in shares]  # fmt: skip
     spawn = multiprocessing.get_context("spawn")
     ready, go, out = spawn.Queue(), spawn.Event(), spawn.Queue()
     others = [spawn.Process(target=_process, args=(load, ready, go, out)) for load in loads[1:]]
@@ -245,10 +254,13 @@ def _run(url: str, contender: str, args: Any) -> dict[str, float]:
         process.start()
     with SyncRedis.from_url(url) as sync:
         readings: list[Any] = []
+        monitor: list[Monitor] = []
 
         async def started() -> None:
             for _ in others:
                 await asyncio.to_thread(ready.get)
+            if args.timeline:
+                monitor.append(Monitor(url))
             readings.append((server_reading(sync), command_counts(url), time.monotonic()))
             go.set()
 
@@ -259,14 +271,18 @@ def _run(url: str, contender: str, args: Any) -> dict[str, float]:
     for process in others:
         process.join()
     before, (scripts_before, commands_before), _ = readings[0]
-    leases = sum(n for n, _, _ in results)
+    leases = sum(result[0] for result in results)
+    timeline = {}
+    if monitor:
+        timeline = {"stages": stages([r[3] for r in results], monitor[0].lines(), contender)}
     return {
+        **timeline,
         "leases_per_s": leases / elapsed,
         "redis_cpu_us": per_grant(before, after, leases).redis_cpu,
         "scripts": (scripts_after - scripts_before) / max(leases, 1),
         "commands": (commands_after - commands_before) / max(leases, 1),
-        "client_cpu_us": sum(cpu for _, _, cpu in results) * 1e6 / max(leases, 1),
-        "most_held": max(most for _, most, _ in results),
+        "client_cpu_us": sum(result[2] for result in results) * 1e6 / max(leases, 1),
+        "most_held": max(result[1] for result in results),
     }
 
 
@@ -309,6 +325,9 @@ def main() -> None:
     cli.add_argument("--seconds", type=float, default=4.0)
     cli.add_argument("--processes", type=int, default=1, help="the tasks spread over (1)")
     cli.add_argument("--contender", action="append", choices=list(CONTENDERS))
+    cli.add_argument(
+        "--timeline", action="store_true", help="where each hand-over's time goes (MONITOR on)"
+    )
     cli.add_argument("--url", help=argparse.SUPPRESS)
     args = cli.parse_args()
     args.contender = args.contender or list(CONTENDERS)
@@ -320,11 +339,14 @@ def main() -> None:
         child_args = [
             "--url", url, "--tasks", str(args.tasks), "--limit", str(args.limit),
             "--hold", str(args.hold), "--seconds", str(args.seconds),
-            "--processes", str(args.processes),
+            "--processes", str(args.processes), *(["--timeline"] if args.timeline else []),
         ]  # fmt: skip
         results = alternate(__file__, variants(args), args.rounds, child_args)
     figures = rows(args, {label: medians(rounds) for label, rounds in results.items()})
-    report(args, heading, [table(args, figures)], figures)
+    tables = [table(args, figures)]
+    if args.timeline:
+        tables.append(timeline(figures))
+    report(args, heading, tables, figures)
 
 
 def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
@@ -350,6 +372,28 @@ def table(args: Any, figures: dict[str, dict[str, float]]) -> Table:
             number(row["commands"], 1),
             number(row["most_held"]),
         )
+    return out
+
+
+SHARES = ("within a process", "to the releasing task")
+
+
+def timeline(figures: dict[str, dict[str, Any]]) -> Table:
+    """The median of each stage of a hand-over (``_handover``), in ms."""
+    out = Table(
+        ["contender", *STAGES, "hold ended -> next hold", "(mean)", "hand-overs", *SHARES],
+        title="A slot's hand-over, stage by stage (ms after the stage before, medians; MONITOR on)",
+    )
+    for label, row in figures.items():
+        every = row["stages"]
+        for part, got in (("", every), (", within a process", every["same"]),
+                          (", to another process", every["other"])):  # fmt: skip
+            cells = [number(None if got[s] is None else got[s] / 1000, 2) for s in (*STAGES, "gap")]
+            share = f"{every['same_process']:.0%}" if not part else ""
+            itself = f"{got['itself']:.0%}"
+            mean = got["gap_mean"]
+            mean_ms = number(None if mean is None else mean / 1000, 2)
+            out.add(label + part, *cells, mean_ms, number(got["hand_overs"]), share, itself)
     return out
 
 

@@ -44,7 +44,7 @@ def exact_rates(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     reported (the fleet's measured margin, backends/_margin.py), except in the tests marked
     ``measured_margin``, which test it."""
     if request.node.get_closest_marker("measured_margin") is None:
-        monkeypatch.setattr(_margin, "LAW", _margin.LAW._replace(start=0))
+        monkeypatch.setattr(_margin, "LAW", _margin.LAW._replace(start=0, floor=0))
         monkeypatch.setattr(_margin.Margins, "late", lambda *args: None)
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from conformance import until
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 
 from aiolimit import ConcurrencyLimiter, Lease, RedisBackend
 from aiolimit.backends._lease import process_id
@@ -120,6 +121,105 @@ async def test_a_wake_up_heard_resumes_its_waiter_on_the_loops_next_turn(redis, 
     assert lease is not None and lease.fence > holder.fence
     await lease.renew()
     await lease.release()
+
+
+async def test_a_slot_released_here_runs_its_waiter_here_before_the_releaser_resumes(redis, name):
+    # The release's reply hands the lease to the waiter of this process as soon as it is
+    # read, before the releasing task is resumed: the next holder runs first (its slot is
+    # idle meanwhile), the releaser's own next steps after it.
+    _, _, holder, waiter = await queued_waiter(redis, name)
+    assert await holder.release()
+    assert waiter.done()  # (no turn of the loop since the release returned)
+    lease = waiter.result()
+    assert lease is not None and lease.fence > holder.fence
+    await lease.release()
+
+
+async def test_a_release_whose_caller_was_cancelled_still_hands_its_slot_to_a_waiter_here(
+    redis, name
+):
+    # The release ran; its caller is gone, but the reply that names this process's waiter
+    # still wakes it (else the lease sat granted until the waiter's next look: 10 s here).
+    _, _, holder, waiter = await queued_waiter(redis, name)
+    releasing = asyncio.create_task(holder.release())
+    await asyncio.sleep(0)  # (its request made)
+    releasing.cancel()
+    lease = await asyncio.wait_for(waiter, 2)
+    assert lease is not None and lease.fence > holder.fence
+    await lease.release()
+
+
+async def test_the_wake_channel_is_read_again_only_once_the_waiter_it_woke_has_run(
+    redis, name, monkeypatch
+):
+    # The reader hands the lease over and lets the waiter run before it sets up its next
+    # read (redis-py's, a few dozen µs of Python): the slot's next holder first.
+    waiters: list[asyncio.Task[Lease | None]] = []
+    woke: list[bool] = []
+    seen: list[bool] = []  # (whether the waiter had run when the channel was read again)
+    wake, get_message = _wakeups._wake, PubSub.get_message
+
+    def noted(message: Any) -> None:
+        wake(message)
+        woke.append(True)
+
+    async def reading(self: PubSub, *args: Any, **kwargs: Any) -> Any:
+        if woke and not seen:
+            seen.append(waiters[0].done())
+        return await get_message(self, *args, **kwargs)
+
+    monkeypatch.setattr(_wakeups, "_wake", noted)
+    monkeypatch.setattr(PubSub, "get_message", reading)
+    backend, _, holder, waiter = await queued_waiter(redis, name)
+    waiters.append(waiter)
+    await release_elsewhere(backend, name, holder)
+    lease = await asyncio.wait_for(waiter, 5)
+    await until(lambda: asyncio.sleep(0, len(seen)), lambda n: n == 1, "read again")
+    assert seen == [True]
+    assert lease is not None
+    await lease.release()
+
+
+async def test_wake_ups_that_arrive_together_resume_their_waiters_on_one_turn(redis, name):
+    # Two slots freed by one round trip elsewhere: both messages come in one read, and both
+    # waiters run on the same turn (their holds end together, and their releases go as one
+    # call), not one turn apart.
+    backend = RedisBackend(redis)
+    sem = ConcurrencyLimiter(name, backend)
+    await sem.try_set_limit(2, lease=30)
+    holders = [await sem.try_lease(), await sem.try_lease()]
+    waiters = [asyncio.create_task(sem.try_lease(timeout=20)) for _ in range(2)]
+
+    async def waiting() -> int:
+        snapshot = await sem.leases()
+        return 0 if snapshot is None else snapshot.waiting
+
+    await until(waiting, lambda n: n == 2, "both queued")
+    await until(lambda: subscribers(redis, backend, name), lambda n: n == 1, "subscribed")
+    loop = asyncio.get_running_loop()
+    ticks, finished = 0, []
+
+    def tick() -> None:  # (counts the loop's turns)
+        nonlocal ticks
+        ticks += 1
+        if len(finished) < 2:
+            loop.call_soon(tick)
+
+    for waiter in waiters:
+        waiter.add_done_callback(lambda _: finished.append(ticks))
+    keys = lease_keys(backend.keys(name))
+    function = function_name("lease_release")
+    pipe = redis.pipeline(transaction=False)
+    for holder in holders:
+        assert holder is not None
+        pipe.fcall(function, len(keys), *keys, holder.id, ELSEWHERE)
+    loop.call_soon(tick)
+    await pipe.execute()
+    leases = await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert len(finished) == 2 and finished[0] == finished[1], finished
+    for lease in leases:
+        assert lease is not None
+        await lease.release()
 
 
 async def test_a_wake_up_sent_while_the_subscriber_reconnects_is_not_lost(redis, name):

@@ -407,7 +407,8 @@ async def test_a_waiter_in_another_process_is_handed_its_lease_through_its_wake_
 async def test_a_handed_over_lease_resumes_its_waiter_on_the_loops_next_turn(store, name):
     # The slot is idle until its waiter runs: a busy process takes a while over each turn of
     # its event loop, so the lease handed over wakes the waiter on the next one (not an
-    # Event under wait_for, whose task and callbacks take three).
+    # Event under wait_for, whose task and callbacks take three). On Redis it runs before
+    # the releaser resumes (handed as the reply is read: test_lease_wakeups).
     sem = await limiter(store, name, 1)
     held = await sem.try_lease()
     waiter = asyncio.ensure_future(sem.try_lease(timeout=LEASE))
@@ -417,7 +418,7 @@ async def test_a_handed_over_lease_resumes_its_waiter_on_the_loops_next_turn(sto
     while not waiter.done():
         await asyncio.sleep(0)
         turns += 1
-    assert turns == 1
+    assert turns <= 1
     lease = waiter.result()
     assert lease is not None and lease.fence > held.fence
     await lease.release()

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 
 from aiolimit import MemoryBackend, RedisBackend
 from aiolimit.backends._lease import LeaseGrant, new_ticket, process_id
-from aiolimit.backends.redis._lease_scripts import woken
+from aiolimit.backends.redis._wakeups import woken
 
 LEASE_US = 600_000_000
 

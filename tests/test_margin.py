@@ -27,6 +27,7 @@ INTERVAL = 10  # seconds: long, since Redis expires keys on its own clock
 RATE = f"10/{INTERVAL} seconds"
 START = _margin.START_US / 1e6
 CAP = INTERVAL / 10
+FLOOR = INTERVAL / 100
 
 
 async def fleet(store, name, clock, processes=2, rate=RATE):
@@ -57,11 +58,11 @@ async def test_a_lateness_above_the_margin_grows_it_at_once_and_one_below_shrink
     assert await backend.margin(name, 200_000) == 200_000  # at once
     assert await backend.margin(name, 1_000) == 200_000  # no time passed: no shrink
     await advance(store, clock, _margin.SHRINK_INTERVALS * INTERVAL / 2)  # half the time
-    assert await backend.margin(name, 1_000) == 100_500
+    assert await backend.margin(name, 1_000) == 150_000  # (half way to the floor: 100 ms)
     await advance(store, clock, 20 * INTERVAL)
-    assert await backend.margin(name, 1_000) == 1_000
+    assert await backend.margin(name, 400) == 100_000
     assert await limiter.try_acquire(10)
-    assert await limiter.wait_time() == pytest.approx(INTERVAL + 0.001)
+    assert await limiter.wait_time() == pytest.approx(INTERVAL + 0.1)
 
 
 async def test_a_lateness_of_hours_is_capped_at_a_tenth_of_the_interval(store, name):
@@ -72,6 +73,21 @@ async def test_a_lateness_of_hours_is_capped_at_a_tenth_of_the_interval(store, n
     assert await limiter.backend.margin(name, -(10**9)) == CAP * 10**6  # (no shrink: no time)
     assert await limiter.try_acquire(10)
     assert await limiter.wait_time() == pytest.approx(INTERVAL + CAP)
+
+
+async def test_a_margin_shrinks_no_lower_than_a_hundredth_of_the_interval(store, name):
+    # What a caller adds after its wake (its send) is not measured: a floor covers it.
+    clock = ManualClock()
+    (limiter,) = await fleet(store, name, clock, 1)
+    await limiter.rate_in_code.store()
+    backend = limiter.backend
+    assert await backend.margin(name, None) == _margin.START_US
+    assert await backend.margin(name, 300_000) == 300_000
+    await advance(store, clock, 20 * INTERVAL)
+    assert await backend.margin(name, 1_000) == FLOOR * 10**6
+    assert await backend.margin(name, 0) == FLOOR * 10**6
+    assert await limiter.try_acquire(10)
+    assert await limiter.wait_time() == pytest.approx(INTERVAL + FLOOR)
 
 
 async def test_grants_made_stay_counted_when_the_margin_changes(store, name):
@@ -124,11 +140,20 @@ def test_the_law_grows_at_once_shrinks_over_five_intervals_and_writes_no_small_c
     rates = config.rates
     assert next_margin(None, 0, None, 7, rates) == (100_000, 7)  # the start, capped
     assert next_margin(50_000, 7, 80_000, 9, rates) == (80_000, 9)
-    assert next_margin(80_000, 0, 0, 2_500_000, rates) == (40_000, 2_500_000)  # half of 5 s
+    assert next_margin(80_000, 0, 0, 2_500_000, rates) == (45_000, 2_500_000)  # half of 5 s
+    # (towards the floor, 10 ms)
     assert next_margin(80_000, 0, 0, 10_000, rates) == (80_000, 0)  # (160 µs: waits)
     assert next_margin(10**12, 0, 10**12, 1, rates) == (100_000, 0)  # capped
     tiny = RateLimiterConfig.build(RateType.OVERALL, "10/0.2 seconds").rates
     assert next_margin(None, 0, None, 0, tiny) == (20_000, 0)  # the start, capped too
+
+
+def test_the_law_keeps_a_floor_of_a_hundredth_of_the_shortest_interval() -> None:
+    rates = RateLimiterConfig.parse("10/second").rates
+    assert next_margin(80_000, 0, 0, 10**9, rates) == (10_000, 10**9)  # shrunk to the floor
+    assert next_margin(3_000, 0, 2_000, 1, rates) == (10_000, 0)  # below it: raised
+    minute = RateLimiterConfig.parse("10/minute").rates
+    assert next_margin(None, 0, None, 0, minute) == (600_000, 0)  # above the start
 
 
 async def test_a_process_reports_a_higher_lateness_at_once_and_a_lower_one_now_and_then():

@@ -18,7 +18,9 @@ of the fleet goes at the one margin.
   changed, so a quiet spell does not undo what a busy one needed; a change smaller than
   :data:`QUANTUM_US` waits (its time keeps counting).
 - never more than :data:`CAP_SHARE` of the shortest interval (a lateness of hours does not
-  stop the limiter), nor negative; ``PER_CLIENT`` limiters and fixed windows (whose windows
+  stop the limiter), nor less than :data:`FLOOR_SHARE` of it (what a caller adds after its
+  last measured moment, its own send, is not seen: a quiet spell does not shrink the margin
+  below it); ``PER_CLIENT`` limiters and fixed windows (whose windows
   would move with each change) keep none.
 
 A change is a change of the config's rates, made as ``set_rate(..., keep_state=True)``
@@ -40,6 +42,7 @@ from ._learning import MILLION
 
 __all__ = [
     "CAP_SHARE",
+    "FLOOR_SHARE",
     "LAW",
     "QUANTUM_US",
     "REPORT_EVERY",
@@ -49,6 +52,7 @@ __all__ = [
     "MarginLaw",
     "Margins",
     "cap_of",
+    "floor_of",
     "next_margin",
     "note_late",
     "widened_rates",
@@ -61,6 +65,10 @@ START_US = 100_000
 CAP_SHARE = 100_000
 """The most a margin may be: this many millionths (``MILLION``, a learned share's scale) of
 the shortest interval: a tenth."""
+FLOOR_SHARE = 10_000
+"""The least a margin may be: this many millionths of the shortest interval, a hundredth
+(10 ms of a second: what a caller's send adds after its wake, which no one measures, on a
+machine kept busy; it costs a hundredth of the quota)."""
 SHRINK_INTERVALS = 5
 """Over how many intervals of the first rate a margin shrinks to a lower lateness."""
 QUANTUM_US = 500
@@ -75,20 +83,27 @@ REPORT_EVERY = 2.0
 
 
 class MarginLaw(NamedTuple):
-    """What a margin call carries (µs; the cap in millionths of the shortest interval)."""
+    """What a margin call carries (µs; the cap and the floor in millionths of the shortest
+    interval)."""
 
     start: int
     cap: int
     shrink: int
     quantum: int
+    floor: int
 
 
-LAW = MarginLaw(START_US, CAP_SHARE, SHRINK_INTERVALS, QUANTUM_US)
+LAW = MarginLaw(START_US, CAP_SHARE, SHRINK_INTERVALS, QUANTUM_US, FLOOR_SHARE)
 
 
 def cap_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
     """The most a margin may be for ``rates`` (µs)."""
     return min(r.interval_us for r in rates) * law.cap // MILLION
+
+
+def floor_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
+    """The least a margin may be for ``rates`` (µs; never above the cap)."""
+    return min(min(r.interval_us for r in rates) * law.floor // MILLION, cap_of(rates, law))
 
 
 def next_margin(
@@ -102,13 +117,13 @@ def next_margin(
     """The margin and when it last changed, after a begin (``late`` None) or a report of
     ``late`` µs at ``now``, from ``margin`` (None: none yet) changed at ``at``, for the
     exact ``rates``."""
-    cap = cap_of(rates, law)
+    cap, least = cap_of(rates, law), floor_of(rates, law)
     if margin is None:
-        margin, at = min(law.start, cap), now
-    margin = min(max(margin, 0), cap)
+        margin, at = law.start, now
+    margin = min(max(margin, least), cap)
     if late is None:
         return margin, at
-    late = min(max(late, 0), cap)
+    late = min(max(late, least), cap)
     if late > margin:
         return late, now
     shrink_time = max(law.shrink * rates[0].interval_us, 1)

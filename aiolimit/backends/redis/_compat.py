@@ -19,6 +19,7 @@ __all__ = [
     "NO_PERMISSION",
     "NO_SCRIPT",
     "UNREACHABLE",
+    "buffered",
     "check_client",
     "is_cluster",
     "node_of",
@@ -38,6 +39,15 @@ NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
 LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
 """The connection was lost (killed, reset, refused): the round trip may be sent again."""
+
+
+async def buffered(connection: Any) -> bool:
+    """Whether more has come in on an asyncio ``connection`` than was read yet: redis-py 8's
+    ``can_read``, ``can_read_destructive`` before it (and in valkey-py). Neither waits."""
+    can_read = getattr(connection, "can_read", None) or connection.can_read_destructive
+    return bool(await can_read())
+
+
 UNREACHABLE: tuple[type[BaseException], ...] = (
     redis_errors.ConnectionError,
     redis_errors.TimeoutError,

@@ -12,8 +12,9 @@ from .._lease import parse_lease as parse_lease
 from .._protocol import MAX_BATCH
 from ._request import Batch
 from ._script import ReadCommand, Script
+from ._wakeups import hand_over
 
-__all__ = ["CONFIG", "TAKE", "OverLimit", "Released", "Unset", "woken"]
+__all__ = ["CONFIG", "TAKE", "OverLimit", "Released", "Unset"]
 
 
 def _text(value: Any) -> str:
@@ -62,15 +63,15 @@ def _released(reply: Any) -> Released:
     return Released(int(reply[0]) == 1, handed)
 
 
-def woken(message: Any) -> tuple[str, LeaseGrant | None]:
-    """A wake-up heard on a process's wake channel or popped off its wake list: the ticket,
-    and the lease granted to it (``"<ticket> <lease id> <lease us>"``), or None (an older
-    client's script names the ticket only)."""
-    ticket, _, lease = _text(message).partition(" ")
-    if not lease:
-        return ticket, None
-    lease_id, _, lease_us = lease.partition(" ")
-    return ticket, LeaseGrant(lease_id, int(lease_us))
+def _handed_here(reply: Any) -> None:
+    """A release's reply, as soon as it is read: the leases it granted to waiters of this
+    process handed to them, before its caller resumes (or without it: cancelled meanwhile).
+    A reply that does not parse hands nothing (its caller's decode says what is wrong)."""
+    try:
+        handed = _released(reply).handed
+    except (ValueError, LookupError, TypeError):
+        return
+    hand_over(handed)
 
 
 def _renewed(reply: Any) -> int | None:
@@ -124,7 +125,7 @@ _BATCH = Batch(MANY, MAX_BATCH, _merge, list)
 # together go as one lease_many call, which is as safe to resend as each of them.
 TAKE = Script("lease_take", _taken, uses=_USES, batch=_BATCH)
 RENEW = Script("lease_renew", _renewed, uses=_USES)
-RELEASE = Script("lease_release", _released, uses=_USES, batch=_BATCH)
+RELEASE = Script("lease_release", _released, uses=_USES, batch=_BATCH, heard=_handed_here)
 CANCEL = Script("lease_cancel", lambda reply: int(reply) == 1, uses=_USES)
 SET = Script("lease_set", lambda reply: int(reply) == 1, uses=_USES)
 READ = Script("lease_read", _snapshot, uses=_USES)

@@ -27,7 +27,7 @@ from . import _lease_scripts as scripts
 from ._compat import is_cluster
 from ._keys import Keys
 from ._script import ReadCommand, Script
-from ._wakeups import Subscriber, Waiter, Waker, hand_over
+from ._wakeups import Subscriber, Waiter, Waker
 
 __all__ = ["RedisLeases", "end_wake_ups", "lease_keys", "subscriber_of"]
 
@@ -109,9 +109,10 @@ class RedisLeases(LeaseStore):
         return await self._run(scripts.RENEW, lease_keys(self.keys(name)), (lease_id,))
 
     async def release_lease(self: _Runs, name: str, lease_id: str) -> bool:
+        # (the leases it grants to waiters of this process are handed to them as soon as its
+        # reply is read: RELEASE's `heard`)
         keys = lease_keys(self.keys(name))
         released = await self._run(scripts.RELEASE, keys, (lease_id, process_id()))
-        hand_over(released.handed)
         return released.held
 
     async def cancel_ticket(self: _Runs, name: str, ticket: str) -> bool:

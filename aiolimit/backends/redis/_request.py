@@ -47,6 +47,12 @@ class Operation(Protocol):
         """How requests for it share a call; None: each request is a call of its own."""
 
     @property
+    def heard(self) -> Callable[[Any], None] | None:
+        """Told each reply as soon as it is read, before its caller resumes, and also when
+        the caller has gone (cancelled): what the reply means for others in this process (a
+        release's leases handed to its waiters here). Never raises."""
+
+    @property
     def function(self) -> str | None:
         """A script's function in a Redis Functions library (FCALL); None: no function."""
 
@@ -96,6 +102,9 @@ class Request:
         self.orphan = orphan  # called with the reply if the caller was cancelled meanwhile
 
     def settle(self, reply: Any) -> None:
+        heard = self.operation.heard
+        if heard is not None and not isinstance(reply, BaseException):
+            heard(reply)
         future = self.future
         if future.done():  # the caller was cancelled, or gave up
             if self.orphan is not None and not isinstance(reply, BaseException):

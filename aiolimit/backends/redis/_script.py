@@ -47,11 +47,12 @@ def lua_source(*names: str) -> str:
 class Script(Generic[R]):
     """One operation's Lua, ``LIBRARY`` + ``uses`` + lib.lua's ``begin_call()`` + ``<name>.lua``:
     run with EVALSHA, or EVAL
-    to load it. ``decode`` turns its reply into ``R``. Every script is safe to send again
-    (``resend``): where a call ran and only its reply was lost, the second admits no more than
-    one call would (each says why where it is defined below)."""
+    to load it. ``decode`` turns its reply into ``R``; ``heard``, if given, is told the reply
+    as soon as it is read (see :class:`~._request.Operation`). Every script is safe to send
+    again (``resend``): where a call ran and only its reply was lost, the second admits no
+    more than one call would (each says why where it is defined below)."""
 
-    __slots__ = ("batch", "decode", "function", "name", "sha", "source")
+    __slots__ = ("batch", "decode", "function", "heard", "name", "sha", "source")
 
     resend = True
 
@@ -62,6 +63,7 @@ class Script(Generic[R]):
         *,
         uses: Sequence[str] = (),
         batch: Batch | None = None,
+        heard: Callable[[Any], None] | None = None,
     ) -> None:
         self.name = name
         self.source = f"{lua_source(*LIBRARY, *uses)}\nbegin_call()\n{lua_source(name)}"
@@ -70,6 +72,7 @@ class Script(Generic[R]):
         self.function: str | None = _functions.register(name, (*LIBRARY, *uses))
         self.decode = decode
         self.batch = batch
+        self.heard = heard
 
     @property
     def library(self) -> str:
@@ -93,6 +96,7 @@ class ReadCommand(Generic[R]):
 
     resend = True
     batch = None
+    heard = None
     function = None
     library = None
 

@@ -20,10 +20,9 @@ from typing import Any
 
 from .._context import Background
 from .._lease import LeaseGrant, Woken
-from ._compat import ANY, NO_PERMISSION
-from ._lease_scripts import woken
+from ._compat import ANY, NO_PERMISSION, buffered
 
-__all__ = ["Subscriber", "Waiter", "Waker", "hand_over"]
+__all__ = ["Subscriber", "Waiter", "Waker", "hand_over", "woken"]
 
 log = logging.getLogger("aiolimit")
 
@@ -234,6 +233,11 @@ class Subscriber:
                     message = await pubsub.get_message(timeout=block)
                     if message is not None:
                         await self._deliver(message)
+                        # Once what came in one read is delivered, the waiters it woke run
+                        # (all on one turn) before the next read is set up (a few dozen µs
+                        # of Python): their slots are idle until they do.
+                        if not await buffered(pubsub.connection):
+                            await asyncio.sleep(0)
                 except ANY as exc:  # the waiters' own looks still wake them
                     self._cut_off(exc)
                     await asyncio.sleep(0.1)
@@ -291,6 +295,18 @@ class Subscriber:
             if self.refused:
                 for waiter in channel.waiters.values():
                     waiter.hand(None)
+
+
+def woken(message: Any) -> tuple[str, LeaseGrant | None]:
+    """A wake-up heard on a process's wake channel or popped off its wake list: the ticket,
+    and the lease granted to it (``"<ticket> <lease id> <lease us>"``), or None (an older
+    client's script names the ticket only)."""
+    text = message.decode() if isinstance(message, bytes) else str(message)
+    ticket, _, lease = text.partition(" ")
+    if not lease:
+        return ticket, None
+    lease_id, _, lease_us = lease.partition(" ")
+    return ticket, LeaseGrant(lease_id, int(lease_us))
 
 
 def _wake(wake_up: Any) -> None:

@@ -8,7 +8,8 @@
 -- ARGV[1] the lateness a process reports (us), or '' to begin: the start where none is
 -- ARGV[2] now in microseconds, or '' to read the server's TIME
 -- ARGV[3] start (us), ARGV[4] cap (millionths of the shortest interval), ARGV[5] shrink
---         (intervals of the first rate), ARGV[6] quantum (us)
+--         (intervals of the first rate), ARGV[6] quantum (us), ARGV[7] floor (millionths of
+--         the shortest interval)
 --
 -- A change is made as set_rate's keep_state makes one: grants made stay counted. A
 -- PER_CLIENT limiter, or fixed windows (whose windows would move), keep none.
@@ -25,6 +26,7 @@ if config.type ~= 'OVERALL' or ALGORITHMS[config.algorithm].fixed_edges then
 end
 local now = limiter_now(config, ARGV[2])
 local start, cap_share, shrink, quantum = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local floor_share = tonumber(ARGV[7]) or 0
 local before = tonumber(config.margin or '')
 local margin, at = before, tonumber(config.margin_at or '0') or 0
 
@@ -36,13 +38,14 @@ end
 local widen = before or 0
 shortest = shortest - widen
 local cap = floor(shortest * cap_share / 1000000)
+local least = min(floor(shortest * floor_share / 1000000), cap)
 if not margin then
-  margin, at = min(start, cap), now
+  margin, at = start, now
 end
-margin = min(max(margin, 0), cap)
+margin = min(max(margin, least), cap)
 local late = tonumber(ARGV[1])
 if late then
-  late = min(max(floor(late), 0), cap)
+  late = min(max(floor(late), least), cap)
   if late > margin then
     margin, at = late, now
   else
