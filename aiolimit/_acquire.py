@@ -34,10 +34,10 @@ from ._acquired import Acquired, Outcome
 from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._inflight import InFlight, in_flight
 from ._observe import Observer
-from ._pacing import HORIZON, turns_of
+from ._pacing import turns_of
 from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
-from ._wakeup import sleep_out
+from ._wakeup import note_read, sleep_out
 from .backends.base import Attempt, Grant, Refusal
 from .errors import LimiterError, NotConfiguredError
 
@@ -133,7 +133,8 @@ async def outcome_of(request: Request) -> Outcome:
 
 async def paced(request: Request) -> Outcome:
     """What the limiters of ``request`` answer, asked in this process's turn (``_pacing``)
-    and no further ahead than ``HORIZON``, again after each pause until granted or past its
+    and no further ahead than ``HORIZON`` (``DUE_HORIZON`` when it asks at the time the store
+    said it could grant), again after each pause until granted or past its
     deadline; the turn passes on once the store granted, before the reservation is slept
     out. A refusal by a limiter whose grant is not to be settled (a request limiter beside
     the tokens', a pause) is slept out: a refund would not end it. ``waited``: from the
@@ -146,7 +147,8 @@ async def paced(request: Request) -> Outcome:
     try:
         while True:
             left = left_of(request.deadline)
-            ahead = micros(HORIZON) if left is None else min(micros(HORIZON), left)
+            horizon = micros(turns.horizon)  # (further when asked at the store's time)
+            ahead = horizon if left is None else min(horizon, left)
             answered, attempts = await _paced_answers(request, ahead)
             asked += 1
             outcome = Outcome(answered.limiters, attempts, 0)
@@ -154,6 +156,8 @@ async def paced(request: Request) -> Outcome:
                 holding = False
                 turns.next()
                 outcome = await _slept_out(request, attempts)
+                if outcome.granted and not outcome.waited:  # (read at once: how late)
+                    note_read(grants_of(outcome.limiters, outcome.attempts))
                 if not outcome.granted or (asked == 1 and turned == began):
                     return outcome  # (refused behind a block; or its own wait only)
                 return Outcome(outcome.limiters, outcome.attempts, now_us() - began)

@@ -13,9 +13,11 @@ import asyncio
 from collections.abc import Sequence
 
 from ._attempts import grants_of, release_grants
+from ._checks import check_sync
 from ._pacing import refunded
 from ._request import seconds
 from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
+from ._values import Duration
 from .backends._protocol import parse_grant
 from .backends.base import Attempt, Grant, Refusal, Settlement
 
@@ -110,7 +112,13 @@ class Acquired:
             for limiter, grant in grants:  # (this process's callers waiting may have them now)
                 refunded(limiter, parse_grant(grant.member)[0])
 
-    async def settle(self, permits: int, *, limiter: object | None = None) -> Settlement:
+    async def settle(
+        self,
+        permits: int,
+        *,
+        limiter: object | None = None,
+        cap: tuple[int, Duration] | None = None,
+    ) -> Settlement:
         """The grant of ``limiter`` (may be omitted when this acquisition holds one) counts
         as ``permits`` from now on instead of what was reserved: fewer hand the difference
         back, more charge it now, into debt down to the limiter's ``max_debt`` (past it, the
@@ -118,8 +126,12 @@ class Acquired:
         returns the first result; a refused or released acquisition settles nothing
         (``Settlement(0, 0, "")``), and so does a limiter whose state is gone. A later
         :meth:`release` hands back what the grant holds now. A caller cancelled meanwhile
-        does not stop it: the settle goes on, and settling again returns its result."""
+        does not stop it: the settle goes on, and settling again returns its result.
+        ``cap=(remaining, reset)``: then, in the same call to the store, what the limiter
+        has left is capped at a provider's count, as :meth:`RateLimiter.cap_remaining` caps
+        it (the count its response carried, which counts this call already)."""
         permits = check_settle_permits(permits)
+        floor = None if cap is None else check_sync(*cap)
         i = index_of(self.limiters, self.owners, limiter)
         settles = self._settles
         if settles is None:
@@ -128,15 +140,15 @@ class Acquired:
         if settling is None:
             if self._released or not self.granted:
                 return NOTHING
-            settling = settles[i] = asyncio.ensure_future(self._settle(i, permits))
+            settling = settles[i] = asyncio.ensure_future(self._settle(i, permits, floor))
         return await asyncio.shield(settling)
 
-    async def _settle(self, i: int, permits: int) -> Settlement:
+    async def _settle(self, i: int, permits: int, floor: tuple[int, int] | None) -> Settlement:
         grant = self.attempts[i]
         assert isinstance(grant, Grant)
         try:
             settled, grant = await settle_grant(
-                self.limiters[i], grant, permits, self.owners[i].name
+                self.limiters[i], grant, permits, self.owners[i].name, floor
             )
         except BaseException:
             if self._settles is not None:

@@ -29,6 +29,7 @@ Whatever fails, or a caller cancelled meanwhile, the response the client holds i
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any, Generic, NamedTuple, Protocol, TypeAlias, TypeVar
 
@@ -141,26 +142,30 @@ PROCEED = _Named("PROCEED")
 
 
 class Settle:
-    """The call's tokens, to settle by its answer's body (the flow's last step)."""
+    """The call's tokens, to settle by its answer's body (the flow's last step); ``came``:
+    when its headers came (the event loop's clock), from which their counts' resets run."""
 
-    __slots__ = ("_acquired", "_headers", "_meter")
+    __slots__ = ("_acquired", "_came", "_headers", "_meter")
 
-    def __init__(self, meter: TokenMeter, acquired: Acquired, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, meter: TokenMeter, acquired: Acquired, headers: Mapping[str, str], came: float
+    ) -> None:
         self._meter, self._acquired, self._headers = meter, acquired, headers
+        self._came = came
 
     async def read(self, response: object) -> None:
         """Settled now by ``usage(response)``, its body read (None: not readable, the
         estimate stands); then the provider's counts of tokens left taken as floors."""
-        await self._meter.settle(self._acquired, response, self._headers)
+        await self._meter.settle(self._acquired, response, self._headers, self._came)
 
     def tap(self, reread: Callable[[bytes], object]) -> BodyTap:
         """For a body the caller reads later: up to ``MAX_BODY`` of it kept; once it ends,
         ``usage(reread(body))`` settles (longer: the estimate stands), then the floors."""
-        meter, acquired, headers = self._meter, self._acquired, self._headers
+        meter, acquired, headers, came = self._meter, self._acquired, self._headers, self._came
 
         def ending(body: object) -> Awaitable[None]:
             response = None if body is None else reread(body)  # type: ignore[arg-type]
-            return meter.settle(acquired, response, headers)
+            return meter.settle(acquired, response, headers, came)
 
         return BodyTap(KeptBody(), ending, meter.tokens.backend.context.tasks)
 
@@ -168,7 +173,7 @@ class Settle:
         """For an event stream the caller reads later: the floors now; once it ends, the
         usage of its last event that carries one settles (none: the estimate stands)."""
         meter, acquired = self._meter, self._acquired
-        await meter.settle(acquired, None, self._headers)
+        await meter.settle(acquired, None, self._headers, self._came)
 
         def ending(used: object) -> Awaitable[None] | None:
             return None if used is None else meter.settle_used(acquired, used)
@@ -332,6 +337,7 @@ class ClientCalls:
             acquired = taken
             assert isinstance(told, tuple)
             status, headers = told
+            came = asyncio.get_running_loop().time()  # (the counts' resets run from here)
             if slot is not None and held is not None:  # held on: until the body is closed
                 slot.detach()
             await guard.after_headers(headers, status, acquired)
@@ -342,4 +348,4 @@ class ClientCalls:
             if guard.meter is not None:
                 await guard.meter.unused(acquired, headers)  # it used no tokens
         if guard.meter is not None:
-            yield Settle(guard.meter, acquired, headers)
+            yield Settle(guard.meter, acquired, headers, came)

@@ -32,7 +32,7 @@ from typing import Any, TypeAlias
 
 from ._acquire import Acquired, take
 from ._limiter import RateLimiter
-from ._quota_headers import quota, stated_limit
+from ._quota_headers import Quota, quota, stated_limit
 from ._request import Request
 from ._settling import check_settle_permits
 from ._sharded import ShardedRateLimiter
@@ -48,6 +48,8 @@ __all__ = [
     "TokenMeter",
     "UsageTail",
     "Used",
+    "cap_at",
+    "capping",
     "estimate_by_kind",
     "estimate_tokens",
     "meter_of",
@@ -221,46 +223,60 @@ class TokenMeter:
         """What reads the usage of an event stream as it passes."""
         return UsageTail()
 
-    async def cap(self, headers: Mapping[str, str]) -> None:
-        """What the limiter has left capped by the provider's count, when its headers say."""
-        await sync_from(headers, self.tokens, "tokens", self.caps)
+    async def cap(self, headers: Mapping[str, str], came: float | None = None) -> None:
+        """What the limiter has left capped by the provider's count, when its headers say
+        (``came``: when they came, on the loop's clock; None: now)."""
+        await sync_from(headers, self.tokens, "tokens", self.caps, came)
 
     async def settle(
-        self, acquired: Acquired, response: object, headers: Mapping[str, str]
+        self,
+        acquired: Acquired,
+        response: object,
+        headers: Mapping[str, str],
+        came: float | None = None,
     ) -> None:
         """The tokens' grant settled as ``usage(response)`` says (None: the estimate stands),
-        then the provider's count of tokens left (``headers``) taken as a floor: it counts
-        this call already, so it is synced after the settle, lest a refund loosen it."""
-        if response is not None:  # (None: a body not read, the estimate stands)
-            await self._settle(acquired, response)
-        await self.cap(headers)
+        then the provider's count of tokens left (``headers``, which came at ``came`` on
+        the loop's clock) taken as a floor: it counts this call already, so it is synced
+        after the settle, lest a refund loosen it; both in one call to the store."""
+        used = None if response is None else await self._used(acquired, response)
+        await self.settle_used(acquired, used, capping(headers, "tokens", self.caps, came))
 
-    def _took_tokens(self, acquired: Acquired) -> bool:
-        """Whether ``acquired`` holds tokens of this meter's (an estimate of 0: none)."""
-        return self.tokens in acquired.owners
-
-    async def _settle(self, acquired: Acquired, response: object) -> None:
+    async def _used(self, acquired: Acquired, response: object) -> object:
+        """What ``usage(response)`` says the call used (None: not said, not read, or no
+        tokens taken)."""
         if not self._took_tokens(acquired):
-            return  # an estimate of 0: no tokens taken
+            return None  # an estimate of 0: no tokens taken
         try:
             used = self.usage(response)
             if inspect.isawaitable(used):
                 used = await used
         except (LimiterError, ValueError, TypeError) as exc:
             log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
-            return
-        await self.settle_used(acquired, used)
+            return None
+        return used
 
-    async def settle_used(self, acquired: Acquired, used: object) -> None:
+    def _took_tokens(self, acquired: Acquired) -> bool:
+        """Whether ``acquired`` holds tokens of this meter's (an estimate of 0: none)."""
+        return self.tokens in acquired.owners
+
+    async def settle_used(
+        self, acquired: Acquired, used: object, floor: Quota | None = None
+    ) -> None:
         """The tokens' grant settled as ``used`` (None: the estimate stands): a response's
         usage, or an event stream's, read as it passed (its response's rate-limit headers
-        were taken when it came)."""
-        if used is None or not self._took_tokens(acquired):
-            return  # (an estimate of 0: no tokens taken)
-        try:
-            await acquired.settle(check_settle_permits(used), limiter=self.tokens)
-        except (LimiterError, ValueError, TypeError) as exc:
-            log.warning("limiter %r: the call's usage was not settled: %s", self.tokens.name, exc)
+        were taken when it came); then ``floor`` (a provider's count, :func:`capping`)
+        taken, in the same call when there is a settle to make."""
+        if used is not None and self._took_tokens(acquired):  # (an estimate of 0: none)
+            try:
+                await acquired.settle(check_settle_permits(used), limiter=self.tokens, cap=floor)
+                return
+            except (LimiterError, ValueError, TypeError) as exc:
+                log.warning(
+                    "limiter %r: the call's usage was not settled: %s", self.tokens.name, exc
+                )
+        if floor is not None:
+            await cap_at(self.tokens, floor, "tokens")
 
     async def unsent(self, acquired: Acquired) -> None:
         """The call never reached the provider (no connection was made): its permit and
@@ -320,23 +336,46 @@ async def sync_from(
     limiter: RateLimiter | ShardedRateLimiter,
     kind: str,
     caps: Caps | None = None,
+    came: float | None = None,
 ) -> None:
-    """A provider's rate-limit headers for ``kind``, when present, taken as a floor by
-    ``limiter``, at most once per ``CAP_EVERY`` by a client (its ``caps``; None: every
-    time, as after a 429); a failure is logged. Not
-    while the provider says it has half or more of the quota it states left
-    (``x-ratelimit-limit-*``): its count matters as it nears its quota, and until then each
-    response saves a call."""
+    """A provider's rate-limit headers for ``kind``, when :func:`capping` says to, taken as
+    a floor by ``limiter``."""
+    floor = capping(headers, kind, caps, came)
+    if floor is not None:
+        await cap_at(limiter, floor, kind)
+
+
+def capping(
+    headers: Mapping[str, str], kind: str, caps: Caps | None = None, came: float | None = None
+) -> Quota | None:
+    """The provider's count of ``kind`` left (a floor to take), when its headers say and
+    it is due: at most once per ``CAP_EVERY`` by a client (its ``caps``; None: every
+    time, as after a 429). Not while the provider says it has half or more of the quota it
+    states left (``x-ratelimit-limit-*``): its count matters as it nears its quota, and
+    until then each response saves a call. The count's reset runs from when the headers
+    came (``came``, on the event loop's clock; None: now), not from when the floor reaches
+    the store: a body read or settled meanwhile does not hold the limiter longer than the
+    provider holds its count (one that has reset since: no floor)."""
     left = quota(headers, kind)
     if left is None:
-        return
+        return None
     stated = stated_limit(headers, kind) if kind in _STATED else None
     if stated is not None and 2 * left.remaining >= stated[0]:
-        return
+        return None
+    reset = left.reset
+    if came is not None:
+        reset -= asyncio.get_running_loop().time() - came
+        if reset <= 0:
+            return None  # (the provider's count has started over since: nothing to hold)
     if caps is not None and not caps.due(kind):
-        return
+        return None
+    return Quota(left.remaining, reset)
+
+
+async def cap_at(limiter: RateLimiter | ShardedRateLimiter, floor: Quota, kind: str) -> None:
+    """``floor`` taken by ``limiter`` (``cap_remaining``); a failure is logged."""
     try:
-        await limiter.cap_remaining(left.remaining, reset=left.reset)
+        await limiter.cap_remaining(floor.remaining, reset=floor.reset)
     except LimiterError as exc:
         log.warning("limiter %r: the provider's %s not synced: %s", limiter.name, kind, exc)
 
@@ -497,11 +536,24 @@ class KindsMeter(TokenMeter):
     def tail(self) -> UsageTail:
         return UsageTail(usage_by_kind)
 
-    async def cap(self, headers: Mapping[str, str]) -> None:
+    async def cap(self, headers: Mapping[str, str], came: float | None = None) -> None:
         for kind, limiter in self.kinds.items():
-            await sync_from(headers, limiter, f"{kind}-tokens", self.caps)
+            await sync_from(headers, limiter, f"{kind}-tokens", self.caps, came)
 
-    async def settle_used(self, acquired: Acquired, used: object) -> None:
+    async def settle(
+        self,
+        acquired: Acquired,
+        response: object,
+        headers: Mapping[str, str],
+        came: float | None = None,
+    ) -> None:
+        used = None if response is None else await self._used(acquired, response)
+        await self.settle_used(acquired, used)
+        await self.cap(headers, came)  # (each kind's limiter by its own headers)
+
+    async def settle_used(
+        self, acquired: Acquired, used: object, floor: Quota | None = None
+    ) -> None:
         if not isinstance(used, Mapping):
             if used is not None:  # (None: every estimate stands)
                 log.warning(

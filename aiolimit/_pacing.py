@@ -10,7 +10,8 @@ A grant that will be settled (``reserve()``, ``acquire_all``, a metered HTTP cal
 no further ahead than ``HORIZON``: a reservation is placed on what the store knew when it
 was made and is not moved earlier by later refunds, so worst cases queued far ahead would
 keep places their settled predecessors no longer need. The caller whose turn it is asks;
-when refused it pauses: it asks again a little before the store said it could grant, at
+when refused it pauses: it asks again a little before the store said it could grant (then
+up to ``DUE_HORIZON`` ahead: another process's caller told that time asks too), at
 once when settles or releases of this process have handed back what it lacked, else after
 ``HORIZON``, then twice as long each time up to ``MAX_ASK_EVERY`` (a refund in another
 process is seen that late at most). Only the turn's holder asks, so a process asks at most
@@ -34,12 +35,27 @@ from functools import partial
 from ._request import left_of, micros, now_us, seconds
 from ._settling import Limited
 
-__all__ = ["HORIZON", "MAX_ASK_EVERY", "MAX_ASK_HEARING", "Turns", "refunded", "turns_of"]
+__all__ = [
+    "DUE_HORIZON",
+    "HORIZON",
+    "MAX_ASK_EVERY",
+    "MAX_ASK_HEARING",
+    "Turns",
+    "refunded",
+    "turns_of",
+]
 
 HORIZON = 0.01
 """How far ahead (seconds) a settled acquisition reserves: further, and it asks again after
 at most this long, then twice as long each time, up to ``MAX_ASK_EVERY`` (a settle or
 release of its process handing back what it lacks wakes it at once)."""
+
+DUE_HORIZON = 0.05
+"""How far ahead (seconds) a settled acquisition reserves when it asks again at the time
+the store said it could grant (its pause ended then, no refund woke it): callers of other
+processes told the same time ask at once too, and the one that comes second reserves the
+next place within this, rather than being refused and asking once more. Still near: a
+refund meanwhile delays it by this at most, and goes to whoever asks next."""
 
 MAX_ASK_EVERY = 0.25
 """The longest a waiting settled acquisition waits between two asks: how late, at most, it
@@ -95,6 +111,7 @@ class Turns:
     """An event loop's callers of some limiters, one at a time, in the order they came."""
 
     __slots__ = (
+        "_at_due",
         "_busy",
         "_by_key",
         "_every",
@@ -110,6 +127,7 @@ class Turns:
     def __init__(self, key: Key, by_key: dict[Key, Turns]) -> None:
         self._key, self._by_key = key, by_key
         self._busy = False
+        self._at_due = False  # the last pause ended when the store said it could grant
         # Each waiting caller: its turn (True: it came; False: it cannot come in time), and
         # its deadline.
         self._waiting: deque[tuple[asyncio.Future[bool], int | None]] = deque()
@@ -150,6 +168,7 @@ class Turns:
         try:
             await asyncio.wait((paused,), timeout=min(due, self._every))
             woken = paused.done() and not paused.cancelled()
+            self._at_due = not woken and due <= self._every
         finally:
             self._paused = None
             paused.cancel()
@@ -157,6 +176,12 @@ class Turns:
             hearing = bool(self._lacking) and all(map(self._watching.get, self._lacking))
             self._every = min(self._every * 2, MAX_ASK_HEARING if hearing else MAX_ASK_EVERY)
         return woken
+
+    @property
+    def horizon(self) -> float:
+        """How far ahead the caller whose turn it is reserves now: ``DUE_HORIZON`` when its
+        last pause ended at the time the store said it could grant, else ``HORIZON``."""
+        return DUE_HORIZON if self._at_due else HORIZON
 
     async def hold(self, seconds: float) -> None:
         """The caller whose turn it is sleeps ``seconds``, whatever comes back meanwhile (a
@@ -235,7 +260,7 @@ class Turns:
     def next(self) -> None:
         """The turn passes to the next caller waiting, if any (none: these turns are
         forgotten, until a caller comes again)."""
-        self._free_at, self._lacking, self._since = 0, {}, {}
+        self._free_at, self._lacking, self._since, self._at_due = 0, {}, {}, False
         while self._waiting:
             turn, _ = self._waiting.popleft()
             if not turn.done():

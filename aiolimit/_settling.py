@@ -95,17 +95,24 @@ def index_of(limiters: Sequence[Limited], owners: Sequence[Limited], limiter: ob
 
 
 async def settle_grant(
-    limiter: Limited, grant: Grant, permits: int, label: str
+    limiter: Limited,
+    grant: Grant,
+    permits: int,
+    label: str,
+    floor: tuple[int, int] | None = None,
 ) -> tuple[Settlement, Grant]:
     """Settles ``grant`` of ``limiter`` for ``permits`` through its breaker: what was done,
     and the grant from now on (its member names what it holds now). A limiter whose state is
     gone (deleted, the store flushed) has nothing to settle against: nothing is done.
-    ``label``: the name a cut is reported under."""
+    ``label``: the name a cut is reported under. ``floor`` (remaining, reset µs): then a
+    provider's count taken as a floor, in the same call (``Backend.settle_and_sync``)."""
     backend = limiter.backend
+    if floor is None:
+        settling = backend.settle(limiter.name, grant.member, permits)
+    else:
+        settling = backend.settle_and_sync(limiter.name, grant.member, permits, *floor)
     try:
-        settlement = await limiter.breaker.guard(
-            backend.settle(limiter.name, grant.member, permits)
-        )
+        settlement = await limiter.breaker.guard(settling)
     except NotConfiguredError:
         log.info("limiter %r: no state to settle a grant against (deleted?)", label)
         return Settlement(0, 0, grant.member), grant

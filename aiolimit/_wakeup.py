@@ -22,7 +22,7 @@ from .backends._margin import STALE_SLACK_US, note_late
 if TYPE_CHECKING:
     from .backends.base import Backend, Grant
 
-__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "note_sent", "sleep_out"]
+__all__ = ["BLOCK_LEAD", "MAX_BLOCK_LEAD", "Sleeper", "note_read", "note_sent", "sleep_out"]
 
 
 class Sleeper(Protocol):
@@ -132,6 +132,22 @@ def _past_margin(limiter: Sleeper, late: float, unmeasured: bool = False) -> boo
     if margin is None:
         return unmeasured
     return late > seconds(margin + STALE_SLACK_US)
+
+
+def note_read(grants: Sequence[tuple[Sleeper, Grant]]) -> None:
+    """Grants that started at once are read now, by a caller that settles them (a paced
+    acquisition, ``reserve()``): how late after each one's start (on its limiter's clock,
+    mapped to the loop's) is kept for the fleet's margin, as a reservation's wake is
+    (:func:`sleep_out`): the reply's way back and the event loop's other work, which a
+    partner counting arrivals sees too. The engine's last sight of a caller that sends
+    the request itself; the HTTP clients measure again as they send (:func:`note_sent`)."""
+    now = asyncio.get_running_loop().time()
+    for limiter, grant in grants:
+        clock_map = limiter.backend.clock_map(limiter.name)
+        clock_map.observe(grant.starts_at - grant.starts_in, now)  # (a bound: never early)
+        local = clock_map.local(grant.starts_at)
+        if local is not None:
+            note_late(limiter.backend, limiter.name, now - local)
 
 
 def note_sent(grants: Sequence[tuple[Sleeper, Grant]], unmeasured: bool = False) -> bool:

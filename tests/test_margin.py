@@ -306,3 +306,17 @@ async def test_a_learning_client_learns_on_a_limiter_whose_margin_another_proces
     again = await learning.backend.learn(name, "refused", None, None, None, law)
     assert again.permits in (2, 3, 5)  # (one cut per episode)
     assert (await learning.get_config()).interval.total_seconds() == INTERVAL
+
+
+@pytest.mark.looptime
+async def test_a_reserve_granted_at_once_but_read_late_grows_the_fleet_margin() -> None:
+    # reserve() by hand: the engine last sees its caller as it returns the grant, and a
+    # partner counting arrivals sees at least that much lateness (the reply's way back, the
+    # event loop's other work): it counts for the fleet's margin, as a reservation's wake does.
+    backend = SlowReplies([0.0, 0.3])  # the second reply (a grant at once) comes late
+    limiter = RateLimiter("partner", backend, rate=f"10/{INTERVAL} seconds")
+    await limiter.reserve(1, timeout=30)  # on time: maps the limiter's clock
+    await limiter.reserve(1, timeout=30)  # granted at once, read 300 ms after its start
+    for _ in range(3):
+        await asyncio.sleep(0)  # (the lateness report, in the background)
+    assert await backend.margin("partner", None) == 300_000

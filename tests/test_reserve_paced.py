@@ -171,3 +171,29 @@ async def test_a_refund_wakes_the_waiting_caller_only_once_it_may_be_enough(
     await second.settle(0)  # 500 more: 600 in all
     assert await waiting
     assert loop.time() - settled_at < 1e-3
+
+
+async def test_callers_of_two_processes_told_one_time_both_reserve_when_they_ask_then(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Both wait for the budget's grants to leave the window, told the same time; asking
+    # then, the one second reserves the next place (30 ms on) rather than being refused and
+    # asking once more.
+    loop = asyncio.get_running_loop()
+    here = MemoryBackend()
+    there = here.with_client("there")  # (another process: turns of its own)
+    budget = RateLimiter("partner", here, rate="2/second; margin=0")
+    await budget.acquire()
+    await asyncio.sleep(0.03)
+    await budget.acquire()  # full: one leaves at 1.0 s, the other at 1.03 s
+    calls = count_calls(monkeypatch, here)  # (both: the class's calls are counted)
+    began = loop.time()
+    waiting = [
+        asyncio.ensure_future(RateLimiter("partner", backend).reserve(1, timeout=None))
+        for backend in (here, there)
+    ]
+    await asyncio.sleep(0.9)  # (their polls meanwhile: the last at 0.63 s, told 1.0 s)
+    asked_before = calls.count["try_acquire"]
+    assert all(await asyncio.gather(*waiting))
+    assert loop.time() - began == pytest.approx(1.0, abs=0.002)  # (the second slot's start)
+    assert calls.count["try_acquire"] - asked_before == 2  # one each, at the store's time

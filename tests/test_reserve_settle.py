@@ -241,6 +241,17 @@ async def test_bad_settle_permits_are_refused(store: Any, permits: Any) -> None:
     assert counts(await acquired.settle(2)) == (0, 0, 0)  # not settled before: settles now
 
 
+async def test_a_settle_with_a_cap_settles_then_caps_at_the_providers_count(store: Any) -> None:
+    clock, limiter = await on_clock(store)
+    acquired = await limiter.reserve(6)
+    assert counts(await acquired.settle(2, cap=(3, 30))) == (4, 0, 0)
+    assert await limiter.available_permits() == 3  # 8 left after the settle, capped at 3
+    await advance(store, clock, 31)
+    assert await limiter.available_permits() == 8  # the provider's count has reset
+    with pytest.raises(InvalidArgumentError, match="remaining"):
+        await (await limiter.reserve(1)).settle(1, cap=(-1, 30))
+
+
 async def test_a_charge_cut_at_max_debt_is_logged_once_and_observed(
     store: Any, caplog: pytest.LogCaptureFixture
 ) -> None:

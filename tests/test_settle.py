@@ -346,3 +346,33 @@ async def test_a_backend_without_settle_says_so() -> None:
         await Bare().settle(NAME, "1:0:0", 1)
     with pytest.raises(NotImplementedError, match="cannot sync"):
         await Bare().sync(NAME, 1, 1)
+
+
+@ALGORITHMS
+@RATE_TYPES
+@pytest.mark.parametrize("settled", [2, 6, 8], ids=["fewer", "same", "more"])
+async def test_a_settle_with_a_cap_is_the_settle_then_the_sync_in_one_call(
+    store: Any, algorithm: Algorithm, rate_type: RateType, settled: int
+) -> None:
+    # One limiter settles, then syncs; its twin does both in one call (the HTTP clients'
+    # metered calls): they answer alike and hold alike, now and later.
+    clock, backend = await limiter(store, algorithm, rate_type)
+    config = RateLimiterConfig.build(rate_type, "10/minute", algorithm=algorithm)
+    assert await backend.set_rate("twin", config, "set", False)
+    grant, twin = await take(backend, 6), await backend.try_acquire("twin", 6, 0)
+    assert isinstance(twin, Grant)
+    await advance(store, clock, 1)
+    apart = await backend.settle(NAME, grant.member, settled)
+    await backend.sync(NAME, 1, 20_000_000)
+    together = await backend.settle_and_sync("twin", twin.member, settled, 1, 20_000_000)
+    assert (together.handed_back, together.charged, together.cut) == (
+        apart.handed_back,
+        apart.charged,
+        apart.cut,
+    )
+    # Sent again (a client library's resend): the settle changes nothing, the cap holds.
+    again = await backend.settle_and_sync("twin", twin.member, settled, 1, 20_000_000)
+    assert (again.handed_back, again.charged) == (0, 0)
+    for step in (0, 10, 15, 60):
+        await advance(store, clock, step)
+        assert await backend.available_permits("twin") == await backend.available_permits(NAME)

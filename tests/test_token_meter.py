@@ -243,16 +243,29 @@ async def test_aiohttp_takes_the_permit_and_the_tokens_all_or_nothing(
     assert await requests.available_permits() == 10
 
 
-def syncs_of(limiter: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the limiters its store caps from now on (``sync``), in order."""
+def syncs_of(
+    limiter: Any, monkeypatch: pytest.MonkeyPatch, resets: list[int] | None = None
+) -> list[str]:
+    """The names of the limiters its store caps from now on (``sync``, or a settle's
+    ``settle_and_sync``), in order; each cap's reset (µs) into ``resets``."""
     synced: list[str] = []
-    sync = type(limiter.backend).sync
+    kind = type(limiter.backend)
+    sync, settle_and_sync = kind.sync, kind.settle_and_sync
 
-    async def counted(self: Any, name: str, *args: Any) -> None:
+    async def counted(self: Any, name: str, remaining: int, reset_us: int) -> None:
         synced.append(name)
-        await sync(self, name, *args)
+        if resets is not None:
+            resets.append(reset_us)
+        await sync(self, name, remaining, reset_us)
 
-    monkeypatch.setattr(type(limiter.backend), "sync", counted)
+    async def settled(self: Any, name: str, member: str, permits: int, *floor: int) -> Any:
+        synced.append(name)
+        if resets is not None:
+            resets.append(floor[1])
+        return await settle_and_sync(self, name, member, permits, *floor)
+
+    monkeypatch.setattr(kind, "sync", counted)
+    monkeypatch.setattr(kind, "settle_and_sync", settled)
     return synced
 
 
@@ -294,3 +307,52 @@ async def test_httpx_caps_a_limiter_at_most_every_cap_every(
         await asyncio.sleep(CAP_EVERY)
         await http.post("/a", json=PROMPT)
     assert synced == ["llm-tokens", "llm-tokens"]
+
+
+@pytest.mark.looptime
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_caps_by_a_count_as_old_as_its_response(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The provider's count was sent with the response's headers: its reset runs from then,
+    # not from when the body was read and settled (a count that reached the store late
+    # would hold the limiter that much longer than the provider does).
+    requests, tokens = await meters(store)
+    resets: list[int] = []
+    syncs_of(tokens, monkeypatch, resets)
+
+    async def slow_usage(response: httpx.Response) -> int:
+        await asyncio.sleep(1.5)  # (a body read slowly: the count ages meanwhile)
+        return 30
+
+    headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "2s"}
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), tokens=tokens, usage=slow_usage) as http:
+        await http.post("/a", json=PROMPT)
+    assert len(resets) == 1
+    assert resets[0] == pytest.approx(500_000, abs=10_000)
+
+
+@pytest.mark.parametrize("store", ["memory"], indirect=True)
+async def test_httpx_settles_and_caps_a_calls_tokens_in_one_call_to_the_store(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests, tokens = await meters(store)
+    calls: list[str] = []
+    kind = type(tokens.backend)
+    for method in ("settle", "sync", "settle_and_sync"):
+
+        def counted(original: Any, name: str) -> Any:
+            async def call(self: Any, *args: Any) -> Any:
+                calls.append(name)
+                return await original(self, *args)
+
+            return call
+
+        monkeypatch.setattr(kind, method, counted(getattr(kind, method), method))
+    headers = {"x-ratelimit-remaining-tokens": "400", "x-ratelimit-reset-tokens": "20s"}
+    answers = [httpx.Response(200, json={"usage": {"total_tokens": 30}}, headers=headers)]
+    async with client(requests, provider(answers, []), tokens=tokens) as http:
+        await http.post("/a", json=PROMPT)
+    assert calls == ["settle_and_sync"]
+    assert await tokens.available_permits() == 400

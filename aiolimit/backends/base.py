@@ -257,6 +257,17 @@ class Backend(Store):
         algorithm holds it)."""
         raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
 
+    async def settle_and_sync(
+        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+    ) -> Settlement:
+        """:meth:`settle`, then :meth:`sync` (a metered call's usage, then the provider's
+        count its response carried, which counts that call already): one call to the store
+        where it can (Redis: one script). A resend settles nothing more and syncs again.
+        This default makes the two calls."""
+        settled = await self.settle(name, member, permits)
+        await self.sync(name, remaining, reset_us)
+        return settled
+
     async def learn(
         self,
         name: str,

@@ -278,24 +278,43 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         return released
 
     async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        return self._settle(name, member, check_settle(member, permits), None)
+
+    async def settle_and_sync(
+        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+    ) -> Settlement:
         permits = check_settle(member, permits)
+        return self._settle(name, member, permits, check_sync(remaining, reset_us))
+
+    def _settle(
+        self, name: str, member: str, permits: int, floor: tuple[int, int] | None
+    ) -> Settlement:
+        """settle.lua: the settle, then with ``floor`` (remaining, reset µs) the sync."""
         limiter, config, now = self._configured(name, self._now(), record=False)
         key = self._budget_key(config, name)
         receipt = (name, member if key is None else f"{member} {key}")
         grant, life = split_life(member)
         assert limiter.config is not None
-        if (
+        unchanged = (
             permits == parse_grant(member)[0]
             or life != limiter.config.life
             or self._shared.receipts.get(receipt, now) > now
-        ):
-            # nothing to change, a grant of another life, or sent again (settle.lua)
+        )  # nothing to change, a grant of another life, or sent again (settle.lua)
+        if unchanged and floor is None:
             return Settlement(0, 0, member)
         limiter.config.clock = now
         group = group_of(limiter, config, key, True, now)
         group.reclaim(now)
-        settled = settle_group(group, grant, permits, now, config.debt_limit)
+        settled = (
+            Settlement(0, 0, grant)
+            if unchanged
+            else settle_group(group, grant, permits, now, config.debt_limit)
+        )
+        if floor is not None:
+            group.sync(*floor, now)
         register(limiter, key, now, group.save(limiter, now))
+        if unchanged:
+            return Settlement(0, 0, member)
         if settled.handed_back > 0 and key is None:
             self._shared.refunded(name, self.client_id, settled.handed_back)
         if settled.member == grant:
@@ -304,7 +323,7 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         return settled._replace(member=with_life(settled.member, limiter.config.life))
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
-        remaining, reset_us = check_sync(remaining, reset_us)
+        remaining, reset_us = check_sync(remaining, reset_us)  # (settle_and_sync: the same)
         limiter, config, now = self._configured(name, self._now())
         key = self._budget_key(config, name)
         group = group_of(limiter, config, key, True, now)

@@ -355,7 +355,18 @@ class RedisBackend(RedisLeases, Backend):
         )
 
     async def settle(self, name: str, member: str, permits: int) -> Settlement:
+        return await self._settle(name, member, check_settle(member, permits), ())
+
+    async def settle_and_sync(
+        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+    ) -> Settlement:
         permits = check_settle(member, permits)
+        return await self._settle(name, member, permits, check_sync(remaining, reset_us))
+
+    async def _settle(
+        self, name: str, member: str, permits: int, floor: tuple[int, int] | tuple[()]
+    ) -> Settlement:
+        """settle.lua: the settle, then with ``floor`` (remaining, reset µs) the sync."""
 
         def args(rate_type: RateType) -> list[Any]:
             receipt = member  # (release's receipt for the grant: see settle.lua)
@@ -363,7 +374,7 @@ class RedisBackend(RedisLeases, Backend):
                 receipt = f"{member} {self.client_id}"
             sender = origin(self._redis, self.client_id, rate_type)
             now = self._now_arg()
-            return [member, permits, now, rate_type.value, receipt, self.client_id, sender]
+            return [member, permits, now, rate_type.value, receipt, self.client_id, sender, *floor]
 
         return await self._budget_call(
             name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)

@@ -14,6 +14,9 @@
 -- ARGV[7] who settles ("<process>:<client id>"), or ''/absent: a settle that hands permits
 --         back publishes "<permits> <who>" on the limiter's refund channel T:refunded, so
 --         that paced waiters elsewhere ask again (_refunds.py); '' tells no one
+-- ARGV[8], ARGV[9] (optional, Backend.settle_and_sync) remaining and reset (µs): after the
+--         settle, a provider's count taken as a floor, as sync.lua takes it (a resend, or a
+--         settle that changes nothing, still syncs)
 --
 -- Fewer: what of the difference still counts against the limit goes back, by the
 -- algorithm's rule for a grant handed back (`shrink`; a token bucket with reservations
@@ -30,7 +33,7 @@
 -- sliding window's log) gives nothing back; for more it is charged. A member of another life
 -- than the config's (taken before the limiter was deleted, reset or flushed: lib.lua)
 -- changes nothing at all: its grant's state is gone, and this state's grants are not its.
--- One bounded call: a ZSCORE and a few writes per rate.
+-- One bounded call: a ZSCORE and a few writes per rate (and sync.lua's, with a floor).
 -- Returns {0, handed back, charged, member from now on, cut} (_protocol.SETTLE_FORMAT),
 -- {-1} without config, {-3, type} for the other rate type.
 
@@ -47,15 +50,25 @@ local reserved, start = parse_grant(grant)
 if not (reserved and permits) then
   error('aiolimit: settle needs a grant\'s member and permits, not ' .. member .. ' and ' .. ARGV[2])
 end
+local remaining, reset_us = tonumber(ARGV[8] or ''), tonumber(ARGV[9] or '')
+if ARGV[8] and not (remaining and reset_us) then
+  error('aiolimit: settle needs remaining and reset, not ' .. ARGV[8] .. ' and ' .. tostring(ARGV[9]))
+end
 local receipts, receipt = KEYS[#KEYS], ARGV[5]
 redis.call('ZREMRANGEBYSCORE', receipts, '-inf', fmt(now))
-if permits == reserved or life ~= config.life or redis.call('ZSCORE', receipts, receipt) then
+local unchanged = permits == reserved or life ~= config.life or redis.call('ZSCORE', receipts, receipt)
+if unchanged and not remaining then
   return { 0, 0, 0, member, 0 } -- nothing to change, a grant of another life, or sent again
 end
 save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
 local algorithm = group.algorithm
 algorithm.reclaim(group, now, true)
+if unchanged then -- (the floor alone)
+  algorithm.sync(group, remaining, reset_us, now)
+  register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
+  return { 0, 0, 0, member, 0 }
+end
 local back, charged, cut, settled = 0, 0, 0, grant
 if permits < reserved then
   back, settled = algorithm.shrink(group, grant, reserved - permits, now)
@@ -67,6 +80,9 @@ else
   if charged > 0 then
     settled = algorithm.charge(group, grant, charged, now)
   end
+end
+if remaining then
+  algorithm.sync(group, remaining, reset_us, now)
 end
 register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
 if back > 0 and ARGV[7] and ARGV[7] ~= '' then
