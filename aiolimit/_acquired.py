@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from ._attempts import grants_of, release_grants
 from ._checks import check_sync
-from ._pacing import refunded
+from ._pacing import kept, refunded
 from ._request import seconds
 from ._settling import NOTHING, Limited, check_settle_permits, index_of, settle_grant
 from ._values import Duration
@@ -147,8 +147,9 @@ class Acquired:
         grant = self.attempts[i]
         assert isinstance(grant, Grant)
         try:
+            limiter = self.limiters[i]
             settled, grant = await settle_grant(
-                self.limiters[i], grant, permits, self.owners[i].name, floor
+                limiter, grant, permits, self.owners[i].name, floor, kept(limiter)
             )
         except BaseException:
             if self._settles is not None:

@@ -41,6 +41,7 @@ __all__ = [
     "MAX_ASK_EVERY",
     "MAX_ASK_HEARING",
     "Turns",
+    "kept",
     "refunded",
     "turns_of",
 ]
@@ -107,6 +108,24 @@ def refunded(limiter: Limited, permits: int) -> None:
             turns.refunded(identity, permits)
 
 
+def kept(limiter: Limited) -> int:
+    """The permits of ``limiter`` that a refund this process is about to make goes first to
+    its own paused caller, if it covers them: what that caller lacks of ``limiter`` (and of
+    no other limiter), once per pause; 0 when none lacks them. A store tells other processes
+    only of the rest of such a refund (``Backend.settle``'s ``kept``): their waiters would
+    ask for permits this process takes first, and be refused."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    if not by_key:
+        return 0
+    identity = _identity(limiter)
+    for key, turns in by_key.items():
+        if identity in key:
+            short = turns.keeps(identity)
+            if short > 0:
+                return short
+    return 0
+
+
 class Turns:
     """An event loop's callers of some limiters, one at a time, in the order they came."""
 
@@ -116,6 +135,7 @@ class Turns:
         "_by_key",
         "_every",
         "_free_at",
+        "_kept",
         "_key",
         "_lacking",
         "_paused",
@@ -137,6 +157,7 @@ class Turns:
         # What the turn's caller lacks of each limiter that refused it, less the permits
         # handed back in this process since (none known: any refund wakes it).
         self._lacking: dict[tuple[Hashable, str, str], int] = {}
+        self._kept = False  # a refund of this process was told to keep what it lacks
         # The permits handed back while the turn's caller was asking, not paused: its
         # answer may not know them yet, and its next pause counts them.
         self._since: dict[tuple[Hashable, str, str], int] = {}
@@ -156,7 +177,7 @@ class Turns:
         this process wakes it once they are handed back, a smaller one does not."""
         self._not_before(due)
         since, self._since = self._since, {}
-        self._lacking = {}
+        self._lacking, self._kept = {}, False
         for limiter, short in lacking:
             identity = _identity(limiter)
             self._lacking[identity] = short - since.get(identity, 0)
@@ -204,6 +225,19 @@ class Turns:
         if identity not in self._watching:
             heard = partial(self.refunded, identity)
             self._watching[identity] = limiter.backend.watch_refunds(limiter.name, heard)
+
+    def keeps(self, identity: tuple[Hashable, str, str]) -> int:
+        """What the paused caller whose turn it is lacks of one limiter, if it lacks
+        nothing of the others: a refund of this process that covers it wakes it, and need
+        not wake others for it (:func:`kept`). Once per pause (0 after): two refunds made
+        together would not both keep it."""
+        if self._paused is None or self._kept:
+            return 0
+        short = self._lacking.get(identity, 0)
+        if short <= 0 or any(n > 0 for i, n in self._lacking.items() if i != identity):
+            return 0
+        self._kept = True
+        return short
 
     def refunded(self, identity: tuple[Hashable, str, str], permits: int) -> None:
         """``permits`` of a limiter came back, in this process or elsewhere: a :meth:`pause`

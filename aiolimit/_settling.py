@@ -100,17 +100,19 @@ async def settle_grant(
     permits: int,
     label: str,
     floor: tuple[int, int] | None = None,
+    kept: int = 0,
 ) -> tuple[Settlement, Grant]:
     """Settles ``grant`` of ``limiter`` for ``permits`` through its breaker: what was done,
     and the grant from now on (its member names what it holds now). A limiter whose state is
     gone (deleted, the store flushed) has nothing to settle against: nothing is done.
     ``label``: the name a cut is reported under. ``floor`` (remaining, reset µs): then a
-    provider's count taken as a floor, in the same call (``Backend.settle_and_sync``)."""
+    provider's count taken as a floor, in the same call (``Backend.settle_and_sync``).
+    ``kept``: what a paused caller of this process lacks (``Backend.settle``)."""
     backend = limiter.backend
     if floor is None:
-        settling = backend.settle(limiter.name, grant.member, permits)
+        settling = backend.settle(limiter.name, grant.member, permits, kept=kept)
     else:
-        settling = backend.settle_and_sync(limiter.name, grant.member, permits, *floor)
+        settling = backend.settle_and_sync(limiter.name, grant.member, permits, *floor, kept=kept)
     try:
         settlement = await limiter.breaker.guard(settling)
     except NotConfiguredError:

@@ -117,3 +117,55 @@ async def test_a_settle_tells_the_refund_channel_only_when_it_frees_something(
     finally:
         await listener.aclose()
     del here
+
+
+async def two_waiting(
+    store: Any, own: int
+) -> tuple[Any, asyncio.Task[Any], asyncio.Task[Any], Any]:
+    """The settling process's grant of 1000 (all the limit), a waiter for ``own`` in that
+    same process and one for 500 in another, both paused long by now; and that other's
+    store."""
+    settler, other = await limiters(store)
+    held = await settler.reserve(1000)
+    mine = asyncio.ensure_future(settler.reserve(own, timeout=None))
+    theirs = asyncio.ensure_future(other.reserve(500, timeout=None))
+    await asyncio.sleep(1.6)
+    assert not mine.done() and not theirs.done()
+    return held, mine, theirs, other.backend
+
+
+@STORES
+async def test_a_refund_its_own_waiter_takes_wakes_no_other_process(
+    store: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    held, mine, theirs, other = await two_waiting(store, 500)
+    asked: list[int] = []
+    kind = type(other)
+    for method in ("try_acquire", "start_acquire"):  # (the other process's asks only)
+        monkeypatch.setattr(kind, method, counted(asked, other, getattr(kind, method)))
+    await held.settle(400)  # 600 back: the settler's own waiter takes 500, 100 are told
+    assert await granted_within(mine, POLL) < PROMPT
+    await asyncio.sleep(PROMPT)  # (no poll due meanwhile)
+    assert not theirs.done()
+    assert not asked
+    theirs.cancel()
+
+
+def counted(asked: list[int], store: Any, method: Any) -> Any:
+    """``method`` of a store's class, noting the permits each call of ``store`` asks."""
+
+    def call(self: Any, name: str, permits: int, *args: Any) -> Any:
+        if self is store:
+            asked.append(permits)
+        return method(self, name, permits, *args)
+
+    return call
+
+
+@STORES
+async def test_a_refund_its_own_waiter_cannot_take_is_told_in_full(store: Any) -> None:
+    held, mine, theirs, _ = await two_waiting(store, 900)
+    await held.settle(400)  # 600 back: its own waiter lacks 900, the other takes 500
+    assert await granted_within(theirs, POLL) < PROMPT
+    assert not mine.done()
+    mine.cancel()

@@ -49,9 +49,9 @@ class Held(MemoryBackend):
         await self.opened.wait()
         return await super().release_lease(name, lease_id)
 
-    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+    async def settle(self, name: str, member: str, permits: int, *, kept: int = 0) -> Settlement:
         await self.opened.wait()
-        return await super().settle(name, member, permits)
+        return await super().settle(name, member, permits, kept=kept)
 
 
 async def _closes_only_once_let_through(

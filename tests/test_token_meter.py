@@ -343,9 +343,9 @@ async def test_httpx_settles_and_caps_a_calls_tokens_in_one_call_to_the_store(
     for method in ("settle", "sync", "settle_and_sync"):
 
         def counted(original: Any, name: str) -> Any:
-            async def call(self: Any, *args: Any) -> Any:
+            async def call(self: Any, *args: Any, **options: Any) -> Any:
                 calls.append(name)
-                return await original(self, *args)
+                return await original(self, *args, **options)
 
             return call
 

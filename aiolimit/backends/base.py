@@ -240,14 +240,17 @@ class Backend(Store):
         sliding window, its tokens have come back, or its fixed window has ended); returns
         how many. Safe to send twice: a grant comes back once."""
 
-    async def settle(self, name: str, member: str, permits: int) -> Settlement:
+    async def settle(self, name: str, member: str, permits: int, *, kept: int = 0) -> Settlement:
         """The grant ``member`` now counts as ``permits`` instead of what it reserved
         : fewer hands the difference back (only what still counts against
          the limit, by the algorithm's rule for ``release``); more charges the difference
          now, into debt if need be, at most the config's ``max_debt`` below zero per rate
          (the rest is ``cut``). Later grants wait, in order, until a debt is paid off;
          reservations already made keep their starts. Safe to send twice: a resend changes
-         nothing. A member the store no longer knows hands back nothing (more still charges)."""
+         nothing. A member the store no longer knows hands back nothing (more still charges).
+         What it hands back is told to this limiter's paced waiters in other processes
+         (:meth:`watch_refunds`): all of it, or, when it covers ``kept`` (what a waiter of
+         the settling process lacks, and takes first), only the rest."""
         raise NotImplementedError(f"{type(self).__name__} cannot settle a grant")
 
     async def sync(self, name: str, remaining: int, reset_us: int) -> None:
@@ -258,13 +261,20 @@ class Backend(Store):
         raise NotImplementedError(f"{type(self).__name__} cannot sync a limiter")
 
     async def settle_and_sync(
-        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+        self,
+        name: str,
+        member: str,
+        permits: int,
+        remaining: int,
+        reset_us: int,
+        *,
+        kept: int = 0,
     ) -> Settlement:
         """:meth:`settle`, then :meth:`sync` (a metered call's usage, then the provider's
         count its response carried, which counts that call already): one call to the store
         where it can (Redis: one script). A resend settles nothing more and syncs again.
         This default makes the two calls."""
-        settled = await self.settle(name, member, permits)
+        settled = await self.settle(name, member, permits, kept=kept)
         await self.sync(name, remaining, reset_us)
         return settled
 

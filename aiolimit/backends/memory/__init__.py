@@ -38,7 +38,7 @@ from ._budgets import (
 from ._learn import MemoryLearning
 from ._leases import MemoryLeases
 from ._margin import MemoryMargin
-from ._settle import receipt_until, settle_group
+from ._settle import receipt_until, settle_group, told_of
 from ._state import FOREVER, Config, Limiter, ms
 from ._store import Store
 
@@ -277,17 +277,24 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
                 self._shared.remember(receipt, until, now)
         return released
 
-    async def settle(self, name: str, member: str, permits: int) -> Settlement:
-        return self._settle(name, member, check_settle(member, permits), None)
+    async def settle(self, name: str, member: str, permits: int, *, kept: int = 0) -> Settlement:
+        return self._settle(name, member, check_settle(member, permits), None, kept)
 
     async def settle_and_sync(
-        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+        self,
+        name: str,
+        member: str,
+        permits: int,
+        remaining: int,
+        reset_us: int,
+        *,
+        kept: int = 0,
     ) -> Settlement:
         permits = check_settle(member, permits)
-        return self._settle(name, member, permits, check_sync(remaining, reset_us))
+        return self._settle(name, member, permits, check_sync(remaining, reset_us), kept)
 
     def _settle(
-        self, name: str, member: str, permits: int, floor: tuple[int, int] | None
+        self, name: str, member: str, permits: int, floor: tuple[int, int] | None, kept: int
     ) -> Settlement:
         """settle.lua: the settle, then with ``floor`` (remaining, reset µs) the sync."""
         limiter, config, now = self._configured(name, self._now(), record=False)
@@ -315,8 +322,9 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         register(limiter, key, now, group.save(limiter, now))
         if unchanged:
             return Settlement(0, 0, member)
-        if settled.handed_back > 0 and key is None:
-            self._shared.refunded(name, self.client_id, settled.handed_back)
+        told = told_of(settled.handed_back, kept)
+        if told > 0 and key is None:
+            self._shared.refunded(name, self.client_id, told)
         if settled.member == grant:
             return settled._replace(member=member)
         self._shared.remember(receipt, receipt_until(member, config.longest_us, now), now)

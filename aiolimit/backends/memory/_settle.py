@@ -27,3 +27,10 @@ def receipt_until(member: str, longest_us: int, now: int) -> int:
     """Until when a settled member's receipt is kept: while the grant could still count, and
     at least ``RECEIPT_US``, for a client library's resend."""
     return max(parse_grant(member)[1] + longest_us, now + RECEIPT_US)
+
+
+def told_of(back: int, kept: int) -> int:
+    """What of ``back`` permits handed back is told to other processes (settle.lua): the
+    rest past ``kept`` when they cover it (a waiter of the settling process lacks ``kept``
+    and takes them first), else all of them."""
+    return back - kept if 0 < kept <= back else back

@@ -354,17 +354,30 @@ class RedisBackend(RedisLeases, Backend):
             extra_keys=(self.keys(name).receipts,),
         )
 
-    async def settle(self, name: str, member: str, permits: int) -> Settlement:
-        return await self._settle(name, member, check_settle(member, permits), ())
+    async def settle(self, name: str, member: str, permits: int, *, kept: int = 0) -> Settlement:
+        return await self._settle(name, member, check_settle(member, permits), (), kept)
 
     async def settle_and_sync(
-        self, name: str, member: str, permits: int, remaining: int, reset_us: int
+        self,
+        name: str,
+        member: str,
+        permits: int,
+        remaining: int,
+        reset_us: int,
+        *,
+        kept: int = 0,
     ) -> Settlement:
         permits = check_settle(member, permits)
-        return await self._settle(name, member, permits, check_sync(remaining, reset_us))
+        floor = check_sync(remaining, reset_us)
+        return await self._settle(name, member, permits, floor, kept)
 
     async def _settle(
-        self, name: str, member: str, permits: int, floor: tuple[int, int] | tuple[()]
+        self,
+        name: str,
+        member: str,
+        permits: int,
+        floor: tuple[int, int] | tuple[()],
+        kept: int,
     ) -> Settlement:
         """settle.lua: the settle, then with ``floor`` (remaining, reset µs) the sync."""
 
@@ -374,7 +387,8 @@ class RedisBackend(RedisLeases, Backend):
                 receipt = f"{member} {self.client_id}"
             sender = origin(self._redis, self.client_id, rate_type)
             now = self._now_arg()
-            return [member, permits, now, rate_type.value, receipt, self.client_id, sender, *floor]
+            told = [sender, max(int(kept), 0)]
+            return [member, permits, now, rate_type.value, receipt, self.client_id, *told, *floor]
 
         return await self._budget_call(
             name, scripts.SETTLE, args, registry=True, extra_keys=(self.keys(name).receipts,)

@@ -14,7 +14,10 @@
 -- ARGV[7] who settles ("<process>:<client id>"), or ''/absent: a settle that hands permits
 --         back publishes "<permits> <who>" on the limiter's refund channel T:refunded, so
 --         that paced waiters elsewhere ask again (_refunds.py); '' tells no one
--- ARGV[8], ARGV[9] (optional, Backend.settle_and_sync) remaining and reset (µs): after the
+-- ARGV[8] kept: what a paused waiter of the settler's process lacks (0/absent: none); when
+--         the permits handed back cover it, that waiter takes them first and only the rest
+--         is told (nothing when none is left), else all of them
+-- ARGV[9], ARGV[10] (optional, Backend.settle_and_sync) remaining and reset (µs): after the
 --         settle, a provider's count taken as a floor, as sync.lua takes it (a resend, or a
 --         settle that changes nothing, still syncs)
 --
@@ -50,9 +53,9 @@ local reserved, start = parse_grant(grant)
 if not (reserved and permits) then
   error('aiolimit: settle needs a grant\'s member and permits, not ' .. member .. ' and ' .. ARGV[2])
 end
-local remaining, reset_us = tonumber(ARGV[8] or ''), tonumber(ARGV[9] or '')
-if ARGV[8] and not (remaining and reset_us) then
-  error('aiolimit: settle needs remaining and reset, not ' .. ARGV[8] .. ' and ' .. tostring(ARGV[9]))
+local remaining, reset_us = tonumber(ARGV[9] or ''), tonumber(ARGV[10] or '')
+if ARGV[9] and not (remaining and reset_us) then
+  error('aiolimit: settle needs remaining and reset, not ' .. ARGV[9] .. ' and ' .. tostring(ARGV[10]))
 end
 local receipts, receipt = KEYS[#KEYS], ARGV[5]
 redis.call('ZREMRANGEBYSCORE', receipts, '-inf', fmt(now))
@@ -85,8 +88,12 @@ if remaining then
   algorithm.sync(group, remaining, reset_us, now)
 end
 register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
-if back > 0 and ARGV[7] and ARGV[7] ~= '' then
-  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -7) .. 'refunded', fmt(back) .. ' ' .. ARGV[7])
+local kept, told = tonumber(ARGV[8] or '') or 0, back
+if kept > 0 and kept <= back then
+  told = back - kept
+end
+if told > 0 and ARGV[7] and ARGV[7] ~= '' then
+  redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -7) .. 'refunded', fmt(told) .. ' ' .. ARGV[7])
 end
 if settled == grant then
   settled = member
