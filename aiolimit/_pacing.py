@@ -99,13 +99,9 @@ def refunded(limiter: Limited, permits: int) -> None:
     """``permits`` of ``limiter`` came back in this process: the caller whose turn it is, on
     every turns of this loop that ``limiter`` is among, asks again at once when they may be
     enough for it (:meth:`Turns.pause`)."""
-    by_key = _turns.get(asyncio.get_running_loop())
-    if not by_key:
-        return
     identity = _identity(limiter)
-    for key, turns in by_key.items():
-        if identity in key:
-            turns.refunded(identity, permits)
+    for turns in _turns_among(identity):
+        turns.refunded(identity, permits)
 
 
 def kept(limiter: Limited) -> int:
@@ -114,16 +110,18 @@ def kept(limiter: Limited) -> int:
     no other limiter), once per pause; 0 when none lacks them. A store tells other processes
     only of the rest of such a refund (``Backend.settle``'s ``kept``): their waiters would
     ask for permits this process takes first, and be refused."""
-    by_key = _turns.get(asyncio.get_running_loop())
-    if not by_key:
-        return 0
     identity = _identity(limiter)
-    for key, turns in by_key.items():
-        if identity in key:
-            short = turns.keeps(identity)
-            if short > 0:
-                return short
+    for turns in _turns_among(identity):
+        short = turns.keeps(identity)
+        if short > 0:
+            return short
     return 0
+
+
+def _turns_among(identity: tuple[Hashable, str, str]) -> list[Turns]:
+    """This loop's turns that the limiter of ``identity`` is among."""
+    by_key = _turns.get(asyncio.get_running_loop())
+    return [turns for key, turns in by_key.items() if identity in key] if by_key else []
 
 
 class Turns:
