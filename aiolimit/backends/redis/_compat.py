@@ -25,6 +25,7 @@ __all__ = [
     "node_of",
     "server_of",
     "slot",
+    "text_of",
 ]
 
 AUTH: tuple[type[BaseException], ...] = (
@@ -39,6 +40,11 @@ NO_SCRIPT: tuple[type[BaseException], ...] = (redis_errors.NoScriptError,)
 """The server does not have the script (``SCRIPT FLUSH``, a restart, a failover)."""
 LOST: tuple[type[BaseException], ...] = (redis_errors.ConnectionError,)
 """The connection was lost (killed, reset, refused): the round trip may be sent again."""
+
+
+def text_of(value: Any) -> str:
+    """A reply's element as text (bytes without ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 async def buffered(connection: Any) -> bool:

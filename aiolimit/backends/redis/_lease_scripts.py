@@ -10,15 +10,12 @@ from typing import Any, NamedTuple
 from .._lease import ConcurrencyConfig, LeaseGrant, LeaseHolder, LeaseRefusal, LeaseSnapshot
 from .._lease import parse_lease as parse_lease
 from .._protocol import MAX_BATCH
+from ._compat import text_of as _text
 from ._request import Batch
 from ._script import ReadCommand, Script
 from ._wakeups import hand_over
 
 __all__ = ["CONFIG", "TAKE", "OverLimit", "Released", "Unset"]
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class Unset:

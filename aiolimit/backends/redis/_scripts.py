@@ -16,6 +16,7 @@ from ...errors import BackendError
 from .._learning import Learned
 from .._protocol import MAX_BATCH, Reply, parse_rates
 from ..base import Grant, Refusal, Settlement
+from ._compat import text_of as _text
 from ._request import Batch
 from ._script import LIBRARY as LIBRARY
 from ._script import ReadCommand as ReadCommand
@@ -26,10 +27,6 @@ R = TypeVar("R")
 
 TIME_REFUSED = "the server refused TIME in a script"
 """What lib.lua says when the server refuses ``TIME`` in scripts."""
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 # -- what a budget script may answer instead of its result ----------------------------------------

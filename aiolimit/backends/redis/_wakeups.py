@@ -20,7 +20,7 @@ from typing import Any
 
 from .._context import Background
 from .._lease import LeaseGrant, Woken
-from ._compat import ANY, NO_PERMISSION, buffered
+from ._compat import ANY, NO_PERMISSION, buffered, text_of
 
 __all__ = ["Subscriber", "Waiter", "Waker", "hand_over", "woken"]
 
@@ -301,7 +301,7 @@ def woken(message: Any) -> tuple[str, LeaseGrant | None]:
     """A wake-up heard on a process's wake channel or popped off its wake list: the ticket,
     and the lease granted to it (``"<ticket> <lease id> <lease us>"``), or None (an older
     client's script names the ticket only)."""
-    text = message.decode() if isinstance(message, bytes) else str(message)
+    text = text_of(message)
     ticket, _, lease = text.partition(" ")
     if not lease:
         return ticket, None
