@@ -320,8 +320,6 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
         if floor is not None:
             group.sync(*floor, now)
         register(limiter, key, now, group.save(limiter, now))
-        if unchanged:
-            return Settlement(0, 0, member)
         told = told_of(settled.handed_back, kept)
         if told > 0 and key is None:
             self._shared.refunded(name, self.client_id, told)

@@ -67,13 +67,9 @@ save_clock(config)
 local group = load_group(config, KEYS[2], KEYS[3], true)
 local algorithm = group.algorithm
 algorithm.reclaim(group, now, true)
-if unchanged then -- (the floor alone)
-  algorithm.sync(group, remaining, reset_us, now)
-  register_client(config, KEYS[4], ARGV[6], now, algorithm.save(group, now)) -- (registered.lua)
-  return { 0, 0, 0, member, 0 }
-end
 local back, charged, cut, settled = 0, 0, 0, grant
-if permits < reserved then
+if unchanged then -- (the floor alone)
+elseif permits < reserved then
   back, settled = algorithm.shrink(group, grant, reserved - permits, now)
 else
   local extra = permits - reserved
