@@ -131,7 +131,9 @@ class RateLimiter(_Limiter):
     async def cap_remaining(self, remaining: int, *, reset: Duration) -> None:
         """Caps the permits left at a provider's own count: until ``reset`` seconds from now,
         at most ``remaining`` more are granted (for a ``for_client`` view: that client's).
-        Only ever tightens; a count looser than the limiter's changes nothing.
+        Never frees the limiter's own grants. A sliding window takes the provider's
+        newest count in place of its last one (what it counts beyond the limiter's grants);
+        fixed windows and token buckets only ever tighten.
 
         >>> quota = aiolimit_quota(response.headers)       # x-ratelimit-remaining-tokens, ...
         >>> await tokens.cap_remaining(quota.remaining, reset=quota.reset)

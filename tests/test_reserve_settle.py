@@ -313,7 +313,9 @@ async def test_sync_takes_the_providers_count_as_a_floor(store: Any) -> None:
     await view.cap_remaining(remaining=3, reset=timedelta(seconds=30))
     assert await view.available_permits() == 3
     assert await limiter.for_client("bob").available_permits() == 10
-    await view.cap_remaining(remaining=50, reset=30)  # looser than the limiter: nothing changes
+    await view.cap_remaining(remaining=50, reset=30)  # the provider's newest: it counts none
+    assert await view.available_permits() == 10
+    await view.cap_remaining(remaining=3, reset=30)
     assert await view.available_permits() == 3
     await advance(store, clock, 31)
     assert await view.available_permits() == 10

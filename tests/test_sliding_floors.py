@@ -100,18 +100,52 @@ async def test_every_permit_granted_within_the_reset_counts_in_the_floor(store: 
     assert await backend.available_permits(NAME) == 8
 
 
-async def test_many_syncs_keep_a_bounded_state_and_the_tightest_count(store: Any) -> None:
+async def test_many_syncs_keep_a_bounded_state_and_the_latest_count(store: Any) -> None:
+    # The last count says 4 left: 6 counted, 5 beyond the log's 1.
     clock, backend = await limiter(store, SLIDING)
     await take(backend, 1)
     for i in range(1_000):
         await backend.sync(NAME, 9 - i % 7, 1_000_000 * (1 + i % 13))
         if i % 100 == 0:
             await advance(store, clock, 0.01)
-    assert await backend.available_permits(NAME) == 3
+    assert await backend.available_permits(NAME) == 4
     if isinstance(backend, RedisBackend):
         value = await backend.redis.get(backend.keys(NAME).value)
         assert value.count(b" ~f") <= 2, value
-        assert await backend.redis.zcard(backend.keys(NAME).permits) <= 8
+        assert value.count(b" ~x") <= 1, value
+        assert await backend.redis.zcard(backend.keys(NAME).permits) <= 2
+
+
+async def test_a_later_count_replaces_what_an_earlier_one_counted_beyond_the_grants(
+    store: Any,
+) -> None:
+    # 2 granted. "5 left": the provider counts 3 calls beyond them. A second later "7 left":
+    # it counts 1 (an earlier count had not seen calls complete, or a call of another client
+    # left its window); then "10 left": none. The log's own 2 still count.
+    clock, backend = await limiter(store, SLIDING)
+    await take(backend, 2)
+    await backend.sync(NAME, 5, 30_000_000)
+    assert await backend.available_permits(NAME) == 5
+    await advance(store, clock, 1)
+    await backend.sync(NAME, 7, 30_000_000)
+    assert await backend.available_permits(NAME) == 7
+    await backend.sync(NAME, 10, 30_000_000)
+    assert await backend.available_permits(NAME) == 8
+    await backend.sync(NAME, 9, 30_000_000)  # (counts no more than the log's own)
+    assert await backend.available_permits(NAME) == 8
+
+
+async def test_a_later_count_keeps_the_grants_made_since_the_earlier_one(store: Any) -> None:
+    # "6 left": 4 beyond the log's 0; 3 granted; "3 left" counts those 3 and the 4: the
+    # provider's 4 and the log's 3 hold, and 3 are free.
+    clock, backend = await limiter(store, SLIDING)
+    await backend.sync(NAME, 6, 30_000_000)
+    await advance(store, clock, 1)
+    await take(backend, 3)
+    await backend.sync(NAME, 3, 30_000_000)
+    assert await backend.available_permits(NAME) == 3
+    await advance(store, clock, 30)  # the count's reset, at 31 s: the log's 3 hold to 61 s
+    assert await backend.available_permits(NAME) == 7
 
 
 async def test_a_hostile_reset_counts_for_one_interval_at_most(store: Any) -> None:

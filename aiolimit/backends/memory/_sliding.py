@@ -155,6 +155,7 @@ def store_log(
     newest += [budget.held[-1][1]] if budget.held else []
     newest += [] if budget.handed is None else [budget.handed]  # (sliding_log.lua)
     budget.lags = floors.kept(budget.lags, now)
+    budget.excess = floors.kept_excess(budget.excess, interval, now)
     if not newest:
         return False
     last = max(newest)
@@ -366,6 +367,10 @@ class SlidingLog(Group):
             return
         seq = max(b.seq for b in self.budgets) + 1
         for i, (budget, rate) in enumerate(zip(self.budgets, self.config.rates, strict=True)):
+            if self.stored[i] and budget.excess is not None:  # (the last count's, replaced)
+                floors.drop_excess(budget)
+                self.used[i] = budget.used
+                self.touched[i] = True
             least = rate.permits - remaining
             if least <= 0:
                 continue
@@ -381,7 +386,7 @@ class SlidingLog(Group):
                 continue
             at = until - base
             budget.add((at, format_member(extra, seq), extra))
-            budget.seq = seq
+            budget.seq, budget.excess = seq, [extra, seq, at]
             budget.used += extra
             self.used[i] = budget.used
             budget.moved(at, extra)

@@ -6,11 +6,17 @@ entry of its own that leaves the window at ``until``; and a provider that holds 
 grants longer than the log does holds them that much longer in the log as well: until
 ``until``, the window is ``lag = until - (newest start + interval)`` longer.
 
+A later count replaces an earlier one: the entry of what the last count said the provider
+counts beyond the log's grants (``Budget.excess``) goes before the next is logged. The log's
+own grants are never freed by a count.
+
 A log keeps at most ``LAGS`` lags, ``Budget.lags``: ``[lag, until]`` each."""
 
 from __future__ import annotations
 
-from .._protocol import WALK_STEPS
+import bisect
+
+from .._protocol import WALK_STEPS, format_member
 from ._state import Budget
 
 LAGS = 2
@@ -49,3 +55,26 @@ def started_and_booked(budget: Budget, now: int) -> tuple[int | None, int]:
     newest = grants[started - 1][0] if started > budget.head else None
     ahead = grants[max(started, len(grants) - WALK_STEPS) :]
     return newest, sum(permits for _, _, permits in ahead)
+
+
+def drop_excess(budget: Budget) -> int:
+    """The entry of a provider's last count, out of the log if it is still logged there;
+    returns the permits that went."""
+    excess, budget.excess = budget.excess, None
+    if excess is None:
+        return 0
+    permits, seq, start = excess
+    logged = (start, format_member(permits, seq), permits)
+    grants = budget.grants
+    at = bisect.bisect_left(grants, logged, lo=budget.head)
+    if at == len(grants) or grants[at] != logged:
+        return 0
+    del grants[at]
+    budget.moved(start, -permits)
+    budget.used -= permits
+    return permits
+
+
+def kept_excess(excess: list[int] | None, interval: int, now: int) -> list[int] | None:
+    """The entry of the last count, while it may still be logged."""
+    return None if excess is None or excess[2] + interval <= now else excess

@@ -85,6 +85,9 @@ class Budget:
     # SLIDING_WINDOW: how much longer a provider's count holds the window, until when,
     # [lag, until] each (sliding_floors.lua).
     lags: list[list[int]] = field(default_factory=list)
+    # SLIDING_WINDOW: the entry of a provider's last count, [permits, seq, start] (None:
+    # none), which the next count replaces (sliding_floors.lua).
+    excess: list[int] | None = None
 
     def live(self) -> list[tuple[int, str, int]]:
         return self.grants[self.head :]

@@ -13,9 +13,15 @@
 -- The grants logged stay as they are, each found by its member: a settle or a release frees
 -- what it takes back, as the provider frees what a completed call did not use (and never
 -- saw a call that was not sent).
+-- A later count replaces an earlier one: the entry of what the last count said the provider
+-- counts beyond the log's grants goes before the next is logged (the provider's newest count
+-- is its count; an older one had not yet seen calls complete, or calls of other clients leave
+-- its window). The log's own grants are never freed by a count.
 --
 -- A log keeps at most LAGS lags { lag, until } while they count, written in its value key as
--- " ~f<lag>:<until>" entries (sliding_log.lua); the window is longer by the most of them.
+-- " ~f<lag>:<until>" entries (sliding_log.lua); the window is longer by the most of them. It
+-- keeps the entry of the last count { permits, seq, start } while it may be logged, as
+-- " ~x<permits>:<seq>:<start>".
 
 local LAGS = 2
 
@@ -35,6 +41,29 @@ local function split_lags(raw)
     stop = after
   end
   return string.sub(raw, 1, at - 1) .. string.sub(raw, stop), lags
+end
+
+-- The value without its " ~x" entry, and the entry of the last count (nil: none).
+local function split_excess(raw)
+  local at = string.find(raw, ' ~x', 1, true)
+  if not at then
+    return raw, nil
+  end
+  local permits, seq, start, rest = match(raw, '^ ~x(%d+):(%d+):(%-?%d+)(.*)$', at)
+  if not permits then
+    error('aiolimit: the state in a value key is not aiolimit state; delete() the limiter')
+  end
+  return string.sub(raw, 1, at - 1) .. rest, { permits + 0, seq + 0, start + 0 }
+end
+
+-- The entry of the last count as the value key writes it: while it may still be logged.
+local function excess_text(budget, interval, now)
+  local excess = budget.excess
+  if not excess or excess[3] + interval <= now then
+    budget.excess = nil
+    return ''
+  end
+  return ' ~x' .. fmt(excess[1]) .. ':' .. fmt(excess[2]) .. ':' .. fmt(excess[3])
 end
 
 -- How much longer the window is at `now` (0: as the rate says).

@@ -10,7 +10,8 @@
 --                held.lua's summary of grants that left the window (" ~<permits>:<at>"...),
 --                after " ~h<start>" while a grant handed back may still be given its member,
 --                after how much longer a provider's count holds the window until when
---                (" ~f<lag>:<until>": sliding_floors.lua).
+--                (" ~f<lag>:<until>") and the entry of a provider's last count
+--                (" ~x<permits>:<seq>:<start>": sliding_floors.lua).
 --   permits key  ZSET: one member "<permits>:<seq>" per grant, scored by its start time.
 -- The first rate's are the budget's value key and permits ZSET, rate i's (i > 1)
 -- "<tag>:value<i>..." and "<tag>:permits<i>..." (the same names with the rate's number after
@@ -58,8 +59,9 @@ local function load_budget(value_key, permits_key, config, write)
   local raw = redis.call('GET', value_key)
   local held
   if raw then
-    local handed, lags
-    raw, lags = split_lags(raw) -- (sliding_floors.lua)
+    local handed, lags, excess
+    raw, excess = split_excess(raw) -- (sliding_floors.lua)
+    raw, lags = split_lags(raw)
     raw, handed = split_handed(raw)
     raw, held = parse_held(raw) -- (held.lua)
     local gen, used, seq, cursor = match(raw, '^(%S+) (%-?%d+) (%d+) (.*)$')
@@ -68,7 +70,7 @@ local function load_budget(value_key, permits_key, config, write)
     end
     if gen == config.gen then
       budget.used, budget.seq, budget.held, budget.handed = used + 0, seq + 0, held, handed
-      budget.lags = lags
+      budget.lags, budget.excess = lags, excess
       local cs, cp, cg
       if cursor ~= '-' then
         cs, cp, cg = match(cursor, '^(%-?%d+) (%-?%d+) (%-?%d+)$')
@@ -176,7 +178,7 @@ local function save_budget(budget, config, now)
   flush_log(budget)
   local interval = budget.interval or config.interval
   local ttl, kept = nil, -1
-  local lags = lags_text(budget, now) -- (sliding_floors.lua)
+  local lags = excess_text(budget, interval, now) .. lags_text(budget, now) -- (sliding_floors.lua)
   if budget.latest and config.keep_alive == 0 then
     kept = redis.call('PTTL', budget.value_key) -- (-2: no key, so the log is this call's)
   end

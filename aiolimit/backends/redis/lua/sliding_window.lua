@@ -222,12 +222,28 @@ function sliding.charge(group, member, extra, now)
   return fmt(permits + extra) .. ':' .. fmt(start) .. ':' .. fmt(seq)
 end
 
+-- The entry of a provider's last count, out of the log if it is still logged there.
+local function drop_excess(budget)
+  local excess = budget.excess
+  if not excess then
+    return
+  end
+  budget.excess, budget.dirty = nil, true
+  local logged = fmt(excess[1]) .. ':' .. fmt(excess[2])
+  local score = redis.call('ZSCORE', budget.permits_key, logged)
+  if score and tonumber(score) == excess[3] then
+    redis.call('ZREM', budget.permits_key, logged)
+    cursor_moved(budget, excess[3], -excess[1])
+    budget.used = budget.used - excess[1]
+  end
+end
+
 -- Each rate allows at most `remaining` more permits until now + reset_us (at most one
 -- interval on), as the log holds now: a lag that holds its grants as long as the provider
 -- does, and an entry of what it counts beyond the log's grants that have started, scored to
--- leave the window at the reset (sliding_floors.lua). The grants logged stay as they are,
--- each found by its member, so that a settle for less hands back what the provider hands
--- back on completion.
+-- leave the window at the reset, in place of the last count's (sliding_floors.lua). The
+-- grants logged stay as they are, each found by its member, so that a settle for less hands
+-- back what the provider hands back on completion.
 function sliding.sync(group, remaining, reset_us, now)
   if reset_us <= 0 then
     return
@@ -239,12 +255,15 @@ function sliding.sync(group, remaining, reset_us, now)
   seq = seq + 1
   for k = 1, #budgets do
     local budget = budgets[k]
+    if not budget.fresh then
+      flush_log(budget)
+      drop_excess(budget)
+    end
     local least = budget.rate - remaining
     if least > 0 then
       local until_ = now + min(reset_us, budget.base)
       local newest, booked = nil, 0
       if not budget.fresh then
-        flush_log(budget)
         newest, booked = started_and_booked(budget, now)
       end
       local lag = newest and until_ - (newest + budget.base) or 0
@@ -257,6 +276,7 @@ function sliding.sync(group, remaining, reset_us, now)
         local at = until_ - budget.base
         redis.call('ZADD', budget.permits_key, fmt(at), fmt(extra) .. ':' .. fmt(seq))
         budget.seq, budget.used, budget.dirty, budget.fresh = seq, budget.used + extra, true, nil
+        budget.excess = { extra, seq, at }
         cursor_moved(budget, at, extra)
       end
     end

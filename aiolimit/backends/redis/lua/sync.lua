@@ -13,7 +13,8 @@
 --
 -- Per algorithm (`sync`): a token bucket is full no earlier than `remaining` tokens' refill
 -- before one interval after the reset; a sliding window logs what the provider counts beyond
--- its started grants as an entry that leaves the window at the reset, and holds its grants
+-- its started grants as an entry that leaves the window at the reset (in place of the last
+-- count's entry: the provider's newest count is its count), and holds its grants
 -- as long as the provider's count lasts (a lag: sliding_floors.lua), and fixed windows carry the floor into the window
 -- the reset falls in (carries.lua): past the current window's end, the current one allows no
 -- more than `remaining` and the next starts from rate - remaining and every grant since,
