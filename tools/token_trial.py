@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import httpx
 
 from tools.llm_provider import Provider, Seen, seen, serve
-from tools.partner import LATENESS_HEADER, Stamped, stalls, start_of
+from tools.partner import LATENESS_HEADER, stalls, stamp_when_written, start_of
 
 STRATEGIES = ("transport", "reserve", "settle", "worst-case", "after", "limits")
 
@@ -102,8 +102,8 @@ async def _work(spec: TokenTrial, number: int, url: str, start_at: float) -> flo
     transport = strategy.transport(connections)
     try:
         async with httpx.AsyncClient(base_url=url, timeout=30, transport=transport) as client:
-            # Every connection opened before the run, on the transport under any metering.
-            await asyncio.gather(*(_ping(connections, url) for _ in range(spec.tasks)))
+            # Every connection opened before the run, on the transport that sends the calls.
+            await asyncio.gather(*(_ping(transport, url) for _ in range(spec.tasks)))
             await asyncio.sleep(max(0.0, start_at - time.time()))
             seeds = (spec.seed * 1_000_003 + number * 1_009 + task for task in range(spec.tasks))
             worst = [0.0]
@@ -116,8 +116,8 @@ async def _work(spec: TokenTrial, number: int, url: str, start_at: float) -> flo
         await strategy.close()
 
 
-async def _ping(connections: httpx.AsyncBaseTransport, url: str) -> None:
-    response = await connections.handle_async_request(httpx.Request("GET", f"{url}/ping"))
+async def _ping(transport: httpx.AsyncBaseTransport, url: str) -> None:
+    response = await transport.handle_async_request(httpx.Request("GET", f"{url}/ping"))
     await response.aread()
     await response.aclose()
 
@@ -135,7 +135,9 @@ async def _caller(
         body = {"prompt_tokens": prompt, "max_tokens": spec.max_tokens}
         start = start_of(held)
         headers = {} if start is None else {LATENESS_HEADER: str(start)}
-        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+        response = await client.post(
+            "/v1/chat/completions", json=body, headers=headers, extensions=strategy.extensions
+        )
         if response.status_code == 429:
             await strategy.refused(held)
             await asyncio.sleep(float(response.headers["retry-after"]))
@@ -148,6 +150,8 @@ async def _caller(
 
 
 class Strategy(Protocol):
+    extensions: dict[str, Any]  # each call's (the transport's: stamped as it is written)
+
     def transport(self, connections: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport: ...
     async def before(self, estimate: int) -> Any: ...
     async def after(self, held: Any, used: int) -> None: ...
@@ -170,6 +174,8 @@ async def _open(spec: TokenTrial) -> Strategy:
 
 class ReserveSettle:
     """(a) prompt + ``max_tokens`` reserved with the request, settled to the usage."""
+
+    extensions: dict[str, Any] = {}  # noqa: RUF012 (read only)
 
     def __init__(self, spec: TokenTrial) -> None:
         from redis.asyncio import Redis
@@ -233,9 +239,13 @@ async def settle(acquired: Any, used: int, tpm: Any) -> None:
 
 
 class Transport(ReserveSettle):
-    """(a) through ``RateLimitedTransport(requests, tokens=...)``: every task asks at once,
-    reserving prompt + ``max_tokens`` (read from the body) as long ahead as it takes; the
-    transport settles to the body's ``usage`` and syncs from the provider's headers."""
+    """(a) through ``RateLimitedTransport(requests, tokens=...)`` on its own connections, as a
+    user writes it: every task asks at once, reserving prompt + ``max_tokens`` (read from the
+    body) as long ahead as it takes; the transport settles to the body's ``usage`` and syncs
+    from the provider's headers. Each call carries its grant's start, stamped as it is
+    written (``stamp_when_written``)."""
+
+    extensions = {"trace": stamp_when_written}  # noqa: RUF012 (read only)
 
     def __init__(self, spec: TokenTrial) -> None:
         super().__init__(spec)
@@ -245,12 +255,11 @@ class Transport(ReserveSettle):
         from aiolimit.httpx import RateLimitedTransport
 
         def estimate(request: httpx.Request) -> int:
+            if not request.content:  # (a ping: a request, no tokens)
+                return 0
             return int(json.loads(request.content)["prompt_tokens"]) + self.max_tokens
 
-        stamped = Stamped(connections)
-        return RateLimitedTransport(
-            self.rpm, stamped, tokens=self.tpm, estimate=estimate, retry=False
-        )
+        return RateLimitedTransport(self.rpm, tokens=self.tpm, estimate=estimate, retry=False)
 
     async def before(self, estimate: int) -> Any:
         return None
@@ -298,6 +307,8 @@ class ChargeAfter(ReserveSettle):
 
 class LimitsWorstCase:
     """(d) limits' moving window: the worst case hit before the call (it cannot settle)."""
+
+    extensions: dict[str, Any] = {}  # noqa: RUF012 (read only)
 
     storage: Any
     limiter: Any
