@@ -4,19 +4,20 @@
     python benchmarks/defaults.py --duration 6 --partner sliding --client httpx
     python benchmarks/defaults.py --busy 2              # beside 2 processes that spin
 
-Cold, as a fleet starts: fresh processes for each run, no warm-up, one redis-server on a free
-127.0.0.1 port. ``--processes`` x ``--tasks`` callers take permits from a limiter of the
-partner's exact quota (``tools/partner.py``: a strict sliding window, fixed windows, a token
-bucket, each counting arrivals) through ``RateLimitedTransport`` (httpx),
-``RateLimitedClientMiddleware`` (aiohttp) or ``await limiter.reserve()`` before a plain
-request, and send as fast as they are let. Each pair runs twice: with ``margin=0`` (the exact
-rate: the default before the measured margin) and at the defaults (the fleet's measured
-margin). For each: the 429s of the whole run (the first burst included), the share of the
-quota delivered over the steady windows, the lateness spread a margin has to cover, and the
-margin the fleet settled on (the store's, after the run); "limiter's 429s" are those among
-requests whose lateness stayed within that margin of one another's (``tools.partner
-.unexcused``: the others landed later than any margin covers, a process the machine did not
-run); "stall" the longest any caller's event loop did not run.
+Cold, as a fleet starts: fresh processes for each run, no warm-up, one redis-server on a
+free 127.0.0.1 port. ``--processes`` x ``--tasks`` callers take permits from a limiter of
+the partner's exact quota (``tools/partner.py``: a strict sliding window, fixed windows, a
+token bucket, each counting arrivals) through ``RateLimitedTransport`` (httpx),
+``RateLimitedClientMiddleware`` (aiohttp) or ``await limiter.acquire()`` before a plain
+request on the caller's own ``httpx.AsyncClient``, and send as fast as they are let. Each
+pair runs twice: with ``margin=0`` (the exact rate: the default before the measured margin)
+and at the defaults (the fleet's measured margin). For each: the 429s of the whole run (the
+first burst included), the share of the quota delivered over the steady windows, the
+lateness spread a margin has to cover, and the margin the fleet settled on (the store's,
+after the run); "limiter's 429s" are those among requests whose lateness stayed within that
+margin of one another's (``tools.partner.unexcused``: the others landed later than any
+margin covers, a process the machine did not run); "stall" the longest any caller's event
+loop did not run.
 
 The partner runs in a thread of this process, raised to nice -10 where allowed (root, or
 ``CAP_SYS_NICE``; the heading says which): a real partner is remote, and its clock stamps

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import json
 import math
 import multiprocessing
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+import aiolimit
 from aiolimit.backends import Grant
 from tools.audit import busiest_window
 
@@ -429,12 +431,31 @@ async def stamp_when_written(event: str, info: dict[str, Any]) -> None:
 
 
 async def _acquire_caller(limiter: RateLimiter, url: str, stop: float) -> None:
+    """``await limiter.acquire()``, then the request on the caller's own client; the request
+    carries its grant's start: when ``acquire()`` returned, less how late its caller woke
+    (:class:`WokeLate`; the limiter's clock is this machine's)."""
+    if not isinstance(aiolimit.observe(None), WokeLate):
+        aiolimit.observe(WokeLate())
     async with httpx.AsyncClient(timeout=30) as client:
         while time.time() < stop:
-            acquired = await limiter.reserve(timeout=None)  # the acquire() path, and its grant
-            start = start_of(acquired)
-            headers = {} if start is None else {LATENESS_HEADER: str(start)}
-            await client.get(f"{url}/call", headers=headers)
+            woke_late.set(0.0)  # (a grant given at once: no wake)
+            await limiter.acquire()
+            start = round((time.time() - woke_late.get()) * 1_000_000)
+            await client.get(f"{url}/call", headers={LATENESS_HEADER: str(start)})
+
+
+woke_late: contextvars.ContextVar[float] = contextvars.ContextVar("woke_late", default=0.0)
+"""How late this task's caller woke after its last grant's start (s)."""
+
+
+class WokeLate(aiolimit.Observer):
+    """Keeps how late each waiter woke after its grant's start, in its own task's context
+    (an observer's ``late`` runs in the call it reports)."""
+
+    __slots__ = ()
+
+    def late(self, name: str, seconds: float) -> None:
+        woke_late.set(seconds)
 
 
 async def _aiohttp_caller(limiter: RateLimiter, url: str, stop: float) -> None:
