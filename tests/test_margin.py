@@ -27,7 +27,7 @@ INTERVAL = 10  # seconds: long, since Redis expires keys on its own clock
 RATE = f"10/{INTERVAL} seconds"
 START = _margin.START_US / 1e6
 CAP = INTERVAL / 10
-FLOOR = INTERVAL / 100
+FLOOR = min(INTERVAL / 100, _margin.FLOOR_US / 1e6)  # (10 ms: a send takes as long)
 
 
 async def fleet(store, name, clock, processes=2, rate=RATE):
@@ -58,11 +58,11 @@ async def test_a_lateness_above_the_margin_grows_it_at_once_and_one_below_shrink
     assert await backend.margin(name, 200_000) == 200_000  # at once
     assert await backend.margin(name, 1_000) == 200_000  # no time passed: no shrink
     await advance(store, clock, _margin.SHRINK_INTERVALS * INTERVAL / 2)  # half the time
-    assert await backend.margin(name, 1_000) == 150_000  # (half way to the floor: 100 ms)
+    assert await backend.margin(name, 1_000) == 105_000  # (half way to the floor: 10 ms)
     await advance(store, clock, 20 * INTERVAL)
-    assert await backend.margin(name, 400) == 100_000
+    assert await backend.margin(name, 400) == FLOOR * 10**6
     assert await limiter.try_acquire(10)
-    assert await limiter.wait_time() == pytest.approx(INTERVAL + 0.1)
+    assert await limiter.wait_time() == pytest.approx(INTERVAL + FLOOR)
 
 
 async def test_a_lateness_of_hours_is_capped_at_a_tenth_of_the_interval(store, name):
@@ -75,7 +75,7 @@ async def test_a_lateness_of_hours_is_capped_at_a_tenth_of_the_interval(store, n
     assert await limiter.wait_time() == pytest.approx(INTERVAL + CAP)
 
 
-async def test_a_margin_shrinks_no_lower_than_a_hundredth_of_the_interval(store, name):
+async def test_a_margin_shrinks_no_lower_than_its_floor(store, name):
     # What a caller adds after its wake (its send) is not measured: a floor covers it.
     clock = ManualClock()
     (limiter,) = await fleet(store, name, clock, 1)
@@ -148,12 +148,17 @@ def test_the_law_grows_at_once_shrinks_over_five_intervals_and_writes_no_small_c
     assert next_margin(None, 0, None, 0, tiny) == (20_000, 0)  # the start, capped too
 
 
-def test_the_law_keeps_a_floor_of_a_hundredth_of_the_shortest_interval() -> None:
+def test_the_law_keeps_a_floor_of_a_hundredth_of_the_shortest_interval_up_to_10_ms() -> None:
     rates = RateLimiterConfig.parse("10/second").rates
     assert next_margin(80_000, 0, 0, 10**9, rates) == (10_000, 10**9)  # shrunk to the floor
     assert next_margin(3_000, 0, 2_000, 1, rates) == (10_000, 0)  # below it: raised
+    tenth = RateLimiterConfig.build(RateType.OVERALL, "10/0.1 seconds").rates
+    assert next_margin(3_000, 0, 0, 10**9, tenth) == (1_000, 10**9)  # a hundredth: 1 ms
+    # A send takes as long whatever the interval: a minute's floor is a second's, and its
+    # margin starts where a second's does and shrinks to what its callers show.
     minute = RateLimiterConfig.parse("10/minute").rates
-    assert next_margin(None, 0, None, 0, minute) == (600_000, 0)  # above the start
+    assert next_margin(None, 0, None, 0, minute) == (100_000, 0)
+    assert next_margin(100_000, 0, 2_000, 10**10, minute) == (10_000, 10**10)
 
 
 async def test_a_process_reports_a_higher_lateness_at_once_and_a_lower_one_now_and_then():

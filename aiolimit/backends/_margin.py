@@ -18,10 +18,10 @@ of the fleet goes at the one margin.
   changed, so a quiet spell does not undo what a busy one needed; a change smaller than
   :data:`QUANTUM_US` waits (its time keeps counting).
 - never more than :data:`CAP_SHARE` of the shortest interval (a lateness of hours does not
-  stop the limiter), nor less than :data:`FLOOR_SHARE` of it (what a caller adds after its
-  last measured moment, its own send, is not seen: a quiet spell does not shrink the margin
-  below it); ``PER_CLIENT`` limiters and fixed windows (whose windows
-  would move with each change) keep none.
+  stop the limiter), nor less than :data:`FLOOR_SHARE` of it or :data:`FLOOR_US`, whichever
+  is less (what a caller adds after its last measured moment, its own send, is not seen: a
+  quiet spell does not shrink the margin below it); ``PER_CLIENT`` limiters and fixed
+  windows (whose windows would move with each change) keep none.
 
 A change is a change of the config's rates, made as ``set_rate(..., keep_state=True)``
 makes one: grants made stay counted. ``set_rate`` starts a config without a margin.
@@ -43,6 +43,7 @@ from ._learning import MILLION
 __all__ = [
     "CAP_SHARE",
     "FLOOR_SHARE",
+    "FLOOR_US",
     "LAW",
     "QUANTUM_US",
     "REPORT_EVERY",
@@ -68,7 +69,10 @@ the shortest interval: a tenth."""
 FLOOR_SHARE = 10_000
 """The least a margin may be: this many millionths of the shortest interval, a hundredth
 (10 ms of a second: what a caller's send adds after its wake, which no one measures, on a
-machine kept busy; it costs a hundredth of the quota)."""
+machine kept busy; it costs a hundredth of the quota), and no more than :data:`FLOOR_US`."""
+FLOOR_US = 10_000
+"""The most the floor may be (µs): what a caller's send adds after its last measured moment
+takes as long whatever the interval, so a minute's floor is no longer than a second's."""
 SHRINK_INTERVALS = 5
 """Over how many intervals of the first rate a margin shrinks to a lower lateness."""
 QUANTUM_US = 500
@@ -84,16 +88,17 @@ REPORT_EVERY = 2.0
 
 class MarginLaw(NamedTuple):
     """What a margin call carries (µs; the cap and the floor in millionths of the shortest
-    interval)."""
+    interval; the floor's most in µs)."""
 
     start: int
     cap: int
     shrink: int
     quantum: int
     floor: int
+    floor_most: int
 
 
-LAW = MarginLaw(START_US, CAP_SHARE, SHRINK_INTERVALS, QUANTUM_US, FLOOR_SHARE)
+LAW = MarginLaw(START_US, CAP_SHARE, SHRINK_INTERVALS, QUANTUM_US, FLOOR_SHARE, FLOOR_US)
 
 
 def cap_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
@@ -103,7 +108,8 @@ def cap_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
 
 def floor_of(rates: tuple[Rate, ...], law: MarginLaw = LAW) -> int:
     """The least a margin may be for ``rates`` (µs; never above the cap)."""
-    return min(min(r.interval_us for r in rates) * law.floor // MILLION, cap_of(rates, law))
+    share = min(r.interval_us for r in rates) * law.floor // MILLION
+    return min(share, law.floor_most, cap_of(rates, law))
 
 
 def next_margin(

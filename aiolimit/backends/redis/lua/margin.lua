@@ -9,7 +9,7 @@
 -- ARGV[2] now in microseconds, or '' to read the server's TIME
 -- ARGV[3] start (us), ARGV[4] cap (millionths of the shortest interval), ARGV[5] shrink
 --         (intervals of the first rate), ARGV[6] quantum (us), ARGV[7] floor (millionths of
---         the shortest interval)
+--         the shortest interval), ARGV[8] the floor's most (us)
 --
 -- A change is made as set_rate's keep_state makes one: grants made stay counted. A
 -- PER_CLIENT limiter, or fixed windows (whose windows would move), keep none.
@@ -27,6 +27,7 @@ end
 local now = limiter_now(config, ARGV[2])
 local start, cap_share, shrink, quantum = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local floor_share = tonumber(ARGV[7]) or 0
+local floor_most = tonumber(ARGV[8])
 local before = tonumber(config.margin or '')
 local margin, at = before, tonumber(config.margin_at or '0') or 0
 
@@ -39,6 +40,9 @@ local widen = before or 0
 shortest = shortest - widen
 local cap = floor(shortest * cap_share / 1000000)
 local least = min(floor(shortest * floor_share / 1000000), cap)
+if floor_most then
+  least = min(least, floor_most)
+end
 if not margin then
   margin, at = start, now
 end
