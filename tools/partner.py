@@ -394,6 +394,8 @@ async def _work(spec: Trial, kind: str, client: str, url: str, start_at: float) 
         stop = start_at + spec.duration
         await asyncio.sleep(max(0.0, start_at - time.time()))
         worst = [0.0]
+        if client == "acquire":
+            aiolimit.observe(WokeLate())  # (one for the process: its callers' wakes)
         callers = [_caller(client, limiter, url, stop) for _ in range(spec.tasks)]
         await asyncio.gather(stalls(start_at, stop, worst), *callers)
         return worst[0]
@@ -434,8 +436,6 @@ async def _acquire_caller(limiter: RateLimiter, url: str, stop: float) -> None:
     """``await limiter.acquire()``, then the request on the caller's own client; the request
     carries its grant's start: when ``acquire()`` returned, less how late its caller woke
     (:class:`WokeLate`; the limiter's clock is this machine's)."""
-    if not isinstance(aiolimit.observe(None), WokeLate):
-        aiolimit.observe(WokeLate())
     async with httpx.AsyncClient(timeout=30) as client:
         while time.time() < stop:
             woke_late.set(0.0)  # (a grant given at once: no wake)

@@ -57,22 +57,19 @@ def started_and_booked(budget: Budget, now: int) -> tuple[int | None, int]:
     return newest, sum(permits for _, _, permits in ahead)
 
 
-def drop_excess(budget: Budget) -> int:
-    """The entry of a provider's last count, out of the log if it is still logged there;
-    returns the permits that went."""
+def drop_excess(budget: Budget) -> None:
+    """The entry of a provider's last count, out of the log if it is still logged there."""
     excess, budget.excess = budget.excess, None
     if excess is None:
-        return 0
+        return
     permits, seq, start = excess
     logged = (start, format_member(permits, seq), permits)
     grants = budget.grants
     at = bisect.bisect_left(grants, logged, lo=budget.head)
-    if at == len(grants) or grants[at] != logged:
-        return 0
-    del grants[at]
-    budget.moved(start, -permits)
-    budget.used -= permits
-    return permits
+    if at < len(grants) and grants[at] == logged:
+        del grants[at]
+        budget.moved(start, -permits)
+        budget.used -= permits
 
 
 def kept_excess(excess: list[int] | None, interval: int, now: int) -> list[int] | None:

@@ -27,7 +27,6 @@ end
 local now = limiter_now(config, ARGV[2])
 local start, cap_share, shrink, quantum = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local floor_share = tonumber(ARGV[7]) or 0
-local floor_most = tonumber(ARGV[8])
 local before = tonumber(config.margin or '')
 local margin, at = before, tonumber(config.margin_at or '0') or 0
 
@@ -39,10 +38,7 @@ end
 local widen = before or 0
 shortest = shortest - widen
 local cap = floor(shortest * cap_share / 1000000)
-local least = min(floor(shortest * floor_share / 1000000), cap)
-if floor_most then
-  least = min(least, floor_most)
-end
+local least = min(floor(shortest * floor_share / 1000000), tonumber(ARGV[8]), cap)
 if not margin then
   margin, at = start, now
 end
