@@ -172,8 +172,14 @@ async def paced(request: Request) -> Outcome:
             if held:  # a refund would not help
                 await turns.hold(seconds(max(held)))
             else:  # until a refund of this process, a while, or when the store can grant
+                # What it lacks: its permits less what is left, counted as none when less
+                # than none. A store counts grants booked just ahead of now (another
+                # process's, told the same time) before they start, and places each where
+                # the window makes room for it: once they have started, within
+                # DUE_HORIZON, none of that deficit is left, and a refund of what it asks
+                # must wake it then, not its next poll.
                 lacking = [
-                    (limiter, permits - answer.left)
+                    (limiter, permits - max(answer.left, 0))
                     for limiter, permits, answer in zip(
                         answered.limiters, answered.permits, attempts, strict=True
                     )

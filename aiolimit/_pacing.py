@@ -172,7 +172,8 @@ class Turns:
         every caller of these turns until they are idle. Callers waiting behind it whose
         deadline comes before ``due`` stop waiting (:meth:`wait`). ``lacking``: the permits
         it lacks of each limiter (asked less what the refusal said was left): a refund in
-        this process wakes it once they are handed back, a smaller one does not."""
+        this process wakes it once they are handed back, a smaller one does not (left below
+        none counts as none: ``paced``)."""
         self._not_before(due)
         since, self._since = self._since, {}
         self._lacking, self._kept = {}, False

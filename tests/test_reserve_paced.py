@@ -197,3 +197,31 @@ async def test_callers_of_two_processes_told_one_time_both_reserve_when_they_ask
     assert all(await asyncio.gather(*waiting))
     assert loop.time() - began == pytest.approx(1.0, abs=0.002)  # (the second slot's start)
     assert calls.count["try_acquire"] - asked_before == 2  # one each, at the store's time
+
+
+async def test_a_refund_wakes_a_caller_refused_behind_a_grant_booked_just_ahead() -> None:
+    # Two processes' callers told one time: the first to ask books the place just ahead, and
+    # the store answers the second with less than nothing left (that grant counts already,
+    # its room comes as the window moves on). Once it has started, a refund of what the
+    # second asks serves it: the refund wakes it then, not its next poll.
+    loop = asyncio.get_running_loop()
+    here = MemoryBackend()
+    there = here.with_client("there")  # (another process: turns of its own)
+    budget = RateLimiter("tokens", here, rate="1000/second; margin=0")
+    assert await budget.reserve(600)  # leaves the window at 1.0 s
+    await asyncio.sleep(0.5)
+    held = await budget.reserve(400)  # full until 1.0 s; leaves at 1.5 s
+    await asyncio.sleep(0.1)
+    waiting = [
+        asyncio.ensure_future(RateLimiter("tokens", backend).reserve(400, timeout=None))
+        for backend in (here, there)
+    ]
+    first, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    assert loop.time() == pytest.approx(1.0, abs=0.002)  # (the first slot's start)
+    second = next(each for each in waiting if each not in first)
+    await asyncio.sleep(0.1)
+    assert not second.done()
+    settled_at = loop.time()
+    await held.settle(0)  # 400 back: what the second asks, and room for it now
+    assert await second
+    assert loop.time() - settled_at < 1e-3
