@@ -12,6 +12,7 @@ import pytest
 from counting import count_calls
 
 from aiolimit import MemoryBackend, RateLimiter, acquire_all
+from aiolimit import _pacing as pacing
 from aiolimit._pacing import HORIZON, MAX_ASK_HEARING
 
 pytestmark = pytest.mark.looptime
@@ -225,3 +226,33 @@ async def test_a_refund_wakes_a_caller_refused_behind_a_grant_booked_just_ahead(
     await held.settle(0)  # 400 back: what the second asks, and room for it now
     assert await second
     assert loop.time() - settled_at < 1e-3
+
+
+async def test_a_caller_behind_a_reservation_booked_far_ahead_asks_once_per_refund_of_its_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Less than nothing is left while a plain waiter's reservation is booked far ahead; a
+    # paused caller counts it as nothing, so a refund of what it asks wakes it and it is
+    # refused (the reservation ahead still needs the room): once per such refund, then it
+    # pauses again, with no poll due meanwhile.
+    monkeypatch.setattr(pacing, "MAX_ASK_EVERY", 5.0)
+    monkeypatch.setattr(pacing, "MAX_ASK_HEARING", 5.0)
+    here = MemoryBackend()
+    there = here.with_client("there")  # (another process)
+    theirs = RateLimiter("tokens", there, rate="1000/minute")
+    first, second = await theirs.reserve(500), await theirs.reserve(500)  # full for 60 s
+    plain = asyncio.ensure_future(theirs.acquire(1000))  # booked at 60 s
+    await asyncio.sleep(1.0)
+    waiting = asyncio.ensure_future(RateLimiter("tokens", here).reserve(100, timeout=None))
+    await asyncio.sleep(11.0)  # (its polls 5 s apart by now)
+    calls = count_calls(monkeypatch, here)  # (both: the class's calls are counted)
+    asked = []
+    for held in (first, second):
+        await held.settle(300)  # 200 back: its ask, not what the reservation ahead needs
+        await asyncio.sleep(0.5)
+        asked.append(calls.count["try_acquire"] + calls.count["start_acquire"])
+    assert asked == [1, 2], calls.count
+    assert not waiting.done()
+    for task in (waiting, plain):
+        task.cancel()
+    await asyncio.gather(waiting, plain, return_exceptions=True)
