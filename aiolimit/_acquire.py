@@ -177,7 +177,8 @@ async def paced(request: Request) -> Outcome:
                 # process's, told the same time) before they start, and places each where
                 # the window makes room for it: once they have started, within
                 # DUE_HORIZON, none of that deficit is left, and a refund of what it asks
-                # must wake it then, not its next poll.
+                # must wake it then, not its next poll. (Behind a plain waiter's
+                # reservation booked far ahead, it so asks once per refund of its ask.)
                 lacking = [
                     (limiter, permits - max(answer.left, 0))
                     for limiter, permits, answer in zip(
