@@ -34,7 +34,7 @@ from ._acquired import Acquired, Outcome
 from ._attempts import ask, attempt_all, attempt_one, grants_of, release_grants
 from ._inflight import InFlight, in_flight
 from ._observe import Observer
-from ._pacing import turns_of
+from ._pacing import Foresight, turns_of
 from ._request import Request, deadline_in, left_of, micros, now_us, seconds
 from ._settling import Limited
 from ._wakeup import note_read, sleep_out
@@ -141,20 +141,26 @@ async def paced(request: Request) -> Outcome:
     call to the grant's start (0: granted at once, on the first ask)."""
     began = now_us()
     turns = turns_of(request.paced)
-    if not await turns.wait(request.deadline):  # (the deadline came first: one last ask)
-        return await outcome_of(request.until(deadline_in(0)))
+    if not await turns.wait(request.deadline, _foreseeable(request)):
+        return await outcome_of(request.until(deadline_in(0)))  # (its deadline came: asked)
+    foreseen = turns.foreseen()
     holding, asked, turned = True, 0, now_us()
     try:
         while True:
             left = left_of(request.deadline)
             horizon = micros(turns.horizon)  # (further when asked at the store's time)
             ahead = horizon if left is None else min(horizon, left)
-            answered, attempts = await _paced_answers(request, ahead)
+            told = None if foreseen is None else _told(request, foreseen, ahead)
+            if told is not None:  # refused, the store foresaw: no need to ask
+                (answered, attempts), after = told, None
+            else:
+                answered, attempts, after = await _paced_answers(request, ahead, turns.behind())
+            foreseen = None
             asked += 1
             outcome = Outcome(answered.limiters, attempts, 0)
             if outcome.granted:  # (all of the request answered)
                 holding = False
-                turns.next()
+                turns.next(after)
                 outcome = await _slept_out(request, attempts)
                 if outcome.granted and not outcome.waited:  # (read at once: how late)
                     note_read(grants_of(outcome.limiters, outcome.attempts))
@@ -192,23 +198,50 @@ async def paced(request: Request) -> Outcome:
             turns.next()
 
 
-async def _paced_answers(request: Request, max_wait: int) -> tuple[Request, list[Attempt]]:
-    """The answers to ``request`` within ``max_wait`` µs, and the request they answer. With
-    limiters beside the paced ones (a request limiter beside the tokens'), the paced ones
-    are asked alone first, the others once those grant: a refusal of the paced ones, the
-    common one while the limit binds, then costs one call and leaves no grant to hand back."""
+async def _paced_answers(
+    request: Request, max_wait: int, behind: int | None
+) -> tuple[Request, list[Attempt], Foresight | None]:
+    """The answers to ``request`` within ``max_wait`` µs, the request they answer, and what
+    the store foresaw for the caller next in line, who asks ``behind`` permits of the one
+    paced limiter (None: no foresight). With limiters beside the paced ones (a request
+    limiter beside the tokens'), the paced ones are asked alone first, the others once
+    those grant: a refusal of the paced ones, the common one while the limit binds, then
+    costs one call and leaves no grant to hand back."""
     paced = request.paced
     if len(paced) == len(request.limiters):
-        return request, await _answers(request, max_wait)
+        answers, after = await _answers(request, max_wait, behind)
+        return request, answers, after
     first = _part(request, True)
-    answers = await _answers(first, max_wait)
+    answers, after = await _answers(first, max_wait, behind)
     if not all(isinstance(answer, Grant) for answer in answers):
-        return first, answers
+        return first, answers, None
     rest = _part(request, False)
-    others = iter(await _answers(rest, max_wait))
+    others = iter((await _answers(rest, max_wait, None))[0])
     mine = iter(answers)
     merged = [next(mine if limiter in paced else others) for limiter in request.limiters]
-    return request, merged
+    return request, merged, after
+
+
+def _foreseeable(request: Request) -> int | None:
+    """The permits a foresight for this paced caller asks: of its one paced limiter (None:
+    it has several)."""
+    if len(request.paced) != 1:
+        return None
+    return request.permits[request.limiters.index(request.paced[0])]
+
+
+def _told(
+    request: Request, foreseen: Foresight, ahead: int
+) -> tuple[Request, list[Attempt]] | None:
+    """The refusal an ask of ``request``'s paced limiter within ``ahead`` µs would get now,
+    from what the store foresaw for it (the part of the request it answers); None when it
+    may be granted: it asks."""
+    refusal, heard = foreseen
+    retry_in = refusal.retry_in - (now_us() - heard)
+    if retry_in <= ahead:
+        return None
+    answered = request if len(request.paced) == len(request.limiters) else _part(request, True)
+    return answered, [refusal._replace(retry_in=retry_in)]
 
 
 def _part(request: Request, paced: bool) -> Request:
@@ -233,15 +266,50 @@ def _refused(request: Request, answered: Request, attempts: list[Attempt]) -> Ou
     return Outcome(request.limiters, whole, 0)
 
 
-async def _answers(request: Request, max_wait: int) -> list[Attempt]:
-    """The limiters' answers to ``request`` within ``max_wait`` µs, not slept out."""
+async def _answers(
+    request: Request, max_wait: int, behind: int | None
+) -> tuple[list[Attempt], Foresight | None]:
+    """The limiters' answers to ``request`` within ``max_wait`` µs, not slept out, and for
+    one limiter that grants, a foresight of ``behind`` more permits (None: none asked)."""
     limiters, permits = request.limiters, request.permits
     try:
         if len(limiters) == 1:
-            return [await attempt_one(limiters[0], permits[0], max_wait)]
-        return await attempt_all(limiters, permits, max_wait)
+            if behind is not None and not limiters[0].breaker.is_open:
+                return await _with_foresight(limiters[0], permits[0], max_wait, behind)
+            return [await attempt_one(limiters[0], permits[0], max_wait)], None
+        return await attempt_all(limiters, permits, max_wait), None
     except NotConfiguredError as lost:
-        return await ask(limiters, permits, max_wait, lost)
+        return await ask(limiters, permits, max_wait, lost), None
+
+
+async def _with_foresight(
+    limiter: Limited, permits: int, max_wait: int, behind: int
+) -> tuple[list[Attempt], Foresight | None]:
+    """``limiter``'s answer to ``permits`` within ``max_wait`` µs, through its breaker, and
+    when it grants, what the store foresees for ``behind`` more (``Backend.start_foresee``:
+    in the same call on Redis; None: the store foresees nothing, or the foresight failed)."""
+    backend, name = limiter.backend, limiter.name
+    asking = backend.start_acquire(name, permits, max_wait)
+    seeing = backend.start_foresee(name, behind)
+    try:
+        attempt = await limiter.breaker.guard(asking)
+    except BaseException:
+        asking.cancel()  # (cancelled meanwhile: a grant made goes back)
+        if seeing is not None:
+            seeing.cancel()
+        raise
+    if seeing is None or not isinstance(attempt, Grant):
+        if seeing is not None:
+            seeing.cancel()
+        return [attempt], None
+    try:
+        seen = await seeing
+    except Exception:  # (a foresight lost: the caller behind asks)
+        return [attempt], None
+    except BaseException:  # (cancelled meanwhile: its grant goes back)
+        backend.hand_back(name, attempt.member)
+        raise
+    return [attempt], (seen, now_us()) if isinstance(seen, Refusal) else None
 
 
 async def begin_margins(limiters: Sequence[Limited]) -> None:

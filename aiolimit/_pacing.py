@@ -34,12 +34,14 @@ from functools import partial
 
 from ._request import left_of, micros, now_us, seconds
 from ._settling import Limited
+from .backends.base import Refusal
 
 __all__ = [
     "DUE_HORIZON",
     "HORIZON",
     "MAX_ASK_EVERY",
     "MAX_ASK_HEARING",
+    "Foresight",
     "Turns",
     "kept",
     "refunded",
@@ -70,6 +72,10 @@ MAX_ASK_HEARING = 1.0
 """The longest pause between two asks of a caller that hears refunds made elsewhere."""
 
 Key = tuple[tuple[Hashable, str, str], ...]
+
+Foresight = tuple[Refusal, int]
+"""What the store foresaw for the caller next in line, on the ask that granted the caller
+before it (``Backend.start_foresee``), and when it was heard (µs, the loop's clock)."""
 
 # Each loop's turns, by the limiters they are for (while a caller holds or waits for them).
 _turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Key, Turns]] = (
@@ -132,11 +138,13 @@ class Turns:
         "_busy",
         "_by_key",
         "_every",
+        "_foreseen",
         "_free_at",
         "_kept",
         "_key",
         "_lacking",
         "_paused",
+        "_probed",
         "_since",
         "_waiting",
         "_watching",
@@ -146,9 +154,13 @@ class Turns:
         self._key, self._by_key = key, by_key
         self._busy = False
         self._at_due = False  # the last pause ended when the store said it could grant
-        # Each waiting caller: its turn (True: it came; False: it cannot come in time), and
-        # its deadline.
-        self._waiting: deque[tuple[asyncio.Future[bool], int | None]] = deque()
+        # Each waiting caller: its turn (True: it came; False: it cannot come in time), its
+        # deadline, and the permits it asks (None: of several limiters).
+        self._waiting: deque[tuple[asyncio.Future[bool], int | None, int | None]] = deque()
+        # The turn of the caller next in line when the turn's caller last asked (the one
+        # its foresight was for), and the foresight handed to the caller whose turn it is.
+        self._probed: asyncio.Future[bool] | None = None
+        self._foreseen: Foresight | None = None
         self._paused: asyncio.Future[None] | None = None
         self._every = HORIZON  # the longest pause now: it grows while pauses end unwoken
         self._free_at = 0  # µs (loop clock): the turn's caller cannot be granted before
@@ -197,6 +209,11 @@ class Turns:
             self._every = min(self._every * 2, MAX_ASK_HEARING if hearing else MAX_ASK_EVERY)
         return woken
 
+    def foreseen(self) -> Foresight | None:
+        """What the ask before this caller's turn foresaw for it (once: then None)."""
+        foreseen, self._foreseen = self._foreseen, None
+        return foreseen
+
     @property
     def horizon(self) -> float:
         """How far ahead the caller whose turn it is reserves now: ``DUE_HORIZON`` when its
@@ -214,7 +231,7 @@ class Turns:
         """The caller whose turn it is cannot be granted within ``seconds`` from now: nor
         can any behind it, and those whose deadline comes first stop waiting."""
         self._free_at = now_us() + micros(seconds)
-        for turn, deadline in self._waiting:
+        for turn, deadline, _ in self._waiting:
             if deadline is not None and deadline < self._free_at and not turn.done():
                 turn.set_result(False)
 
@@ -257,17 +274,19 @@ class Turns:
         if self._paused is not None and not self._paused.done():
             self._paused.set_result(None)
 
-    async def wait(self, deadline: int | None) -> bool:
+    async def wait(self, deadline: int | None, permits: int | None = None) -> bool:
         """Waits for this caller's turn until ``deadline`` (µs on the loop's clock; None: for
         as long as it takes); whether it came (then :meth:`next` passes it on). False at
         once when the caller whose turn it is cannot be granted before ``deadline`` by what
-        the store knows (in this process's order, this one cannot be either)."""
+        the store knows (in this process's order, this one cannot be either). ``permits``:
+        what it asks of the one limiter of these turns (None: it asks several), what the
+        caller before it asks a foresight of (:meth:`behind`)."""
         if not self._busy:
             self._busy = True
             return True
         if deadline is not None and deadline < self._free_at:
             return False
-        waiting = (asyncio.get_running_loop().create_future(), deadline)
+        waiting = (asyncio.get_running_loop().create_future(), deadline, permits)
         turn = waiting[0]
         self._waiting.append(waiting)
         left = left_of(deadline)
@@ -286,18 +305,34 @@ class Turns:
         self._forget(waiting)
         return False
 
-    def _forget(self, waiting: tuple[asyncio.Future[bool], int | None]) -> None:
+    def _forget(self, waiting: tuple[asyncio.Future[bool], int | None, int | None]) -> None:
         with contextlib.suppress(ValueError):  # (passed over by next() already)
             self._waiting.remove(waiting)
 
-    def next(self) -> None:
+    def behind(self) -> int | None:
+        """The permits the caller next in line asks of the one limiter of these turns, for a
+        foresight to ride on the ask of the caller whose turn it is (None: none waits, or
+        it asks several limiters); :meth:`next` hands that foresight on to it."""
+        for turn, _, permits in self._waiting:
+            if not turn.done():
+                self._probed = turn
+                return permits
+        self._probed = None
+        return None
+
+    def next(self, foreseen: Foresight | None = None) -> None:
         """The turn passes to the next caller waiting, if any (none: these turns are
-        forgotten, until a caller comes again)."""
+        forgotten, until a caller comes again), with ``foreseen``: the foresight the ask
+        that granted the caller before it made for the caller :meth:`behind` named, if the
+        turn passes to that caller (:meth:`foreseen`)."""
         self._free_at, self._lacking, self._since, self._at_due = 0, {}, {}, False
+        probed, self._probed, self._foreseen = self._probed, None, None
         while self._waiting:
-            turn, _ = self._waiting.popleft()
+            turn, _, _ = self._waiting.popleft()
             if not turn.done():
                 turn.set_result(True)
+                if turn is probed:
+                    self._foreseen = foreseen
                 return
         self._busy = False
         if self._by_key.get(self._key) is self:

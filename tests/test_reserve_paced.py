@@ -14,6 +14,7 @@ from counting import count_calls
 from aiolimit import MemoryBackend, RateLimiter, acquire_all
 from aiolimit import _pacing as pacing
 from aiolimit._pacing import HORIZON, MAX_ASK_HEARING
+from aiolimit.backends.base import Attempt, Started
 
 pytestmark = pytest.mark.looptime
 
@@ -256,3 +257,134 @@ async def test_a_caller_behind_a_reservation_booked_far_ahead_asks_once_per_refu
     for task in (waiting, plain):
         task.cancel()
     await asyncio.gather(waiting, plain, return_exceptions=True)
+
+
+def asks_of(
+    monkeypatch: pytest.MonkeyPatch, backend: MemoryBackend
+) -> list[tuple[float, int, bool]]:
+    """Each attempt ``backend``'s store answers from now on: its time, permits, granted."""
+    loop = asyncio.get_running_loop()
+    asked: list[tuple[float, int, bool]] = []
+    original = MemoryBackend.try_acquire
+
+    async def try_acquire(
+        self: MemoryBackend, name: str, permits: int, wait: int | None = 0
+    ) -> Attempt:
+        answer = await original(self, name, permits, wait)
+        asked.append((round(loop.time(), 3), permits, answer.granted))
+        return answer
+
+    monkeypatch.setattr(MemoryBackend, "try_acquire", try_acquire)
+    return asked
+
+
+def no_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused callers ask again only when woken or when the store said (no poll between)."""
+    monkeypatch.setattr(pacing, "MAX_ASK_EVERY", 1000.0)
+    monkeypatch.setattr(pacing, "MAX_ASK_HEARING", 1000.0)
+
+
+@pytest.mark.parametrize("foresees", [True, False])
+async def test_the_caller_behind_a_grant_asks_only_when_the_store_foresaw_it_may_be_granted(
+    monkeypatch: pytest.MonkeyPatch, foresees: bool
+) -> None:
+    # The ask that grants a caller carries a foresight of what the caller behind it asks: it
+    # sleeps until then rather than asking at once and being refused. A store that foresees
+    # nothing: it asks at once, one call more. The schedule is the same.
+    loop = asyncio.get_running_loop()
+    no_polls(monkeypatch)
+    if not foresees:
+        monkeypatch.setattr(MemoryBackend, "start_foresee", lambda *_: None)
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    assert await tokens.reserve(1000)  # leaves the window at 60 s
+    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)
+    second = asyncio.ensure_future(tokens.reserve(600, timeout=None))  # fits when first leaves
+    await asyncio.sleep(1.0)
+    asked = asks_of(monkeypatch, backend)
+    assert await first
+    assert loop.time() == pytest.approx(60.0, abs=1e-3)
+    assert await second
+    assert loop.time() == pytest.approx(120.0, abs=1e-3)
+    refused_at_once = [(59.995, 600, False)] if not foresees else []
+    assert [each for each in asked if 59 < each[0] < 61] == [
+        (59.995, 600, True),  # (asked a little before, reserved: DUE_HORIZON)
+        *refused_at_once,
+    ]
+    assert asked[-1] == (119.995, 600, True)  # (asked when the store said)
+
+
+async def test_a_settle_wakes_a_caller_that_a_foresight_told_to_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    no_polls(monkeypatch)
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    held = await tokens.reserve(1000)
+    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    second = asyncio.ensure_future(tokens.reserve(500, timeout=None))
+    await asyncio.sleep(1.0)
+    asked = asks_of(monkeypatch, backend)
+    await held.settle(400)  # 600 back: first's, and none left for second (told 59 s)
+    granted = await first
+    await asyncio.sleep(1.0)
+    assert not second.done()
+    settled_at = loop.time()
+    await granted.settle(100)  # 500 back: what second lacks
+    assert await second
+    assert loop.time() - settled_at < 1e-3
+    assert [each for each in asked if each[0] == 1.0] == [(1.0, 600, True)]  # (told)
+    assert asked[-1] == (2.0, 500, True)
+
+
+async def test_a_foresight_goes_to_no_other_caller_than_the_one_it_was_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The caller next in line is cancelled while the ask carrying its foresight is out: the
+    # caller after it (which asks less, and fits at once) asks for itself.
+    loop = asyncio.get_running_loop()
+    no_polls(monkeypatch)
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    assert await tokens.reserve(1000)
+    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)
+    second = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)
+    third = asyncio.ensure_future(tokens.reserve(300, timeout=None))
+    await asyncio.sleep(1.0)
+    original = MemoryBackend.start_foresee
+
+    def foresee(self: MemoryBackend, name: str, permits: int) -> Started | None:
+        if loop.time() > 59:  # (first's ask at the store's time, while it is out)
+            second.cancel()
+        return original(self, name, permits)
+
+    monkeypatch.setattr(MemoryBackend, "start_foresee", foresee)
+    assert await first
+    assert await third
+    assert loop.time() == pytest.approx(60.0, abs=1e-3)  # not when 600 more would fit
+    assert second.cancelled()
+    assert await backend.available_permits("tokens") == 100
+
+
+async def test_a_caller_a_foresight_shows_cannot_go_in_time_is_refused_without_asking(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    loop = asyncio.get_running_loop()
+    no_polls(monkeypatch)
+    backend = MemoryBackend()
+    tokens = tokens_of(backend)
+    assert await tokens.reserve(1000)
+    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
+    await asyncio.sleep(1.0)
+    second = asyncio.ensure_future(tokens.reserve(600, timeout=80))  # until 81 s: 120 is late
+    await asyncio.sleep(1.0)
+    asked = asks_of(monkeypatch, backend)
+    assert await first
+    refused = await second
+    assert not refused and loop.time() == pytest.approx(60.0, abs=1e-3)
+    assert refused.retry_after == pytest.approx(60.0, abs=0.01)
+    assert [each for each in asked if each[0] > 59] == [(59.995, 600, True)]  # (first's)

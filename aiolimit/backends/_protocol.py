@@ -26,6 +26,7 @@ from ..errors import BackendError, InvalidArgumentError
 __all__ = [
     "CARRIES",
     "COUNTERS_FORMAT",
+    "FORESEE",
     "GRANTED_FORMAT",
     "HELD_BUCKETS",
     "MAX_BATCH",
@@ -101,6 +102,10 @@ REFUSED_FORMAT = "1 <wait> <left> <binding> <now>"
 """The reply to an acquire request that was refused: the us until the permits are free, the
 fewest permits left and the rate that has them (as in :data:`GRANTED_FORMAT`), and the time
 the request acted at."""
+FORESEE = "?"
+"""An acquire request's max wait that asks for a foresight (batch.lua's ``FORESEE``): the
+reply the request would get once every request before it in its call is decided, in
+:data:`REFUSED_FORMAT`, its wait 0 when the permits are free now; nothing is taken."""
 SAME_FORMAT = "=[<tag step>]"
 """In acquire_many's reply, a grant's reply that is the one before it in the call with the
 request's permits fewer left and ``tag step`` added to the member's tag (1 when absent; see

@@ -20,6 +20,7 @@ __all__ = [
     "Attempt",
     "Backend",
     "Grant",
+    "InTask",
     "Refusal",
     "SetMode",
     "Settlement",
@@ -105,8 +106,9 @@ class Started(Protocol):
     def cancel(self) -> None: ...
 
 
-class _InTask:
-    """A started attempt that runs :meth:`Backend.try_acquire` in a task of its own."""
+class InTask:
+    """A started attempt that runs in a task of its own (``Backend.start_acquire``'s default:
+    :meth:`Backend.try_acquire`; a store's :meth:`Backend.start_foresee`)."""
 
     __slots__ = ("_backend", "_name", "_task")
 
@@ -223,7 +225,16 @@ class Backend(Store):
         attempts of several limiters go out together (on Redis, in one round trip) without a
         task each. This default runs ``try_acquire`` in a task."""
         task = asyncio.ensure_future(self.try_acquire(name, permits, max_wait_us))
-        return _InTask(self, name, task)
+        return InTask(self, name, task)
+
+    def start_foresee(self, name: str, permits: int) -> Started | None:
+        """A foresight, its request made now: what :meth:`try_acquire` of ``permits`` would
+        answer once the attempts started before it (:meth:`start_acquire`) are decided, as a
+        :class:`Refusal` whose ``retry_in`` is 0 when they would be free at once; nothing is
+        taken. On Redis it goes in the same script call as the attempt before it, so a
+        waiter next in line learns when it may be granted without a call of its own. None:
+        this store foresees nothing (the default; the waiter then asks)."""
+        return None
 
     @abc.abstractmethod
     async def wait_time(self, name: str, permits: int) -> int:

@@ -23,7 +23,7 @@ from .._protocol import (
     split_life,
     with_life,
 )
-from ..base import Backend, Grant, Refusal, SetMode, Settlement
+from ..base import Backend, Grant, InTask, Refusal, SetMode, Settlement, Started
 from ._budgets import (
     GROUPS,
     extend_registry,
@@ -228,6 +228,21 @@ class MemoryBackend(MemoryLearning, MemoryMargin, MemoryLeases, Backend):
             stored.expires_at = now + max(ms(config.keep_alive_us), ttl)
         left, binding = group.left(now)
         return Grant(delay, start, left, member, stored.blocked_until, binding)
+
+    def start_foresee(self, name: str, permits: int) -> Started:
+        # (a task, as start_acquire's: it runs after the attempts started before it)
+        return InTask(self, name, asyncio.ensure_future(self._foresee(name, permits)))
+
+    async def _foresee(self, name: str, permits: int) -> Refusal:
+        limiter, config, now = self._configured(name, self._now(), permits=permits)
+        group = group_of(limiter, config, self._budget_key(config, name), True, now)
+        group.reclaim(now)
+        start = group.earliest(permits, now)
+        if start is None:
+            raise queue_full_error(name, permits)
+        group.save(limiter, now)  # what the reclaim changed is written back, nothing else
+        left, binding = group.left(now)
+        return Refusal(start - now, now, left, binding)
 
     async def wait_time(self, name: str, permits: int) -> int:
         limiter, config, now = self._configured(name, self._now(), False, permits)

@@ -17,7 +17,7 @@ from ...errors import BackendError, InvalidArgumentError, LimiterError, NotConfi
 from .. import _margin
 from .._context import StoreContext
 from .._learning import Event, Law, Learned
-from .._protocol import check_settle, check_sync, format_rates, new_life, parse_grant
+from .._protocol import FORESEE, check_settle, check_sync, format_rates, new_life, parse_grant
 from ..base import Backend, Grant, Refusal, SetMode, Settlement, Started
 from . import _scripts as scripts
 from ._coalescer import Key
@@ -293,6 +293,18 @@ class RedisBackend(RedisLeases, Backend):
         known = self._types.get(name)
         rate_type = RateType.OVERALL if known is None else known
         orphan = call.hand_back
+        future = self._submit(name, scripts.ACQUIRE, call, rate_type, True, (), orphan)
+        answer: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
+            name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=orphan,
+            sent=(future, rate_type),
+        )  # fmt: skip
+        return Sent(answer, future, orphan)
+
+    def start_foresee(self, name: str, permits: int) -> Started:
+        call = scripts.AcquireCall(name, permits, FORESEE, self.client_id, self._now, self)
+        known = self._types.get(name)
+        rate_type = RateType.OVERALL if known is None else known
+        orphan = call.hand_back  # (a foresight takes nothing: no grant to hand back)
         future = self._submit(name, scripts.ACQUIRE, call, rate_type, True, (), orphan)
         answer: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
             name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=orphan,

@@ -98,9 +98,10 @@ def decoded(script: Script[R] | ReadCommand[R], reply: Any) -> R:
 
 
 def acquire_request(
-    permits: int, now: str, max_wait_us: int | None, rate_type: RateType, client_id: str
+    permits: int, now: str, max_wait_us: int | str | None, rate_type: RateType, client_id: str
 ) -> bytes:
-    """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME.
+    """An acquire request (acquire.lua's ARGV[1]); ``now`` is '' for the server's TIME,
+    ``max_wait_us`` None for any wait, ``FORESEE`` for a foresight.
     Encoded here (a client id is valid UTF-8), so the round trip need not. With the server's
     clock a request is the same every time its caller asks the same: those are kept (a few)."""
     if not now:
@@ -117,7 +118,7 @@ def acquire_request(
     return encoded
 
 
-_made: dict[tuple[int, int | None, RateType, str], bytes] = {}
+_made: dict[tuple[int, int | str | None, RateType, str], bytes] = {}
 _MADE_MOST = 256  # requests kept: bounded, whatever the callers ask
 
 _GRANTED = b"%d" % Reply.GRANTED
@@ -169,7 +170,7 @@ class AcquireCall:
         self,
         name: str,
         permits: int,
-        max_wait_us: int | None,
+        max_wait_us: int | str | None,
         client_id: str,
         now: Callable[[], str] | None,
         store: HandsBack,

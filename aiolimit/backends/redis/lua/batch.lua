@@ -8,16 +8,18 @@
 -- caller's reply alone, so no other request of the batch is lost or miscounted.
 --
 -- A request is "<permits> <now in us, or - for the server's TIME> <max wait in us, -1 for no
--- limit> <rate type> [<client id>]", where the rate type is the one the caller built the keys
--- for. When the permits are not free now but will be within max wait, they are reserved: the
--- grant is logged at the future time they become free, and the caller sleeps until then, so
--- waiters are served in the order they asked, across every process, in one round trip each.
+-- limit, ? for a foresight (see FORESEE)> <rate type> [<client id>]", where the rate type is
+-- the one the caller built the keys for. When the permits are not free now but will be within
+-- max wait, they are reserved: the grant is logged at the future time they become free, and
+-- the caller sleeps until then, so waiters are served in the order they asked, across every
+-- process, in one round trip each.
 -- The reply to a request is one string (the codes are _protocol.Reply):
 --   "0 <left> <binding> <start> <delay> <member> [<blocked until>]"
 --                                         granted at `start` (us), `delay` us from now
 --                                         (0: now; > 0: a reservation); the end of the
 --                                         limiter's latest block() when it has one
---   "1 <wait> <left> <binding> <now>"     refused; wait = us until `permits` are free
+--   "1 <wait> <left> <binding> <now>"     refused; wait = us until `permits` are free (a
+--                                         foresight's reply, its wait 0 when free now)
 --   "-1"                                  no config
 --   "-2 <rate>"                           permits exceed the (smallest) rate
 --   "-3 <type>"                           the keys were built for the other rate type
@@ -120,6 +122,11 @@ local function open_group(batch, config, now, config_key, value_key, permits_key
   return group
 end
 
+-- A request's max wait that asks for a foresight (_protocol.FORESEE): the reply the request
+-- would get once every request before it in the call is decided, as the refused reply's
+-- fields with the wait until its permits are free (0: now), and nothing taken.
+local FORESEE = '?'
+
 -- The pattern of a request's fields (see above), each captured as a string: acquire.lua
 -- anchors it, acquire_many.lua matches its "<k> " before it in the same match.
 local REQUEST = '(%d+) (%S+) (%S+) (%S+) ?(.*)$'
@@ -128,7 +135,8 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
   if not client_id then
     error('aiolimit: a request is "<permits> <now> <max wait> <rate type> [<client id>]"')
   end
-  permits, max_wait = permits + 0, max_wait + 0 -- (+ 0: see `fmt` in lib.lua)
+  local foresee = max_wait == FORESEE
+  permits, max_wait = permits + 0, foresee and 0 or max_wait + 0 -- (+ 0: see `fmt` in lib.lua)
   local config = batch.configs[config_key]
   if config == nil then
     config = load_config(config_key) or false
@@ -152,6 +160,14 @@ local function acquire(batch, config_key, value_key, permits_key, registry_key, 
     group = open_group(batch, config, now, config_key, value_key, permits_key, registry_key, client_id)
   end
   local algorithm = group.algorithm
+  if foresee then -- (the start it would get, after every request before it; nothing taken)
+    local start = earliest(group, permits, now)
+    if not start then
+      return '-4'
+    end
+    local left, binding = algorithm.left(group, now)
+    return format('1 %d %d %d %d', start - now, left, binding - 1, now)
+  end
   -- One rate, no spacing (config.lane), no block ahead and no grant of this call past `now`:
   -- where the algorithm allows the permits now, that is what the steps below come to, in
   -- one call.
