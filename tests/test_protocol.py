@@ -23,6 +23,7 @@ from aiolimit import (
 from aiolimit.backends import Grant, Refusal
 from aiolimit.backends._protocol import (
     CARRIES,
+    FORESEE,
     GRANTED_FORMAT,
     HELD_BUCKETS,
     MAX_BATCH,
@@ -69,6 +70,12 @@ def test_lib_lua_has_the_bounds_of_the_protocol() -> None:
     assert lua_constant("WALK_STEPS") == WALK_STEPS
     assert lua_constant("RECLAIM_STEPS") == RECLAIM_STEPS
     assert lua_constant("MAX_EXACT") == MAX_EXACT
+
+
+def test_batch_lua_asks_a_foresight_by_the_max_wait_the_protocol_says() -> None:
+    found = re.search(r"^local FORESEE = '(.)'$", lua("lib"), re.MULTILINE)
+    assert found, "batch.lua no longer defines FORESEE"
+    assert found[1] == FORESEE
 
 
 def test_acquire_many_says_the_batch_bound_the_client_keeps() -> None:

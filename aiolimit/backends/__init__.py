@@ -4,7 +4,8 @@ Two contracts: ``Backend``, the rate store (``RateLimiter`` and the rest), and
 ``LeaseStore``, the lease store (``ConcurrencyLimiter``); ``MemoryBackend`` and
 ``RedisBackend`` are both. Each store (and every ``with_client`` view of it) has one
 ``StoreContext``: its breakers, clock maps and background tasks. ``Grant`` and ``Refusal``
-are what a backend's ``try_acquire`` returns, ``Started`` what its ``start_acquire`` does.
+are what a backend's ``try_acquire`` returns, ``Started`` what its ``start_acquire`` (and
+``start_foresee``) does, ``InTask`` one that runs in a task.
 ``RedisBackend`` is imported when first used, so that ``import aiolimit`` does not import
 ``redis.asyncio``.
 """
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from ._context import Store, StoreContext
 from ._lease import LeaseStore
-from .base import Attempt, Backend, Grant, Refusal, SetMode, Settlement, Started
+from .base import Attempt, Backend, Grant, InTask, Refusal, SetMode, Settlement, Started
 from .memory import MemoryBackend
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ __all__ = [
     "Attempt",
     "Backend",
     "Grant",
+    "InTask",
     "LeaseStore",
     "MemoryBackend",
     "RedisBackend",
