@@ -7,6 +7,7 @@ clock is the loop's); the same on every store in test_reserve_settle.py."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from counting import count_calls
@@ -278,6 +279,17 @@ def asks_of(
     return asked
 
 
+async def queued(tokens: RateLimiter, *asks: tuple[int, float | None]) -> list[asyncio.Future[Any]]:
+    """Callers of ``tokens`` asking ``(permits, timeout)``, queued a second apart, once the
+    whole budget is reserved (it leaves the window at 60 s)."""
+    assert await tokens.reserve(1000)
+    waiting = []
+    for permits, timeout in asks:
+        waiting.append(asyncio.ensure_future(tokens.reserve(permits, timeout=timeout)))
+        await asyncio.sleep(1.0)
+    return waiting
+
+
 def no_polls(monkeypatch: pytest.MonkeyPatch) -> None:
     """Paused callers ask again only when woken or when the store said (no poll between)."""
     monkeypatch.setattr(pacing, "MAX_ASK_EVERY", 1000.0)
@@ -296,12 +308,7 @@ async def test_the_caller_behind_a_grant_asks_only_when_the_store_foresaw_it_may
     if not foresees:
         monkeypatch.setattr(MemoryBackend, "start_foresee", lambda *_: None)
     backend = MemoryBackend()
-    tokens = tokens_of(backend)
-    assert await tokens.reserve(1000)  # leaves the window at 60 s
-    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
-    await asyncio.sleep(1.0)
-    second = asyncio.ensure_future(tokens.reserve(600, timeout=None))  # fits when first leaves
-    await asyncio.sleep(1.0)
+    first, second = await queued(tokens_of(backend), (600, None), (600, None))
     asked = asks_of(monkeypatch, backend)
     assert await first
     assert loop.time() == pytest.approx(60.0, abs=1e-3)
@@ -347,14 +354,7 @@ async def test_a_foresight_goes_to_no_other_caller_than_the_one_it_was_for(
     loop = asyncio.get_running_loop()
     no_polls(monkeypatch)
     backend = MemoryBackend()
-    tokens = tokens_of(backend)
-    assert await tokens.reserve(1000)
-    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
-    await asyncio.sleep(1.0)
-    second = asyncio.ensure_future(tokens.reserve(600, timeout=None))
-    await asyncio.sleep(1.0)
-    third = asyncio.ensure_future(tokens.reserve(300, timeout=None))
-    await asyncio.sleep(1.0)
+    first, second, third = await queued(tokens_of(backend), (600, None), (600, None), (300, None))
     original = MemoryBackend.start_foresee
 
     def foresee(self: MemoryBackend, name: str, permits: int) -> Started | None:
@@ -376,12 +376,7 @@ async def test_a_caller_a_foresight_shows_cannot_go_in_time_is_refused_without_a
     loop = asyncio.get_running_loop()
     no_polls(monkeypatch)
     backend = MemoryBackend()
-    tokens = tokens_of(backend)
-    assert await tokens.reserve(1000)
-    first = asyncio.ensure_future(tokens.reserve(600, timeout=None))
-    await asyncio.sleep(1.0)
-    second = asyncio.ensure_future(tokens.reserve(600, timeout=80))  # until 81 s: 120 is late
-    await asyncio.sleep(1.0)
+    first, second = await queued(tokens_of(backend), (600, None), (600, 80))  # 81 s: 120 is late
     asked = asks_of(monkeypatch, backend)
     assert await first
     refused = await second

@@ -289,22 +289,17 @@ class RedisBackend(RedisLeases, Backend):
         )
 
     def start_acquire(self, name: str, permits: int, max_wait_us: int | None = 0) -> Started:
-        call = scripts.AcquireCall(name, permits, max_wait_us, self.client_id, self._now, self)
+        return self._start(name, permits, max_wait_us)
+
+    def start_foresee(self, name: str, permits: int) -> Started:
+        return self._start(name, permits, FORESEE)  # (an acquire request that takes nothing)
+
+    def _start(self, name: str, permits: int, max_wait: int | str | None) -> Started:
+        """An acquire request (max wait ``FORESEE``: a foresight) made now, awaited later."""
+        call = scripts.AcquireCall(name, permits, max_wait, self.client_id, self._now, self)
         known = self._types.get(name)
         rate_type = RateType.OVERALL if known is None else known
         orphan = call.hand_back
-        future = self._submit(name, scripts.ACQUIRE, call, rate_type, True, (), orphan)
-        answer: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
-            name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=orphan,
-            sent=(future, rate_type),
-        )  # fmt: skip
-        return Sent(answer, future, orphan)
-
-    def start_foresee(self, name: str, permits: int) -> Started:
-        call = scripts.AcquireCall(name, permits, FORESEE, self.client_id, self._now, self)
-        known = self._types.get(name)
-        rate_type = RateType.OVERALL if known is None else known
-        orphan = call.hand_back  # (a foresight takes nothing: no grant to hand back)
         future = self._submit(name, scripts.ACQUIRE, call, rate_type, True, (), orphan)
         answer: Coroutine[Any, Any, Grant | Refusal] = self._budget_call(
             name, scripts.ACQUIRE, call, permits=permits, registry=True, orphan=orphan,
